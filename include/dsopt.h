@@ -1,0 +1,224 @@
+/*
+ * dsopt: communication- and memory-efficient optimizers behind a C ABI.
+ *
+ * The caller owns the model, its parameters, its gradients and its
+ * communicators; dsopt owns optimizer state. Every call that can fail returns
+ * an int status (DSOPT_OK or a negative DSOPT_E* code) and leaves everything
+ * as it was; the detail of the failure is in dsopt_last_error() on the same
+ * thread.
+ *
+ * Handles: one handle must not be used by two threads at once; separate
+ * handles are independent.
+ */
+#ifndef DSOPT_H
+#define DSOPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  define DSOPT_API __declspec(dllimport)
+#elif defined(DSOPT_BUILDING_LIBRARY) && defined(__GNUC__)
+#  define DSOPT_API __attribute__((visibility("default")))
+#else
+#  define DSOPT_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------
+ * Status and errors
+ * ---------------------------------------------------------------------- */
+
+/* Every call that can fail returns int: DSOPT_OK (0) or a negative code.
+ * Codes are never renumbered. */
+enum {
+  DSOPT_OK           =  0,
+  DSOPT_EINVAL       = -1, /* bad argument or bad config (null pointer, size, dtype, unknown key, bad value) */
+  DSOPT_EUNSUPPORTED = -2, /* not built in (e.g. CUDA) or a combination that is not supported */
+  DSOPT_ENOMEM       = -3, /* host or device allocation failed */
+  DSOPT_EBUFS        = -4, /* caller's buffer too small */
+  DSOPT_ECORRUPT     = -5, /* state blob truncated, wrong magic, bad checksum */
+  DSOPT_EMISMATCH    = -6, /* blob of another algorithm/shape, or ranks disagree on config */
+  DSOPT_ECOMM        = -7, /* MPI or NCCL failure */
+  DSOPT_ECUDA        = -8, /* CUDA runtime failure */
+  DSOPT_EINTERNAL    = -9
+};
+
+/* Fixed text for a status code ("unknown status" for codes not listed above).
+ * Never NULL; the string is static. */
+DSOPT_API const char *dsopt_status_string(int status);
+
+/* Detail of the last failure on the calling thread ("" when none). Never
+ * NULL; the text stays valid until the next dsopt call on this thread. */
+DSOPT_API const char *dsopt_last_error(void);
+
+/* ------------------------------------------------------------------------
+ * Versions
+ * ---------------------------------------------------------------------- */
+
+#define DSOPT_VERSION_MAJOR 0
+#define DSOPT_VERSION_MINOR 1
+#define DSOPT_VERSION_PATCH 0
+
+/* MAJOR*10000 + MINOR*100 + PATCH of the loaded library. */
+DSOPT_API int dsopt_version_number(void);
+
+/* What the loaded library was built with, as space-separated key=value pairs,
+ * e.g. "version=0.1.0 cuda=13.0 nccl=dlopen mpi=Open MPI 4.1.4 simd=avx512".
+ * "simd" is the CPU kernel chosen at run time for this machine. Never NULL;
+ * static storage. */
+DSOPT_API const char *dsopt_build_info(void);
+
+/* ------------------------------------------------------------------------
+ * Tensors
+ * ---------------------------------------------------------------------- */
+
+enum { DSOPT_FLOAT32 = 0, DSOPT_FLOAT16 = 1, DSOPT_BFLOAT16 = 2 };
+
+/* A flat, contiguous buffer. */
+typedef struct dsopt_tensor {
+  void   *data;    /* host or CUDA device memory, as the optimizer's "device" says */
+  int64_t numel;   /* number of elements, > 0 */
+  int32_t dtype;   /* DSOPT_FLOAT32 / FLOAT16 / BFLOAT16 */
+  int32_t group;   /* parameter group index (see "param_groups"); ignored for gradients */
+} dsopt_tensor;
+
+/* ------------------------------------------------------------------------
+ * Communicators (the MPI or NCCL communicator is borrowed, never freed)
+ * ---------------------------------------------------------------------- */
+
+typedef struct dsopt_comm dsopt_comm;
+struct ncclComm;    /* same type as ncclComm_t points to */
+struct CUstream_st; /* same type as cudaStream_t points to */
+
+/* A world of one rank; no communication. *out is owned by the caller and
+ * released with dsopt_comm_destroy. Returns DSOPT_OK, DSOPT_EINVAL (out is
+ * NULL) or DSOPT_ENOMEM. Not collective. */
+DSOPT_API int dsopt_comm_create_local(dsopt_comm **out);
+
+/* Wraps an MPI communicator given by its Fortran handle (MPI_Comm_c2f(c) in
+ * C, comm.py2f() in mpi4py). MPI must be initialised; the communicator is
+ * borrowed until dsopt_comm_destroy and every optimizer created on it are
+ * destroyed. Returns DSOPT_OK, DSOPT_EINVAL (out is NULL, MPI not
+ * initialised, or the handle is not a communicator), DSOPT_EUNSUPPORTED (built
+ * without MPI) or DSOPT_ENOMEM. Not collective. */
+DSOPT_API int dsopt_comm_create_mpi(dsopt_comm **out, int64_t mpi_comm_f);
+
+/* Wraps an NCCL communicator and the CUDA stream all of dsopt's device work
+ * and communication on it runs on (NULL: the legacy default stream). Both are
+ * borrowed. NCCL is loaded (dlopen "libnccl.so.2") on the first call.
+ * Returns DSOPT_OK, DSOPT_EINVAL (out or comm is NULL),
+ * DSOPT_EUNSUPPORTED (built without CUDA/NCCL, or NCCL cannot be loaded),
+ * DSOPT_ECOMM or DSOPT_ENOMEM. Not collective. */
+DSOPT_API int dsopt_comm_create_nccl(dsopt_comm **out, struct ncclComm *comm,
+                                     struct CUstream_st *stream);
+
+/* Rank and size of the communicator; -1 for NULL. */
+DSOPT_API int dsopt_comm_rank(const dsopt_comm *comm);
+DSOPT_API int dsopt_comm_size(const dsopt_comm *comm);
+
+/* Releases the wrapper (never the MPI/NCCL communicator). NULL is fine. Must
+ * outlive every optimizer created on it. */
+DSOPT_API void dsopt_comm_destroy(dsopt_comm *comm);
+
+/* ------------------------------------------------------------------------
+ * Optimizer
+ * ---------------------------------------------------------------------- */
+
+typedef struct dsopt_optimizer dsopt_optimizer;
+
+typedef struct dsopt_step_info {
+  uint32_t struct_size;  /* caller sets sizeof(dsopt_step_info); fields past it are not written */
+  int32_t  skipped;      /* 1 when this step was skipped (gradient overflow) */
+  int32_t  compressed;   /* 1 when this step used 1-bit compressed communication */
+  int32_t  reserved;
+  int64_t  step;         /* updates applied so far, this one included; skipped steps do not count */
+  double   loss_scale;   /* loss scale to use for the next backward; 1.0 when loss scaling is off */
+  double   grad_norm;    /* global gradient norm before clipping, or -1.0 when not computed */
+  uint64_t bytes_sent;   /* bytes this rank sent through the communicator during this step */
+} dsopt_step_info;
+
+/* Creates an optimizer for `num_params` parameters described by `params`
+ * (see the README for the JSON config). The parameter buffers are borrowed
+ * until dsopt_destroy and updated in place; `comm` is borrowed until
+ * dsopt_destroy. *out is released with dsopt_destroy.
+ * Collective: every rank of `comm` calls it; all ranks must pass the same
+ * config and the same parameter shapes, dtypes and groups, else every rank
+ * fails with DSOPT_EMISMATCH (a rank with a local error returns that error,
+ * the others DSOPT_EMISMATCH).
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EUNSUPPORTED, DSOPT_EMISMATCH,
+ * DSOPT_ENOMEM, DSOPT_ECOMM, DSOPT_ECUDA. */
+DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt_comm *comm,
+                           const dsopt_tensor *params, int64_t num_params);
+
+/* Applies one step with this rank's local gradients (mean over its local
+ * micro-batches, multiplied by the loss scale when fp16 loss scaling is on):
+ * one per parameter, same order and numel; dtypes may differ from the
+ * parameters'. Gradients are only read, during the call. `info` may be NULL;
+ * if not, info->struct_size must be set.
+ * Collective. If any rank passes invalid arguments, every rank fails (that
+ * rank with its own message, the others with DSOPT_EINVAL naming the rank)
+ * and nothing changes. A step with a non-finite gradient on any rank is
+ * skipped on every rank (info->skipped = 1) and returns DSOPT_OK.
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM. */
+DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_t num_grads,
+                         dsopt_step_info *info /* may be NULL */);
+
+/* Sets the learning rate of every parameter group (for LR schedules).
+ * Returns DSOPT_OK or DSOPT_EINVAL (NULL handle, lr negative or not finite).
+ * Not collective; call it with the same value on every rank. */
+DSOPT_API int dsopt_set_lr(dsopt_optimizer *opt, double lr);
+
+/* Size in bytes of the blob dsopt_state_save writes now.
+ * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
+DSOPT_API int dsopt_state_size(const dsopt_optimizer *opt, uint64_t *out_size);
+
+/* Writes this rank's whole optimizer state into dst (caller-owned,
+ * `capacity` bytes) as one self-describing, checksummed blob; *out_written
+ * (may be NULL) receives its size. Not collective.
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EBUFS (capacity too small: nothing
+ * written, *out_written set to the size needed), DSOPT_ECUDA. */
+DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t capacity,
+                               uint64_t *out_written);
+
+/* Restores the state saved by dsopt_state_save from an optimizer created
+ * with the same config and parameter shapes. The blob is validated
+ * completely before anything changes. Saved at another world size:
+ * replicated state loads as is, rank-local state resets (see the README).
+ * Master weights kept by dsopt are restored and written back into the
+ * caller's 16-bit parameters. Collective.
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECORRUPT (truncated, wrong magic or
+ * version, bad checksum), DSOPT_EMISMATCH (another algorithm, shapes or
+ * config), DSOPT_ECUDA. */
+DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t size);
+
+/* Releases the optimizer and its state; the borrowed parameters and the
+ * communicator are left alone. NULL is fine. Collective. */
+DSOPT_API void dsopt_destroy(dsopt_optimizer *opt);
+
+/* --- extensions ------------------------------------------------------- */
+
+/* Number of parameter groups (1 when the config has no "param_groups").
+ * Returns DSOPT_OK or DSOPT_EINVAL. */
+DSOPT_API int dsopt_num_groups(const dsopt_optimizer *opt, int32_t *out_count);
+
+/* Learning rate of one group. Returns DSOPT_OK or DSOPT_EINVAL (NULL
+ * pointer, group out of range). */
+DSOPT_API int dsopt_get_lr(const dsopt_optimizer *opt, int32_t group, double *out_lr);
+
+/* Sets the learning rate of one group (per-group LR schedules).
+ * Returns DSOPT_OK or DSOPT_EINVAL. Not collective; same value on every rank. */
+DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr);
+
+/* Loss scale the caller multiplies its loss by for the next backward pass
+ * (1.0 when loss scaling is off). Returns DSOPT_OK or DSOPT_EINVAL. */
+DSOPT_API int dsopt_get_loss_scale(const dsopt_optimizer *opt, double *out_scale);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DSOPT_H */

@@ -1,0 +1,41 @@
+// dsopt_comm_*: wrappers around the caller's communicators.
+#include "api/guard.hpp"
+#include "api/handles.hpp"
+
+using namespace dsopt;
+
+namespace {
+int wrap(dsopt_comm** out, std::unique_ptr<Comm> (*make)(int64_t, void*, void*), int64_t h,
+         void* a, void* b) {
+  return guarded([&] {
+    require_nonnull(out, "out");
+    auto c = std::make_unique<dsopt_comm>();
+    c->impl = make(h, a, b);
+    *out = c.release();
+  });
+}
+}  // namespace
+
+extern "C" {
+
+DSOPT_API int dsopt_comm_create_local(dsopt_comm** out) {
+  return wrap(out, [](int64_t, void*, void*) { return make_local_comm(); }, 0, nullptr, nullptr);
+}
+
+DSOPT_API int dsopt_comm_create_mpi(dsopt_comm** out, int64_t mpi_comm_f) {
+  return wrap(out, [](int64_t h, void*, void*) { return make_mpi_comm(h); }, mpi_comm_f, nullptr,
+              nullptr);
+}
+
+DSOPT_API int dsopt_comm_create_nccl(dsopt_comm** out, struct ncclComm* comm,
+                                     struct CUstream_st* stream) {
+  if (out && !comm) {
+    return guarded([] { fail(DSOPT_EINVAL, "comm (the ncclComm_t) is NULL"); });
+  }
+  return wrap(out, [](int64_t, void* c, void* s) { return make_nccl_comm(c, s); }, 0, comm, stream);
+}
+
+DSOPT_API int dsopt_comm_rank(const dsopt_comm* comm) { return comm ? comm->impl->rank() : -1; }
+DSOPT_API int dsopt_comm_size(const dsopt_comm* comm) { return comm ? comm->impl->size() : -1; }
+DSOPT_API void dsopt_comm_destroy(dsopt_comm* comm) { delete comm; }
+}

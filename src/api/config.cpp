@@ -1,0 +1,212 @@
+#include "api/config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <set>
+
+#include "base/error.hpp"
+
+namespace dsopt {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void bad(const std::string& path, const std::string& what) {
+  fail(DSOPT_EINVAL, "config: " + path + ": " + what);
+}
+
+std::string join(const std::set<std::string>& keys) {
+  std::string s;
+  for (const std::string& k : keys) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+// Rejects keys outside `known`; `ignored` keys are accepted and skipped.
+void check_keys(const json& obj, const std::string& path, const std::set<std::string>& known,
+                const std::set<std::string>& ignored = {}) {
+  if (!obj.is_object()) bad(path.empty() ? "(top level)" : path, "must be a JSON object");
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (known.count(it.key()) || ignored.count(it.key())) continue;
+    bad((path.empty() ? "" : path + ".") + it.key(), "unknown key (known here: " + join(known) + ")");
+  }
+}
+
+std::string sub(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+double number(const json& obj, const std::string& path, const std::string& key, double dflt) {
+  if (!obj.contains(key)) return dflt;
+  const json& v = obj.at(key);
+  if (!v.is_number()) bad(sub(path, key), "must be a number, got " + v.dump());
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) bad(sub(path, key), "must be finite");
+  return d;
+}
+
+int64_t integer(const json& obj, const std::string& path, const std::string& key, int64_t dflt) {
+  if (!obj.contains(key)) return dflt;
+  const json& v = obj.at(key);
+  if (!v.is_number() || std::floor(v.get<double>()) != v.get<double>())
+    bad(sub(path, key), "must be an integer, got " + v.dump());
+  return v.get<int64_t>();
+}
+
+bool boolean(const json& obj, const std::string& path, const std::string& key, bool dflt) {
+  if (!obj.contains(key)) return dflt;
+  const json& v = obj.at(key);
+  if (!v.is_boolean()) bad(sub(path, key), "must be true or false, got " + v.dump());
+  return v.get<bool>();
+}
+
+void require(bool ok, const std::string& path, const std::string& what) {
+  if (!ok) bad(path, what);
+}
+
+// lr, betas, eps, weight_decay of `obj` over `h` (optimizer.params or a group).
+void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
+  h.lr = number(obj, path, "lr", h.lr);
+  require(h.lr >= 0, sub(path, "lr"), "must be >= 0, got " + std::to_string(h.lr));
+  if (obj.contains("betas")) {
+    const json& b = obj.at("betas");
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+      bad(sub(path, "betas"), "must be a list of two numbers, got " + b.dump());
+    h.beta1 = b[0].get<double>();
+    h.beta2 = b[1].get<double>();
+    for (double beta : {h.beta1, h.beta2})
+      require(beta >= 0 && beta < 1, sub(path, "betas"), "each beta must be in [0, 1), got " + b.dump());
+  }
+  h.eps = number(obj, path, "eps", h.eps);
+  require(h.eps > 0, sub(path, "eps"), "must be > 0, got " + std::to_string(h.eps));
+  h.weight_decay = number(obj, path, "weight_decay", h.weight_decay);
+  require(h.weight_decay >= 0, sub(path, "weight_decay"), "must be >= 0");
+}
+
+std::string canonical_type(const std::string& type) {
+  std::string t = type;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (t == "adam") return "Adam";
+  if (t == "adamw") return "AdamW";
+  if (t == "onebitadam" || t == "onebitlamb" || t == "zerooneadam")
+    fail(DSOPT_EUNSUPPORTED, "config: optimizer.type: " + type + " is not available in this version of dsopt");
+  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW)");
+}
+
+void read_optimizer(const json& root, OptimizerConfig& cfg) {
+  if (!root.contains("optimizer")) bad("optimizer", "missing (e.g. {\"type\": \"AdamW\"})");
+  const json& opt = root.at("optimizer");
+  check_keys(opt, "optimizer", {"type", "params"});
+  if (!opt.contains("type") || !opt.at("type").is_string())
+    bad("optimizer.type", "must be a string (Adam or AdamW)");
+  cfg.type = canonical_type(opt.at("type").get<std::string>());
+  const json params = opt.contains("params") ? opt.at("params") : json::object();
+  const std::string path = "optimizer.params";
+  check_keys(params, path,
+             {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},
+             {"comm_backend_name", "cuda_aware"});
+  read_hyper(params, path, cfg.defaults);
+  cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
+  const bool adam_w_mode = boolean(params, path, "adam_w_mode", true);
+  if (cfg.type == "AdamW" && !adam_w_mode)
+    bad(sub(path, "adam_w_mode"), "AdamW always decouples weight decay; use \"type\": \"Adam\" with "
+                                  "\"adam_w_mode\": false for L2 weight decay");
+  cfg.defaults.decoupled = adam_w_mode;
+  if (boolean(params, path, "amsgrad", false)) bad(sub(path, "amsgrad"), "AMSGrad is not supported");
+  if (boolean(params, path, "cuda_aware", false)) cfg.cuda_aware = true;
+}
+
+void read_groups(const json& root, OptimizerConfig& cfg) {
+  if (!root.contains("param_groups")) {
+    cfg.groups = {cfg.defaults};
+    return;
+  }
+  const json& groups = root.at("param_groups");
+  if (!groups.is_array() || groups.empty()) bad("param_groups", "must be a non-empty list of objects");
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const std::string path = "param_groups[" + std::to_string(i) + "]";
+    check_keys(groups[i], path, {"lr", "betas", "eps", "weight_decay"});
+    AdamHyper h = cfg.defaults;
+    read_hyper(groups[i], path, h);
+    cfg.groups.push_back(h);
+  }
+}
+
+void read_precision(const json& root, OptimizerConfig& cfg) {
+  LossScaleConfig& ls = cfg.pipeline.loss_scale;
+  if (root.contains("fp16")) {
+    const json& f = root.at("fp16");
+    check_keys(f, "fp16", {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
+                           "hysteresis", "consecutive_hysteresis", "min_loss_scale"});
+    ls.enabled = boolean(f, "fp16", "enabled", false);
+    ls.static_scale = number(f, "fp16", "loss_scale", 0.0);
+    require(ls.static_scale >= 0, "fp16.loss_scale", "must be >= 0 (0 = dynamic)");
+    ls.initial_scale_power = int(integer(f, "fp16", "initial_scale_power", 16));
+    require(ls.initial_scale_power >= 0 && ls.initial_scale_power <= 100, "fp16.initial_scale_power",
+            "must be in [0, 100]");
+    ls.window = integer(f, "fp16", "loss_scale_window", 1000);
+    require(ls.window >= 1, "fp16.loss_scale_window", "must be >= 1");
+    ls.hysteresis = int(integer(f, "fp16", "hysteresis", 2));
+    require(ls.hysteresis >= 1, "fp16.hysteresis", "must be >= 1");
+    ls.consecutive_hysteresis = boolean(f, "fp16", "consecutive_hysteresis", false);
+    ls.min_scale = number(f, "fp16", "min_loss_scale", 1.0);
+    require(ls.min_scale > 0, "fp16.min_loss_scale", "must be > 0");
+  }
+  bool bf16 = false;
+  if (root.contains("bf16")) {
+    check_keys(root.at("bf16"), "bf16", {"enabled"});
+    bf16 = boolean(root.at("bf16"), "bf16", "enabled", false);
+  }
+  if (bf16 && ls.enabled) bad("bf16.enabled", "fp16 and bf16 cannot both be enabled");
+}
+
+}  // namespace
+
+OptimizerConfig parse_config(const char* json_text) {
+  if (!json_text) fail(DSOPT_EINVAL, "config_json is NULL");
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    fail(DSOPT_EINVAL, std::string("config is not valid JSON: ") + e.what());
+  }
+  check_keys(root, "",
+             {"device", "optimizer", "param_groups", "fp16", "bf16", "gradient_clipping",
+              "skip_nonfinite", "report_grad_norm", "threads", "zero_optimization", "cuda_aware"},
+             {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+              "steps_per_print", "wall_clock_breakdown"});
+  OptimizerConfig cfg;
+  if (root.contains("device")) {
+    const json& d = root.at("device");
+    if (!d.is_string() || (d != "cpu" && d != "cuda")) bad("device", "must be \"cpu\" or \"cuda\", got " + d.dump());
+    cfg.cuda = d == "cuda";
+  }
+  read_optimizer(root, cfg);
+  read_groups(root, cfg);
+  read_precision(root, cfg);
+  PipelineConfig& p = cfg.pipeline;
+  p.gradient_clipping = number(root, "", "gradient_clipping", 0.0);
+  require(p.gradient_clipping >= 0, "gradient_clipping", "must be >= 0 (0 = off)");
+  p.skip_nonfinite = boolean(root, "", "skip_nonfinite", true);
+  if (!p.skip_nonfinite && p.loss_scale.enabled && p.loss_scale.static_scale == 0.0)
+    bad("skip_nonfinite", "dynamic fp16 loss scaling needs overflowing steps skipped");
+  p.report_grad_norm = boolean(root, "", "report_grad_norm", false);
+  cfg.threads = int(integer(root, "", "threads", 0));
+  require(cfg.threads >= 0, "threads", "must be >= 0 (0 = OpenMP's default)");
+  if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
+  if (root.contains("zero_optimization")) {
+    const json& z = root.at("zero_optimization");
+    check_keys(z, "zero_optimization", {"stage"});
+    const int64_t stage = integer(z, "zero_optimization", "stage", 0);
+    if (stage == 1 || stage == 2)
+      fail(DSOPT_EUNSUPPORTED, "config: zero_optimization.stage: ZeRO stage " + std::to_string(stage) +
+                                   " is not available in this version of dsopt (use 0)");
+    require(stage == 0, "zero_optimization.stage", "must be 0, 1 or 2");
+  }
+  cfg.canonical = root.dump();
+  return cfg;
+}
+
+}  // namespace dsopt

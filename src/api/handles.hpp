@@ -1,0 +1,14 @@
+// What the opaque C handles hold.
+#pragma once
+#include <memory>
+
+#include "comm/comm.hpp"
+#include "optim/optimizer.hpp"
+
+struct dsopt_comm {
+  std::unique_ptr<dsopt::Comm> impl;
+};
+
+struct dsopt_optimizer {
+  std::unique_ptr<dsopt::Optimizer> impl;
+};

@@ -1,0 +1,197 @@
+// dsopt_create / step / state / lr entry points.
+#include <zlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "api/config.hpp"
+#include "api/guard.hpp"
+#include "api/handles.hpp"
+#include "optim/factory.hpp"
+
+using namespace dsopt;
+
+namespace {
+
+uint64_t hash64(const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  const uint64_t crc = crc32_z(crc32_z(0L, Z_NULL, 0), p, n);
+  const uint64_t adler = adler32_z(adler32_z(0L, Z_NULL, 0), p, n);
+  return crc << 32 | adler;
+}
+
+uint64_t shapes_hash(const dsopt_tensor* params, int64_t count) {
+  std::string s;
+  for (int64_t i = 0; i < count; ++i) {
+    const dsopt_tensor& t = params[i];
+    s.append(reinterpret_cast<const char*>(&t.numel), 8);
+    s.append(reinterpret_cast<const char*>(&t.dtype), 4);
+    s.append(reinterpret_cast<const char*>(&t.group), 4);
+  }
+  return hash64(s.data(), s.size());
+}
+
+// Every rank tells every other whether it built its optimizer and what
+// config and shapes it has; any failure or difference fails every rank.
+void agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash) {
+  const int world = comm.size();
+  if (world == 1) return;
+  int64_t mine[3] = {local_ok ? 1 : 0, int64_t(cfg_hash), int64_t(shape_hash)};
+  std::vector<int64_t> all(size_t(3 * world));
+  auto host = make_cpu_kernels(1);
+  comm.allgather(mine, all.data(), 3, Elem::I64, Mem{host.get(), false});
+  for (int r = 0; r < world; ++r)
+    if (all[size_t(3 * r)] == 0)
+      fail(DSOPT_EMISMATCH, "dsopt_create: rank " + std::to_string(r) +
+                                " could not create its optimizer (see that rank's error)");
+  for (int r = 1; r < world; ++r) {
+    if (all[size_t(3 * r + 1)] != all[1])
+      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the config (rank 0 and rank " +
+                                std::to_string(r) + " passed different settings)");
+    if (all[size_t(3 * r + 2)] != all[2])
+      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the parameters (rank 0 and rank " +
+                                std::to_string(r) + " passed different numel, dtype or group)");
+  }
+}
+
+const dsopt::Optimizer& impl(const dsopt_optimizer* opt) {
+  require_nonnull(opt, "opt");
+  return *opt->impl;
+}
+dsopt::Optimizer& impl(dsopt_optimizer* opt) {
+  require_nonnull(opt, "opt");
+  return *opt->impl;
+}
+
+void check_lr(double lr) {
+  if (!std::isfinite(lr) || lr < 0)
+    fail(DSOPT_EINVAL, "lr must be a finite number >= 0, got " + std::to_string(lr));
+}
+
+}  // namespace
+
+extern "C" {
+
+DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt_comm* comm,
+                           const dsopt_tensor* params, int64_t num_params) {
+  return guarded([&] {
+    require_nonnull(out, "out");
+    require_nonnull(comm, "comm");
+    std::unique_ptr<dsopt_optimizer> opt;
+    uint64_t cfg_hash = 0;
+    int status = DSOPT_OK;
+    std::string error;
+    try {
+      const OptimizerConfig cfg = parse_config(config_json);
+      cfg_hash = hash64(cfg.canonical.data(), cfg.canonical.size());
+      opt = std::make_unique<dsopt_optimizer>();
+      opt->impl = make_optimizer(cfg, *comm->impl, params, num_params);
+    } catch (const Error& e) {
+      status = e.status();
+      error = e.what();
+    } catch (const std::bad_alloc&) {
+      status = DSOPT_ENOMEM;
+      error = "out of host memory";
+    }
+    const uint64_t shapes = status == DSOPT_OK ? shapes_hash(params, num_params) : 0;
+    agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes);
+    if (status != DSOPT_OK) fail(status, error);
+    *out = opt.release();
+  });
+}
+
+DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_t num_grads,
+                         dsopt_step_info* info) {
+  return guarded([&] {
+    dsopt::Optimizer& o = impl(opt);
+    if (info && info->struct_size < sizeof(uint32_t))
+      fail(DSOPT_EINVAL, "info->struct_size must be set to sizeof(dsopt_step_info)");
+    const uint64_t sent_before = o.comm().bytes_sent();
+    const StepResult r = o.step(grads, num_grads);
+    if (info) {
+      dsopt_step_info full;
+      full.struct_size = info->struct_size;
+      full.skipped = r.skipped ? 1 : 0;
+      full.compressed = r.compressed ? 1 : 0;
+      full.reserved = 0;
+      full.step = r.step;
+      full.loss_scale = r.loss_scale;
+      full.grad_norm = r.grad_norm;
+      full.bytes_sent = o.comm().bytes_sent() - sent_before;
+      std::memcpy(info, &full, std::min<size_t>(info->struct_size, sizeof full));
+    }
+  });
+}
+
+DSOPT_API int dsopt_set_lr(dsopt_optimizer* opt, double lr) {
+  return guarded([&] {
+    dsopt::Optimizer& o = impl(opt);
+    check_lr(lr);
+    o.set_lr(-1, lr);
+  });
+}
+
+DSOPT_API int dsopt_set_group_lr(dsopt_optimizer* opt, int32_t group, double lr) {
+  return guarded([&] {
+    dsopt::Optimizer& o = impl(opt);
+    check_lr(lr);
+    o.lr(group);  // range check first
+    o.set_lr(group, lr);
+  });
+}
+
+DSOPT_API int dsopt_get_lr(const dsopt_optimizer* opt, int32_t group, double* out_lr) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_lr, "out_lr");
+    *out_lr = o.lr(group);
+  });
+}
+
+DSOPT_API int dsopt_num_groups(const dsopt_optimizer* opt, int32_t* out_count) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_count, "out_count");
+    *out_count = o.num_groups();
+  });
+}
+
+DSOPT_API int dsopt_get_loss_scale(const dsopt_optimizer* opt, double* out_scale) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_scale, "out_scale");
+    *out_scale = o.loss_scale();
+  });
+}
+
+DSOPT_API int dsopt_state_size(const dsopt_optimizer* opt, uint64_t* out_size) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_size, "out_size");
+    *out_size = o.save(nullptr, 0);
+  });
+}
+
+DSOPT_API int dsopt_state_save(const dsopt_optimizer* opt, void* dst, uint64_t capacity,
+                               uint64_t* out_written) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(dst, "dst");
+    const uint64_t need = o.save(nullptr, 0);
+    if (capacity < need) {
+      if (out_written) *out_written = need;
+      fail(DSOPT_EBUFS, "dsopt_state_save: the buffer holds " + std::to_string(capacity) +
+                            " bytes, the state needs " + std::to_string(need));
+    }
+    const uint64_t written = o.save(dst, capacity);
+    if (out_written) *out_written = written;
+  });
+}
+
+DSOPT_API int dsopt_state_load(dsopt_optimizer* opt, const void* src, uint64_t size) {
+  return guarded([&] { impl(opt).load(src, size); });
+}
+
+DSOPT_API void dsopt_destroy(dsopt_optimizer* opt) { delete opt; }
+}

@@ -1,0 +1,90 @@
+// Collective communication for optimizers. Optimizers talk to Comm only,
+// never to MPI or NCCL. Every call is collective over the communicator and
+// blocking from the caller's point of view (device work is queued on the
+// communicator's stream and ordered with the optimizer's kernels).
+//
+// Buffers live where `mem.kernels` says: host memory for CPU kernels, device
+// memory for CUDA kernels. Each implementation moves them as it must (MPI
+// stages device buffers through pinned host memory unless mem.cuda_aware;
+// NCCL stages host buffers through device memory).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dsopt {
+
+class Kernels;
+
+enum class Elem : int32_t { F32, F64, I32, I64, U8 };
+enum class ReduceOp : int32_t { Sum, Max };
+
+size_t elem_size(Elem e);
+
+struct Mem {
+  Kernels* kernels;
+  bool cuda_aware = false;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "local", "mpi", "nccl"
+  // The CUDA stream device work on this communicator runs on (a
+  // cudaStream_t; nullptr: the legacy default stream).
+  virtual void* cuda_stream() const { return nullptr; }
+
+  // recv[i] = op over ranks of send[i], count elements. send may equal recv.
+  void allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op, const Mem& mem);
+  // send holds size()*count elements; rank r receives the op over ranks of
+  // block r (count elements) in recv.
+  void reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
+                      const Mem& mem);
+  // recv holds size()*count elements: block r is rank r's send.
+  void allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem);
+  // send and recv hold size()*count elements; block j of send goes to rank j,
+  // block i of recv came from rank i.
+  void alltoall(const void* send, void* recv, size_t count, Elem e, const Mem& mem);
+  // Variable block sizes and offsets, in elements, one per rank.
+  void alltoallv(const void* send, const size_t* send_counts, const size_t* send_offsets,
+                 void* recv, const size_t* recv_counts, const size_t* recv_offsets, Elem e,
+                 const Mem& mem);
+  void broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem);
+
+  // Bytes this rank has sent so far, counted as a ring/pairwise
+  // implementation sends them (compressed-allreduce.md section 7):
+  // allreduce 2(P-1)/P * n, reduce_scatter and alltoall (P-1)/P * total,
+  // allgather (P-1) * send, broadcast n on the root's side of a pipeline.
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
+ protected:
+  virtual void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
+                            const Mem& mem) = 0;
+  virtual void do_reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
+                                 const Mem& mem) = 0;
+  virtual void do_allgather(const void* send, void* recv, size_t count, Elem e,
+                            const Mem& mem) = 0;
+  virtual void do_alltoallv(const void* send, const size_t* send_counts,
+                            const size_t* send_offsets, void* recv, const size_t* recv_counts,
+                            const size_t* recv_offsets, Elem e, const Mem& mem) = 0;
+  virtual void do_broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) = 0;
+
+ private:
+  uint64_t bytes_sent_ = 0;
+};
+
+std::unique_ptr<Comm> make_local_comm();
+// Throws Error(DSOPT_EUNSUPPORTED) in a build without MPI, Error(DSOPT_EINVAL)
+// when MPI is not initialised or the handle is not a communicator.
+std::unique_ptr<Comm> make_mpi_comm(int64_t fortran_handle);
+// Throws Error(DSOPT_EUNSUPPORTED) in a build without NCCL or when
+// libnccl.so.2 cannot be loaded.
+std::unique_ptr<Comm> make_nccl_comm(void* nccl_comm, void* cuda_stream);
+
+// "mpi=<library version>" or "mpi=off", for dsopt_build_info.
+std::string mpi_build_info();
+
+}  // namespace dsopt

@@ -1,0 +1,200 @@
+// Comm over a caller's MPI communicator. MPI sees host memory: device
+// buffers are staged through pinned host memory unless the caller declared
+// its MPI CUDA-aware.
+// C bindings only (mpi.h pulls in the deprecated C++ bindings otherwise).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <string>
+#include <vector>
+
+#include "base/error.hpp"
+#include "comm/comm.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dsopt {
+namespace {
+
+MPI_Datatype mpi_type(Elem e) {
+  switch (e) {
+    case Elem::F32: return MPI_FLOAT;
+    case Elem::F64: return MPI_DOUBLE;
+    case Elem::I32: return MPI_INT32_T;
+    case Elem::I64: return MPI_INT64_T;
+    case Elem::U8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
+
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail(DSOPT_ECOMM, std::string(call) + " failed: " + std::string(text, size_t(len)));
+}
+
+int as_int_count(size_t n, const char* call) {
+  if (n > size_t(INT_MAX))
+    fail(DSOPT_EUNSUPPORTED, std::string(call) + ": more than 2^31-1 elements in one block");
+  return int(n);
+}
+
+// Host staging for device buffers: a region of pinned memory reused across
+// calls, grown on demand.
+class Staging {
+ public:
+  ~Staging() { reset(); }
+  void* get(Kernels* k, size_t bytes) {
+    if (k != owner_ || bytes > size_) {
+      reset();
+      ptr_ = k->alloc_host_staging(bytes);
+      owner_ = k;
+      size_ = bytes;
+    }
+    return ptr_;
+  }
+
+ private:
+  void reset() {
+    if (ptr_) owner_->release_host_staging(ptr_);
+    ptr_ = nullptr;
+    owner_ = nullptr;
+    size_ = 0;
+  }
+  void* ptr_ = nullptr;
+  Kernels* owner_ = nullptr;
+  size_t size_ = 0;
+};
+
+class MpiComm final : public Comm {
+ public:
+  explicit MpiComm(MPI_Comm comm) : comm_(comm) {
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+
+ protected:
+  void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
+                    const Mem& mem) override {
+    const size_t es = elem_size(e), bytes = count * es;
+    const bool in_place = send == recv;
+    HostPair h = stage(mem, send, bytes, recv, in_place ? 0 : bytes);
+    if (in_place) h.out = h.in;
+    const size_t chunk = size_t(INT_MAX) / 2;
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t n = std::min(chunk, count - off);
+      char* r = static_cast<char*>(h.out) + off * es;
+      const void* s = in_place ? MPI_IN_PLACE : static_cast<const char*>(h.in) + off * es;
+      check_mpi(MPI_Allreduce(s, r, int(n), mpi_type(e), mpi_op(op), comm_), "MPI_Allreduce");
+    }
+    unstage(mem, h, recv, bytes);
+  }
+
+  void do_reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
+                         const Mem& mem) override {
+    const size_t es = elem_size(e);
+    HostPair h = stage(mem, send, count * es * size_t(size_), recv, count * es);
+    check_mpi(MPI_Reduce_scatter_block(h.in, h.out, as_int_count(count, "reduce_scatter"),
+                                       mpi_type(e), mpi_op(op), comm_),
+              "MPI_Reduce_scatter_block");
+    unstage(mem, h, recv, count * es);
+  }
+
+  void do_allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) override {
+    const size_t es = elem_size(e);
+    HostPair h = stage(mem, send, count * es, recv, count * es * size_t(size_));
+    check_mpi(MPI_Allgather(h.in, as_int_count(count, "allgather"), mpi_type(e), h.out,
+                            int(count), mpi_type(e), comm_),
+              "MPI_Allgather");
+    unstage(mem, h, recv, count * es * size_t(size_));
+  }
+
+  void do_alltoallv(const void* send, const size_t* send_counts, const size_t* send_offsets,
+                    void* recv, const size_t* recv_counts, const size_t* recv_offsets, Elem e,
+                    const Mem& mem) override {
+    const size_t es = elem_size(e);
+    std::vector<int> sc(size_), so(size_), rc(size_), ro(size_);
+    size_t send_extent = 0, recv_extent = 0;
+    for (int j = 0; j < size_; ++j) {
+      sc[j] = as_int_count(send_counts[j], "alltoallv");
+      so[j] = as_int_count(send_offsets[j], "alltoallv");
+      rc[j] = as_int_count(recv_counts[j], "alltoallv");
+      ro[j] = as_int_count(recv_offsets[j], "alltoallv");
+      send_extent = std::max(send_extent, send_offsets[j] + send_counts[j]);
+      recv_extent = std::max(recv_extent, recv_offsets[j] + recv_counts[j]);
+    }
+    HostPair h = stage(mem, send, send_extent * es, recv, recv_extent * es);
+    check_mpi(MPI_Alltoallv(h.in, sc.data(), so.data(), mpi_type(e), h.out, rc.data(), ro.data(),
+                            mpi_type(e), comm_),
+              "MPI_Alltoallv");
+    unstage(mem, h, recv, recv_extent * es);
+  }
+
+  void do_broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) override {
+    const size_t bytes = count * elem_size(e);
+    HostPair h = stage(mem, buf, bytes, buf, 0);
+    check_mpi(MPI_Bcast(h.in, as_int_count(count, "broadcast"), mpi_type(e), root, comm_),
+              "MPI_Bcast");
+    h.out = h.in;
+    unstage(mem, h, buf, bytes);
+  }
+
+ private:
+  // Host pointers MPI works on: the buffers themselves, or regions of the
+  // staging memory (input copied in) when they live on a device.
+  struct HostPair {
+    void* in;  // not written through, except by in-place collectives
+    void* out;
+    bool staged;
+  };
+  HostPair stage(const Mem& mem, const void* in, size_t in_bytes, void* out, size_t out_bytes) {
+    if (mem.kernels->device() != Device::Cuda || mem.cuda_aware) return {const_cast<void*>(in), out, false};
+    char* s = static_cast<char*>(staging_.get(mem.kernels, in_bytes + out_bytes));
+    if (in_bytes) mem.kernels->copy_to_host(s, in, in_bytes);
+    return {s, s + in_bytes, true};
+  }
+  static void unstage(const Mem& mem, const HostPair& h, void* out, size_t out_bytes) {
+    if (h.staged && out_bytes) mem.kernels->copy_from_host(out, h.out, out_bytes);
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  Staging staging_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_comm(int64_t fortran_handle) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    fail(DSOPT_EINVAL, "MPI is not initialised (call MPI_Init before dsopt_comm_create_mpi)");
+  if (fortran_handle < 0 || fortran_handle > INT_MAX)
+    fail(DSOPT_EINVAL, "MPI handle " + std::to_string(fortran_handle) + " is not a communicator");
+  MPI_Comm c = MPI_Comm_f2c(MPI_Fint(fortran_handle));
+  if (c == nullptr || c == MPI_COMM_NULL)
+    fail(DSOPT_EINVAL, "MPI handle " + std::to_string(fortran_handle) +
+                           " is not a communicator (expected MPI_Comm_c2f(comm) or comm.py2f())");
+  return std::make_unique<MpiComm>(c);
+}
+
+std::string mpi_build_info() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  std::string v(version, size_t(len));
+  const size_t cut = v.find_first_of(",\n");
+  return "mpi=" + (cut == std::string::npos ? v : v.substr(0, cut));
+}
+
+}  // namespace dsopt

@@ -1,0 +1,148 @@
+// The CPU loops, written once against a vector type V (VecScalar, VecAvx2,
+// VecAvx512): whole vectors first, then the tail one element at a time with
+// the same math (VecScalar), so every element gets the same bits.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/cpu_isa.hpp"
+#include "kernels/cpu/vec_scalar.hpp"
+#include "math/adam.hpp"
+#include "math/sum_squares.hpp"
+
+namespace dsopt {
+DSOPT_ISA_BEGIN
+
+namespace cpu {
+
+template <class V, DType T>
+inline typename V::F load(const void* base, int64_t i) {
+  if constexpr (T == DType::F32) return V::load(static_cast<const float*>(base) + i);
+  else if constexpr (T == DType::F16) return V::load_f16(static_cast<const uint16_t*>(base) + i);
+  else return V::load_bf16(static_cast<const uint16_t*>(base) + i);
+}
+
+template <class V, DType T>
+inline void store(void* base, int64_t i, typename V::F x) {
+  if constexpr (T == DType::F32) V::store(static_cast<float*>(base) + i, x);
+  else if constexpr (T == DType::F16) V::store_f16(static_cast<uint16_t*>(base) + i, x);
+  else V::store_bf16(static_cast<uint16_t*>(base) + i, x);
+}
+
+// ---- Adam -------------------------------------------------------------------
+
+// P16 == F32 means "no 16-bit parameter to write back".
+template <class V, DType G, DType P16>
+inline void adam_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename V::F mul1,
+                    typename V::F mul2) {
+  using F = typename V::F;
+  const F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
+  F p = V::load(s.master + i), m = V::load(s.m + i), v = V::load(s.v + i);
+  adam_update<V>(p, m, v, g, c);
+  V::store(s.master + i, p);
+  V::store(s.m + i, m);
+  V::store(s.v + i, v);
+  if constexpr (P16 != DType::F32) store<V, P16>(s.param16, i, p);
+}
+
+template <class V, DType G, DType P16>
+void adam_range_t(const AdamSlot& s, int64_t i, int64_t end, const AdamConsts& c, float mul1,
+                  float mul2) {
+  const typename V::F vm1 = V::set1(mul1), vm2 = V::set1(mul2);
+  for (; i + V::W <= end; i += V::W) adam_at<V, G, P16>(s, i, c, vm1, vm2);
+  for (; i < end; ++i) adam_at<VecScalar, G, P16>(s, i, c, mul1, mul2);
+}
+
+template <class V, DType G>
+void adam_range_g(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
+                  float m2) {
+  if (!s.param16) adam_range_t<V, G, DType::F32>(s, b, e, c, m1, m2);
+  else if (s.param16_dtype == DType::F16) adam_range_t<V, G, DType::F16>(s, b, e, c, m1, m2);
+  else adam_range_t<V, G, DType::BF16>(s, b, e, c, m1, m2);
+}
+
+template <class V>
+void adam_range(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
+                float m2) {
+  switch (s.grad_dtype) {
+    case DType::F32: return adam_range_g<V, DType::F32>(s, b, e, c, m1, m2);
+    case DType::F16: return adam_range_g<V, DType::F16>(s, b, e, c, m1, m2);
+    case DType::BF16: return adam_range_g<V, DType::BF16>(s, b, e, c, m1, m2);
+  }
+}
+
+// ---- gradient transform -----------------------------------------------------
+
+// Sum of squares of y[0..n) in the order of math/sum_squares.hpp (n <= kSumBlock).
+inline double block_sum_squares(const float* y, int64_t n) {
+  double lanes[kSumLanes] = {};
+  for (int64_t k = 0; k < n; k += kSumLanes) {
+    const int64_t m = std::min<int64_t>(kSumLanes, n - k);
+    for (int64_t j = 0; j < m; ++j) lanes[j] += double(y[k + j]) * double(y[k + j]);
+  }
+  sum_lanes_tree(lanes);
+  return lanes[0];
+}
+
+template <class V, DType T>
+bool transform_block_t(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
+                       double* block_sum) {
+  using F = typename V::F;
+  float scratch[kSumBlock];
+  float* y = dst ? dst : scratch;
+  const bool write = dst || block_sum;
+  // x * 0 is NaN exactly when x is Inf or NaN; the sum keeps any NaN.
+  F bad = V::set1(0.0f);
+  float bad_tail = 0.0f;
+  const F zero = V::set1(0.0f), vmul = V::set1(mul);
+  int64_t i = begin;
+  for (; i + V::W <= end; i += V::W) {
+    const F x = load<V, T>(t.data, i);
+    bad = V::add(bad, V::mul(x, zero));
+    if (write) V::store(y + (i - begin), V::mul(x, vmul));
+  }
+  for (; i < end; ++i) {
+    const float x = load<VecScalar, T>(t.data, i);
+    bad_tail = bad_tail + x * 0.0f;
+    if (write) y[i - begin] = x * mul;
+  }
+  if (block_sum) *block_sum = block_sum_squares(y, end - begin);
+  return V::any_nan(bad) || bad_tail != bad_tail;
+}
+
+template <class V>
+bool transform_block(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
+                     double* block_sum) {
+  switch (t.dtype) {
+    case DType::F32: return transform_block_t<V, DType::F32>(t, begin, end, mul, dst, block_sum);
+    case DType::F16: return transform_block_t<V, DType::F16>(t, begin, end, mul, dst, block_sum);
+    case DType::BF16: return transform_block_t<V, DType::BF16>(t, begin, end, mul, dst, block_sum);
+  }
+  return false;
+}
+
+// ---- conversions ------------------------------------------------------------
+
+template <class V, DType T>
+void from_float_t(const float* src, void* dst, int64_t i, int64_t end) {
+  for (; i + V::W <= end; i += V::W) store<V, T>(dst, i, V::load(src + i));
+  for (; i < end; ++i) store<VecScalar, T>(dst, i, src[i]);
+}
+
+template <class V>
+void from_float_range(const float* src, void* dst, DType dtype, int64_t b, int64_t e) {
+  switch (dtype) {
+    case DType::F32: return from_float_t<V, DType::F32>(src, dst, b, e);
+    case DType::F16: return from_float_t<V, DType::F16>(src, dst, b, e);
+    case DType::BF16: return from_float_t<V, DType::BF16>(src, dst, b, e);
+  }
+}
+
+template <class V>
+CpuIsa make_isa() {
+  return CpuIsa{V::name(), &adam_range<V>, &transform_block<V>, &from_float_range<V>};
+}
+
+}  // namespace cpu
+DSOPT_ISA_END
+}  // namespace dsopt

@@ -1,0 +1,13 @@
+// The CPU kernels instantiated for scalar (this file alone gets the ISA's
+// compiler flags; it runs only where cpu_kernels.cpp found the CPU able to).
+#include "kernels/cpu/vec_scalar.hpp"
+#include "kernels/cpu/cpu_loops.hpp"
+
+namespace dsopt {
+
+const CpuIsa& cpu_isa_scalar() {
+  static const CpuIsa isa = cpu::make_isa<VecScalar>();
+  return isa;
+}
+
+}  // namespace dsopt

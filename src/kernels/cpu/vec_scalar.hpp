@@ -1,0 +1,26 @@
+// One lane: ScalarOps plus loads and stores of every dtype. Used for the
+// tail of every vector loop and as the whole loop where no SIMD is usable.
+#pragma once
+#include <cstdint>
+
+#include "math/half.hpp"
+#include "math/scalar_ops.hpp"
+
+namespace dsopt {
+
+DSOPT_ISA_BEGIN
+
+struct VecScalar : ScalarOps {
+  static constexpr int W = 1;
+  static const char* name() { return "scalar"; }
+  static F load(const float* p) { return *p; }
+  static void store(float* p, F x) { *p = x; }
+  static F load_f16(const uint16_t* p) { return f16_to_float(*p); }
+  static void store_f16(uint16_t* p, F x) { *p = float_to_f16(x); }
+  static F load_bf16(const uint16_t* p) { return bf16_to_float(*p); }
+  static void store_bf16(uint16_t* p, F x) { *p = float_to_bf16(x); }
+  static bool any_nan(F x) { return x != x; }
+};
+
+DSOPT_ISA_END
+}  // namespace dsopt

@@ -1,0 +1,15 @@
+// The CUDA entry points in a build without CUDA.
+#include "base/error.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dsopt {
+
+std::unique_ptr<Kernels> make_cuda_kernels(void*) {
+  fail(DSOPT_EUNSUPPORTED,
+       "this libdsopt was built without CUDA; rebuild with nvcc on PATH (cmake "
+       "-DDSOPT_WITH_CUDA=ON)");
+}
+
+std::string cuda_build_info() { return "cuda=off"; }
+
+}  // namespace dsopt

@@ -1,0 +1,101 @@
+// The per-device kernel interface. Optimizers and the step pipeline are
+// written once against it; "device": "cpu" gives CpuKernels
+// (src/kernels/cpu), "cuda" gives CudaKernels (cuda/). All pointers passed
+// to a Kernels method live in that device's memory unless the name says
+// "host".
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/dtype.hpp"
+#include "math/adam.hpp"
+
+namespace dsopt {
+
+enum class Device { Cpu, Cuda };
+
+// A read-only view of a caller's tensor.
+struct TensorRef {
+  const void* data;
+  int64_t numel;
+  DType dtype;
+};
+
+// What a pass over gradients found.
+struct GradStats {
+  bool nonfinite = false;  // some value was Inf or NaN
+};
+
+// One tensor of an Adam update. `master` is the fp32 value updated in place:
+// the caller's parameter when it is fp32, dsopt's master copy otherwise, in
+// which case the rounded result is also written to `param16`.
+struct AdamSlot {
+  float* master;
+  void* param16;        // nullptr when the parameter is fp32
+  DType param16_dtype;  // F16 or BF16 when param16 is set
+  const void* grad;
+  DType grad_dtype;
+  float* m;
+  float* v;
+  int64_t numel;
+  int32_t group;  // index into the AdamConsts array
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;  // e.g. "avx512", "cuda"
+
+  // Memory of this device. alloc throws Error(DSOPT_ENOMEM) on failure;
+  // alloc(0) returns nullptr.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void release(void* p) = 0;
+  // Host memory suited for staging transfers of this device (pinned for CUDA).
+  virtual void* alloc_host_staging(size_t bytes) = 0;
+  virtual void release_host_staging(void* p) = 0;
+
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst_host, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src_host, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Waits until all work queued by this object has finished.
+  virtual void synchronize() = 0;
+
+  // dst[i] = float(src[i]) for a tensor of any dtype.
+  virtual void to_float(const TensorRef& src, float* dst) = 0;
+  // dst[i] = round-to-nearest-even(src[i]) in dtype.
+  virtual void from_float(const float* src, void* dst, DType dtype, int64_t n) = 0;
+
+  // One pass over `count` tensors: y = fl(float(x) * mul) for every element.
+  // When `dst` is not null the y values of all tensors are written to it
+  // back to back (dst may alias src[0].data when there is one fp32 tensor).
+  // When `sumsq_host` is not null, sumsq_host[i] receives the sum of y^2 of
+  // tensor i in the order of math/sum_squares.hpp. Returns whether any x was
+  // Inf or NaN.
+  virtual GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
+                              double* sumsq_host) = 0;
+
+  // Adam/AdamW over every slot; consts[slot.group] holds the slot's group
+  // constants. Each gradient element is first multiplied by mul1 then by
+  // mul2 (two fp32 roundings; 1.0f is exact).
+  virtual void adam_update(const AdamSlot* slots, int64_t count, const AdamConsts* consts,
+                           int32_t num_groups, float mul1, float mul2) = 0;
+};
+
+// The CPU kernels for this machine's best instruction set, using `threads`
+// OpenMP threads (0: OpenMP's default).
+std::unique_ptr<Kernels> make_cpu_kernels(int threads);
+// The CPU instruction set the CPU kernels pick on this machine.
+const char* cpu_isa_name();
+
+// The CUDA kernels on the current device, queueing work on `stream`
+// (a cudaStream_t, nullptr = legacy default). Throws Error(DSOPT_EUNSUPPORTED)
+// in a build without CUDA or without a usable device.
+std::unique_ptr<Kernels> make_cuda_kernels(void* stream);
+// "cuda=<runtime version> devices=<n>" or "cuda=off", for dsopt_build_info.
+std::string cuda_build_info();
+
+}  // namespace dsopt

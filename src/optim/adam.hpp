@@ -1,0 +1,28 @@
+// Adam and AdamW (spec adam.md, DECISIONS A1/A2): fp32 moments, one step
+// counter per group, the update of math/adam.hpp on every device.
+#pragma once
+#include "kernels/device_buffer.hpp"
+#include "optim/optimizer.hpp"
+
+namespace dsopt {
+
+class Adam final : public Optimizer {
+ public:
+  Adam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+       const dsopt_tensor* params, int64_t count);
+
+ protected:
+  std::string algorithm() const override;
+  void update(const PreparedGrads& grads) override;
+  uint32_t section_count() const override { return 2; }
+  void save_sections(BlobWriter& w) const override;
+  void check_sections(const BlobReader& r) const override;
+  void restore_sections(const BlobReader& r) override;
+
+ private:
+  bool decoupled_;
+  DeviceBuffer exp_avg_;     // m, fp32, all parameters back to back
+  DeviceBuffer exp_avg_sq_;  // v
+};
+
+}  // namespace dsopt

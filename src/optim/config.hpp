@@ -1,0 +1,40 @@
+// The parsed, validated configuration an optimizer is built from
+// (src/api/config.cpp fills it from JSON).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "math/adam.hpp"
+
+namespace dsopt {
+
+struct LossScaleConfig {
+  bool enabled = false;         // fp16.enabled
+  double static_scale = 0.0;    // fp16.loss_scale (> 0: static)
+  int initial_scale_power = 16;
+  int64_t window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_scale = 1.0;
+};
+
+struct PipelineConfig {
+  LossScaleConfig loss_scale;
+  double gradient_clipping = 0.0;
+  bool skip_nonfinite = true;
+  bool report_grad_norm = false;
+};
+
+struct OptimizerConfig {
+  std::string type;  // canonical: "Adam", "AdamW"
+  bool cuda = false;
+  bool cuda_aware = false;
+  int threads = 0;
+  AdamHyper defaults;             // optimizer.params
+  std::vector<AdamHyper> groups;  // one per group (defaults + param_groups overrides)
+  PipelineConfig pipeline;
+  std::string canonical;          // normalised JSON text, for cross-rank agreement
+};
+
+}  // namespace dsopt

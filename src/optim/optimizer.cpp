@@ -1,0 +1,144 @@
+#include "optim/optimizer.hpp"
+
+#include <cstring>
+
+#include "base/error.hpp"
+
+namespace dsopt {
+namespace {
+
+const char* kStepsSection = "common.steps";
+const char* kLrSection = "common.lr";
+const char* kScalerSection = "common.loss_scaler";
+const char* kMastersSection = "common.masters";
+constexpr uint32_t kCommonSections = 4;
+constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
+
+std::string describe(const BlobParam& p) {
+  return "numel " + std::to_string(p.numel) + ", dtype " +
+         (is_valid_dtype(p.dtype) ? dtype_name(DType(p.dtype)) : std::to_string(p.dtype)) +
+         ", group " + std::to_string(p.group);
+}
+
+void check_shapes(const std::vector<BlobParam>& saved, const std::vector<BlobParam>& live) {
+  if (saved.size() != live.size())
+    fail(DSOPT_EMISMATCH, "state blob has " + std::to_string(saved.size()) +
+                              " parameters, this optimizer has " + std::to_string(live.size()));
+  for (size_t i = 0; i < saved.size(); ++i)
+    if (!(saved[i] == live[i]))
+      fail(DSOPT_EMISMATCH, "state blob parameter " + std::to_string(i) + " has " +
+                                describe(saved[i]) + ", this optimizer's has " + describe(live[i]));
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+                     const dsopt_tensor* params, int64_t count)
+    : cfg_(cfg),
+      comm_(comm),
+      kernels_(std::move(kernels)),
+      host_(make_cpu_kernels(cfg.threads)),
+      params_(params, count, int32_t(cfg.groups.size()), *kernels_),
+      pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, *host_, params_),
+      groups_(cfg.groups),
+      steps_(cfg.groups.size(), 0) {}
+
+Optimizer::~Optimizer() = default;
+
+StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
+  const PreparedGrads prepared = pipeline_.prepare(grads, count, grad_mode());
+  if (!prepared.skip) {
+    for (int64_t& s : steps_) ++s;
+    update(prepared);
+  }
+  pipeline_.finish(prepared);
+  StepResult r;
+  r.skipped = prepared.skip;
+  r.step = steps_[0];
+  r.loss_scale = pipeline_.scaler().scale();
+  r.grad_norm = prepared.grad_norm;
+  return r;
+}
+
+double Optimizer::lr(int32_t group) const {
+  if (group < 0 || group >= num_groups())
+    fail(DSOPT_EINVAL, "group " + std::to_string(group) + " is out of range (the optimizer has " +
+                           std::to_string(num_groups()) + ")");
+  return groups_[size_t(group)].lr;
+}
+
+void Optimizer::set_lr(int32_t group, double lr) {
+  if (group == -1) {
+    for (AdamHyper& g : groups_) g.lr = lr;
+    return;
+  }
+  this->lr(group);  // range check
+  groups_[size_t(group)].lr = lr;
+}
+
+uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
+  BlobWriter w(dst, capacity);
+  w.header(BlobHeader{algorithm(), uint32_t(comm_.size()), uint32_t(comm_.rank()), params_.shapes()});
+  w.begin_sections(kCommonSections + section_count());
+  w.section(kStepsSection, steps_.data(), steps_.size() * 8);
+  std::vector<double> lrs;
+  for (const AdamHyper& g : groups_) lrs.push_back(g.lr);
+  w.section(kLrSection, lrs.data(), lrs.size() * 8);
+  const LossScaler::State s = pipeline_.scaler().state();
+  FieldWriter f;
+  f.add(s.scale).add(s.iter).add(s.last_overflow_iter).add(s.hysteresis_left);
+  w.section(kScalerSection, f.bytes().data(), f.bytes().size());
+  w.section_from_device(kMastersSection, params_.masters(), uint64_t(params_.master_numel()) * 4,
+                        *kernels_);
+  save_sections(w);
+  return w.finish();
+}
+
+void Optimizer::load(const void* src, uint64_t size) {
+  // Validate everything first; every rank learns whether every rank can load.
+  std::string error;
+  int status = DSOPT_OK;
+  std::unique_ptr<BlobReader> reader;
+  try {
+    if (!src) fail(DSOPT_EINVAL, "src is NULL");
+    reader = std::make_unique<BlobReader>(src, size);
+    const BlobHeader& h = reader->header();
+    if (h.algorithm != algorithm())
+      fail(DSOPT_EMISMATCH, "state blob is from a " + h.algorithm + " optimizer, this one is " + algorithm());
+    check_shapes(h.params, params_.shapes());
+    reader->section(kStepsSection, steps_.size() * 8);
+    reader->section(kLrSection, groups_.size() * 8);
+    reader->section(kScalerSection, kScalerBytes);
+    reader->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
+    check_sections(*reader);
+  } catch (const Error& e) {
+    status = e.status();
+    error = e.what();
+  }
+  if (comm_.size() > 1) {
+    int64_t failed = status == DSOPT_OK ? 0 : 1;
+    comm_.allreduce(&failed, &failed, 1, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
+    if (failed && status == DSOPT_OK)
+      fail(DSOPT_EMISMATCH, "dsopt_state_load: another rank could not load its blob; no rank changed anything");
+  }
+  if (status != DSOPT_OK) fail(status, error);
+
+  const BlobReader& r = *reader;
+  std::memcpy(steps_.data(), r.section(kStepsSection, steps_.size() * 8), steps_.size() * 8);
+  const uint8_t* lrs = r.section(kLrSection, groups_.size() * 8);
+  for (size_t g = 0; g < groups_.size(); ++g) std::memcpy(&groups_[g].lr, lrs + 8 * g, 8);
+  FieldReader f(r.section(kScalerSection, kScalerBytes), kScalerBytes);
+  LossScaler::State s;
+  s.scale = f.get<double>();
+  s.iter = f.get<int64_t>();
+  s.last_overflow_iter = f.get<int64_t>();
+  s.hysteresis_left = f.get<int32_t>();
+  pipeline_.scaler().set_state(s);
+  const uint64_t master_bytes = uint64_t(params_.master_numel()) * 4;
+  kernels_->copy_from_host(params_.masters(), r.section(kMastersSection, master_bytes), master_bytes);
+  params_.write_back();
+  restore_sections(r);
+  kernels_->synchronize();
+}
+
+}  // namespace dsopt

@@ -1,0 +1,78 @@
+// The interface every algorithm implements, and the parts they share:
+// parameters and masters, the step pipeline, per-group learning rates and
+// step counters (G8), and the common sections of the state blob.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "kernels/kernels.hpp"
+#include "optim/config.hpp"
+#include "optim/param_set.hpp"
+#include "optim/step_pipeline.hpp"
+#include "state/blob.hpp"
+
+namespace dsopt {
+
+struct StepResult {
+  bool skipped = false;
+  bool compressed = false;
+  int64_t step = 0;
+  double loss_scale = 1.0;
+  double grad_norm = -1.0;
+};
+
+class Optimizer {
+ public:
+  Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+            const dsopt_tensor* params, int64_t count);
+  virtual ~Optimizer();
+
+  // Collective.
+  StepResult step(const dsopt_tensor* grads, int64_t count);
+
+  int32_t num_groups() const { return int32_t(groups_.size()); }
+  double lr(int32_t group) const;
+  void set_lr(int32_t group, double lr);  // group -1: every group
+  double loss_scale() const { return pipeline_.scaler().scale(); }
+
+  // Measures (dst null) or writes the state blob; returns its size.
+  uint64_t save(void* dst, uint64_t capacity) const;
+  // Validates the whole blob, then restores it. Collective.
+  void load(const void* src, uint64_t size);
+
+  Comm& comm() const { return comm_; }
+
+ protected:
+  // The algorithm's name in blobs ("AdamW", "Adam", ...).
+  virtual std::string algorithm() const = 0;
+  virtual GradMode grad_mode() const { return GradMode::Averaged; }
+  // Applies one update with prepared gradients; step counters are already
+  // incremented.
+  virtual void update(const PreparedGrads& grads) = 0;
+  // The algorithm's own sections: written by save_sections, checked by
+  // check_sections (throw, change nothing), then restored.
+  virtual uint32_t section_count() const = 0;
+  virtual void save_sections(BlobWriter& w) const = 0;
+  virtual void check_sections(const BlobReader& r) const = 0;
+  virtual void restore_sections(const BlobReader& r) = 0;
+
+  const ParamSet& params() const { return params_; }
+  Kernels& kernels() const { return *kernels_; }
+  int64_t group_step(int32_t g) const { return steps_[size_t(g)]; }
+  const AdamHyper& group(int32_t g) const { return groups_[size_t(g)]; }
+
+ private:
+  OptimizerConfig cfg_;
+  Comm& comm_;
+  std::unique_ptr<Kernels> kernels_;
+  std::unique_ptr<Kernels> host_;
+  ParamSet params_;
+  StepPipeline pipeline_;
+  std::vector<AdamHyper> groups_;
+  std::vector<int64_t> steps_;
+};
+
+}  // namespace dsopt

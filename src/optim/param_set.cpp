@@ -1,0 +1,68 @@
+#include "optim/param_set.hpp"
+
+#include "base/error.hpp"
+
+namespace dsopt {
+
+ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups,
+                   Kernels& kernels)
+    : kernels_(kernels) {
+  if (count <= 0) fail(DSOPT_EINVAL, "num_params must be > 0, got " + std::to_string(count));
+  if (!params) fail(DSOPT_EINVAL, "params is NULL");
+  for (int64_t i = 0; i < count; ++i) {
+    const dsopt_tensor& t = params[i];
+    const std::string who = "params[" + std::to_string(i) + "]";
+    if (!t.data) fail(DSOPT_EINVAL, who + ".data is NULL");
+    if (t.numel <= 0) fail(DSOPT_EINVAL, who + ".numel must be > 0, got " + std::to_string(t.numel));
+    if (!is_valid_dtype(t.dtype))
+      fail(DSOPT_EINVAL, who + ".dtype " + std::to_string(t.dtype) +
+                             " is not a dtype (DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16)");
+    if (t.group < 0 || t.group >= num_groups)
+      fail(DSOPT_EINVAL, who + ".group " + std::to_string(t.group) + " is out of range: the config has " +
+                             std::to_string(num_groups) + " parameter group(s)");
+    params_.push_back(Param{t.data, t.numel, DType(t.dtype), t.group, total_numel_, nullptr});
+    total_numel_ += t.numel;
+    if (DType(t.dtype) != DType::F32) master_numel_ += t.numel;
+  }
+  masters_ = DeviceBuffer(kernels_, size_t(master_numel_) * 4);
+  int64_t m = 0;
+  for (Param& p : params_) {
+    if (p.dtype == DType::F32) {
+      p.master = static_cast<float*>(p.data);
+    } else {
+      p.master = masters_.floats() + m;
+      m += p.numel;
+      kernels_.to_float(TensorRef{p.data, p.numel, p.dtype}, p.master);
+    }
+  }
+}
+
+std::vector<BlobParam> ParamSet::shapes() const {
+  std::vector<BlobParam> s;
+  for (const Param& p : params_) s.push_back(BlobParam{p.numel, int32_t(p.dtype), p.group});
+  return s;
+}
+
+void ParamSet::write_back() {
+  for (const Param& p : params_)
+    if (p.dtype != DType::F32) kernels_.from_float(p.master, p.data, p.dtype, p.numel);
+}
+
+std::string ParamSet::check_grads(const dsopt_tensor* grads, int64_t count) const {
+  if (!grads) return "grads is NULL";
+  if (count != int64_t(params_.size()))
+    return "num_grads is " + std::to_string(count) + " but the optimizer has " +
+           std::to_string(params_.size()) + " parameters (one gradient per parameter)";
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string who = "grads[" + std::to_string(i) + "]";
+    if (!grads[i].data) return who + ".data is NULL";
+    if (grads[i].numel != params_[i].numel)
+      return who + ".numel is " + std::to_string(grads[i].numel) + " but params[" +
+             std::to_string(i) + "] has " + std::to_string(params_[i].numel);
+    if (!is_valid_dtype(grads[i].dtype))
+      return who + ".dtype " + std::to_string(grads[i].dtype) + " is not a dtype";
+  }
+  return "";
+}
+
+}  // namespace dsopt

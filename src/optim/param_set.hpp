@@ -1,0 +1,54 @@
+// The caller's parameters as an optimizer sees them: borrowed buffers, their
+// place in dsopt's flat fp32 arrays, and fp32 master copies of 16-bit ones
+// (DECISIONS G7).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsopt.h"
+#include "kernels/device_buffer.hpp"
+#include "kernels/kernels.hpp"
+#include "state/blob.hpp"
+
+namespace dsopt {
+
+struct Param {
+  void* data;      // caller's buffer
+  int64_t numel;
+  DType dtype;
+  int32_t group;
+  int64_t offset;  // first element in dsopt's flat per-element arrays
+  float* master;   // the fp32 values the update works on (== data for fp32)
+};
+
+class ParamSet {
+ public:
+  // Validates the descriptors (throws Error(DSOPT_EINVAL) naming the
+  // parameter) and copies 16-bit parameters into fp32 masters.
+  ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups, Kernels& kernels);
+
+  const std::vector<Param>& params() const { return params_; }
+  int64_t count() const { return int64_t(params_.size()); }
+  int64_t total_numel() const { return total_numel_; }
+  std::vector<BlobParam> shapes() const;
+
+  // fp32 masters of the 16-bit parameters, back to back in parameter order.
+  float* masters() const { return masters_.floats(); }
+  int64_t master_numel() const { return master_numel_; }
+  // Rounds every master into its 16-bit parameter.
+  void write_back();
+
+  // "" when `grads` fit these parameters (count, data, numel, dtype), else
+  // what is wrong.
+  std::string check_grads(const dsopt_tensor* grads, int64_t count) const;
+
+ private:
+  Kernels& kernels_;
+  std::vector<Param> params_;
+  int64_t total_numel_ = 0;
+  int64_t master_numel_ = 0;
+  DeviceBuffer masters_;
+};
+
+}  // namespace dsopt

@@ -1,0 +1,58 @@
+// What every optimizer does with gradients before its update (DECISIONS
+// G3-G6): argument checks agreed across ranks, non-finite check, averaging,
+// unscaling, clipping; and the loss-scale update after it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "kernels/device_buffer.hpp"
+#include "optim/config.hpp"
+#include "optim/loss_scaler.hpp"
+#include "optim/param_set.hpp"
+
+namespace dsopt {
+
+enum class GradMode {
+  Averaged,  // all-reduce and average over ranks (Adam; warmup stages)
+  Local,     // keep each rank's own gradients (compressed stages)
+};
+
+struct PreparedGrads {
+  bool skip = false;              // a non-finite gradient somewhere: skip this step
+  std::vector<TensorRef> grads;   // one per parameter: what the update reads
+  float mul1 = 1.0f, mul2 = 1.0f; // the update multiplies each element by mul1, then mul2
+  double grad_norm = -1.0;        // unscaled, before clipping; -1 when not computed
+};
+
+class StepPipeline {
+ public:
+  StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels, const Mem& mem,
+               Kernels& host, const ParamSet& params);
+
+  // Collective. Throws Error(DSOPT_EINVAL) on every rank when any rank's
+  // gradients do not fit the parameters; nothing has changed then.
+  PreparedGrads prepare(const dsopt_tensor* grads, int64_t count, GradMode mode);
+  // Updates the loss scale with the step's outcome.
+  void finish(const PreparedGrads& prepared) { scaler_.update(prepared.skip); }
+
+  LossScaler& scaler() { return scaler_; }
+  const LossScaler& scaler() const { return scaler_; }
+
+ private:
+  std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
+  bool wants_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
+  void set_multipliers(PreparedGrads& out, double sumsq) const;
+  [[noreturn]] void fail_for_other_rank() const;
+
+  PipelineConfig cfg_;
+  Comm& comm_;
+  Kernels& kernels_;
+  Mem mem_;
+  Kernels& host_;
+  const ParamSet& params_;
+  LossScaler scaler_;
+  DeviceBuffer averaged_;  // total_numel + 1 floats; the last one carries the status flag
+};
+
+}  // namespace dsopt
