@@ -1,0 +1,45 @@
+# Wraps the CMake build. `make demo` and `make test` work on a fresh machine:
+# they install what is missing first (scripts/ensure_deps.sh).
+BUILD ?= build
+NOCUDA_BUILD ?= build-nocuda
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+.PHONY: all deps build python test test-c test-nocuda test-python demo bench clean
+
+all: build
+
+deps:
+	@scripts/ensure_deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+# The cffi extension of the Python binding, against $(BUILD)/libdsopt.so.
+python: build
+	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) python3 bindings/python/dsopt/_ffi_build.py
+
+test: test-c test-nocuda test-python
+
+test-c: build
+	cd $(BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
+
+# The same C tests against a build without CUDA (EUNSUPPORTED paths).
+test-nocuda: deps
+	cmake -S . -B $(NOCUDA_BUILD) $(CMAKE_FLAGS) -DDSOPT_WITH_CUDA=OFF -DDSOPT_BUILD_BENCH=OFF
+	cmake --build $(NOCUDA_BUILD) -j$(JOBS)
+	cd $(NOCUDA_BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
+
+test-python: python
+	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) $(MPI_ENV) python3 -m pytest tests/python -q
+
+demo: build
+	$(MPI_ENV) examples/run_demo.sh $(BUILD)
+
+bench: build
+	$(MPI_ENV) bench/run_benchmarks.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(NOCUDA_BUILD)
