@@ -1,8 +1,13 @@
 // The per-device kernel interface. Optimizers and the step pipeline are
 // written once against it; "device": "cpu" gives CpuKernels
-// (src/kernels/cpu), "cuda" gives CudaKernels (cuda/). All pointers passed
-// to a Kernels method live in that device's memory unless the name says
-// "host".
+// (src/kernels/cpu), "cuda" gives CudaKernels (cuda/). Tensor data passed
+// to a Kernels method lives in that device's memory unless the name says
+// "host"; the descriptor arrays (AdamSlot, AdamConsts, TensorRef lists) are
+// host memory.
+//
+// Ordering: methods that return data to the host (copy_to_host, transform)
+// or read host memory (copy_from_host) finish before returning; the others
+// may only queue work, in order, on the device's stream.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -95,7 +100,7 @@ const char* cpu_isa_name();
 // (a cudaStream_t, nullptr = legacy default). Throws Error(DSOPT_EUNSUPPORTED)
 // in a build without CUDA or without a usable device.
 std::unique_ptr<Kernels> make_cuda_kernels(void* stream);
-// "cuda=<runtime version> devices=<n>" or "cuda=off", for dsopt_build_info.
+// "cuda=<runtime version>" or "cuda=off", for dsopt_build_info.
 std::string cuda_build_info();
 
 }  // namespace dsopt

@@ -1,0 +1,36 @@
+// Host entry points of the CUDA kernels, one .cu file each, so the class in
+// cuda_kernels.cu stays plain runtime-API code. Every pointer is device
+// memory except the slot and tensor arrays, which are host metadata. All
+// work is queued on `stream`; nothing here synchronizes.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "base/dtype.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dsopt {
+namespace cuda {
+
+// Adam/AdamW over every slot; consts_dev[slot.group] are the slot's
+// constants, already in device memory.
+void launch_adam(cudaStream_t stream, const AdamSlot* slots, int64_t count,
+                 const AdamConsts* consts_dev, float mul1, float mul2);
+
+// The transform pass. dst (may be nullptr) receives the y values of all
+// tensors back to back; block_sums_dev (may be nullptr) receives, for tensor
+// i, sum_blocks(numel_i) block sums starting at the sum of sum_blocks() of
+// the tensors before it; *nonfinite_dev is set to 1 when some x is Inf/NaN
+// (the caller clears it first).
+void launch_transform(cudaStream_t stream, const TensorRef* src, int64_t count, float mul,
+                      float* dst, double* block_sums_dev, int* nonfinite_dev);
+
+void launch_to_float(cudaStream_t stream, const TensorRef& src, float* dst);
+void launch_from_float(cudaStream_t stream, const float* src, void* dst, DType dtype, int64_t n);
+
+// cudaSuccess when this build has code the current device can run.
+cudaError_t probe_kernel_image();
+
+}  // namespace cuda
+}  // namespace dsopt
