@@ -95,8 +95,12 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
       error = "out of host memory";
     }
     const uint64_t shapes = status == DSOPT_OK ? shapes_hash(params, num_params) : 0;
-    agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes);
-    if (status != DSOPT_OK) fail(status, error);
+    try {
+      agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes);
+    } catch (const Error&) {
+      if (status == DSOPT_OK) throw;
+    }
+    if (status != DSOPT_OK) fail(status, error);  // this rank's own problem comes first
     *out = opt.release();
   });
 }

@@ -24,10 +24,19 @@ std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int
   return refs;
 }
 
-void StepPipeline::fail_for_other_rank() const {
-  fail(DSOPT_EINVAL,
-       "dsopt_step: another rank passed gradients that do not fit its parameters (see that "
-       "rank's error); no rank changed anything");
+void StepPipeline::fail_step(const std::string& local_error) {
+  // Error path only: one more collective tells every rank who failed.
+  const int world = comm_.size();
+  int64_t mine = local_error.empty() ? 0 : 1;
+  std::vector<int64_t> all(size_t(world), 0);
+  comm_.allgather(&mine, all.data(), 1, Elem::I64, Mem{&host_, false});
+  if (!local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
+  std::string ranks;
+  for (int r = 0; r < world; ++r)
+    if (all[size_t(r)]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  fail(DSOPT_EINVAL, "dsopt_step: rank " + ranks +
+                         " passed gradients that do not fit the parameters (see that rank's "
+                         "error); no rank changed anything");
 }
 
 void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
@@ -65,10 +74,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count, Gr
     kernels_.copy_from_host(buf + total, &flag, 4);
     comm_.allreduce(buf, buf, size_t(total + 1), Elem::F32, ReduceOp::Sum, mem_);
     kernels_.copy_to_host(&flag, buf + total, 4);
-    if (flag >= kInvalid) {
-      if (!local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
-      fail_for_other_rank();
-    }
+    if (flag >= kInvalid) fail_step(local_error);
     nonfinite = flag > 0.0f;
     // a = fl(sum * fl(1/P)), in place; the sums are checked as well.
     const TensorRef whole{buf, total, DType::F32};
@@ -94,10 +100,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count, Gr
       // sqrt(mean_i ||g_i||^2) through one small allreduce.
       double control[2] = {local_error.empty() ? (nonfinite ? 1.0 : 0.0) : double(kInvalid), sumsq};
       comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});
-      if (control[0] >= double(kInvalid)) {
-        if (!local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
-        fail_for_other_rank();
-      }
+      if (control[0] >= double(kInvalid)) fail_step(local_error);
       nonfinite = control[0] > 0.0;
       sumsq = control[1] / world;
     }

@@ -43,7 +43,8 @@ class StepPipeline {
   std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
   bool wants_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
   void set_multipliers(PreparedGrads& out, double sumsq) const;
-  [[noreturn]] void fail_for_other_rank() const;
+  // Fails the step on every rank, naming the ranks whose arguments were bad.
+  [[noreturn]] void fail_step(const std::string& local_error);
 
   PipelineConfig cfg_;
   Comm& comm_;
