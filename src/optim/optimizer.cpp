@@ -106,6 +106,12 @@ void Optimizer::load(const void* src, uint64_t size) {
     if (h.algorithm != algorithm())
       fail(DSOPT_EMISMATCH, "state blob is from a " + h.algorithm + " optimizer, this one is " + algorithm());
     check_shapes(h.params, params_.shapes());
+    if (reader->has(kStepsSection)) {
+      const uint64_t saved_groups = reader->section_size(kStepsSection) / 8;
+      if (saved_groups != steps_.size())
+        fail(DSOPT_EMISMATCH, "state blob has " + std::to_string(saved_groups) +
+                                  " parameter groups, this optimizer has " + std::to_string(steps_.size()));
+    }
     reader->section(kStepsSection, steps_.size() * 8);
     reader->section(kLrSection, groups_.size() * 8);
     reader->section(kScalerSection, kScalerBytes);

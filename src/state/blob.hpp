@@ -67,6 +67,8 @@ class BlobReader {
   BlobReader(const void* src, uint64_t size);
   const BlobHeader& header() const { return header_; }
   bool has(const std::string& name) const { return sections_.count(name) != 0; }
+  // Byte length of a section that exists (see has()).
+  uint64_t section_size(const std::string& name) const { return sections_.at(name).size; }
   // The section's bytes; throws Error(DSOPT_ECORRUPT) if it is missing or
   // not exactly `bytes` long.
   const uint8_t* section(const std::string& name, uint64_t bytes) const;
