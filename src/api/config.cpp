@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cfloat>
 #include <cmath>
 #include <set>
 
@@ -13,6 +14,8 @@ namespace dsopt {
 namespace {
 
 using json = nlohmann::json;
+
+constexpr int64_t kMaxThreads = 1024;  // "threads" beyond this is a typo, not a machine
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
   fail(DSOPT_EINVAL, "config: " + path + ": " + what);
@@ -47,12 +50,19 @@ double number(const json& obj, const std::string& path, const std::string& key, 
   return d;
 }
 
-int64_t integer(const json& obj, const std::string& path, const std::string& key, int64_t dflt) {
+// An integer in [lo, hi], checked before any narrowing.
+int64_t integer(const json& obj, const std::string& path, const std::string& key, int64_t dflt,
+                int64_t lo, int64_t hi) {
   if (!obj.contains(key)) return dflt;
   const json& v = obj.at(key);
-  if (!v.is_number() || std::floor(v.get<double>()) != v.get<double>())
-    bad(sub(path, key), "must be an integer, got " + v.dump());
-  return v.get<int64_t>();
+  const bool integral = v.is_number_integer() ||
+                        (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  if (!integral) bad(sub(path, key), "must be an integer, got " + v.dump());
+  const double d = v.get<double>();
+  if (d < double(lo) || d > double(hi) ||
+      (v.is_number_integer() && (v.get<int64_t>() < lo || v.get<int64_t>() > hi)))
+    bad(sub(path, key), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+  return v.is_number_integer() ? v.get<int64_t>() : int64_t(d);
 }
 
 bool boolean(const json& obj, const std::string& path, const std::string& key, bool dflt) {
@@ -66,10 +76,19 @@ void require(bool ok, const std::string& path, const std::string& what) {
   if (!ok) bad(path, what);
 }
 
+// The update runs in fp32: a value must survive the conversion.
+void require_fp32(double v, const std::string& path, bool nonzero) {
+  const float f = float(v);
+  if (!std::isfinite(f)) bad(path, "is too large for fp32 (" + std::to_string(v) + ")");
+  if (nonzero && v != 0.0 && !(std::fabs(f) >= FLT_MIN))
+    bad(path, "is too small for fp32 (" + std::to_string(v) + ")");
+}
+
 // lr, betas, eps, weight_decay of `obj` over `h` (optimizer.params or a group).
 void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
   h.lr = number(obj, path, "lr", h.lr);
   require(h.lr >= 0, sub(path, "lr"), "must be >= 0, got " + std::to_string(h.lr));
+  require_fp32(h.lr, sub(path, "lr"), false);
   if (obj.contains("betas")) {
     const json& b = obj.at("betas");
     if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
@@ -81,8 +100,10 @@ void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
   }
   h.eps = number(obj, path, "eps", h.eps);
   require(h.eps > 0, sub(path, "eps"), "must be > 0, got " + std::to_string(h.eps));
+  require_fp32(h.eps, sub(path, "eps"), true);
   h.weight_decay = number(obj, path, "weight_decay", h.weight_decay);
   require(h.weight_decay >= 0, sub(path, "weight_decay"), "must be >= 0");
+  require_fp32(h.weight_decay, sub(path, "weight_decay"), false);
 }
 
 std::string canonical_type(const std::string& type) {
@@ -143,13 +164,9 @@ void read_precision(const json& root, OptimizerConfig& cfg) {
     ls.enabled = boolean(f, "fp16", "enabled", false);
     ls.static_scale = number(f, "fp16", "loss_scale", 0.0);
     require(ls.static_scale >= 0, "fp16.loss_scale", "must be >= 0 (0 = dynamic)");
-    ls.initial_scale_power = int(integer(f, "fp16", "initial_scale_power", 16));
-    require(ls.initial_scale_power >= 0 && ls.initial_scale_power <= 100, "fp16.initial_scale_power",
-            "must be in [0, 100]");
-    ls.window = integer(f, "fp16", "loss_scale_window", 1000);
-    require(ls.window >= 1, "fp16.loss_scale_window", "must be >= 1");
-    ls.hysteresis = int(integer(f, "fp16", "hysteresis", 2));
-    require(ls.hysteresis >= 1, "fp16.hysteresis", "must be >= 1");
+    ls.initial_scale_power = int(integer(f, "fp16", "initial_scale_power", 16, 0, 100));
+    ls.window = integer(f, "fp16", "loss_scale_window", 1000, 1, int64_t(1) << 40);
+    ls.hysteresis = int(integer(f, "fp16", "hysteresis", 2, 1, 1 << 20));
     ls.consecutive_hysteresis = boolean(f, "fp16", "consecutive_hysteresis", false);
     ls.min_scale = number(f, "fp16", "min_loss_scale", 1.0);
     require(ls.min_scale > 0, "fp16.min_loss_scale", "must be > 0");
@@ -193,17 +210,16 @@ OptimizerConfig parse_config(const char* json_text) {
   if (!p.skip_nonfinite && p.loss_scale.enabled && p.loss_scale.static_scale == 0.0)
     bad("skip_nonfinite", "dynamic fp16 loss scaling needs overflowing steps skipped");
   p.report_grad_norm = boolean(root, "", "report_grad_norm", false);
-  cfg.threads = int(integer(root, "", "threads", 0));
-  require(cfg.threads >= 0, "threads", "must be >= 0 (0 = OpenMP's default)");
+  cfg.threads = int(integer(root, "", "threads", 0, 0, kMaxThreads));
   if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
   if (root.contains("zero_optimization")) {
     const json& z = root.at("zero_optimization");
     check_keys(z, "zero_optimization", {"stage"});
-    const int64_t stage = integer(z, "zero_optimization", "stage", 0);
+    const int64_t stage = integer(z, "zero_optimization", "stage", 0, 0, 3);
     if (stage == 1 || stage == 2)
       fail(DSOPT_EUNSUPPORTED, "config: zero_optimization.stage: ZeRO stage " + std::to_string(stage) +
                                    " is not available in this version of dsopt (use 0)");
-    require(stage == 0, "zero_optimization.stage", "must be 0, 1 or 2");
+    if (stage == 3) bad("zero_optimization.stage", "ZeRO stage 3 is not part of dsopt (use 0, 1 or 2)");
   }
   cfg.canonical = root.dump();
   return cfg;

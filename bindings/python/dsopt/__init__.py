@@ -1,0 +1,51 @@
+"""dsopt: data-parallel optimizers (Adam/AdamW, ...) behind a C ABI.
+
+    import numpy as np, dsopt
+    params = [np.random.rand(1000).astype(np.float32)]
+    with dsopt.Optimizer({"optimizer": {"type": "AdamW"}}, params) as opt:
+        info = opt.step([np.random.rand(1000).astype(np.float32)])
+
+Every failing dsopt call raises a subclass of ``dsopt.DsoptError`` (one per
+status code) whose text includes the library's detail message.
+"""
+
+from ._lib import ffi, lib
+from .communicator import Communicator
+from .errors import (
+    BufferTooSmall,
+    CommError,
+    CorruptState,
+    CudaError,
+    DsoptError,
+    InternalError,
+    InvalidArgument,
+    InvalidArgumentType,
+    Mismatch,
+    OutOfMemory,
+    Unsupported,
+    check,
+)
+from .optimizer import Optimizer, StepInfo
+from .tensors import bf16
+
+
+def version() -> str:
+    """Version of the loaded libdsopt ("MAJOR.MINOR.PATCH")."""
+    number = lib.dsopt_version_number()
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+
+
+def build_info() -> str:
+    """What the loaded library was built with (key=value pairs)."""
+    return ffi.string(lib.dsopt_build_info()).decode("utf-8", "replace")
+
+
+HEADER_VERSION = (lib.DSOPT_VERSION_MAJOR, lib.DSOPT_VERSION_MINOR, lib.DSOPT_VERSION_PATCH)
+__version__ = ".".join(map(str, HEADER_VERSION))
+
+__all__ = [
+    "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaError", "DsoptError",
+    "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType", "Mismatch",
+    "Optimizer", "OutOfMemory", "StepInfo", "Unsupported", "bf16", "build_info", "check",
+    "version",
+]

@@ -1,0 +1,78 @@
+"""The JSON config text handed to dsopt_create, and per-parameter groups.
+
+``groups`` (optional, one entry per parameter) is either
+
+* a list of ints: the group index of each parameter, indexing the config's
+  ``param_groups`` list; or
+* a list of dicts: per-parameter overrides (``lr``, ``betas``, ``eps``,
+  ``weight_decay``). Equal dicts share a group; groups are numbered in order
+  of first appearance and written into the config as ``param_groups`` (so the
+  config must not have its own). ``{}`` is a group without overrides.
+"""
+
+import json
+
+from .errors import InvalidArgument, InvalidArgumentType
+
+
+def _as_dict(config) -> dict:
+    if isinstance(config, dict):
+        return dict(config)
+    if isinstance(config, (bytes, bytearray)):
+        config = bytes(config).decode("utf-8")
+    if isinstance(config, str):
+        try:
+            parsed = json.loads(config)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"config is not valid JSON: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise InvalidArgumentType(f"config must be a JSON object, got {type(parsed).__name__}")
+        return parsed
+    raise InvalidArgumentType(f"config must be a dict or JSON text, got {type(config).__name__}")
+
+
+def _config_text(config) -> str:
+    if isinstance(config, str):
+        return config
+    if isinstance(config, (bytes, bytearray)):
+        return bytes(config).decode("utf-8")
+    if isinstance(config, dict):
+        try:
+            return json.dumps(config, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentType(f"config cannot be written as JSON: {exc}") from exc
+    raise InvalidArgumentType(f"config must be a dict or JSON text, got {type(config).__name__}")
+
+
+def _group_key(overrides: dict) -> str:
+    return json.dumps(overrides, sort_keys=True)
+
+
+def resolve(config, groups, num_params: int):
+    """Returns (config JSON text, list of group indices or None)."""
+    if groups is None:
+        return _config_text(config), None
+    groups = list(groups)
+    if len(groups) != num_params:
+        raise InvalidArgument(f"groups has {len(groups)} entries for {num_params} parameters")
+    if all(isinstance(g, dict) for g in groups):
+        as_dict = _as_dict(config)
+        if "param_groups" in as_dict:
+            raise InvalidArgument("groups given as dicts, but the config already has param_groups")
+        index_of = {}
+        param_groups = []
+        indices = []
+        for overrides in groups:
+            key = _group_key(overrides)
+            if key not in index_of:
+                index_of[key] = len(param_groups)
+                param_groups.append(dict(overrides))
+            indices.append(index_of[key])
+        as_dict["param_groups"] = param_groups
+        return _config_text(as_dict), indices
+    if any(isinstance(g, dict) for g in groups):
+        raise InvalidArgumentType("groups must be all ints or all dicts, not a mix")
+    return _config_text(config), groups
+
+
+__all__ = ["resolve"]

@@ -1,0 +1,88 @@
+"""One exception class per dsopt status code, and ``check(rc)``."""
+
+from ._lib import ffi, lib
+
+
+class DsoptError(Exception):
+    """A dsopt call failed. ``status`` is the C status code (negative), or
+    None for an argument the binding rejected before calling the library."""
+
+    status = None
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class InvalidArgument(DsoptError, ValueError):
+    status = lib.DSOPT_EINVAL
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of the wrong Python type or dtype (also a TypeError)."""
+
+
+class Unsupported(DsoptError):
+    status = lib.DSOPT_EUNSUPPORTED
+
+
+class OutOfMemory(DsoptError, MemoryError):
+    status = lib.DSOPT_ENOMEM
+
+
+class BufferTooSmall(DsoptError):
+    status = lib.DSOPT_EBUFS
+
+
+class CorruptState(DsoptError):
+    status = lib.DSOPT_ECORRUPT
+
+
+class Mismatch(DsoptError):
+    status = lib.DSOPT_EMISMATCH
+
+
+class CommError(DsoptError):
+    status = lib.DSOPT_ECOMM
+
+
+class CudaError(DsoptError):
+    status = lib.DSOPT_ECUDA
+
+
+class InternalError(DsoptError):
+    status = lib.DSOPT_EINTERNAL
+
+
+_BY_STATUS = {
+    cls.status: cls
+    for cls in (
+        InvalidArgument, Unsupported, OutOfMemory, BufferTooSmall, CorruptState,
+        Mismatch, CommError, CudaError, InternalError,
+    )
+}
+
+
+def _text(c_string) -> str:
+    return ffi.string(c_string).decode("utf-8", "replace")
+
+
+def check(rc: int) -> int:
+    """Returns ``rc`` when it is DSOPT_OK; otherwise raises the DsoptError
+    subclass for the code, with the thread's dsopt_last_error() text.
+
+    Call it right after the failing call, on the same thread."""
+    if rc == lib.DSOPT_OK:
+        return rc
+    detail = _text(lib.dsopt_last_error())
+    summary = _text(lib.dsopt_status_string(rc))
+    message = f"{summary}: {detail}" if detail else summary
+    raise _BY_STATUS.get(rc, InternalError)(message, status=rc)
+
+
+__all__ = [
+    "DsoptError", "InvalidArgument", "InvalidArgumentType", "Unsupported", "OutOfMemory",
+    "BufferTooSmall", "CorruptState", "Mismatch", "CommError", "CudaError", "InternalError",
+    "check",
+]

@@ -1,0 +1,200 @@
+"""dsopt.Optimizer: one dsopt optimizer handle over caller-owned arrays."""
+
+import warnings
+from dataclasses import dataclass
+
+from . import config as _config
+from ._lib import ffi, lib
+from .communicator import Communicator
+from ._args import as_float, as_int32
+from .errors import InvalidArgumentType, check
+from .tensors import TensorList
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one step did (the C ``dsopt_step_info``)."""
+
+    skipped: bool      # the step was skipped (non-finite gradient on some rank)
+    compressed: bool   # the step used 1-bit compressed communication
+    step: int          # updates applied so far, this one included
+    loss_scale: float  # scale for the next backward (1.0 without loss scaling)
+    grad_norm: float   # global gradient norm before clipping; -1.0 when not computed
+    bytes_sent: int    # bytes this rank sent during the step
+
+
+class Optimizer:
+    """``Optimizer(config, params, comm=None, groups=None)``
+
+    ``config``: dict or JSON text (see the README). ``params``: list of
+    C-contiguous, writable arrays (numpy float32 / float16, bf16 as
+    ``dsopt.bf16(uint16 array)`` or ``(uint16 array, "bfloat16")``), updated
+    in place by ``step``. ``comm``: a ``dsopt.Communicator``; None creates a
+    local one owned by this optimizer. ``groups``: see ``dsopt.config``.
+
+    Create, step, load_state_dict and close are collective over ``comm``.
+    The optimizer keeps the arrays and the communicator referenced for as
+    long as it exists. Multi-rank code must call ``close()`` (or use
+    ``with``) on every rank before MPI is finalised: the garbage collector
+    destroys only optimizers on a local communicator.
+    """
+
+    def __init__(self, config, params, comm=None, *, groups=None):
+        self._handle = None
+        params = list(params)
+        config_text, group_indices = _config.resolve(config, groups, len(params))
+        self._params = TensorList(params, writable=True, kind="params", groups=group_indices)
+        self._owns_comm = comm is None
+        if comm is None:
+            comm = Communicator.local()
+        elif not isinstance(comm, Communicator):
+            raise InvalidArgumentType(f"comm must be a dsopt.Communicator, got {type(comm).__name__}")
+        comm._acquire(self)
+        self._comm = comm
+        out = ffi.new("dsopt_optimizer **")
+        try:
+            check(lib.dsopt_create(out, config_text.encode("utf-8"), comm.handle,
+                                   self._params.c_array, len(self._params)))
+        except BaseException:
+            self._release_comm()
+            raise
+        self._handle = out[0]
+        self._info = ffi.new("dsopt_step_info *")
+
+    # ---- life cycle ------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    @property
+    def communicator(self) -> Communicator:
+        return self._comm
+
+    @property
+    def params(self) -> list:
+        """The parameter objects given at creation (updated in place)."""
+        return list(self._params.objects)
+
+    @property
+    def handle(self):
+        """The ``dsopt_optimizer *`` (cffi pointer), for calls the class does not wrap."""
+        return self._live()
+
+    def _live(self):
+        if self._handle is None:
+            raise ValueError("dsopt.Optimizer is closed")
+        return self._handle
+
+    def _release_comm(self) -> None:
+        comm, self._comm = getattr(self, "_comm", None), None
+        if comm is None:
+            return
+        comm._release(self)
+        if self._owns_comm:
+            comm.close()
+
+    def close(self) -> None:
+        """Destroys the optimizer (collective); idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            lib.dsopt_destroy(handle)
+        self._release_comm()
+
+    def __enter__(self) -> "Optimizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is None:
+            return
+        comm = getattr(self, "_comm", None)
+        if comm is not None and comm.kind == "local":
+            self.close()
+        else:
+            # Destroy is collective and MPI may be finalised by now: leak instead.
+            warnings.warn("unclosed multi-rank dsopt.Optimizer; call close() on every rank",
+                          ResourceWarning)
+
+    # ---- stepping --------------------------------------------------------
+
+    def step(self, grads) -> StepInfo:
+        """One optimizer step with this rank's local gradients, one per
+        parameter, in parameter order (read only, during the call)."""
+        handle = self._live()
+        grad_list = TensorList(grads, writable=False, kind="grads")
+        info = self._info
+        info.struct_size = ffi.sizeof("dsopt_step_info")
+        check(lib.dsopt_step(handle, grad_list.c_array, len(grad_list), info))
+        return StepInfo(
+            skipped=bool(info.skipped),
+            compressed=bool(info.compressed),
+            step=int(info.step),
+            loss_scale=float(info.loss_scale),
+            grad_norm=float(info.grad_norm),
+            bytes_sent=int(info.bytes_sent),
+        )
+
+    # ---- learning rates and loss scale -----------------------------------
+
+    @property
+    def num_groups(self) -> int:
+        out = ffi.new("int32_t *")
+        check(lib.dsopt_num_groups(self._live(), out))
+        return int(out[0])
+
+    def get_group_lr(self, group: int) -> float:
+        out = ffi.new("double *")
+        check(lib.dsopt_get_lr(self._live(), as_int32(group, "group"), out))
+        return float(out[0])
+
+    def set_group_lr(self, group: int, lr: float) -> None:
+        check(lib.dsopt_set_group_lr(self._live(), as_int32(group, "group"), as_float(lr, "lr")))
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of group 0; setting it sets every group's."""
+        return self.get_group_lr(0)
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        check(lib.dsopt_set_lr(self._live(), as_float(value, "lr")))
+
+    @property
+    def loss_scale(self) -> float:
+        """Scale to multiply the next loss by (1.0 without loss scaling)."""
+        out = ffi.new("double *")
+        check(lib.dsopt_get_loss_scale(self._live(), out))
+        return float(out[0])
+
+    # ---- state -----------------------------------------------------------
+
+    def state_dict(self) -> bytes:
+        """This rank's whole optimizer state as one checksummed blob."""
+        handle = self._live()
+        size = ffi.new("uint64_t *")
+        check(lib.dsopt_state_size(handle, size))
+        buf = ffi.new("char[]", max(int(size[0]), 1))
+        written = ffi.new("uint64_t *")
+        check(lib.dsopt_state_save(handle, buf, int(size[0]), written))
+        return ffi.buffer(buf, int(written[0]))[:]
+
+    def load_state_dict(self, blob) -> None:
+        """Restores a blob from ``state_dict()`` (collective); validated
+        completely before anything changes."""
+        handle = self._live()
+        try:
+            data = ffi.from_buffer(blob)
+        except TypeError:
+            raise InvalidArgumentType(
+                f"state blob must be bytes-like, got {type(blob).__name__}") from None
+        check(lib.dsopt_state_load(handle, data, len(data)))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._params)} params"
+        return f"<dsopt.Optimizer {state}>"
+
+
+__all__ = ["Optimizer", "StepInfo"]

@@ -1,0 +1,41 @@
+"""Puts bindings/python (the dsopt package) and this folder on sys.path.
+
+When the cffi extension is not built, only the tests that need no
+extension run, and test_extension_built.py skips with the reason."""
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+BINDING_DIR = REPO_ROOT / "bindings" / "python"
+
+# Read by libgomp when libdsopt loads, so before the import below.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+for path in (str(BINDING_DIR), str(HERE)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+try:
+    import dsopt  # noqa: F401
+
+    DSOPT_IMPORT_ERROR = None
+except ImportError as exc:
+    DSOPT_IMPORT_ERROR = f"dsopt Python extension not importable: {exc}"
+    NEEDS_NO_EXTENSION = {"test_extension_built.py", "test_reference_helpers.py"}
+    collect_ignore_glob = [
+        p.name for p in HERE.glob("test_*.py") if p.name not in NEEDS_NO_EXTENSION
+    ]
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name (stable, different per test)
+    and from $DSOPT_TEST_SEED (0 when unset) to try other data."""
+    name_seed = sum(request.node.nodeid.encode()) * 7919
+    return np.random.default_rng([name_seed, int(os.environ.get("DSOPT_TEST_SEED", "0"))])
