@@ -63,7 +63,8 @@ class CudaKernels final : public Kernels {
         sums_dev_(false, stream),
         sums_host_(true, stream),
         flag_dev_(false, stream),
-        flag_host_(true, stream) {
+        flag_host_(true, stream),
+        staging_host_(true, stream) {
     DSOPT_CUDA_CHECK(cudaEventCreateWithFlags(&consts_copied_, cudaEventDisableTiming));
   }
 
@@ -72,7 +73,7 @@ class CudaKernels final : public Kernels {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaEventDestroy(consts_copied_);
     for (Workspace* w :
-         {&consts_dev_, &consts_host_, &sums_dev_, &sums_host_, &flag_dev_, &flag_host_})
+         {&consts_dev_, &consts_host_, &sums_dev_, &sums_host_, &flag_dev_, &flag_host_, &staging_host_})
       w->release();
   }
 
@@ -93,18 +94,9 @@ class CudaKernels final : public Kernels {
     (void)cudaFree(p);  // also runs on error paths and in destructors: never throws
   }
 
-  void* alloc_host_staging(size_t bytes) override {
-    if (bytes == 0) return nullptr;
+  void* host_staging(size_t bytes) override {
     DeviceGuard guard(device_);
-    void* p = nullptr;
-    DSOPT_CUDA_CHECK(cudaMallocHost(&p, bytes));
-    return p;
-  }
-
-  void release_host_staging(void* p) override {
-    if (p == nullptr) return;
-    DeviceGuardNoThrow guard(device_);
-    (void)cudaFreeHost(p);
+    return staging_host_.get(bytes);
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -222,6 +214,7 @@ class CudaKernels final : public Kernels {
   Workspace consts_dev_, consts_host_;
   Workspace sums_dev_, sums_host_;
   Workspace flag_dev_, flag_host_;
+  Workspace staging_host_;  // MPI staging of device buffers
   cudaEvent_t consts_copied_ = nullptr;
   bool consts_pending_ = false;
 };

@@ -45,33 +45,6 @@ int as_int_count(size_t n, const char* call) {
   return int(n);
 }
 
-// Host staging for device buffers: a region of pinned memory reused across
-// calls, grown on demand.
-class Staging {
- public:
-  ~Staging() { reset(); }
-  void* get(Kernels* k, size_t bytes) {
-    if (k != owner_ || bytes > size_) {
-      reset();
-      ptr_ = k->alloc_host_staging(bytes);
-      owner_ = k;
-      size_ = bytes;
-    }
-    return ptr_;
-  }
-
- private:
-  void reset() {
-    if (ptr_) owner_->release_host_staging(ptr_);
-    ptr_ = nullptr;
-    owner_ = nullptr;
-    size_ = 0;
-  }
-  void* ptr_ = nullptr;
-  Kernels* owner_ = nullptr;
-  size_t size_ = 0;
-};
-
 class MpiComm final : public Comm {
  public:
   explicit MpiComm(MPI_Comm comm) : comm_(comm) {
@@ -158,7 +131,7 @@ class MpiComm final : public Comm {
   };
   HostPair stage(const Mem& mem, const void* in, size_t in_bytes, void* out, size_t out_bytes) {
     if (mem.kernels->device() != Device::Cuda || mem.cuda_aware) return {const_cast<void*>(in), out, false};
-    char* s = static_cast<char*>(staging_.get(mem.kernels, in_bytes + out_bytes));
+    char* s = static_cast<char*>(mem.kernels->host_staging(in_bytes + out_bytes));
     if (in_bytes) mem.kernels->copy_to_host(s, in, in_bytes);
     return {s, s + in_bytes, true};
   }
@@ -168,7 +141,6 @@ class MpiComm final : public Comm {
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
-  Staging staging_;
 };
 
 }  // namespace

@@ -58,9 +58,10 @@ class Kernels {
   // alloc(0) returns nullptr.
   virtual void* alloc(size_t bytes) = 0;
   virtual void release(void* p) = 0;
-  // Host memory suited for staging transfers of this device (pinned for CUDA).
-  virtual void* alloc_host_staging(size_t bytes) = 0;
-  virtual void release_host_staging(void* p) = 0;
+  // A host region of at least `bytes` for staging this device's transfers
+  // (pinned for CUDA), owned by this object and reused: valid until the
+  // next call or the object's destruction.
+  virtual void* host_staging(size_t bytes) = 0;
 
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst_host, const void* src, size_t bytes) = 0;

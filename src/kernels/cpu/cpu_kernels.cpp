@@ -58,8 +58,10 @@ class CpuKernels final : public Kernels {
     return p;
   }
   void release(void* p) override { std::free(p); }
-  void* alloc_host_staging(size_t bytes) override { return alloc(bytes); }
-  void release_host_staging(void* p) override { release(p); }
+  void* host_staging(size_t bytes) override {
+    if (bytes > staging_.size()) staging_.resize(bytes);
+    return staging_.data();
+  }
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memmove(dst, src, bytes);
@@ -142,6 +144,7 @@ class CpuKernels final : public Kernels {
 
  private:
   int threads_;
+  std::vector<unsigned char> staging_;
 };
 
 }  // namespace

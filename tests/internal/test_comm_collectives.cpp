@@ -1,0 +1,183 @@
+// Every Comm collective on the local and the MPI communicator, with values
+// that depend on sender, receiver and position, against the expected
+// result computed here; the byte counter against the ring formulas; and
+// MPI's staging of device buffers (a stand-in "device" whose memory is host
+// memory but which counts the staging copies), bypassed with cuda_aware.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "kernels/kernels.hpp"
+
+using namespace dsopt;
+
+namespace {
+
+int passes = 0, failures = 0, my_rank = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) ++passes;
+  else if (++failures <= 20) std::printf("rank %d: FAIL %s\n", my_rank, what.c_str());
+}
+
+// Host memory posing as device memory, counting the host transfers MPI's
+// staging makes.
+class FakeDeviceKernels : public Kernels {
+ public:
+  FakeDeviceKernels() : cpu_(make_cpu_kernels(1)) {}
+  Device device() const override { return Device::Cuda; }
+  const char* name() const override { return "fake-device"; }
+  void* alloc(size_t b) override { return cpu_->alloc(b); }
+  void release(void* p) override { cpu_->release(p); }
+  void* host_staging(size_t b) override { ++staging_allocs; return cpu_->host_staging(b); }
+  void copy(void* d, const void* s, size_t b) override { cpu_->copy(d, s, b); }
+  void copy_to_host(void* d, const void* s, size_t b) override { ++to_host; cpu_->copy(d, s, b); }
+  void copy_from_host(void* d, const void* s, size_t b) override { ++from_host; cpu_->copy(d, s, b); }
+  void fill_zero(void* d, size_t b) override { cpu_->fill_zero(d, b); }
+  void synchronize() override {}
+  void to_float(const TensorRef& s, float* d) override { cpu_->to_float(s, d); }
+  void from_float(const float* s, void* d, DType t, int64_t n) override { cpu_->from_float(s, d, t, n); }
+  GradStats transform(const TensorRef* s, int64_t c, float m, float* d, double* q) override {
+    return cpu_->transform(s, c, m, d, q);
+  }
+  void adam_update(const AdamSlot* s, int64_t c, const AdamConsts* k, int32_t g, float a, float b) override {
+    cpu_->adam_update(s, c, k, g, a, b);
+  }
+  int staging_allocs = 0, to_host = 0, from_host = 0;
+
+ private:
+  std::unique_ptr<Kernels> cpu_;
+};
+
+float value(int sender, int receiver, size_t i) { return float(sender * 1000 + receiver * 100) + float(i % 97) * 0.25f; }
+
+void run_all(Comm& comm, const Mem& mem, const std::string& label) {
+  const int P = comm.size(), r = comm.rank();
+  const size_t n = 1003;
+  const std::string at = " [" + label + ", P=" + std::to_string(P) + "]";
+  uint64_t expected_bytes = comm.bytes_sent();
+
+  {  // allreduce sum, out of place and in place; max on int64
+    std::vector<float> send(n), recv(n, -1.0f);
+    for (size_t i = 0; i < n; ++i) send[i] = value(r, 0, i);
+    comm.allreduce(send.data(), recv.data(), n, Elem::F32, ReduceOp::Sum, mem);
+    bool ok = true;
+    for (size_t i = 0; i < n; ++i) {
+      float want = 0.0f;
+      for (int s = 0; s < P; ++s) want += value(s, 0, i);
+      ok &= recv[i] == want;
+    }
+    check(ok, "allreduce sum f32 out of place" + at);
+    comm.allreduce(send.data(), send.data(), n, Elem::F32, ReduceOp::Sum, mem);
+    check(std::memcmp(send.data(), recv.data(), n * 4) == 0, "allreduce sum f32 in place" + at);
+    expected_bytes += 2 * (2 * uint64_t(P - 1) * n * 4 / uint64_t(P));
+    int64_t v[2] = {int64_t(r) * 7 - 3, -int64_t(r)};
+    comm.allreduce(v, v, 2, Elem::I64, ReduceOp::Max, mem);
+    check(v[0] == int64_t(P - 1) * 7 - 3 && v[1] == 0, "allreduce max i64" + at);
+    expected_bytes += 2 * uint64_t(P - 1) * 16 / uint64_t(P);
+  }
+  {  // reduce_scatter: block b of rank s's send is value(s, b, i)
+    std::vector<float> send(n * P), recv(n, -1.0f);
+    for (int b = 0; b < P; ++b)
+      for (size_t i = 0; i < n; ++i) send[b * n + i] = value(r, b, i);
+    comm.reduce_scatter(send.data(), recv.data(), n, Elem::F32, ReduceOp::Sum, mem);
+    bool ok = true;
+    for (size_t i = 0; i < n; ++i) {
+      float want = 0.0f;
+      for (int s = 0; s < P; ++s) want += value(s, r, i);
+      ok &= recv[i] == want;
+    }
+    check(ok, "reduce_scatter" + at);
+    expected_bytes += uint64_t(P - 1) * n * 4;
+  }
+  {  // allgather of doubles
+    std::vector<double> send(n), recv(n * P, -1.0);
+    for (size_t i = 0; i < n; ++i) send[i] = value(r, 0, i) * 0.5;
+    comm.allgather(send.data(), recv.data(), n, Elem::F64, mem);
+    bool ok = true;
+    for (int s = 0; s < P; ++s)
+      for (size_t i = 0; i < n; ++i) ok &= recv[s * n + i] == value(s, 0, i) * 0.5;
+    check(ok, "allgather f64" + at);
+    expected_bytes += uint64_t(P - 1) * n * 8;
+  }
+  {  // alltoall of bytes: block j of my send goes to rank j
+    std::vector<uint8_t> send(n * P), recv(n * P, 0);
+    for (int j = 0; j < P; ++j)
+      for (size_t i = 0; i < n; ++i) send[j * n + i] = uint8_t(r * 31 + j * 7 + i);
+    comm.alltoall(send.data(), recv.data(), n, Elem::U8, mem);
+    bool ok = true;
+    for (int s = 0; s < P; ++s)
+      for (size_t i = 0; i < n; ++i) ok &= recv[s * n + i] == uint8_t(s * 31 + r * 7 + i);
+    check(ok, "alltoall u8" + at);
+    expected_bytes += uint64_t(P - 1) * n;
+  }
+  {  // alltoallv: rank s sends (s + j + 1) * 3 ints to rank j, blocks packed with a gap of 5
+    std::vector<size_t> sc(P), so(P), rc(P), ro(P);
+    size_t soff = 0, roff = 0;
+    for (int j = 0; j < P; ++j) {
+      sc[j] = size_t(r + j + 1) * 3;
+      so[j] = soff;
+      soff += sc[j] + 5;
+      rc[j] = size_t(j + r + 1) * 3;
+      ro[j] = roff;
+      roff += rc[j] + 5;
+    }
+    std::vector<int32_t> send(soff, -7), recv(roff, -9);
+    for (int j = 0; j < P; ++j)
+      for (size_t i = 0; i < sc[j]; ++i) send[so[j] + i] = int32_t(r * 10000 + j * 100 + int(i));
+    comm.alltoallv(send.data(), sc.data(), so.data(), recv.data(), rc.data(), ro.data(), Elem::I32, mem);
+    bool ok = true;
+    for (int s = 0; s < P; ++s)
+      for (size_t i = 0; i < rc[s]; ++i) ok &= recv[ro[s] + i] == int32_t(s * 10000 + r * 100 + int(i));
+    check(ok, "alltoallv i32" + at);
+    for (int j = 0; j < P; ++j)
+      if (j != r) expected_bytes += sc[j] * 4;
+  }
+  {  // broadcast from the last rank
+    const int root = P - 1;
+    std::vector<float> buf(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = value(r, 0, i);
+    comm.broadcast(buf.data(), n, Elem::F32, root, mem);
+    bool ok = true;
+    for (size_t i = 0; i < n; ++i) ok &= buf[i] == value(root, 0, i);
+    check(ok, "broadcast" + at);
+    if (r == root && P > 1) expected_bytes += n * 4;
+  }
+  check(comm.bytes_sent() == expected_bytes,
+        "bytes_sent " + std::to_string(comm.bytes_sent()) + " == ring formulas " + std::to_string(expected_bytes) + at);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+  auto cpu = make_cpu_kernels(1);
+
+  auto local = make_local_comm();
+  if (my_rank == 0) run_all(*local, Mem{cpu.get(), false}, "local");
+
+  auto mpi = make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
+  run_all(*mpi, Mem{cpu.get(), false}, "mpi host");
+
+  FakeDeviceKernels device;
+  run_all(*mpi, Mem{&device, false}, "mpi staged device");
+  check(device.staging_allocs > 0 && device.to_host > 0 && device.from_host > 0,
+        "device buffers were staged through host memory");
+  const int to_host = device.to_host, from_host = device.from_host;
+  run_all(*mpi, Mem{&device, true}, "mpi cuda-aware");
+  check(device.to_host == to_host && device.from_host == from_host,
+        "cuda_aware passes device buffers to MPI without staging");
+
+  std::printf("rank %d: %d passed, %d failed\n", my_rank, passes, failures);
+  int any = failures ? 1 : 0, all = 0;
+  MPI_Allreduce(&any, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return all;
+}
