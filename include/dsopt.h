@@ -199,6 +199,19 @@ DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t s
  * communicator are left alone. NULL is fine. Collective. */
 DSOPT_API void dsopt_destroy(dsopt_optimizer *opt);
 
+/* Sets the momentum mask of parameter `param_index` for 1-bit optimizers
+ * (DeepSpeed's exp_avg_mask): after every compressed step the decompressed
+ * momentum is multiplied by it elementwise, so coordinates whose gradient is
+ * always zero stay zero. `mask` has the parameter's numel, dtype
+ * DSOPT_FLOAT32 and lives on the optimizer's device; dsopt copies it (the
+ * caller's buffer is not kept). NULL clears the mask. Masks are not part of
+ * the state blob. Not collective; set the same masks on every rank.
+ * Returns DSOPT_OK, DSOPT_EINVAL (NULL handle, index out of range, wrong
+ * numel, dtype or device) or DSOPT_EUNSUPPORTED (the optimizer has no
+ * momentum mask, e.g. Adam). */
+DSOPT_API int dsopt_set_momentum_mask(dsopt_optimizer *opt, int64_t param_index,
+                                      const dsopt_tensor *mask);
+
 /* --- extensions ------------------------------------------------------- */
 
 /* Number of parameter groups (1 when the config has no "param_groups").

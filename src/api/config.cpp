@@ -111,9 +111,10 @@ std::string canonical_type(const std::string& type) {
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   if (t == "adam") return "Adam";
   if (t == "adamw") return "AdamW";
-  if (t == "onebitadam" || t == "onebitlamb" || t == "zerooneadam")
+  if (t == "onebitadam") return "OneBitAdam";
+  if (t == "onebitlamb" || t == "zerooneadam")
     fail(DSOPT_EUNSUPPORTED, "config: optimizer.type: " + type + " is not available in this version of dsopt");
-  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW)");
+  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam)");
 }
 
 void read_optimizer(const json& root, OptimizerConfig& cfg) {
@@ -125,16 +126,35 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   cfg.type = canonical_type(opt.at("type").get<std::string>());
   const json params = opt.contains("params") ? opt.at("params") : json::object();
   const std::string path = "optimizer.params";
-  check_keys(params, path,
-             {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},
-             {"comm_backend_name", "cuda_aware"});
-  read_hyper(params, path, cfg.defaults);
-  cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
-  const bool adam_w_mode = boolean(params, path, "adam_w_mode", true);
-  if (cfg.type == "AdamW" && !adam_w_mode)
-    bad(sub(path, "adam_w_mode"), "AdamW always decouples weight decay; use \"type\": \"Adam\" with "
-                                  "\"adam_w_mode\": false for L2 weight decay");
-  cfg.defaults.decoupled = adam_w_mode;
+  const std::set<std::string> ignored = {"comm_backend_name", "cuda_aware"};
+  if (cfg.type == "OneBitAdam") {
+    check_keys(params, path,
+               {"lr", "betas", "eps", "weight_decay", "freeze_step", "bias_correction",
+                "eps_inside_sqrt", "amsgrad", "max_grad_norm"},
+               ignored);
+    if (params.contains("max_grad_norm"))
+      bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
+                                      "clip with the top-level \"gradient_clipping\"");
+    read_hyper(params, path, cfg.defaults);
+    // DeepSpeed accepts these and ignores them: no bias correction, eps
+    // outside the square root.
+    boolean(params, path, "bias_correction", true);
+    boolean(params, path, "eps_inside_sqrt", false);
+    cfg.defaults.bias_correction = false;
+    cfg.defaults.decoupled = true;
+    cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
+  } else {
+    check_keys(params, path,
+               {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},
+               ignored);
+    read_hyper(params, path, cfg.defaults);
+    cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
+    const bool adam_w_mode = boolean(params, path, "adam_w_mode", true);
+    if (cfg.type == "AdamW" && !adam_w_mode)
+      bad(sub(path, "adam_w_mode"), "AdamW always decouples weight decay; use \"type\": \"Adam\" with "
+                                    "\"adam_w_mode\": false for L2 weight decay");
+    cfg.defaults.decoupled = adam_w_mode;
+  }
   if (boolean(params, path, "amsgrad", false)) bad(sub(path, "amsgrad"), "AMSGrad is not supported");
   if (boolean(params, path, "cuda_aware", false)) cfg.cuda_aware = true;
 }
@@ -142,16 +162,20 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
 void read_groups(const json& root, OptimizerConfig& cfg) {
   if (!root.contains("param_groups")) {
     cfg.groups = {cfg.defaults};
+    cfg.non_freeze = {false};
     return;
   }
   const json& groups = root.at("param_groups");
   if (!groups.is_array() || groups.empty()) bad("param_groups", "must be a non-empty list of objects");
   for (size_t i = 0; i < groups.size(); ++i) {
     const std::string path = "param_groups[" + std::to_string(i) + "]";
-    check_keys(groups[i], path, {"lr", "betas", "eps", "weight_decay"});
+    std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay"};
+    if (cfg.type == "OneBitAdam") keys.insert("non_freeze");
+    check_keys(groups[i], path, keys);
     AdamHyper h = cfg.defaults;
     read_hyper(groups[i], path, h);
     cfg.groups.push_back(h);
+    cfg.non_freeze.push_back(boolean(groups[i], path, "non_freeze", false));
   }
 }
 

@@ -193,6 +193,11 @@ DSOPT_API int dsopt_state_save(const dsopt_optimizer* opt, void* dst, uint64_t c
   });
 }
 
+DSOPT_API int dsopt_set_momentum_mask(dsopt_optimizer* opt, int64_t param_index,
+                                      const dsopt_tensor* mask) {
+  return guarded([&] { impl(opt).set_momentum_mask(param_index, mask); });
+}
+
 DSOPT_API int dsopt_state_load(dsopt_optimizer* opt, const void* src, uint64_t size) {
   return guarded([&] { impl(opt).load(src, size); });
 }

@@ -12,4 +12,6 @@ std::unique_ptr<Kernels> make_cuda_kernels(void*) {
 
 std::string cuda_build_info() { return "cuda=off"; }
 
+bool is_cuda_device_pointer(const void*) { return false; }
+
 }  // namespace dsopt

@@ -33,6 +33,28 @@ struct GradStats {
   bool nonfinite = false;  // some value was Inf or NaN
 };
 
+// Which elementwise rule Kernels::update applies (math/adam.hpp,
+// math/onebit_adam.hpp).
+enum class UpdateRule : int32_t {
+  Adam,            // Adam/AdamW step: m, v, p
+  OneBitWarmup,    // 1-bit Adam warmup: m, v, p; no bias correction, decoupled decay
+  OneBitMomentum,  // 1-bit Adam compression, before the compressed allreduce: m only
+  OneBitApply,     // after it: m *= mask (if any), p from m and the frozen v
+};
+
+// One tensor of a compressed allreduce (compressed-allreduce.md): x holds
+// n values; the padded length n' (a multiple of 8P) splits into P chunks of
+// c = n'/P; rank j's message carries every tensor's chunk-j bits back to
+// back, this tensor's at byte `chunk_offset` (c/8 bytes).
+struct CarTensor {
+  float* x;             // n values, read by the worker side, written by decode
+  int64_t n;
+  int64_t padded;       // n'
+  float* worker_error;  // n' values
+  float* server_error;  // c values
+  int64_t chunk_offset; // bytes
+};
+
 // One tensor of an Adam update. `master` is the fp32 value updated in place:
 // the caller's parameter when it is fp32, dsopt's master copy otherwise, in
 // which case the rounded result is also written to `param16`.
@@ -46,6 +68,7 @@ struct AdamSlot {
   float* v;
   int64_t numel;
   int32_t group;  // index into the AdamConsts array
+  const float* mask = nullptr;  // momentum mask (OneBitApply); nullptr: none
 };
 
 class Kernels {
@@ -84,11 +107,37 @@ class Kernels {
   virtual GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
                               double* sumsq_host) = 0;
 
-  // Adam/AdamW over every slot; consts[slot.group] holds the slot's group
+  // `rule` over every slot; consts[slot.group] holds the slot's group
   // constants. Each gradient element is first multiplied by mul1 then by
-  // mul2 (two fp32 roundings; 1.0f is exact).
-  virtual void adam_update(const AdamSlot* slots, int64_t count, const AdamConsts* consts,
-                           int32_t num_groups, float mul1, float mul2) = 0;
+  // mul2 (two fp32 roundings; 1.0f is exact). OneBitApply reads no gradient.
+  virtual void update(UpdateRule rule, const AdamSlot* slots, int64_t count,
+                      const AdamConsts* consts, int32_t num_groups, float mul1, float mul2) = 0;
+
+  // ---- compressed allreduce (compressed-allreduce.md section 3) ----------
+  // Sums of squares in the order of math/sum_squares.hpp, one per tensor,
+  // returned in sumsq_host; scales and weights are host arrays.
+  //
+  // W1/W2: sumsq_host[t] = sum over i < n' of y^2, y = pad(x, n') + e_w.
+  virtual void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq_host) = 0;
+  // W3-W6: y as above; e_w = y - s*sigma(y) with s = scales_host[t]; the
+  // sign bits (1 iff !(y < 0), MSB first) of chunk j go to
+  // send + j * msg_bytes + chunk_offset.
+  virtual void car_worker_pack(const CarTensor* t, int64_t count, int world,
+                               const float* scales_host, uint8_t* send, int64_t msg_bytes) = 0;
+  // S1/S2 for this rank's chunk: z = sum over senders i = 0..P-1 in order of
+  // u_i * weights_host[i * count + t] (u_i = +1/-1 from the bits at
+  // recv + i * msg_bytes + chunk_offset), then z = z + e_s, stored in e_s;
+  // sumsq_host[t] = sum of z^2 over the c elements.
+  virtual void car_server_sum(const CarTensor* t, int64_t count, int world, const uint8_t* recv,
+                              int64_t msg_bytes, const float* weights_host, double* sumsq_host) = 0;
+  // S4/S5: z read from e_s; e_s = z - s*sigma(z), s = scales_host[t]; bits
+  // to out + chunk_offset.
+  virtual void car_server_pack(const CarTensor* t, int64_t count, int world,
+                               const float* scales_host, uint8_t* out) = 0;
+  // F1/F2: x[k] = (+1 or -1) * scales_host[j * count + t] for k < n, bits
+  // of chunk j at gathered + j * msg_bytes + chunk_offset.
+  virtual void car_decode(const CarTensor* t, int64_t count, int world, const uint8_t* gathered,
+                          int64_t msg_bytes, const float* scales_host) = 0;
 };
 
 // The CPU kernels for this machine's best instruction set, using `threads`
@@ -101,6 +150,9 @@ const char* cpu_isa_name();
 // (a cudaStream_t, nullptr = legacy default). Throws Error(DSOPT_EUNSUPPORTED)
 // in a build without CUDA or without a usable device.
 std::unique_ptr<Kernels> make_cuda_kernels(void* stream);
+// Whether p is CUDA device memory (false in a build without CUDA or without
+// a driver). Used to reject buffers on the wrong device.
+bool is_cuda_device_pointer(const void* p);
 // "cuda=<runtime version>" or "cuda=off", for dsopt_build_info.
 std::string cuda_build_info();
 

@@ -1,7 +1,7 @@
 // Adam and AdamW (spec adam.md, DECISIONS A1/A2): fp32 moments, one step
 // counter per group, the update of math/adam.hpp on every device.
 #pragma once
-#include "kernels/device_buffer.hpp"
+#include "optim/moments.hpp"
 #include "optim/optimizer.hpp"
 
 namespace dsopt {
@@ -13,16 +13,15 @@ class Adam final : public Optimizer {
 
  protected:
   std::string algorithm() const override;
-  void update(const PreparedGrads& grads) override;
+  bool update(const PreparedGrads& grads) override;
   uint32_t section_count() const override { return 2; }
-  void save_sections(BlobWriter& w) const override;
-  void check_sections(const BlobReader& r) const override;
-  void restore_sections(const BlobReader& r) override;
+  void save_sections(BlobWriter& w) const override { moments_.save(w); }
+  void check_sections(const BlobReader& r) const override { moments_.check(r); }
+  void restore_sections(const BlobReader& r) override { moments_.restore(r); }
 
  private:
   bool decoupled_;
-  DeviceBuffer exp_avg_;     // m, fp32, all parameters back to back
-  DeviceBuffer exp_avg_sq_;  // v
+  Moments moments_;
 };
 
 }  // namespace dsopt

@@ -27,12 +27,14 @@ struct PipelineConfig {
 };
 
 struct OptimizerConfig {
-  std::string type;  // canonical: "Adam", "AdamW"
+  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam"
   bool cuda = false;
   bool cuda_aware = false;
   int threads = 0;
   AdamHyper defaults;             // optimizer.params
   std::vector<AdamHyper> groups;  // one per group (defaults + param_groups overrides)
+  std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed
+  int64_t freeze_step = 100000;   // 1-bit optimizers: see README
   PipelineConfig pipeline;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
 };

@@ -4,6 +4,7 @@
 
 #include "base/error.hpp"
 #include "optim/adam.hpp"
+#include "optim/onebit_adam.hpp"
 
 namespace dsopt {
 
@@ -15,6 +16,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, Comm& comm
       cfg.cuda ? make_cuda_kernels(comm.cuda_stream()) : make_cpu_kernels(cfg.threads);
   if (cfg.type == "Adam" || cfg.type == "AdamW")
     return std::make_unique<Adam>(cfg, comm, std::move(kernels), params, count);
+  if (cfg.type == "OneBitAdam")
+    return std::make_unique<OneBitAdam>(cfg, comm, std::move(kernels), params, count);
   fail(DSOPT_EINTERNAL, "no implementation for optimizer type " + cfg.type);
 }
 

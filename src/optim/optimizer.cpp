@@ -46,14 +46,18 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
 Optimizer::~Optimizer() = default;
 
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
-  const PreparedGrads prepared = pipeline_.prepare(grads, count, grad_mode());
+  std::vector<uint8_t> average(size_t(params_.count()));
+  for (int64_t i = 0; i < params_.count(); ++i) average[size_t(i)] = averaged(i) ? 1 : 0;
+  const PreparedGrads prepared = pipeline_.prepare(grads, count, average);
+  bool compressed = false;
   if (!prepared.skip) {
     for (int64_t& s : steps_) ++s;
-    update(prepared);
+    compressed = update(prepared);
   }
   pipeline_.finish(prepared);
   StepResult r;
   r.skipped = prepared.skip;
+  r.compressed = compressed;
   r.step = steps_[0];
   r.loss_scale = pipeline_.scaler().scale();
   r.grad_norm = prepared.grad_norm;
@@ -74,6 +78,11 @@ void Optimizer::set_lr(int32_t group, double lr) {
   }
   this->lr(group);  // range check
   groups_[size_t(group)].lr = lr;
+}
+
+void Optimizer::set_momentum_mask(int64_t, const dsopt_tensor*) {
+  fail(DSOPT_EUNSUPPORTED, "dsopt_set_momentum_mask: " + algorithm() +
+                               " has no momentum mask (only the 1-bit optimizers do)");
 }
 
 uint64_t Optimizer::save(void* dst, uint64_t capacity) const {

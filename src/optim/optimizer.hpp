@@ -43,15 +43,21 @@ class Optimizer {
   // Validates the whole blob, then restores it. Collective.
   void load(const void* src, uint64_t size);
 
+  // The momentum mask of a parameter (1-bit optimizers); nullptr clears it.
+  // Throws Error(DSOPT_EUNSUPPORTED) where the algorithm has none.
+  virtual void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask);
+
   Comm& comm() const { return comm_; }
 
  protected:
   // The algorithm's name in blobs ("AdamW", "Adam", ...).
   virtual std::string algorithm() const = 0;
-  virtual GradMode grad_mode() const { return GradMode::Averaged; }
+  // Whether parameter i's gradient is averaged over ranks in the coming step
+  // (else it stays this rank's own).
+  virtual bool averaged(int64_t param_index) const { (void)param_index; return true; }
   // Applies one update with prepared gradients; step counters are already
-  // incremented.
-  virtual void update(const PreparedGrads& grads) = 0;
+  // incremented. Returns whether the step used compressed communication.
+  virtual bool update(const PreparedGrads& grads) = 0;
   // The algorithm's own sections: written by save_sections, checked by
   // check_sections (throw, change nothing), then restored.
   virtual uint32_t section_count() const = 0;
@@ -63,6 +69,8 @@ class Optimizer {
   Kernels& kernels() const { return *kernels_; }
   int64_t group_step(int32_t g) const { return steps_[size_t(g)]; }
   const AdamHyper& group(int32_t g) const { return groups_[size_t(g)]; }
+  const OptimizerConfig& config() const { return cfg_; }
+  const Mem mem() const { return Mem{kernels_.get(), cfg_.cuda_aware}; }
 
  private:
   OptimizerConfig cfg_;

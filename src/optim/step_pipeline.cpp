@@ -50,26 +50,52 @@ void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
   out.mul2 = float(coef / scale);
 }
 
-PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count, GradMode mode) {
+PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
+                                    const std::vector<uint8_t>& averaged) {
   const int world = comm_.size();
   const std::string local_error = params_.check_grads(grads, count);
   if (world == 1 && !local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
+  const bool ok = local_error.empty();
 
   PreparedGrads out;
   const int64_t n = params_.count();
-  double sumsq = 0.0;
+  if (ok) {
+    out.grads = caller_grads(grads, count);
+  } else {  // sizes from the parameters, so this rank's collectives match the others'
+    for (const Param& p : params_.params()) out.grads.push_back(TensorRef{nullptr, p.numel, DType::F32});
+  }
+  std::vector<TensorRef> avg_refs, local_refs;
+  std::vector<int64_t> avg_index;
+  for (int64_t i = 0; i < n; ++i) {
+    if (world > 1 && averaged[size_t(i)]) {
+      avg_refs.push_back(out.grads[size_t(i)]);
+      avg_index.push_back(i);
+    } else {
+      local_refs.push_back(out.grads[size_t(i)]);
+    }
+  }
   bool nonfinite = false;
+  double local_sumsq = 0.0, avg_sumsq = 0.0;
 
-  if (world > 1 && mode == GradMode::Averaged) {
-    // Local gradients -> one fp32 buffer (checked on the way), the status
-    // flag in its last element; one allreduce carries both.
-    const int64_t total = params_.total_numel();
-    if (!averaged_.get()) averaged_ = DeviceBuffer(kernels_, size_t(total + 1) * 4);
+  // Gradients that stay local are checked (and summed) where they lie.
+  if (ok && !local_refs.empty() && (cfg_.skip_nonfinite || wants_norm())) {
+    std::vector<double> sums(local_refs.size(), 0.0);
+    nonfinite = kernels_.transform(local_refs.data(), int64_t(local_refs.size()), 1.0f, nullptr,
+                                   wants_norm() ? sums.data() : nullptr).nonfinite;
+    for (double s : sums) local_sumsq += s;
+  }
+
+  if (!avg_refs.empty()) {
+    // Averaged gradients -> one fp32 buffer (checked on the way), the status
+    // flag in the element after them; one allreduce carries both.
+    int64_t total = 0;
+    for (const TensorRef& r : avg_refs) total += r.numel;
+    if (!averaged_.get()) averaged_ = DeviceBuffer(kernels_, size_t(params_.total_numel() + 1) * 4);
     float* buf = averaged_.floats();
     float flag = kInvalid;
-    if (local_error.empty()) {
-      const std::vector<TensorRef> refs = caller_grads(grads, count);
-      flag = kernels_.transform(refs.data(), n, 1.0f, buf, nullptr).nonfinite ? 1.0f : 0.0f;
+    if (ok) {
+      const bool bad = kernels_.transform(avg_refs.data(), int64_t(avg_refs.size()), 1.0f, buf, nullptr).nonfinite;
+      flag = (bad || nonfinite) ? 1.0f : 0.0f;
     }
     kernels_.copy_from_host(buf + total, &flag, 4);
     comm_.allreduce(buf, buf, size_t(total + 1), Elem::F32, ReduceOp::Sum, mem_);
@@ -79,35 +105,27 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count, Gr
     // a = fl(sum * fl(1/P)), in place; the sums are checked as well.
     const TensorRef whole{buf, total, DType::F32};
     const float inv_world = 1.0f / float(world);
-    nonfinite |= kernels_.transform(&whole, 1, inv_world, buf, wants_norm() ? &sumsq : nullptr).nonfinite;
-    out.grads.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) {
-      const Param& p = params_.params()[size_t(i)];
-      out.grads[i] = TensorRef{buf + p.offset, p.numel, DType::F32};
-    }
-  } else {
-    std::vector<double> per_tensor(size_t(n), 0.0);
-    if (local_error.empty()) {
-      out.grads = caller_grads(grads, count);
-      if (cfg_.skip_nonfinite || wants_norm())
-        nonfinite = kernels_.transform(out.grads.data(), n, 1.0f, nullptr,
-                                       wants_norm() ? per_tensor.data() : nullptr)
-                        .nonfinite;
-      for (double s : per_tensor) sumsq += s;
-    }
-    if (world > 1) {
-      // Local gradients stay local; ranks agree on status and the norm
-      // sqrt(mean_i ||g_i||^2) through one small allreduce.
-      double control[2] = {local_error.empty() ? (nonfinite ? 1.0 : 0.0) : double(kInvalid), sumsq};
-      comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});
-      if (control[0] >= double(kInvalid)) fail_step(local_error);
-      nonfinite = control[0] > 0.0;
-      sumsq = control[1] / world;
+    nonfinite |= kernels_.transform(&whole, 1, inv_world, buf, wants_norm() ? &avg_sumsq : nullptr).nonfinite;
+    int64_t offset = 0;
+    for (int64_t i : avg_index) {
+      const int64_t numel = out.grads[size_t(i)].numel;
+      out.grads[size_t(i)] = TensorRef{buf + offset, numel, DType::F32};
+      offset += numel;
     }
   }
 
+  // Ranks agree on status and on sqrt(mean_i ||g_i||^2) of the local part
+  // through one small allreduce, unless the gradient allreduce said it all.
+  if (world > 1 && (avg_refs.empty() || (!local_refs.empty() && wants_norm()))) {
+    double control[2] = {ok ? (nonfinite ? 1.0 : 0.0) : double(kInvalid), local_sumsq};
+    comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});
+    if (control[0] >= double(kInvalid)) fail_step(local_error);
+    nonfinite |= control[0] > 0.0;
+    local_sumsq = control[1] / world;
+  }
+
   out.skip = nonfinite && cfg_.skip_nonfinite;
-  set_multipliers(out, sumsq);
+  set_multipliers(out, avg_sumsq + local_sumsq);
   return out;
 }
 

@@ -13,11 +13,6 @@
 
 namespace dsopt {
 
-enum class GradMode {
-  Averaged,  // all-reduce and average over ranks (Adam; warmup stages)
-  Local,     // keep each rank's own gradients (compressed stages)
-};
-
 struct PreparedGrads {
   bool skip = false;              // a non-finite gradient somewhere: skip this step
   std::vector<TensorRef> grads;   // one per parameter: what the update reads
@@ -30,9 +25,12 @@ class StepPipeline {
   StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels, const Mem& mem,
                Kernels& host, const ParamSet& params);
 
-  // Collective. Throws Error(DSOPT_EINVAL) on every rank when any rank's
+  // Collective. averaged[i] says whether parameter i's gradient is averaged
+  // over ranks (Adam; warmup stages) or stays this rank's own (compressed
+  // stages). Throws Error(DSOPT_EINVAL) on every rank when any rank's
   // gradients do not fit the parameters; nothing has changed then.
-  PreparedGrads prepare(const dsopt_tensor* grads, int64_t count, GradMode mode);
+  PreparedGrads prepare(const dsopt_tensor* grads, int64_t count,
+                        const std::vector<uint8_t>& averaged);
   // Updates the loss scale with the step's outcome.
   void finish(const PreparedGrads& prepared) { scaler_.update(prepared.skip); }
 
@@ -53,7 +51,7 @@ class StepPipeline {
   Kernels& host_;
   const ParamSet& params_;
   LossScaler scaler_;
-  DeviceBuffer averaged_;  // total_numel + 1 floats; the last one carries the status flag
+  DeviceBuffer averaged_;  // averaged gradients, then one float carrying the status flag
 };
 
 }  // namespace dsopt

@@ -46,8 +46,23 @@ class FakeDeviceKernels : public Kernels {
   GradStats transform(const TensorRef* s, int64_t c, float m, float* d, double* q) override {
     return cpu_->transform(s, c, m, d, q);
   }
-  void adam_update(const AdamSlot* s, int64_t c, const AdamConsts* k, int32_t g, float a, float b) override {
-    cpu_->adam_update(s, c, k, g, a, b);
+  void update(UpdateRule r, const AdamSlot* s, int64_t c, const AdamConsts* k, int32_t g, float a,
+              float b) override {
+    cpu_->update(r, s, c, k, g, a, b);
+  }
+  void car_worker_sumsq(const CarTensor* t, int64_t c, double* q) override { cpu_->car_worker_sumsq(t, c, q); }
+  void car_worker_pack(const CarTensor* t, int64_t c, int w, const float* s, uint8_t* o, int64_t m) override {
+    cpu_->car_worker_pack(t, c, w, s, o, m);
+  }
+  void car_server_sum(const CarTensor* t, int64_t c, int w, const uint8_t* r, int64_t m, const float* s,
+                      double* q) override {
+    cpu_->car_server_sum(t, c, w, r, m, s, q);
+  }
+  void car_server_pack(const CarTensor* t, int64_t c, int w, const float* s, uint8_t* o) override {
+    cpu_->car_server_pack(t, c, w, s, o);
+  }
+  void car_decode(const CarTensor* t, int64_t c, int w, const uint8_t* g, int64_t m, const float* s) override {
+    cpu_->car_decode(t, c, w, g, m, s);
   }
   int staging_allocs = 0, to_host = 0, from_host = 0;
 

@@ -10,9 +10,9 @@ namespace dsopt {
 
 struct CpuIsa {
   const char* name;
-  // Adam over elements [begin, end) of one slot.
-  void (*adam_range)(const AdamSlot& slot, int64_t begin, int64_t end, const AdamConsts& c,
-                     float mul1, float mul2);
+  // An update rule over elements [begin, end) of one slot.
+  void (*update_range)(UpdateRule rule, const AdamSlot& slot, int64_t begin, int64_t end,
+                       const AdamConsts& c, float mul1, float mul2);
   // One sum block [begin, end) of a tensor (end - begin <= kSumBlock):
   // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null), the
   // block's sum of y^2 into *block_sum (may be null). Returns true when some

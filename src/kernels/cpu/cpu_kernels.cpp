@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "kernels/cpu/block_grid.hpp"
+#include "kernels/cpu/cpu_car.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
 #include "kernels/kernels.hpp"
 #include "math/sum_squares.hpp"
@@ -85,44 +87,28 @@ class CpuKernels final : public Kernels {
 
   GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
                       double* sumsq_host) override {
-    // Work items: (tensor, sum block); block sums land in a per-tensor row.
-    std::vector<int64_t> first_block(size_t(count) + 1, 0), out_offset(size_t(count), 0);
+    std::vector<int64_t> lengths, out_offset;
+    int64_t offset = 0;
     for (int64_t i = 0; i < count; ++i) {
-      first_block[i + 1] = first_block[i] + sum_blocks(src[i].numel);
-      if (i + 1 < count) out_offset[i + 1] = out_offset[i] + src[i].numel;
+      lengths.push_back(src[i].numel);
+      out_offset.push_back(offset);
+      offset += src[i].numel;
     }
-    const int64_t blocks = first_block[size_t(count)];
-    std::vector<double> block_sums(sumsq_host ? size_t(blocks) : 0);
     const CpuIsa& k = isa();
-    int nonfinite = 0;
-#pragma omp parallel num_threads(threads_) reduction(| : nonfinite)
-    {
-      int64_t t = 0;
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < blocks; ++b) {
-        while (b >= first_block[t + 1]) ++t;
-        while (b < first_block[t]) --t;
-        const int64_t begin = (b - first_block[t]) * kSumBlock;
-        const int64_t end = std::min(src[t].numel, begin + kSumBlock);
-        float* out = dst ? dst + out_offset[t] + begin : nullptr;
-        double* bs = sumsq_host ? &block_sums[size_t(b)] : nullptr;
-        nonfinite |= k.transform_block(src[t], begin, end, mul, out, bs) ? 1 : 0;
-      }
-    }
-    if (sumsq_host) {
-      for (int64_t i = 0; i < count; ++i) {
-        double s = 0.0;
-        for (int64_t b = first_block[i]; b < first_block[i + 1]; ++b) s += block_sums[size_t(b)];
-        sumsq_host[i] = s;
-      }
-    }
+    std::vector<int> nonfinite(size_t(BlockGrid(lengths).blocks()), 0);
+    BlockGrid(lengths).run(threads_, sumsq_host, [&](size_t t, int64_t begin, int64_t end, int64_t b) {
+      double block_sum = 0.0;
+      float* out = dst ? dst + out_offset[t] + begin : nullptr;
+      nonfinite[size_t(b)] = k.transform_block(src[t], begin, end, mul, out, sumsq_host ? &block_sum : nullptr);
+      return block_sum;
+    });
     GradStats st;
-    st.nonfinite = nonfinite != 0;
+    for (int f : nonfinite) st.nonfinite |= f != 0;
     return st;
   }
 
-  void adam_update(const AdamSlot* slots, int64_t count, const AdamConsts* consts, int32_t,
-                   float mul1, float mul2) override {
+  void update(UpdateRule rule, const AdamSlot* slots, int64_t count, const AdamConsts* consts,
+              int32_t, float mul1, float mul2) override {
     std::vector<int64_t> first(size_t(count) + 1, 0);
     for (int64_t i = 0; i < count; ++i)
       first[i + 1] = first[i] + (slots[i].numel + kAdamChunk - 1) / kAdamChunk;
@@ -137,9 +123,30 @@ class CpuKernels final : public Kernels {
         while (c < first[t]) --t;
         const AdamSlot& s = slots[t];
         const int64_t begin = (c - first[t]) * kAdamChunk;
-        k.adam_range(s, begin, std::min(s.numel, begin + kAdamChunk), consts[s.group], mul1, mul2);
+        k.update_range(rule, s, begin, std::min(s.numel, begin + kAdamChunk), consts[s.group],
+                       mul1, mul2);
       }
     }
+  }
+
+  void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq) override {
+    cpu_car::worker_sumsq(t, count, threads_, sumsq);
+  }
+  void car_worker_pack(const CarTensor* t, int64_t count, int world, const float* scales,
+                       uint8_t* send, int64_t msg_bytes) override {
+    cpu_car::worker_pack(t, count, world, scales, send, msg_bytes, threads_);
+  }
+  void car_server_sum(const CarTensor* t, int64_t count, int world, const uint8_t* recv,
+                      int64_t msg_bytes, const float* weights, double* sumsq) override {
+    cpu_car::server_sum(t, count, world, recv, msg_bytes, weights, sumsq, threads_);
+  }
+  void car_server_pack(const CarTensor* t, int64_t count, int world, const float* scales,
+                       uint8_t* out) override {
+    cpu_car::server_pack(t, count, world, scales, out, threads_);
+  }
+  void car_decode(const CarTensor* t, int64_t count, int world, const uint8_t* gathered,
+                  int64_t msg_bytes, const float* scales) override {
+    cpu_car::decode(t, count, world, gathered, msg_bytes, scales, threads_);
   }
 
  private:

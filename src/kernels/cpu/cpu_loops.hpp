@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_isa.hpp"
 #include "kernels/cpu/vec_scalar.hpp"
 #include "math/adam.hpp"
+#include "math/onebit_adam.hpp"
 #include "math/sum_squares.hpp"
 
 namespace dsopt {
@@ -29,45 +30,76 @@ inline void store(void* base, int64_t i, typename V::F x) {
   else V::store_bf16(static_cast<uint16_t*>(base) + i, x);
 }
 
-// ---- Adam -------------------------------------------------------------------
+// ---- the Adam-family update rules --------------------------------------------
 
 // P16 == F32 means "no 16-bit parameter to write back".
-template <class V, DType G, DType P16>
-inline void adam_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename V::F mul1,
+template <UpdateRule R, class V, DType G, DType P16>
+inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename V::F mul1,
                     typename V::F mul2) {
   using F = typename V::F;
-  const F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
-  F p = V::load(s.master + i), m = V::load(s.m + i), v = V::load(s.v + i);
-  adam_update<V>(p, m, v, g, c);
+  F p = V::load(s.master + i), m = V::load(s.m + i);
+  if constexpr (R == UpdateRule::OneBitApply) {
+    if (s.mask) {
+      m = V::mul(m, V::load(s.mask + i));
+      V::store(s.m + i, m);
+    }
+    onebit_apply<V>(p, m, V::load(s.v + i), c);
+  } else {
+    const F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
+    if constexpr (R == UpdateRule::OneBitMomentum) {
+      onebit_momentum<V>(m, g, c);
+      V::store(s.m + i, m);
+      return;  // the parameter waits for the compressed allreduce
+    } else {
+      F v = V::load(s.v + i);
+      if constexpr (R == UpdateRule::Adam) adam_update<V>(p, m, v, g, c);
+      else onebit_warmup<V>(p, m, v, g, c);
+      V::store(s.m + i, m);
+      V::store(s.v + i, v);
+    }
+  }
   V::store(s.master + i, p);
-  V::store(s.m + i, m);
-  V::store(s.v + i, v);
   if constexpr (P16 != DType::F32) store<V, P16>(s.param16, i, p);
 }
 
-template <class V, DType G, DType P16>
-void adam_range_t(const AdamSlot& s, int64_t i, int64_t end, const AdamConsts& c, float mul1,
-                  float mul2) {
+template <UpdateRule R, class V, DType G, DType P16>
+void rule_range(const AdamSlot& s, int64_t i, int64_t end, const AdamConsts& c, float mul1,
+                float mul2) {
   const typename V::F vm1 = V::set1(mul1), vm2 = V::set1(mul2);
-  for (; i + V::W <= end; i += V::W) adam_at<V, G, P16>(s, i, c, vm1, vm2);
-  for (; i < end; ++i) adam_at<VecScalar, G, P16>(s, i, c, mul1, mul2);
+  for (; i + V::W <= end; i += V::W) rule_at<R, V, G, P16>(s, i, c, vm1, vm2);
+  for (; i < end; ++i) rule_at<R, VecScalar, G, P16>(s, i, c, mul1, mul2);
 }
 
-template <class V, DType G>
-void adam_range_g(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
+template <UpdateRule R, class V, DType G>
+void rule_range_g(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
                   float m2) {
-  if (!s.param16) adam_range_t<V, G, DType::F32>(s, b, e, c, m1, m2);
-  else if (s.param16_dtype == DType::F16) adam_range_t<V, G, DType::F16>(s, b, e, c, m1, m2);
-  else adam_range_t<V, G, DType::BF16>(s, b, e, c, m1, m2);
+  if (!s.param16) rule_range<R, V, G, DType::F32>(s, b, e, c, m1, m2);
+  else if (s.param16_dtype == DType::F16) rule_range<R, V, G, DType::F16>(s, b, e, c, m1, m2);
+  else rule_range<R, V, G, DType::BF16>(s, b, e, c, m1, m2);
+}
+
+template <UpdateRule R, class V>
+void rule_range_r(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
+                  float m2) {
+  if constexpr (R == UpdateRule::OneBitApply) {  // reads no gradient
+    rule_range_g<R, V, DType::F32>(s, b, e, c, m1, m2);
+  } else {
+    switch (s.grad_dtype) {
+      case DType::F32: return rule_range_g<R, V, DType::F32>(s, b, e, c, m1, m2);
+      case DType::F16: return rule_range_g<R, V, DType::F16>(s, b, e, c, m1, m2);
+      case DType::BF16: return rule_range_g<R, V, DType::BF16>(s, b, e, c, m1, m2);
+    }
+  }
 }
 
 template <class V>
-void adam_range(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
-                float m2) {
-  switch (s.grad_dtype) {
-    case DType::F32: return adam_range_g<V, DType::F32>(s, b, e, c, m1, m2);
-    case DType::F16: return adam_range_g<V, DType::F16>(s, b, e, c, m1, m2);
-    case DType::BF16: return adam_range_g<V, DType::BF16>(s, b, e, c, m1, m2);
+void update_range(UpdateRule rule, const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c,
+                  float m1, float m2) {
+  switch (rule) {
+    case UpdateRule::Adam: return rule_range_r<UpdateRule::Adam, V>(s, b, e, c, m1, m2);
+    case UpdateRule::OneBitWarmup: return rule_range_r<UpdateRule::OneBitWarmup, V>(s, b, e, c, m1, m2);
+    case UpdateRule::OneBitMomentum: return rule_range_r<UpdateRule::OneBitMomentum, V>(s, b, e, c, m1, m2);
+    case UpdateRule::OneBitApply: return rule_range_r<UpdateRule::OneBitApply, V>(s, b, e, c, m1, m2);
   }
 }
 
@@ -152,7 +184,7 @@ void from_float_range(const float* src, void* dst, DType dtype, int64_t b, int64
 
 template <class V>
 CpuIsa make_isa() {
-  return CpuIsa{V::name(), &adam_range<V>, &transform_block<V>, &from_float_range<V>};
+  return CpuIsa{V::name(), &update_range<V>, &transform_block<V>, &from_float_range<V>};
 }
 
 }  // namespace cpu

@@ -1,0 +1,52 @@
+// The error-compensated 1-bit compressed allreduce (spec
+// compressed-allreduce.md, DECISIONS C1-C5), built once on Comm and Kernels.
+// Each tensor keeps its own padding, scales and error buffers; all tensors
+// of a call travel together: one all-to-all of signs and one all-gather of
+// scales per phase, whatever their number.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "kernels/device_buffer.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dsopt {
+
+class CompressedAllreduce {
+ public:
+  // DeepSpeed's padded length: n rounded up to a multiple of P * lcm(P, 8).
+  static int64_t padded_length(int64_t n, int world);
+
+  // Tensors of the given sizes on `comm`; buffers in mem.kernels' memory.
+  // Error buffers start at zero.
+  CompressedAllreduce(Comm& comm, Kernels& kernels, const Mem& mem, std::vector<int64_t> sizes);
+
+  // Collective: x[t] (sizes[t] fp32 values each) becomes the compressed
+  // average over ranks, identical on every rank. P == 1: unchanged.
+  void run(float* const* x);
+
+  int world() const { return world_; }
+  int64_t count() const { return int64_t(tensors_.size()); }
+  // All tensors' worker errors back to back (n' each), and server errors (c each).
+  float* worker_error() const { return worker_error_.floats(); }
+  int64_t worker_error_numel() const { return worker_numel_; }
+  float* server_error() const { return server_error_.floats(); }
+  int64_t server_error_numel() const { return worker_numel_ / world_; }
+  void reset_errors();
+
+ private:
+  Comm& comm_;
+  Kernels& kernels_;
+  Mem mem_;
+  std::unique_ptr<Kernels> host_;
+  int world_;
+  std::vector<CarTensor> tensors_;
+  int64_t worker_numel_ = 0;
+  int64_t msg_bytes_ = 0;  // one rank's chunk of every tensor, in bytes
+  DeviceBuffer worker_error_, server_error_;
+  DeviceBuffer send_, recv_, server_bits_;
+};
+
+}  // namespace dsopt

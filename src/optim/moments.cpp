@@ -1,0 +1,48 @@
+#include "optim/moments.hpp"
+
+namespace dsopt {
+
+Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix)
+    : kernels_(kernels), prefix_(std::move(prefix)) {
+  const size_t bytes = size_t(params.total_numel()) * 4;
+  m_ = DeviceBuffer(kernels_, bytes);
+  v_ = DeviceBuffer(kernels_, bytes);
+  kernels_.fill_zero(m_.get(), bytes);
+  kernels_.fill_zero(v_.get(), bytes);
+}
+
+std::vector<AdamSlot> Moments::slots(const ParamSet& params, const PreparedGrads* grads,
+                                     const std::vector<int64_t>& indices,
+                                     const std::vector<const float*>& masks) const {
+  std::vector<int64_t> all;
+  if (indices.empty())
+    for (int64_t i = 0; i < params.count(); ++i) all.push_back(i);
+  const std::vector<int64_t>& which = indices.empty() ? all : indices;
+  std::vector<AdamSlot> out;
+  for (int64_t i : which) {
+    const Param& p = params.params()[size_t(i)];
+    const TensorRef g = grads ? grads->grads[size_t(i)] : TensorRef{nullptr, 0, DType::F32};
+    AdamSlot s{p.master, p.dtype == DType::F32 ? nullptr : p.data, p.dtype, g.data, g.dtype,
+               m_.floats() + p.offset, v_.floats() + p.offset, p.numel, p.group};
+    if (size_t(i) < masks.size()) s.mask = masks[size_t(i)];
+    out.push_back(s);
+  }
+  return out;
+}
+
+void Moments::save(BlobWriter& w) const {
+  w.section_from_device(prefix_ + ".exp_avg", m_.get(), m_.bytes(), kernels_);
+  w.section_from_device(prefix_ + ".exp_avg_sq", v_.get(), v_.bytes(), kernels_);
+}
+
+void Moments::check(const BlobReader& r) const {
+  r.section(prefix_ + ".exp_avg", m_.bytes());
+  r.section(prefix_ + ".exp_avg_sq", v_.bytes());
+}
+
+void Moments::restore(const BlobReader& r) {
+  kernels_.copy_from_host(m_.get(), r.section(prefix_ + ".exp_avg", m_.bytes()), m_.bytes());
+  kernels_.copy_from_host(v_.get(), r.section(prefix_ + ".exp_avg_sq", v_.bytes()), v_.bytes());
+}
+
+}  // namespace dsopt

@@ -1,0 +1,39 @@
+// The fp32 first and second moments of the Adam family, one flat buffer
+// each over all parameters, and the update slots that point into them.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kernels/device_buffer.hpp"
+#include "optim/param_set.hpp"
+#include "optim/step_pipeline.hpp"
+#include "state/blob.hpp"
+
+namespace dsopt {
+
+class Moments {
+ public:
+  // Zero moments for every parameter; blob sections named <prefix>.exp_avg
+  // and <prefix>.exp_avg_sq.
+  Moments(const ParamSet& params, Kernels& kernels, std::string prefix);
+
+  float* exp_avg() const { return m_.floats(); }
+  float* exp_avg_sq() const { return v_.floats(); }
+
+  // One slot per parameter in `indices` (all when empty) with its prepared
+  // gradient and its mask (masks[i], may be nullptr or shorter).
+  std::vector<AdamSlot> slots(const ParamSet& params, const PreparedGrads* grads,
+                              const std::vector<int64_t>& indices = {},
+                              const std::vector<const float*>& masks = {}) const;
+
+  void save(BlobWriter& w) const;
+  void check(const BlobReader& r) const;
+  void restore(const BlobReader& r);
+
+ private:
+  Kernels& kernels_;
+  std::string prefix_;
+  DeviceBuffer m_, v_;
+};
+
+}  // namespace dsopt

@@ -1,0 +1,44 @@
+// 1-bit Adam (spec onebit-adam.md, DECISIONS G2, O1-O3, K1-K2): Adam
+// without bias correction for a warmup, then frozen variance and momentum
+// averaged through the 1-bit compressed allreduce.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/compressed_allreduce.hpp"
+#include "optim/moments.hpp"
+#include "optim/optimizer.hpp"
+
+namespace dsopt {
+
+class OneBitAdam final : public Optimizer {
+ public:
+  OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+             const dsopt_tensor* params, int64_t count);
+  void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask) override;
+
+ protected:
+  std::string algorithm() const override { return "OneBitAdam"; }
+  bool averaged(int64_t i) const override { return !compressing_ || non_freeze(i); }
+  bool update(const PreparedGrads& grads) override;
+  uint32_t section_count() const override { return 5; }
+  void save_sections(BlobWriter& w) const override;
+  void check_sections(const BlobReader& r) const override;
+  void restore_sections(const BlobReader& r) override;
+
+ private:
+  bool non_freeze(int64_t i) const;
+  std::vector<AdamConsts> consts() const;
+  // Compressed tensors' padded error sizes (worker, server) at `world` ranks.
+  std::pair<uint64_t, uint64_t> error_bytes(int world) const;
+  void enter_compression();
+
+  bool compressing_ = false;
+  Moments moments_;
+  std::vector<int64_t> compressed_;  // parameters whose momentum is compressed
+  std::vector<int64_t> full_;        // parameters of non_freeze groups
+  std::vector<DeviceBuffer> masks_;  // per parameter; empty: none
+  std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
+};
+
+}  // namespace dsopt
