@@ -21,6 +21,20 @@ struct CpuIsa {
                           double* block_sum);
   // dst[i] = round(src[i]) to dtype, i in [begin, end).
   void (*from_float_range)(const float* src, void* dst, DType dtype, int64_t begin, int64_t end);
+
+  // The compressed allreduce over one sum block [begin, end) of a tensor
+  // (see Kernels::car_*; cpu_car.cpp runs the blocks).
+  double (*car_worker_sumsq_block)(const CarTensor& t, int64_t begin, int64_t end);
+  void (*car_worker_pack_block)(const CarTensor& t, int64_t begin, int64_t end, int world,
+                                float scale, uint8_t* send, int64_t msg_bytes);
+  double (*car_server_sum_block)(const CarTensor& t, int64_t begin, int64_t end, int world,
+                                 const uint8_t* recv, int64_t msg_bytes, const float* weights,
+                                 int64_t count, size_t tensor);
+  void (*car_server_pack_block)(const CarTensor& t, int64_t begin, int64_t end, float scale,
+                                uint8_t* out);
+  void (*car_decode_block)(const CarTensor& t, int64_t begin, int64_t end, int world,
+                           const uint8_t* gathered, int64_t msg_bytes, const float* scales,
+                           int64_t count, size_t tensor);
 };
 
 const CpuIsa& cpu_isa_scalar();

@@ -130,23 +130,23 @@ class CpuKernels final : public Kernels {
   }
 
   void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq) override {
-    cpu_car::worker_sumsq(t, count, threads_, sumsq);
+    cpu_car::worker_sumsq(isa(), t, count, threads_, sumsq);
   }
   void car_worker_pack(const CarTensor* t, int64_t count, int world, const float* scales,
                        uint8_t* send, int64_t msg_bytes) override {
-    cpu_car::worker_pack(t, count, world, scales, send, msg_bytes, threads_);
+    cpu_car::worker_pack(isa(), t, count, world, scales, send, msg_bytes, threads_);
   }
   void car_server_sum(const CarTensor* t, int64_t count, int world, const uint8_t* recv,
                       int64_t msg_bytes, const float* weights, double* sumsq) override {
-    cpu_car::server_sum(t, count, world, recv, msg_bytes, weights, sumsq, threads_);
+    cpu_car::server_sum(isa(), t, count, world, recv, msg_bytes, weights, sumsq, threads_);
   }
   void car_server_pack(const CarTensor* t, int64_t count, int world, const float* scales,
                        uint8_t* out) override {
-    cpu_car::server_pack(t, count, world, scales, out, threads_);
+    cpu_car::server_pack(isa(), t, count, world, scales, out, threads_);
   }
   void car_decode(const CarTensor* t, int64_t count, int world, const uint8_t* gathered,
                   int64_t msg_bytes, const float* scales) override {
-    cpu_car::decode(t, count, world, gathered, msg_bytes, scales, threads_);
+    cpu_car::decode(isa(), t, count, world, gathered, msg_bytes, scales, threads_);
   }
 
  private:

@@ -182,11 +182,6 @@ void from_float_range(const float* src, void* dst, DType dtype, int64_t b, int64
   }
 }
 
-template <class V>
-CpuIsa make_isa() {
-  return CpuIsa{V::name(), &update_range<V>, &transform_block<V>, &from_float_range<V>};
-}
-
 }  // namespace cpu
 DSOPT_ISA_END
 }  // namespace dsopt

@@ -2,7 +2,7 @@
 // compiler flags; it runs only where cpu_kernels.cpp found the CPU able to).
 #define DSOPT_ISA_TAG isa_avx512
 #include "kernels/cpu/vec_avx512.hpp"
-#include "kernels/cpu/cpu_loops.hpp"
+#include "kernels/cpu/isa_table.hpp"
 
 namespace dsopt {
 

@@ -46,6 +46,14 @@ struct VecAvx2 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
   static bool any_nan(F x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
+  static uint32_t nonneg_mask(F x) {
+    return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NLT_UQ)));
+  }
+  static F select(uint32_t mask, F a, F b) {
+    const __m256i lanes = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(int(mask)), lanes), lanes);
+    return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(on));
+  }
 };
 
 DSOPT_ISA_END

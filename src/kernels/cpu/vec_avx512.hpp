@@ -45,6 +45,8 @@ struct VecAvx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
   static bool any_nan(F x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
+  static uint32_t nonneg_mask(F x) { return _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLT_UQ); }
+  static F select(uint32_t mask, F a, F b) { return _mm512_mask_blend_ps(__mmask16(mask), b, a); }
 };
 
 DSOPT_ISA_END

@@ -1,0 +1,26 @@
+// The table of one instruction set's CPU kernels (cpu_isa.hpp), filled from
+// the templates; included only by the isa_*.cpp files.
+#pragma once
+#include "kernels/cpu/cpu_car_loops.hpp"
+#include "kernels/cpu/cpu_loops.hpp"
+
+namespace dsopt {
+DSOPT_ISA_BEGIN
+namespace cpu {
+
+template <class V>
+CpuIsa make_isa() {
+  return CpuIsa{V::name(),
+                &update_range<V>,
+                &transform_block<V>,
+                &from_float_range<V>,
+                &car_worker_sumsq_block<V>,
+                &car_worker_pack_block<V>,
+                &car_server_sum_block<V>,
+                &car_server_pack_block<V>,
+                &car_decode_block<V>};
+}
+
+}  // namespace cpu
+DSOPT_ISA_END
+}  // namespace dsopt
