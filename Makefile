@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python test test-c test-nocuda test-python demo bench clean
+.PHONY: all deps build python test test-c test-nocuda test-python demo demo-c bench clean
 
 all: build
 
@@ -35,7 +35,11 @@ test-nocuda: deps
 test-python: python
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) $(MPI_ENV) python3 -m pytest tests/python -q
 
-demo: build
+demo: python
+	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) $(MPI_ENV) examples/python/run_demo.sh out/demo
+
+# The C example alone (softmax regression, 1 process and 4 MPI ranks).
+demo-c: build
 	$(MPI_ENV) examples/run_demo.sh $(BUILD)
 
 bench: build
