@@ -207,7 +207,8 @@ DSOPT_API void dsopt_destroy(dsopt_optimizer *opt);
  * caller's buffer is not kept). NULL clears the mask. Masks are not part of
  * the state blob. Not collective; set the same masks on every rank.
  * Returns DSOPT_OK, DSOPT_EINVAL (NULL handle, index out of range, wrong
- * numel, dtype or device) or DSOPT_EUNSUPPORTED (the optimizer has no
+ * numel, dtype or device, or a parameter of a non_freeze group, whose
+ * momentum is never compressed) or DSOPT_EUNSUPPORTED (the optimizer has no
  * momentum mask, e.g. Adam). */
 DSOPT_API int dsopt_set_momentum_mask(dsopt_optimizer *opt, int64_t param_index,
                                       const dsopt_tensor *mask);

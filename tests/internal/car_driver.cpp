@@ -24,6 +24,7 @@
 // allreduce, bcast: the send buffer) and r<r>_wire.txt one line per call:
 //   <call> <function> <element size> <element count> <offset in wire.bin>
 // and r<r>_bytes.txt the Comm's bytes_sent counter growth per call.
+// $DSOPT_CAR_THREADS sets the kernels' CPU threads (default 1).
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
@@ -328,7 +329,9 @@ int main(int argc, char** argv) {
   const std::string out_dir = argv[1];
   int status = 0;
   try {
-    auto kernels = dsopt::make_cpu_kernels(1);
+    // $DSOPT_CAR_THREADS: CPU threads of the kernels (the sums must not depend on it).
+    const char* threads = std::getenv("DSOPT_CAR_THREADS");
+    auto kernels = dsopt::make_cpu_kernels(threads ? std::atoi(threads) : 1);
     auto comm = dsopt::make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
     for (const Job& job : read_jobs(argv[2])) run_job(job, out_dir, *comm, *kernels);
   } catch (const dsopt::Error& e) {

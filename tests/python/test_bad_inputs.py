@@ -134,8 +134,9 @@ def test_invalid_json_text_is_rejected(rng):
 
 def test_optimizer_types_of_later_versions_are_unsupported(rng):
     params = [rng.standard_normal(7).astype(np.float32)]
-    with pytest.raises(dsopt.Unsupported, match="OneBitAdam"):
-        dsopt.Optimizer(modified(("optimizer", "type"), "OneBitAdam"), params)
+    for later in ("OneBitLamb", "ZeroOneAdam"):
+        with pytest.raises(dsopt.Unsupported, match=later):
+            dsopt.Optimizer(modified(("optimizer", "type"), later), params)
 
 
 def test_group_index_out_of_range_is_rejected(rng):

@@ -1,0 +1,225 @@
+/* The number of MPI collectives a 1-bit Adam step makes does not depend on
+ * the number of tensors: all tensors travel together (README "The
+ * compressed allreduce"). The MPI functions dsopt uses are intercepted here
+ * through the profiling interface (this program defines MPI_Allreduce etc.,
+ * counts, and forwards to PMPI_*), and the counts of steps with 2 and with
+ * 50 tensors are compared: a warmup step is one allreduce (gradients and
+ * status together); a compressed step is one allreduce (status and norm),
+ * one all-to-all of signs and three all-gathers (worker scales, server
+ * signs, server scales). */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "support/mpi_world.h"
+#include "support/rng.h"
+
+enum { ALLREDUCE, ALLGATHER, ALLTOALLV, ALLTOALL, BCAST, REDUCE_SCATTER, OTHER, NUM_KINDS };
+static const char *const kind_names[NUM_KINDS] = {"allreduce", "allgather", "alltoallv", "alltoall",
+                                                  "bcast", "reduce_scatter_block", "other"};
+static int counting;
+static long counts[NUM_KINDS];
+
+static void count(int kind) {
+  if (counting) ++counts[kind];
+}
+
+int MPI_Allreduce(const void *sendbuf, void *recvbuf, int n, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
+  count(ALLREDUCE);
+  return PMPI_Allreduce(sendbuf, recvbuf, n, t, op, comm);
+}
+int MPI_Allgather(const void *sendbuf, int sn, MPI_Datatype st, void *recvbuf, int rn, MPI_Datatype rt,
+                  MPI_Comm comm) {
+  count(ALLGATHER);
+  return PMPI_Allgather(sendbuf, sn, st, recvbuf, rn, rt, comm);
+}
+int MPI_Alltoallv(const void *sendbuf, const int sc[], const int sd[], MPI_Datatype st, void *recvbuf,
+                  const int rc[], const int rd[], MPI_Datatype rt, MPI_Comm comm) {
+  count(ALLTOALLV);
+  return PMPI_Alltoallv(sendbuf, sc, sd, st, recvbuf, rc, rd, rt, comm);
+}
+int MPI_Alltoall(const void *sendbuf, int sn, MPI_Datatype st, void *recvbuf, int rn, MPI_Datatype rt,
+                 MPI_Comm comm) {
+  count(ALLTOALL);
+  return PMPI_Alltoall(sendbuf, sn, st, recvbuf, rn, rt, comm);
+}
+int MPI_Bcast(void *buf, int n, MPI_Datatype t, int root, MPI_Comm comm) {
+  count(BCAST);
+  return PMPI_Bcast(buf, n, t, root, comm);
+}
+int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int n, MPI_Datatype t, MPI_Op op,
+                             MPI_Comm comm) {
+  count(REDUCE_SCATTER);
+  return PMPI_Reduce_scatter_block(sendbuf, recvbuf, n, t, op, comm);
+}
+/* Point-to-point and other collectives dsopt is not expected to use. */
+int MPI_Send(const void *buf, int n, MPI_Datatype t, int dest, int tag, MPI_Comm comm) {
+  count(OTHER);
+  return PMPI_Send(buf, n, t, dest, tag, comm);
+}
+int MPI_Isend(const void *buf, int n, MPI_Datatype t, int dest, int tag, MPI_Comm comm, MPI_Request *req) {
+  count(OTHER);
+  return PMPI_Isend(buf, n, t, dest, tag, comm, req);
+}
+int MPI_Gather(const void *sendbuf, int sn, MPI_Datatype st, void *recvbuf, int rn, MPI_Datatype rt, int root,
+               MPI_Comm comm) {
+  count(OTHER);
+  return PMPI_Gather(sendbuf, sn, st, recvbuf, rn, rt, root, comm);
+}
+int MPI_Reduce(const void *sendbuf, void *recvbuf, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm comm) {
+  count(OTHER);
+  return PMPI_Reduce(sendbuf, recvbuf, n, t, op, root, comm);
+}
+int MPI_Barrier(MPI_Comm comm) {
+  count(OTHER);
+  return PMPI_Barrier(comm);
+}
+
+#define MAX_TENSORS 50
+#define FREEZE_STEP 3
+#define STEPS 6
+
+typedef struct per_step {
+  long counts[STEPS][NUM_KINDS];
+  int compressed[STEPS];
+  unsigned long long bytes[STEPS];
+} per_step;
+
+/* Runs STEPS steps of 1-bit Adam over `count` tensors and records the MPI
+ * calls of each step (dsopt_step only). */
+static void run(const char *config, int count, per_step *out) {
+  const int rank = world_rank();
+  dsopt_comm *comm = world_comm();
+  dsopt_tensor params[MAX_TENSORS], grads[MAX_TENSORS];
+  float *data[MAX_TENSORS], *gdata[MAX_TENSORS];
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = 37 + 11 * i;
+    data[i] = (float *)malloc((size_t)n * sizeof(float));
+    gdata[i] = (float *)malloc((size_t)n * sizeof(float));
+    rng r = rng_seeded(500 + (uint64_t)i);
+    for (int64_t j = 0; j < n; ++j) data[i][j] = (float)rng_signed(&r, 1.0);
+    params[i].data = data[i];
+    params[i].numel = n;
+    params[i].dtype = DSOPT_FLOAT32;
+    params[i].group = i % 2;
+    grads[i] = params[i];
+    grads[i].data = gdata[i];
+    grads[i].group = 0;
+  }
+  memset(out, 0, sizeof *out);
+  dsopt_optimizer *opt = NULL;
+  int ok = CHECK_OK(dsopt_create(&opt, config, comm, params, count));
+  if (all_ranks(ok)) {
+    for (int k = 0; k < STEPS; ++k) {
+      for (int i = 0; i < count; ++i) {
+        rng r = rng_for(600 + (uint64_t)i, (uint64_t)rank, (uint64_t)k);
+        for (int64_t j = 0; j < grads[i].numel; ++j) gdata[i][j] = (float)rng_signed(&r, 1.0);
+      }
+      dsopt_step_info info;
+      memset(&info, 0, sizeof info);
+      info.struct_size = sizeof info;
+      memset(counts, 0, sizeof counts);
+      counting = 1;
+      CHECK_OK(dsopt_step(opt, grads, count, &info));
+      counting = 0;
+      memcpy(out->counts[k], counts, sizeof counts);
+      out->compressed[k] = info.compressed;
+      out->bytes[k] = (unsigned long long)info.bytes_sent;
+    }
+    /* the parameters agree on every rank */
+    size_t total = 0;
+    for (int i = 0; i < count; ++i) total += (size_t)params[i].numel * sizeof(float);
+    unsigned char *all = (unsigned char *)malloc(total);
+    size_t pos = 0;
+    for (int i = 0; i < count; ++i) {
+      memcpy(all + pos, data[i], (size_t)params[i].numel * sizeof(float));
+      pos += (size_t)params[i].numel * sizeof(float);
+    }
+    CHECKF(same_on_every_rank(all, total), "%d tensors: parameters identical on every rank", count);
+    free(all);
+    dsopt_destroy(opt);
+  }
+  for (int i = 0; i < count; ++i) {
+    free(data[i]);
+    free(gdata[i]);
+  }
+  dsopt_comm_destroy(comm);
+}
+
+static void print_counts(const char *what, int k, const long *c) {
+  printf("%s%s step %d:", check_prefix, what, k + 1);
+  for (int j = 0; j < NUM_KINDS; ++j)
+    if (c[j]) printf(" %s=%ld", kind_names[j], c[j]);
+  printf("\n");
+}
+
+/* `compressed_allreduces`: allreduces of a compressed step (1: the control
+ * allreduce, or the non_freeze groups' gradient allreduce that carries the
+ * status instead). */
+static void compare(const char *config, const char *what, long compressed_allreduces) {
+  per_step few, many;
+  run(config, 2, &few);
+  run(config, MAX_TENSORS, &many);
+  for (int k = 0; k < STEPS; ++k) {
+    const int compressed = k + 1 >= FREEZE_STEP;
+    CHECKF(few.compressed[k] == compressed && many.compressed[k] == compressed,
+           "%s step %d: info.compressed %d/%d, expected %d", what, k + 1, few.compressed[k], many.compressed[k],
+           compressed);
+    int same = memcmp(few.counts[k], many.counts[k], sizeof few.counts[k]) == 0;
+    if (!CHECKF(same, "%s step %d: MPI calls with 2 tensors == with %d tensors", what, k + 1, MAX_TENSORS)) {
+      print_counts("2 tensors", k, few.counts[k]);
+      print_counts("50 tensors", k, many.counts[k]);
+    }
+    long expected[NUM_KINDS] = {0};
+    expected[ALLREDUCE] = 1;
+    if (compressed) {
+      expected[ALLREDUCE] = compressed_allreduces;
+      expected[ALLTOALLV] = 1;
+      expected[ALLGATHER] = 3;
+    }
+    if (!CHECKF(memcmp(many.counts[k], expected, sizeof expected) == 0,
+                "%s step %d: %s", what, k + 1,
+                compressed ? "allreduces as expected, 1 alltoallv, 3 allgathers" : "1 allreduce")) {
+      print_counts("50 tensors", k, many.counts[k]);
+    }
+    CHECKF(!compressed || compressed_allreduces > 1 || strstr(config, "non_freeze") ||
+               many.bytes[k] * 20 < many.bytes[FREEZE_STEP - 2],
+           "%s step %d: compressed bytes %llu vs warmup %llu", what, k + 1, many.bytes[k],
+           many.bytes[FREEZE_STEP - 2]);
+  }
+}
+
+#define ONEBIT(group1, extra)                                                                    \
+  "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 0.01, \"freeze_step\": 3}}," \
+  " \"param_groups\": [{}, {\"lr\": 0.005, \"weight_decay\": 0.01" group1 "}], \"threads\": 1" extra "}"
+
+static void collectives_do_not_grow_with_the_tensor_count(void) {
+  compare(ONEBIT("", ""), "plain", 1);
+}
+
+static void collectives_do_not_grow_with_clipping(void) {
+  /* the norm travels in the control allreduce */
+  compare(ONEBIT("", ", \"gradient_clipping\": 1.0"), "clipping", 1);
+}
+
+static void collectives_do_not_grow_with_a_non_freeze_group(void) {
+  /* the non_freeze group's gradients are averaged (one allreduce with the status) */
+  compare(ONEBIT(", \"non_freeze\": true", ""), "non_freeze", 1);
+  /* with clipping the local part's norm needs the control allreduce too */
+  compare(ONEBIT(", \"non_freeze\": true", ", \"gradient_clipping\": 1.0"), "non_freeze + clipping", 2);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  snprintf(check_prefix, sizeof check_prefix, "rank %d: ", world_rank());
+  RUN_TEST(collectives_do_not_grow_with_the_tensor_count);
+  RUN_TEST(collectives_do_not_grow_with_clipping);
+  RUN_TEST(collectives_do_not_grow_with_a_non_freeze_group);
+  int status = check_finish();
+  int any = status != 0, all = 0;
+  PMPI_Allreduce(&any, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return all;
+}
