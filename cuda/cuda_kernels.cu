@@ -53,27 +53,72 @@ class Workspace {
   size_t size_ = 0;
 };
 
+// Host data for kernels (constants, metadata), uploaded through a pinned
+// buffer by an asynchronous copy on the stream. The pinned buffer is reused
+// only after the previous copy has left it, so the caller's host arrays may
+// change as soon as the call that uploaded them returns.
+class Upload {
+ public:
+  explicit Upload(cudaStream_t stream) : host_(true, stream), dev_(false, stream), stream_(stream) {}
+  ~Upload() { release(); }
+  Upload(const Upload&) = delete;
+  Upload& operator=(const Upload&) = delete;
+
+  // The pinned buffer to fill (at least `bytes`), free to overwrite.
+  void* host(size_t bytes) {
+    if (pending_) {
+      DSOPT_CUDA_CHECK(cudaEventSynchronize(copied_));
+      pending_ = false;
+    }
+    if (copied_ == nullptr) DSOPT_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+    bytes_ = bytes;
+    return host_.get(bytes);
+  }
+
+  // Queues the copy of what host() returned to device memory; returns it.
+  void* send() {
+    void* dev = dev_.get(bytes_);
+    DSOPT_CUDA_CHECK(cudaMemcpyAsync(dev, host_.get(bytes_), bytes_, cudaMemcpyHostToDevice, stream_));
+    DSOPT_CUDA_CHECK(cudaEventRecord(copied_, stream_));
+    pending_ = true;
+    return dev;
+  }
+
+  void release() {
+    if (copied_ != nullptr) (void)cudaEventDestroy(copied_);
+    copied_ = nullptr;
+    pending_ = false;
+    host_.release();
+    dev_.release();
+  }
+
+ private:
+  Workspace host_, dev_;
+  cudaStream_t stream_;
+  cudaEvent_t copied_ = nullptr;
+  bool pending_ = false;
+  size_t bytes_ = 0;
+};
+
 class CudaKernels final : public Kernels {
  public:
   CudaKernels(int device, cudaStream_t stream)
       : device_(device),
         stream_(stream),
-        consts_dev_(false, stream),
-        consts_host_(true, stream),
+        consts_(stream),
+        car_meta_(stream),
         sums_dev_(false, stream),
         sums_host_(true, stream),
         flag_dev_(false, stream),
         flag_host_(true, stream),
-        staging_host_(true, stream) {
-    DSOPT_CUDA_CHECK(cudaEventCreateWithFlags(&consts_copied_, cudaEventDisableTiming));
-  }
+        staging_host_(true, stream) {}
 
   ~CudaKernels() override {
     DeviceGuardNoThrow guard(device_);
     (void)cudaStreamSynchronize(stream_);
-    (void)cudaEventDestroy(consts_copied_);
-    for (Workspace* w :
-         {&consts_dev_, &consts_host_, &sums_dev_, &sums_host_, &flag_dev_, &flag_host_, &staging_host_})
+    consts_.release();
+    car_meta_.release();
+    for (Workspace* w : {&sums_dev_, &sums_host_, &flag_dev_, &flag_host_, &staging_host_})
       w->release();
   }
 
@@ -170,53 +215,122 @@ class CudaKernels final : public Kernels {
     DSOPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 
     stats.nonfinite = *flag_host != 0;
-    if (sumsq_host != nullptr) {
-      // A tensor's sum: its block sums added in block order (math/sum_squares.hpp).
-      const double* b = sums_host;
-      for (int64_t i = 0; i < count; ++i) {
-        double s = 0.0;
-        for (int64_t k = 0, nb = sum_blocks(src[i].numel); k < nb; ++k) s += *b++;
-        sumsq_host[i] = s;
-      }
-    }
+    if (sumsq_host != nullptr)
+      add_block_sums(sums_host, count, [&](int64_t i) { return src[i].numel; }, sumsq_host);
     return stats;
   }
 
-  void adam_update(const AdamSlot* slots, int64_t count, const AdamConsts* consts,
-                   int32_t num_groups, float mul1, float mul2) override {
+  void update(UpdateRule rule, const AdamSlot* slots, int64_t count, const AdamConsts* consts,
+              int32_t num_groups, float mul1, float mul2) override {
     if (count <= 0) return;
-    if (num_groups <= 0) fail(DSOPT_EINTERNAL, "adam_update: no parameter groups");
+    if (num_groups <= 0) fail(DSOPT_EINTERNAL, "update: no parameter groups");
     for (int64_t i = 0; i < count; ++i)
       if (slots[i].group < 0 || slots[i].group >= num_groups)
-        fail(DSOPT_EINTERNAL, "adam_update: slot group out of range");
+        fail(DSOPT_EINTERNAL, "update: slot group out of range");
     DeviceGuard guard(device_);
-
-    // The constants go through a pinned buffer whose previous copy must
-    // have left it before it is overwritten.
     const size_t bytes = size_t(num_groups) * sizeof(AdamConsts);
-    if (consts_pending_) {
-      DSOPT_CUDA_CHECK(cudaEventSynchronize(consts_copied_));
-      consts_pending_ = false;
-    }
-    void* host = consts_host_.get(bytes);
-    void* dev = consts_dev_.get(bytes);
-    std::memcpy(host, consts, bytes);
-    DSOPT_CUDA_CHECK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_));
-    DSOPT_CUDA_CHECK(cudaEventRecord(consts_copied_, stream_));
-    consts_pending_ = true;
+    std::memcpy(consts_.host(bytes), consts, bytes);
+    const auto* dev = static_cast<const AdamConsts*>(consts_.send());
+    cuda::launch_update(stream_, rule, slots, count, dev, mul1, mul2);
+  }
 
-    cuda::launch_adam(stream_, slots, count, static_cast<const AdamConsts*>(dev), mul1, mul2);
+  // ---- compressed allreduce ------------------------------------------------
+
+  void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq_host) override {
+    car_run(cuda::CarOp::WorkerSumsq, t, count, 1, nullptr, nullptr, 0, nullptr, nullptr, 0,
+            sumsq_host);
+  }
+
+  void car_worker_pack(const CarTensor* t, int64_t count, int world, const float* scales_host,
+                       uint8_t* send, int64_t msg_bytes) override {
+    car_run(cuda::CarOp::WorkerPack, t, count, world, scales_host, nullptr, 0, nullptr, send,
+            msg_bytes, nullptr);
+  }
+
+  void car_server_sum(const CarTensor* t, int64_t count, int world, const uint8_t* recv,
+                      int64_t msg_bytes, const float* weights_host, double* sumsq_host) override {
+    car_run(cuda::CarOp::ServerSum, t, count, world, nullptr, weights_host,
+            int64_t(world) * count, recv, nullptr, msg_bytes, sumsq_host);
+  }
+
+  void car_server_pack(const CarTensor* t, int64_t count, int world, const float* scales_host,
+                       uint8_t* out) override {
+    car_run(cuda::CarOp::ServerPack, t, count, world, scales_host, nullptr, 0, nullptr, out, 0,
+            nullptr);
+  }
+
+  void car_decode(const CarTensor* t, int64_t count, int world, const uint8_t* gathered,
+                  int64_t msg_bytes, const float* scales_host) override {
+    car_run(cuda::CarOp::Decode, t, count, world, nullptr, scales_host, int64_t(world) * count,
+            gathered, nullptr, msg_bytes, nullptr);
   }
 
  private:
+  // sums[i] = the block sums of tensor i (len(i) elements, sum_blocks(len(i))
+  // blocks, stored after those of the tensors before it) added in block
+  // order, as the CPU does (math/sum_squares.hpp).
+  template <class Len>
+  static void add_block_sums(const double* block_sums, int64_t count, Len len, double* sums) {
+    for (int64_t i = 0; i < count; ++i) {
+      double s = 0.0;
+      for (int64_t k = 0, nb = sum_blocks(len(i)); k < nb; ++k) s += *block_sums++;
+      sums[i] = s;
+    }
+  }
+
+  // One compressed-allreduce primitive: metadata (with this rank's scales
+  // and the per-sender table) uploaded, one launch; the sum primitives wait
+  // for their block sums and add them up per tensor.
+  void car_run(cuda::CarOp op, const CarTensor* t, int64_t count, int world,
+               const float* scales_host, const float* table_host, int64_t table_len,
+               const uint8_t* in, uint8_t* out, int64_t msg_bytes, double* sumsq_host) {
+    if (count <= 0) return;
+    if (world < 1) fail(DSOPT_EINTERNAL, "compressed allreduce: world < 1");
+    if (count > 0x7FFFFFFF) fail(DSOPT_EUNSUPPORTED, "compressed allreduce: too many tensors");
+    for (int64_t i = 0; i < count; ++i)
+      if (t[i].padded % (int64_t(8) * world) != 0 || t[i].padded < t[i].n || t[i].n < 0)
+        fail(DSOPT_EINTERNAL, "compressed allreduce: padded length not a multiple of 8 * world");
+    DeviceGuard guard(device_);
+
+    const cuda::CarMetaLayout layout = cuda::car_meta_layout(count, table_len);
+    const int64_t blocks = cuda::car_write_meta(car_meta_.host(layout.bytes), op, t, count, world,
+                                                scales_host, table_host, table_len);
+    auto* meta = static_cast<const unsigned char*>(car_meta_.send());
+
+    cuda::CarArgs args;
+    args.items = reinterpret_cast<const cuda::CarItem*>(meta + layout.items);
+    args.first = reinterpret_cast<const int64_t*>(meta + layout.first);
+    args.table = reinterpret_cast<const float*>(meta + layout.table);
+    args.count = static_cast<int32_t>(count);
+    args.world = world;
+    args.in = in;
+    args.out = out;
+    args.msg_bytes = msg_bytes;
+    args.block_sums = nullptr;
+    double* sums_host = nullptr;
+    if (sumsq_host != nullptr && blocks > 0) {
+      const size_t bytes = size_t(blocks) * sizeof(double);
+      args.block_sums = static_cast<double*>(sums_dev_.get(bytes));
+      sums_host = static_cast<double*>(sums_host_.get(bytes));
+    }
+    cuda::launch_car(stream_, op, args, blocks);
+    if (sumsq_host == nullptr) return;
+    if (sums_host != nullptr) {
+      DSOPT_CUDA_CHECK(cudaMemcpyAsync(sums_host, args.block_sums, size_t(blocks) * sizeof(double),
+                                       cudaMemcpyDeviceToHost, stream_));
+      DSOPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    add_block_sums(sums_host, count, [&](int64_t i) { return cuda::car_len(op, t[i], world); },
+                   sumsq_host);
+  }
+
   int device_;
   cudaStream_t stream_;
-  Workspace consts_dev_, consts_host_;
+  Upload consts_;    // AdamConsts of update()
+  Upload car_meta_;  // metadata, scales and weights of the car_* kernels
   Workspace sums_dev_, sums_host_;
   Workspace flag_dev_, flag_host_;
   Workspace staging_host_;  // MPI staging of device buffers
-  cudaEvent_t consts_copied_ = nullptr;
-  bool consts_pending_ = false;
 };
 
 std::string runtime_version_text() {
@@ -255,6 +369,17 @@ std::unique_ptr<Kernels> make_cuda_kernels(void* stream) {
   }
   cuda_check(probe, "cudaFuncGetAttributes");
   return std::make_unique<CudaKernels>(device, static_cast<cudaStream_t>(stream));
+}
+
+bool is_cuda_device_pointer(const void* p) {
+  if (p == nullptr) return false;
+  cudaPointerAttributes attr;
+  const cudaError_t err = cudaPointerGetAttributes(&attr, p);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver, no device, or not a pointer CUDA knows
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
 // Does not touch the driver (no device query): a process may call

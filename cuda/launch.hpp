@@ -8,15 +8,21 @@
 #include <cstdint>
 
 #include "base/dtype.hpp"
+#include "car_layout.hpp"
 #include "kernels/kernels.hpp"
 
 namespace dsopt {
 namespace cuda {
 
-// Adam/AdamW over every slot; consts_dev[slot.group] are the slot's
+// `rule` over every slot; consts_dev[slot.group] are the slot's
 // constants, already in device memory.
-void launch_adam(cudaStream_t stream, const AdamSlot* slots, int64_t count,
-                 const AdamConsts* consts_dev, float mul1, float mul2);
+void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, int64_t count,
+                   const AdamConsts* consts_dev, float mul1, float mul2);
+
+// One compressed-allreduce primitive over every tensor: `blocks` blocks as
+// returned by car_write_meta, whose buffer args.items/first/table point into
+// (device memory).
+void launch_car(cudaStream_t stream, CarOp op, const CarArgs& args, int64_t blocks);
 
 // The transform pass. dst (may be nullptr) receives the y values of all
 // tensors back to back; block_sums_dev (may be nullptr) receives, for tensor

@@ -1,0 +1,117 @@
+// 1-bit Adam on 2 MPI ranks (mpirun -np 2, both ranks on GPU 0): every rank
+// runs a CPU optimizer on host buffers and a CUDA optimizer on device
+// buffers (MPI staging through pinned memory) over MPI_COMM_WORLD with its
+// own gradients, across the warmup/compression boundary, so the compressed
+// allreduce runs on both backends: parameters and step info after every
+// step, and the state blobs (moments and the compression errors) must be
+// bit-identical between the devices on each rank, the parameters identical
+// on every rank, and each blob must resume on the other device.
+// Skips (exit code 77, on every rank) without a CUDA device.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "onebit_pair.hpp"
+
+extern "C" {
+#include "support/mpi_world.h"
+}
+
+using namespace gpu_test;
+
+namespace {
+
+const int32_t kDtypes[] = {DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16};
+
+struct Config {
+  const char* name;
+  const char* body;
+  int groups;
+  bool loss_scaled;
+  std::vector<int> inf_steps;  // on rank 1
+  std::vector<int> masked;
+  int clear_mask_step;
+  int steps;
+};
+
+const Config kConfigs[] = {
+    {"onebit_wd_clipping_masks",
+     "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01, "
+     "\"freeze_step\": 3}}, \"gradient_clipping\": 1.0",
+     1, false, {}, {2, 4}, 7, 10},
+    {"onebit_fp16_loss_scaling_overflow_on_one_rank",
+     "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 2e-3, \"betas\": [0.8, 0.99], "
+     "\"eps\": 1e-6, \"freeze_step\": 3}}, "
+     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}",
+     1, true, {1, 6}, {3}, -1, 10},
+    {"onebit_non_freeze_group",
+     "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 1e-3, \"freeze_step\": 2}}, "
+     "\"param_groups\": [{\"weight_decay\": 0.05}, {\"lr\": 5e-4, \"non_freeze\": true}], "
+     "\"report_grad_norm\": true",
+     2, false, {}, {2, 4}, 5, 8},
+};
+
+// Exits with 77 on every rank when some rank has no usable CUDA device.
+void skip_unless_every_rank_has_a_device() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  const int ok = all_ranks(err == cudaSuccess && count > 0);
+  if (!ok) {
+    if (world_rank() == 0)
+      std::printf("SKIPPED: no CUDA device on some rank (%s)\n",
+                  err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
+    std::fflush(stdout);
+    MPI_Finalize();
+    std::exit(kSkipped);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  const int rank = world_rank();
+  std::snprintf(check_prefix, sizeof check_prefix, "rank %d: ", rank);
+  skip_unless_every_rank_has_a_device();
+  cuda_or_die(cudaSetDevice(0), "cudaSetDevice");
+  if (!CHECK_EQ_INT(world_size(), 2)) {
+    MPI_Finalize();
+    return check_finish();
+  }
+  dsopt_comm* comm = world_comm();
+  if (!CHECK(comm != nullptr)) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (rank == 0) std::printf("%s\n", dsopt_build_info());
+
+  uint64_t seed = 100;
+  for (const Config& cfg : kConfigs)
+    for (int32_t p : kDtypes)
+      for (int32_t g : kDtypes) {
+        OneBitCase c;
+        c.label = std::string(cfg.name) + " param=" + dtype_label(p) + " grad=" + dtype_label(g);
+        c.body = cfg.body;
+        c.groups = cfg.groups;
+        c.sizes = {1, 7, 77, 4099, 70001, 300001};
+        c.param_dtype = p;
+        c.grad_dtype = g;
+        c.loss_scaled = cfg.loss_scaled;
+        c.inf_steps = cfg.inf_steps;
+        c.inf_rank = 1;
+        c.masked = cfg.masked;
+        c.clear_mask_step = cfg.clear_mask_step;
+        c.steps = cfg.steps;
+        c.seed = seed++;
+        run_onebit_pair(c, rank, comm, comm, nullptr, [&](TensorSet& cpu_params, int step) {
+          for (size_t i = 0; i < cpu_params.size(); ++i)
+            CHECKF(same_on_every_rank(cpu_params.host[i].data(), cpu_params.host[i].size()),
+                   "%s after step %d: tensor %zu is the same on every rank", c.label.c_str(), step, i);
+        });
+      }
+
+  dsopt_comm_destroy(comm);
+  const int rc = check_finish();
+  const int all_ok = all_ranks(rc == 0);
+  MPI_Finalize();
+  return all_ok ? 0 : 1;
+}
