@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python test test-c test-nocuda test-python demo demo-c bench clean
+.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-rust test-install demo demo-c bench clean
 
 all: build
 
@@ -21,7 +21,7 @@ build: deps
 python: build
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) python3 bindings/python/dsopt/_ffi_build.py
 
-test: test-c test-nocuda test-python
+test: test-c test-nocuda test-python test-torch test-rust test-install
 
 test-c: build
 	cd $(BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
@@ -34,6 +34,25 @@ test-nocuda: deps
 
 test-python: python
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) $(MPI_ENV) python3 -m pytest tests/python -q
+
+# dsopt.torch under a Python that has torch (python3, else Debian's
+# /usr/bin/python3 with python3-torch); skips when there is none.
+test-torch: python
+	tests/python/run_torch_tests.sh $(BUILD)
+
+# The Rust binding's tests and examples/rust, offline, against $(BUILD)
+# (skips without cargo; as root installs Debian's bindgen crate if missing).
+test-rust: build
+	tests/rust/test_rust.sh $(BUILD)
+
+# cmake --install into a temporary prefix, then a C program built against the
+# installed copy through find_package(dsopt) and through pkg-config.
+test-install: build
+	tests/install/test_install.sh $(BUILD)
+
+# PREFIX=/usr/local by default: header, library, CMake package, dsopt.pc.
+install: build
+	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
 
 demo: python
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) $(MPI_ENV) examples/python/run_demo.sh out/demo

@@ -14,7 +14,7 @@ have_header nlohmann/json.hpp || apt_missing+=(nlohmann-json3-dev)
 have_header zlib.h || apt_missing+=(zlib1g-dev)
 
 pip_missing=()
-for mod in numpy cffi pytest mpi4py ml_dtypes matplotlib; do
+for mod in numpy cffi pytest mpi4py ml_dtypes matplotlib wheel; do
   python3 -c "import $mod" 2>/dev/null || pip_missing+=("$mod")
 done
 

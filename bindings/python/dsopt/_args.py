@@ -17,6 +17,18 @@ def as_int32(value, what: str) -> int:
     return value
 
 
+def as_int64(value, what: str) -> int:
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise InvalidArgumentType(f"{what} must be an int, got a bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise InvalidArgumentType(f"{what} must be an int, got {type(value).__name__}") from None
+    if not -(2**63) <= value < 2**63:
+        raise InvalidArgument(f"{what} = {value} does not fit in int64")
+    return value
+
+
 def as_float(value, what: str) -> float:
     try:
         return float(value)

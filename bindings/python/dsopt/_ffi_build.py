@@ -6,10 +6,12 @@ macros are declared as ``#define NAME ...`` so the C compiler fills them in.
 
 Where things are found:
 
-* header: ``$DSOPT_INCLUDE_DIR``, else ``<repo>/include``;
+* header: ``$DSOPT_INCLUDE_DIR``, else ``<repo>/include``, else the
+  ``includedir`` of an installed dsopt (``pkg-config dsopt``);
 * library: ``$DSOPT_LIBRARY_DIR``, else ``<repo>/build`` when it holds
-  ``libdsopt.so``, else the system loader path. A directory that is used is
-  also recorded as the extension's run-time search path (rpath).
+  ``libdsopt.so``, else the ``libdir`` of an installed dsopt (pkg-config),
+  else the system loader path. A directory that is used is also recorded as
+  the extension's run-time search path (rpath).
 
 Build in place (the extension lands next to this file)::
 
@@ -37,8 +39,24 @@ REPO_ROOT = BINDING_ROOT.parent.parent
 _MARKER = "typedef int dsopt_cdef_begins_here;"
 
 
+def _pkg_config_dir(variable: str):
+    """A directory variable of dsopt.pc (an installed dsopt), or None."""
+    cmd = [os.environ.get("PKG_CONFIG", "pkg-config"), f"--variable={variable}", "dsopt"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return Path(out).resolve() if out else None
+
+
 def include_dir() -> Path:
-    return Path(os.environ.get("DSOPT_INCLUDE_DIR", REPO_ROOT / "include")).resolve()
+    explicit = os.environ.get("DSOPT_INCLUDE_DIR")
+    if explicit:
+        return Path(explicit).resolve()
+    in_tree = REPO_ROOT / "include"
+    if (in_tree / "dsopt.h").exists():
+        return in_tree.resolve()
+    return _pkg_config_dir("includedir") or in_tree
 
 
 def library_dir():
@@ -49,7 +67,7 @@ def library_dir():
     in_tree = REPO_ROOT / "build"
     if (in_tree / "libdsopt.so").exists():
         return in_tree.resolve()
-    return None
+    return _pkg_config_dir("libdir")
 
 
 def _preprocessor() -> list:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from . import config as _config
 from ._lib import ffi, lib
 from .communicator import Communicator
-from ._args import as_float, as_int32
+from ._args import as_float, as_int32, as_int64
 from .errors import InvalidArgumentType, check
-from .tensors import TensorList
+from .tensors import TensorList, describe
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,27 @@ class Optimizer:
         out = ffi.new("double *")
         check(lib.dsopt_get_loss_scale(self._live(), out))
         return float(out[0])
+
+    # ---- momentum masks (1-bit optimizers) ---------------------------------
+
+    def set_momentum_mask(self, param_index: int, mask) -> None:
+        """Sets (or, with ``None``, clears) the momentum mask of parameter
+        ``param_index``: a float32 array with the parameter's numel,
+        multiplied into the momentum after every compressed step. dsopt
+        copies it. Not collective; set the same masks on every rank. Raises
+        ``dsopt.Unsupported`` for optimizers without masks (Adam)."""
+        handle = self._live()
+        index = as_int64(param_index, "param_index")
+        if mask is None:
+            check(lib.dsopt_set_momentum_mask(handle, index, ffi.NULL))
+            return
+        buf = describe(mask, writable=False, what="mask")
+        tensor = ffi.new("dsopt_tensor *")
+        tensor.data = ffi.cast("void *", buf.address)
+        tensor.numel = buf.numel
+        tensor.dtype = buf.dtype
+        tensor.group = 0
+        check(lib.dsopt_set_momentum_mask(handle, index, tensor))
 
     # ---- state -----------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """Array objects -> dsopt_tensor descriptors.
 
-Only numpy arrays are understood for now. Each supported array kind is one
-``_describe_*`` function returning a ``_Buffer``; another kind (torch tensors)
-is added as another function tried in ``describe``.
+numpy arrays and torch tensors (CPU or CUDA, through ``data_ptr()``; torch
+is never imported here) are understood. Each supported array kind is one
+``_describe_*`` function returning a ``_Buffer``, tried in ``describe``.
 
 bfloat16 has no numpy dtype: a bf16 array is a numpy ``uint16`` array holding
 the raw bits, tagged either as ``dsopt.bf16(a)`` or as the tuple
@@ -85,6 +85,30 @@ def _describe_ndarray(array: np.ndarray, dtype_code: int, writable: bool, what: 
     return _Buffer(array.__array_interface__["data"][0], int(array.size), dtype_code, array)
 
 
+_TORCH_DTYPES = {
+    "torch.float32": lib.DSOPT_FLOAT32,
+    "torch.float16": lib.DSOPT_FLOAT16,
+    "torch.bfloat16": lib.DSOPT_BFLOAT16,
+}
+
+
+def _is_torch_tensor(obj) -> bool:
+    return type(obj).__module__.split(".")[0] == "torch" and hasattr(obj, "data_ptr")
+
+
+def _describe_torch(tensor, writable: bool, what: str) -> _Buffer:
+    dtype_code = _TORCH_DTYPES.get(str(tensor.dtype))
+    if dtype_code is None:
+        raise InvalidArgumentType(
+            f"{what}: unsupported dtype {tensor.dtype} (float32, float16 or bfloat16)")
+    if str(tensor.layout) != "torch.strided":
+        raise InvalidArgument(f"{what}: only dense (strided) tensors are supported")
+    if not tensor.is_contiguous():
+        raise InvalidArgument(f"{what} must be contiguous; pass tensor.contiguous() "
+                              "(and for parameters keep that copy)")
+    return _Buffer(int(tensor.data_ptr()), int(tensor.numel()), dtype_code, tensor)
+
+
 def describe(obj, *, writable: bool, what: str) -> _Buffer:
     """The buffer behind ``obj`` (see the module doc for what is accepted)."""
     if isinstance(obj, bf16):
@@ -95,8 +119,11 @@ def describe(obj, *, writable: bool, what: str) -> _Buffer:
         return _describe_ndarray(_bf16_bits(obj[0], what), lib.DSOPT_BFLOAT16, writable, what)
     if isinstance(obj, np.ndarray):
         return _describe_ndarray(obj, _numpy_dtype_code(obj, what), writable, what)
+    if _is_torch_tensor(obj):
+        return _describe_torch(obj, writable, what)
     raise InvalidArgumentType(
-        f"{what}: expected a numpy array, dsopt.bf16(...) or (array, 'bfloat16'), got {_type_name(obj)}"
+        f"{what}: expected a numpy array, a torch tensor, dsopt.bf16(...) or (array, 'bfloat16'), "
+        f"got {_type_name(obj)}"
     )
 
 

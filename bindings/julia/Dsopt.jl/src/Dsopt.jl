@@ -1,0 +1,471 @@
+"""
+    Dsopt
+
+Julia binding of dsopt (`libdsopt`): data-parallel optimizers (Adam, AdamW,
+1-bit Adam) behind a C ABI.
+
+```julia
+using Dsopt
+w, b = randn(Float32, 1000), zeros(Float32, 10)
+opt = Optimizer(\"\"\"{"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}\"\"\", [w, b])
+info = step!(opt, [gw, gb])        # w and b are updated in place
+blob = state_save(opt); state_load!(opt, blob)
+close(opt)
+```
+
+Every failing call throws a [`DsoptError`](@ref) with the status code and the
+library's detail message. Arguments the binding rejects before calling the
+library throw `ArgumentError`. Group and parameter numbers are 1-based, as
+in Julia: group `g` is entry `g` of the config's `"param_groups"`.
+"""
+module Dsopt
+
+using Libdl
+
+export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
+       mpi_communicator, nccl_communicator, comm_rank, comm_size,
+       step!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
+       state_save, state_load!, set_momentum_mask!
+
+# ---- the library ---------------------------------------------------------------
+
+# ccall opens "libdsopt" on first use, searching Libdl.DL_LOAD_PATH before the
+# system loader path; __init__ puts $DSOPT_LIBRARY_DIR there, else the
+# in-tree build directory <repo>/build when it holds the library.
+const libdsopt = "libdsopt"
+const REPO_BUILD_DIR = normpath(joinpath(@__DIR__, "..", "..", "..", "..", "build"))
+
+function __init__()
+    dir = get(ENV, "DSOPT_LIBRARY_DIR", "")
+    if isempty(dir) && isfile(joinpath(REPO_BUILD_DIR, "libdsopt." * Libdl.dlext))
+        dir = REPO_BUILD_DIR
+    end
+    isempty(dir) || pushfirst!(Libdl.DL_LOAD_PATH, dir)
+    return nothing
+end
+
+# ---- status codes and errors (include/dsopt.h) -----------------------------------
+
+const DSOPT_OK           = Cint(0)
+const DSOPT_EINVAL       = Cint(-1)
+const DSOPT_EUNSUPPORTED = Cint(-2)
+const DSOPT_ENOMEM       = Cint(-3)
+const DSOPT_EBUFS        = Cint(-4)
+const DSOPT_ECORRUPT     = Cint(-5)
+const DSOPT_EMISMATCH    = Cint(-6)
+const DSOPT_ECOMM        = Cint(-7)
+const DSOPT_ECUDA        = Cint(-8)
+const DSOPT_EINTERNAL    = Cint(-9)
+
+const DSOPT_FLOAT32  = Int32(0)
+const DSOPT_FLOAT16  = Int32(1)
+const DSOPT_BFLOAT16 = Int32(2)
+
+"""
+    DsoptError(code, status, message)
+
+A dsopt call failed. `code` is the C status (`DSOPT_EINVAL` = -1, ...,
+`DSOPT_EINTERNAL` = -9), `status` its fixed text (`dsopt_status_string`) and
+`message` the library's detail for this failure (`dsopt_last_error`).
+"""
+struct DsoptError <: Exception
+    code::Int
+    status::String
+    message::String
+end
+
+function DsoptError(code::Integer)
+    # The detail first: it stays valid only until the next dsopt call on this thread.
+    message = unsafe_string(ccall((:dsopt_last_error, libdsopt), Cstring, ()))
+    status = unsafe_string(ccall((:dsopt_status_string, libdsopt), Cstring, (Cint,), code))
+    return DsoptError(code, status, message)
+end
+
+function Base.showerror(io::IO, e::DsoptError)
+    print(io, "DsoptError: ", e.status, " (", e.code, ")")
+    isempty(e.message) || print(io, ": ", e.message)
+end
+
+"""
+    @check ccall(...)
+
+Runs a dsopt call that returns a status and throws a [`DsoptError`](@ref)
+unless it is `DSOPT_OK`. The error is read at once, on the same thread.
+"""
+macro check(call)
+    quote
+        local rc = $(esc(call))
+        rc == DSOPT_OK || throw(DsoptError(rc))
+        nothing
+    end
+end
+
+# ---- versions ------------------------------------------------------------------
+
+"Version of the loaded libdsopt."
+function version()
+    n = Int(ccall((:dsopt_version_number, libdsopt), Cint, ()))
+    return VersionNumber(n ÷ 10000, (n ÷ 100) % 100, n % 100)
+end
+
+"What the loaded libdsopt was built with, as `key=value` pairs."
+build_info() = unsafe_string(ccall((:dsopt_build_info, libdsopt), Cstring, ()))
+
+# ---- tensors -------------------------------------------------------------------
+
+# The C dsopt_tensor: a flat, contiguous buffer (24 bytes, no padding).
+struct CTensor
+    data::Ptr{Cvoid}
+    numel::Int64
+    dtype::Int32
+    group::Int32
+end
+
+"""
+    BF16Bits(a::AbstractArray{UInt16})
+
+Tags an array of raw bfloat16 bits as a bfloat16 tensor (Julia has no
+built-in bfloat16 type). Arrays whose element type is named `BFloat16`
+(BFloat16s.jl) are accepted as they are.
+"""
+struct BF16Bits{A<:AbstractArray{UInt16}}
+    array::A
+end
+
+dtype_code(::Type{Float32}) = DSOPT_FLOAT32
+dtype_code(::Type{Float16}) = DSOPT_FLOAT16
+function dtype_code(T::Type)
+    if T isa DataType && isbitstype(T) && nameof(T) === :BFloat16 && sizeof(T) == 2
+        return DSOPT_BFLOAT16
+    end
+    throw(ArgumentError("dsopt: unsupported element type $T " *
+                        "(Float32, Float16, BFloat16, or BF16Bits of UInt16 bits)"))
+end
+
+# Column-major and without gaps: dsopt sees a flat buffer.
+function is_contiguous(a::AbstractArray)
+    a isa DenseArray && return true
+    a isa StridedArray || return false
+    expected = 1
+    for (n, s) in zip(size(a), strides(a))
+        n == 1 || s == expected || return false
+        expected *= n
+    end
+    return true
+end
+
+# The C descriptor of a parameter, gradient or mask. The caller keeps `x`
+# referenced (GC.@preserve or a field) for as long as dsopt may use it.
+function ctensor(x, what::AbstractString, group::Integer)
+    if x isa BF16Bits
+        a, code = x.array, DSOPT_BFLOAT16
+    elseif x isa AbstractArray
+        a, code = x, dtype_code(eltype(x))
+    else
+        throw(ArgumentError("dsopt: $what must be an array of Float32, Float16 or " *
+                            "BFloat16, or BF16Bits(bits), got $(typeof(x))"))
+    end
+    is_contiguous(a) ||
+        throw(ArgumentError("dsopt: $what must be contiguous (an Array or a contiguous view); " *
+                            "pass copy($what) and keep that copy"))
+    # reinterpret also takes device pointers (CuPtr) of arrays on the GPU.
+    return CTensor(reinterpret(Ptr{Cvoid}, pointer(a)), length(a), code, Int32(group))
+end
+
+# ---- communicators -------------------------------------------------------------
+
+"""
+    Communicator()
+
+A world of one rank (no communication). See also [`mpi_communicator`](@ref)
+and [`nccl_communicator`](@ref). `close(comm)` releases it (never the MPI or
+NCCL communicator behind it); while optimizers still use it, the release
+waits for the last of them to close. A finalizer closes it too.
+"""
+mutable struct Communicator
+    handle::Ptr{Cvoid}
+    kind::Symbol          # :local, :mpi or :nccl
+    users::Int            # open optimizers on it
+    close_requested::Bool
+    keep::Any             # the object the MPI/NCCL communicator came from
+
+    function Communicator(kind::Symbol, keep, create::Function)
+        out = Ref{Ptr{Cvoid}}(C_NULL)
+        @check create(out)
+        comm = new(out[], kind, 0, false, keep)
+        return finalizer(close, comm)
+    end
+end
+
+Communicator() = Communicator(:local, nothing, out ->
+    ccall((:dsopt_comm_create_local, libdsopt), Cint, (Ref{Ptr{Cvoid}},), out))
+
+"""
+    mpi_communicator(fortran_handle::Integer; keep=nothing)
+
+Wraps an MPI communicator given by its Fortran handle (`MPI_Comm_c2f(comm)`
+in C). MPI must be initialised, and the communicator must outlive the
+returned object; `keep` is kept referenced for that purpose (the MPI.jl
+communicator object, say).
+"""
+mpi_communicator(fortran_handle::Integer; keep=nothing) = Communicator(:mpi, keep, out ->
+    ccall((:dsopt_comm_create_mpi, libdsopt), Cint, (Ref{Ptr{Cvoid}}, Int64),
+          out, fortran_handle))
+
+"""
+    nccl_communicator(comm::Ptr, stream::Ptr=C_NULL; keep=nothing)
+
+Wraps an NCCL communicator (`ncclComm_t`) and the CUDA stream dsopt's device
+work runs on (`C_NULL`: the legacy default stream). Both must outlive the
+returned object.
+"""
+nccl_communicator(comm::Ptr, stream::Ptr=C_NULL; keep=nothing) = Communicator(:nccl, keep, out ->
+    ccall((:dsopt_comm_create_nccl, libdsopt), Cint, (Ref{Ptr{Cvoid}}, Ptr{Cvoid}, Ptr{Cvoid}),
+          out, comm, stream))
+
+function live(comm::Communicator)
+    (comm.handle == C_NULL || comm.close_requested) &&
+        throw(ArgumentError("dsopt: the communicator is closed"))
+    return comm.handle
+end
+
+"This process's rank in `comm` (0-based, as MPI numbers ranks)."
+comm_rank(comm::Communicator) = Int(ccall((:dsopt_comm_rank, libdsopt), Cint, (Ptr{Cvoid},), live(comm)))
+
+"Number of ranks in `comm`."
+comm_size(comm::Communicator) = Int(ccall((:dsopt_comm_size, libdsopt), Cint, (Ptr{Cvoid},), live(comm)))
+
+function destroy!(comm::Communicator)
+    handle, comm.handle = comm.handle, C_NULL
+    handle == C_NULL || ccall((:dsopt_comm_destroy, libdsopt), Cvoid, (Ptr{Cvoid},), handle)
+    return nothing
+end
+
+function Base.close(comm::Communicator)
+    comm.close_requested = true
+    comm.users == 0 && destroy!(comm)
+    return nothing
+end
+
+function Base.show(io::IO, comm::Communicator)
+    if comm.handle == C_NULL || comm.close_requested
+        print(io, "Dsopt.Communicator(", comm.kind, ", closed)")
+    else
+        print(io, "Dsopt.Communicator(", comm.kind, ", rank ", comm_rank(comm), " of ", comm_size(comm), ")")
+    end
+end
+
+# ---- the optimizer -------------------------------------------------------------
+
+# The C dsopt_step_info (48 bytes); struct_size tells dsopt which fields exist.
+struct CStepInfo
+    struct_size::UInt32
+    skipped::Int32
+    compressed::Int32
+    reserved::Int32
+    step::Int64
+    loss_scale::Float64
+    grad_norm::Float64
+    bytes_sent::UInt64
+end
+
+"""
+What one [`step!`](@ref) did: whether it was `skipped` (a non-finite gradient
+on some rank) or `compressed` (1-bit communication), the number of updates
+applied so far (`step`), the `loss_scale` for the next backward pass,
+`grad_norm` (`nothing` when not computed) and the `bytes_sent` by this rank.
+"""
+struct StepInfo
+    skipped::Bool
+    compressed::Bool
+    step::Int64
+    loss_scale::Float64
+    grad_norm::Union{Float64,Nothing}
+    bytes_sent::UInt64
+end
+
+"""
+    Optimizer(config::String, params::Vector, comm=nothing; groups=nothing)
+
+A dsopt optimizer over `params`: contiguous arrays of `Float32`, `Float16`
+or `BFloat16` (or [`BF16Bits`](@ref)), updated in place by [`step!`](@ref).
+`config` is the JSON text (DeepSpeed's schema where it overlaps). `comm`
+defaults to a local communicator owned by the optimizer. `groups`, one per
+parameter, are 1-based indices into the config's `"param_groups"`.
+
+Creating, `step!`, `state_load!` and `close` are collective over `comm`.
+The optimizer keeps the arrays and the communicator referenced while it
+exists. A finalizer destroys optimizers on a local communicator; multi-rank
+code must `close(opt)` on every rank (destroy is collective, and the
+garbage collector does not run at the same point on every rank).
+"""
+mutable struct Optimizer
+    handle::Ptr{Cvoid}
+    params::Vector{Any}
+    comm::Communicator
+    owns_comm::Bool
+
+    function Optimizer(config::AbstractString, params::AbstractVector,
+                       comm::Union{Communicator,Nothing}=nothing; groups=nothing)
+        groups === nothing || length(groups) == length(params) ||
+            throw(ArgumentError("dsopt: $(length(groups)) groups for $(length(params)) parameters"))
+        kept = collect(Any, params)
+        tensors = CTensor[ctensor(p, "params[$i]", groups === nothing ? 0 : groups[i] - 1)
+                          for (i, p) in enumerate(kept)]
+        owns_comm = comm === nothing
+        c = owns_comm ? Communicator() : comm
+        out = Ref{Ptr{Cvoid}}(C_NULL)
+        try
+            GC.@preserve kept tensors begin
+                @check ccall((:dsopt_create, libdsopt), Cint,
+                             (Ref{Ptr{Cvoid}}, Cstring, Ptr{Cvoid}, Ptr{CTensor}, Int64),
+                             out, config, live(c), tensors, length(tensors))
+            end
+        catch
+            owns_comm && close(c)
+            rethrow()
+        end
+        c.users += 1
+        opt = new(out[], kept, c, owns_comm)
+        return finalizer(finalize_optimizer, opt)
+    end
+end
+
+function finalize_optimizer(opt::Optimizer)
+    opt.comm.kind === :local && close(opt)
+    return nothing
+end
+
+function live(opt::Optimizer)
+    opt.handle == C_NULL && throw(ArgumentError("dsopt: the optimizer is closed"))
+    return opt.handle
+end
+
+"""
+    close(opt::Optimizer)
+
+Destroys the optimizer (collective); closing twice is fine.
+"""
+function Base.close(opt::Optimizer)
+    handle, opt.handle = opt.handle, C_NULL
+    handle == C_NULL && return nothing
+    ccall((:dsopt_destroy, libdsopt), Cvoid, (Ptr{Cvoid},), handle)
+    comm = opt.comm
+    comm.users -= 1
+    if opt.owns_comm
+        close(comm)
+    elseif comm.close_requested && comm.users == 0
+        destroy!(comm)
+    end
+    return nothing
+end
+
+"""
+    step!(opt, grads) -> StepInfo
+
+One optimizer step with this rank's local gradients: one array per
+parameter, in order, same length (dtypes may differ from the parameters').
+Gradients are only read, during the call. Collective.
+"""
+function step!(opt::Optimizer, grads::AbstractVector)
+    tensors = CTensor[ctensor(g, "grads[$i]", 0) for (i, g) in enumerate(grads)]
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0))
+    GC.@preserve grads tensors begin
+        @check ccall((:dsopt_step, libdsopt), Cint,
+                     (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
+                     live(opt), tensors, length(tensors), info)
+    end
+    i = info[]
+    return StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
+                    i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent)
+end
+
+"Sets the learning rate of every parameter group."
+set_lr!(opt::Optimizer, lr::Real) =
+    @check ccall((:dsopt_set_lr, libdsopt), Cint, (Ptr{Cvoid}, Cdouble), live(opt), lr)
+
+"Sets the learning rate of parameter group `group` (1-based)."
+set_group_lr!(opt::Optimizer, group::Integer, lr::Real) =
+    @check ccall((:dsopt_set_group_lr, libdsopt), Cint, (Ptr{Cvoid}, Int32, Cdouble),
+                 live(opt), group - 1, lr)
+
+"Learning rate of parameter group `group` (1-based)."
+function group_lr(opt::Optimizer, group::Integer)
+    lr = Ref{Cdouble}(0)
+    @check ccall((:dsopt_get_lr, libdsopt), Cint, (Ptr{Cvoid}, Int32, Ref{Cdouble}),
+                 live(opt), group - 1, lr)
+    return lr[]
+end
+
+"Number of parameter groups."
+function num_groups(opt::Optimizer)
+    count = Ref{Int32}(0)
+    @check ccall((:dsopt_num_groups, libdsopt), Cint, (Ptr{Cvoid}, Ref{Int32}), live(opt), count)
+    return Int(count[])
+end
+
+"Scale to multiply the next loss by (1.0 without loss scaling)."
+function loss_scale(opt::Optimizer)
+    scale = Ref{Cdouble}(0)
+    @check ccall((:dsopt_get_loss_scale, libdsopt), Cint, (Ptr{Cvoid}, Ref{Cdouble}), live(opt), scale)
+    return scale[]
+end
+
+"""
+    set_momentum_mask!(opt, index, mask)
+
+Sets the momentum mask of parameter `index` (1-based) for 1-bit optimizers:
+a `Float32` array with the parameter's length, multiplied into the momentum
+after every compressed step; dsopt keeps a copy. `nothing` clears it.
+"""
+function set_momentum_mask!(opt::Optimizer, index::Integer, mask::Union{AbstractArray,Nothing})
+    handle = live(opt)
+    if mask === nothing
+        @check ccall((:dsopt_set_momentum_mask, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ptr{CTensor}),
+                     handle, index - 1, C_NULL)
+    else
+        tensor = Ref(ctensor(mask, "mask", 0))
+        GC.@preserve mask begin
+            @check ccall((:dsopt_set_momentum_mask, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ref{CTensor}),
+                         handle, index - 1, tensor)
+        end
+    end
+    return nothing
+end
+
+"""
+    state_save(opt) -> Vector{UInt8}
+
+This rank's whole optimizer state as one self-describing, checksummed blob.
+"""
+function state_save(opt::Optimizer)
+    handle = live(opt)
+    nbytes = Ref{UInt64}(0)
+    @check ccall((:dsopt_state_size, libdsopt), Cint, (Ptr{Cvoid}, Ref{UInt64}), handle, nbytes)
+    blob = Vector{UInt8}(undef, nbytes[])
+    written = Ref{UInt64}(0)
+    @check ccall((:dsopt_state_save, libdsopt), Cint, (Ptr{Cvoid}, Ptr{UInt8}, UInt64, Ref{UInt64}),
+                 handle, blob, length(blob), written)
+    return resize!(blob, written[])
+end
+
+"""
+    state_load!(opt, blob)
+
+Restores a blob from [`state_save`](@ref) into an optimizer made with the
+same config and parameter shapes; validated completely before anything
+changes. Collective.
+"""
+function state_load!(opt::Optimizer, blob::AbstractVector{UInt8})
+    bytes = blob isa Vector{UInt8} ? blob : Vector{UInt8}(blob)
+    @check ccall((:dsopt_state_load, libdsopt), Cint, (Ptr{Cvoid}, Ptr{UInt8}, UInt64),
+                 live(opt), bytes, length(bytes))
+    return opt
+end
+
+function Base.show(io::IO, opt::Optimizer)
+    state = opt.handle == C_NULL ? "closed" : "$(length(opt.params)) params"
+    print(io, "Dsopt.Optimizer(", state, ")")
+end
+
+end # module

@@ -1,0 +1,146 @@
+"""dsopt.torch: a ``torch.optim.Optimizer`` that runs dsopt.
+
+    import dsopt.torch
+    opt = dsopt.torch.Optimizer(model.parameters(), config, comm=None)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
+    for batch in data:
+        opt.zero_grad()
+        loss_fn(model(batch)).backward()
+        opt.step()
+        sched.step()
+
+* ``params``: tensors or torch-style parameter groups (dicts with
+  ``"params"`` and per-group settings dsopt knows: ``lr``, ``betas``,
+  ``eps``, ``weight_decay``, ``non_freeze``); each group becomes one dsopt
+  ``param_groups`` entry, so ``config`` must not have its own.
+* Tensors: contiguous float32 / float16 / bfloat16, on the CPU, or on the
+  GPU with ``"device": "cuda"`` in the config; dsopt updates them in place
+  through ``data_ptr()``. Gradients are read from ``.grad``; a parameter
+  without one steps with a zero gradient (dsopt takes one per parameter).
+* Learning rates: ``group["lr"]`` is read before every step and handed to
+  dsopt when it changed, so LR schedulers work as with torch's optimizers.
+* ``state_dict()`` is torch's (the groups' settings) plus the dsopt state
+  blob under ``"dsopt_state"``; ``load_state_dict`` restores both.
+* ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, or None (one
+  process). ``step`` is collective over it: with several ranks every rank
+  steps with its local gradients and dsopt averages them.
+"""
+
+import json
+
+import torch
+
+from .communicator import Communicator
+from .optimizer import Optimizer as _DsoptOptimizer
+
+
+def _config_dict(config) -> dict:
+    if isinstance(config, (str, bytes, bytearray)):
+        config = json.loads(config)
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict or JSON text, got {type(config).__name__}")
+    if "param_groups" in config:
+        raise ValueError("dsopt.torch.Optimizer builds param_groups from the torch parameter "
+                         "groups; pass per-group settings in the groups instead")
+    return config
+
+
+def _as_communicator(comm):
+    """(Communicator or None, whether this optimizer owns it)."""
+    if comm is None or isinstance(comm, Communicator):
+        return comm, False
+    if hasattr(comm, "py2f"):
+        return Communicator.from_mpi4py(comm), True
+    raise TypeError(f"comm must be a dsopt.Communicator or an mpi4py communicator, "
+                    f"got {type(comm).__name__}")
+
+
+class Optimizer(torch.optim.Optimizer):
+    """``Optimizer(params, config, comm=None)``: see the module doc."""
+
+    def __init__(self, params, config, comm=None):
+        config = _config_dict(config)
+        lr = config.get("optimizer", {}).get("params", {}).get("lr", 1e-3)
+        super().__init__(params, {"lr": lr})
+        # Every setting of a torch group (lr, betas, ...) goes to dsopt, which
+        # rejects the ones it does not know.
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        config = dict(config, param_groups=settings)
+        tensors = [p for group in self.param_groups for p in group["params"]]
+        group_of = [i for i, group in enumerate(self.param_groups) for _ in group["params"]]
+        self._comm, self._owns_comm = _as_communicator(comm)
+        self._zero_grads = {}
+        self.dsopt = _DsoptOptimizer(config, tensors, self._comm, groups=group_of)
+        self._dsopt_lrs = [group["lr"] for group in self.param_groups]
+        self.last_step_info = None
+
+    def add_param_group(self, param_group):
+        if hasattr(self, "dsopt"):
+            raise RuntimeError("dsopt.torch.Optimizer cannot add parameters after creation")
+        super().add_param_group(param_group)
+
+    def _sync_learning_rates(self):
+        for i, group in enumerate(self.param_groups):
+            if group["lr"] != self._dsopt_lrs[i]:
+                self.dsopt.set_group_lr(i, group["lr"])
+                self._dsopt_lrs[i] = group["lr"]
+
+    def _gradient(self, p):
+        if p.grad is None:
+            zeros = self._zero_grads.get(p)
+            if zeros is None:
+                zeros = self._zero_grads[p] = torch.zeros_like(p)
+            return zeros
+        if p.grad.is_sparse:
+            raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
+        return p.grad.contiguous()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One dsopt step with the parameters' ``.grad`` (collective).
+        ``self.last_step_info`` holds what it did (a ``dsopt.StepInfo``)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_learning_rates()
+        grads = [self._gradient(p) for group in self.param_groups for p in group["params"]]
+        on_side_stream = any(g.is_cuda for g in grads) and \
+            torch.cuda.current_stream().cuda_stream != torch.cuda.default_stream().cuda_stream
+        if on_side_stream:
+            # dsopt works on its communicator's stream (the legacy default
+            # stream for a local one): order it after torch's stream.
+            torch.cuda.current_stream().synchronize()
+        self.last_step_info = self.dsopt.step(grads)
+        if on_side_stream:
+            torch.cuda.synchronize()
+        return loss
+
+    @property
+    def loss_scale(self) -> float:
+        """Scale to multiply the next loss by (1.0 without fp16 loss scaling)."""
+        return self.dsopt.loss_scale
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["dsopt_state"] = self.dsopt.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Restores the groups' settings and the dsopt state (collective)."""
+        state_dict = dict(state_dict)
+        blob = state_dict.pop("dsopt_state", None)
+        if blob is None:
+            raise ValueError("not a dsopt.torch.Optimizer state dict (no 'dsopt_state')")
+        super().load_state_dict(state_dict)
+        self.dsopt.load_state_dict(blob)
+        self._dsopt_lrs = [self.dsopt.get_group_lr(i) for i in range(len(self.param_groups))]
+
+    def close(self):
+        """Destroys the dsopt optimizer (collective); idempotent."""
+        self.dsopt.close()
+        if self._owns_comm:
+            self._comm.close()
+
+
+__all__ = ["Optimizer"]

@@ -1,0 +1,226 @@
+//! `Optimizer`: one dsopt optimizer handle over borrowed parameter buffers.
+
+use std::ffi::CString;
+use std::mem;
+use std::ptr::{self, NonNull};
+
+use dsopt_sys as sys;
+
+use crate::comm::Communicator;
+use crate::error::{check, Error, Result};
+use crate::tensor::{GradSlice, ParamSlice};
+
+/// What one step did (`dsopt_step_info`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepInfo {
+    /// The step was skipped (a non-finite gradient on some rank).
+    pub skipped: bool,
+    /// The step used 1-bit compressed communication.
+    pub compressed: bool,
+    /// Updates applied so far, this one included.
+    pub step: i64,
+    /// Loss scale for the next backward pass (1.0 without loss scaling).
+    pub loss_scale: f64,
+    /// Global gradient norm before clipping, when computed.
+    pub grad_norm: Option<f64>,
+    /// Bytes this rank sent through the communicator during the step.
+    pub bytes_sent: u64,
+}
+
+/// A dsopt optimizer (`dsopt_optimizer`). It borrows its parameter buffers
+/// and its communicator for `'a` and updates the parameters in place; read
+/// them between steps through [`params`](Self::params).
+///
+/// Creating, stepping, loading state and dropping are collective: every rank
+/// of the communicator does them in the same order.
+///
+/// `Send` but not `Sync`: it may move to another thread, but one handle is
+/// never used by two threads at once.
+#[derive(Debug)]
+pub struct Optimizer<'a> {
+    raw: NonNull<sys::dsopt_optimizer>,
+    params: Vec<ParamSlice<'a>>,
+    comm: &'a mut Communicator,
+}
+
+// Safety: a dsopt_optimizer has no thread affinity (the error text is read on
+// the thread that made the call); the parameters and the communicator are
+// borrowed exclusively, so nothing else touches them from another thread.
+// `NonNull` keeps it !Sync.
+unsafe impl Send for Optimizer<'_> {}
+
+impl<'a> Optimizer<'a> {
+    /// Creates an optimizer from a JSON config (the DeepSpeed schema where it
+    /// overlaps, see the dsopt README) over `params`, averaging gradients
+    /// over `comm`. Collective.
+    ///
+    /// ```no_run
+    /// # fn main() -> dsopt::Result<()> {
+    /// let mut w = vec![0.0f32; 16];
+    /// let mut comm = dsopt::Communicator::local()?;
+    /// let config = r#"{"optimizer": {"type": "Adam", "params": {"lr": 0.01}}}"#;
+    /// let mut opt = dsopt::Optimizer::new(config, [dsopt::ParamSlice::f32(&mut w)], &mut comm)?;
+    /// let info = opt.step(&[dsopt::GradSlice::f32(&[1.0; 16])])?;
+    /// assert_eq!(info.step, 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(
+        config: &str,
+        params: impl IntoIterator<Item = ParamSlice<'a>>,
+        comm: &'a mut Communicator,
+    ) -> Result<Self> {
+        let config =
+            CString::new(config).map_err(|_| Error::invalid("config contains a NUL byte"))?;
+        let params: Vec<ParamSlice<'a>> = params.into_iter().collect();
+        let tensors: Vec<sys::dsopt_tensor> = params.iter().map(ParamSlice::to_c).collect();
+        let mut out = ptr::null_mut();
+        // Safety: `config` is NUL-terminated; `tensors` describes valid buffers
+        // that stay exclusively borrowed for 'a, like the communicator, and
+        // the optimizer (destroyed in Drop) cannot outlive 'a.
+        check(unsafe {
+            sys::dsopt_create(
+                &mut out,
+                config.as_ptr(),
+                comm.as_ptr(),
+                tensors.as_ptr(),
+                tensors.len() as i64,
+            )
+        })?;
+        let raw =
+            NonNull::new(out).ok_or_else(|| Error::invalid("dsopt returned a NULL optimizer"))?;
+        Ok(Optimizer { raw, params, comm })
+    }
+
+    /// One optimizer step with this rank's local gradients: one per
+    /// parameter, in order, same lengths (dtypes may differ). Collective.
+    pub fn step(&mut self, grads: &[GradSlice<'_>]) -> Result<StepInfo> {
+        let tensors: Vec<sys::dsopt_tensor> = grads.iter().map(|g| g.to_c()).collect();
+        // Safety: an all-zero dsopt_step_info is a valid value (plain integers
+        // and doubles); struct_size is set before the call.
+        let mut info: sys::dsopt_step_info = unsafe { mem::zeroed() };
+        info.struct_size = mem::size_of::<sys::dsopt_step_info>() as u32;
+        // Safety: the handle is live; `tensors` points to valid gradient
+        // buffers that are only read during the call.
+        check(unsafe {
+            sys::dsopt_step(
+                self.raw.as_ptr(),
+                tensors.as_ptr(),
+                tensors.len() as i64,
+                &mut info,
+            )
+        })?;
+        Ok(StepInfo {
+            skipped: info.skipped != 0,
+            compressed: info.compressed != 0,
+            step: info.step,
+            loss_scale: info.loss_scale,
+            grad_norm: (info.grad_norm >= 0.0).then_some(info.grad_norm),
+            bytes_sent: info.bytes_sent,
+        })
+    }
+
+    /// Sets the learning rate of every parameter group.
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        // Safety: the handle is live.
+        check(unsafe { sys::dsopt_set_lr(self.raw.as_ptr(), lr) })
+    }
+
+    /// Sets the learning rate of one parameter group.
+    pub fn set_group_lr(&mut self, group: i32, lr: f64) -> Result<()> {
+        // Safety: the handle is live.
+        check(unsafe { sys::dsopt_set_group_lr(self.raw.as_ptr(), group, lr) })
+    }
+
+    /// Learning rate of one parameter group.
+    pub fn lr(&self, group: i32) -> Result<f64> {
+        let mut lr = 0.0;
+        // Safety: the handle is live; `lr` is a valid out pointer.
+        check(unsafe { sys::dsopt_get_lr(self.raw.as_ptr(), group, &mut lr) })?;
+        Ok(lr)
+    }
+
+    /// Number of parameter groups.
+    pub fn num_groups(&self) -> Result<i32> {
+        let mut count = 0;
+        // Safety: the handle is live; `count` is a valid out pointer.
+        check(unsafe { sys::dsopt_num_groups(self.raw.as_ptr(), &mut count) })?;
+        Ok(count)
+    }
+
+    /// Scale to multiply the next loss by (1.0 without loss scaling).
+    pub fn loss_scale(&self) -> Result<f64> {
+        let mut scale = 0.0;
+        // Safety: the handle is live; `scale` is a valid out pointer.
+        check(unsafe { sys::dsopt_get_loss_scale(self.raw.as_ptr(), &mut scale) })?;
+        Ok(scale)
+    }
+
+    /// Sets (or with `None` clears) the momentum mask of parameter `index`
+    /// for 1-bit optimizers: fp32 host values, one per element of the
+    /// parameter; dsopt keeps a copy.
+    pub fn set_momentum_mask(&mut self, index: usize, mask: Option<&[f32]>) -> Result<()> {
+        let tensor = mask.map(|m| GradSlice::f32(m).to_c());
+        let mask_ptr = tensor
+            .as_ref()
+            .map_or(ptr::null(), |t| t as *const sys::dsopt_tensor);
+        let index =
+            i64::try_from(index).map_err(|_| Error::invalid("parameter index out of range"))?;
+        // Safety: the handle is live; `mask_ptr` is null or describes a host
+        // buffer that is only read (and copied) during the call.
+        check(unsafe { sys::dsopt_set_momentum_mask(self.raw.as_ptr(), index, mask_ptr) })
+    }
+
+    /// This rank's whole optimizer state as one checksummed blob.
+    pub fn state_save(&self) -> Result<Vec<u8>> {
+        let mut size = 0u64;
+        // Safety: the handle is live; `size` is a valid out pointer.
+        check(unsafe { sys::dsopt_state_size(self.raw.as_ptr(), &mut size) })?;
+        let capacity = usize::try_from(size).map_err(|_| Error::invalid("state blob too large"))?;
+        let mut blob = vec![0u8; capacity];
+        let mut written = 0u64;
+        // Safety: `blob` holds `size` writable bytes; `written` is a valid out
+        // pointer.
+        check(unsafe {
+            sys::dsopt_state_save(
+                self.raw.as_ptr(),
+                blob.as_mut_ptr().cast(),
+                size,
+                &mut written,
+            )
+        })?;
+        blob.truncate(written as usize);
+        Ok(blob)
+    }
+
+    /// Restores a blob from [`state_save`](Self::state_save) into an optimizer
+    /// made with the same config and parameter shapes. The blob is validated
+    /// completely before anything changes. Collective.
+    pub fn state_load(&mut self, blob: &[u8]) -> Result<()> {
+        // Safety: the handle is live; `blob` is readable for its length.
+        check(unsafe {
+            sys::dsopt_state_load(self.raw.as_ptr(), blob.as_ptr().cast(), blob.len() as u64)
+        })
+    }
+
+    /// The parameters, as updated by the steps so far.
+    pub fn params(&self) -> &[ParamSlice<'a>] {
+        &self.params
+    }
+
+    pub fn communicator(&self) -> &Communicator {
+        self.comm
+    }
+
+    /// The `dsopt_optimizer *` for calls this crate does not wrap.
+    pub fn as_ptr(&self) -> *mut sys::dsopt_optimizer {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for Optimizer<'_> {
+    fn drop(&mut self) {
+        // Safety: `raw` came from dsopt_create and is destroyed once, before
+        // the borrowed parameters and communicator are released.
+        unsafe { sys::dsopt_destroy(self.raw.as_ptr()) }
+    }
+}

@@ -1,0 +1,209 @@
+//! The safe binding's rules, one test each (local communicator).
+
+use dsopt::{Communicator, ErrorKind, GradSlice, Optimizer, ParamSlice};
+
+const ADAM: &str = r#"{"optimizer": {"type": "Adam", "params": {"lr": 0.01}}}"#;
+
+fn grads(step: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7 + step * 3) % 11) as f32 * 0.1 - 0.5)
+        .collect()
+}
+
+/// Runs `steps` steps from `start` on `params`, optionally loading `blob`
+/// first, and returns the state afterwards.
+fn run(
+    config: &str,
+    params: &mut [f32],
+    blob: Option<&[u8]>,
+    start: usize,
+    steps: usize,
+) -> Vec<u8> {
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(config, [ParamSlice::f32(params)], &mut comm).unwrap();
+    if let Some(blob) = blob {
+        opt.state_load(blob).unwrap();
+    }
+    let n = opt.params()[0].len();
+    for s in start..start + steps {
+        opt.step(&[GradSlice::f32(&grads(s, n))]).unwrap();
+    }
+    opt.state_save().unwrap()
+}
+
+#[test]
+fn first_adam_step_moves_each_parameter_by_lr_against_its_gradient() {
+    let mut w = vec![1.0f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let info = opt
+        .step(&[GradSlice::f32(&[2.0, -3.0, 0.5, -0.25])])
+        .unwrap();
+    assert_eq!(info.step, 1);
+    assert!(!info.skipped && !info.compressed);
+    assert_eq!(info.loss_scale, 1.0);
+    let w_now = opt.params()[0].as_f32().unwrap().to_vec();
+    drop(opt);
+    for (now, expected) in w_now.iter().zip([0.99, 1.01, 0.99, 1.01]) {
+        assert!((now - expected).abs() < 1e-6, "{now} vs {expected}");
+    }
+    assert_eq!(w, w_now, "the caller's buffer is the one updated");
+}
+
+#[test]
+fn unknown_config_key_is_invalid_argument_naming_the_key() {
+    let mut w = vec![0.0f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let config = r#"{"optimizer": {"type": "Adam", "params": {"lrr": 0.01}}}"#;
+    let err = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(err.code(), dsopt::sys::DSOPT_EINVAL);
+    assert!(err.message().contains("lrr"), "{err}");
+    assert!(err.to_string().contains(err.status_text()));
+}
+
+#[test]
+fn wrong_number_of_gradients_fails_and_changes_nothing() {
+    let mut w = vec![1.0f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let g = [1.0f32; 4];
+    let err = opt
+        .step(&[GradSlice::f32(&g), GradSlice::f32(&g)])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(opt.params()[0].as_f32().unwrap(), &[1.0; 4]);
+}
+
+#[test]
+fn save_and_load_resume_bit_identically() {
+    let mut straight = vec![0.5f32; 37];
+    run(ADAM, &mut straight, None, 0, 8);
+
+    let mut resumed = vec![0.5f32; 37];
+    let blob = run(ADAM, &mut resumed, None, 0, 5);
+    run(ADAM, &mut resumed, Some(&blob), 5, 3);
+    assert_eq!(straight, resumed);
+}
+
+#[test]
+fn corrupt_state_blob_is_rejected() {
+    let mut w = vec![0.5f32; 8];
+    let mut blob = run(ADAM, &mut w, None, 0, 2);
+    let last = blob.len() - 1;
+    blob[last] ^= 0x5a;
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let err = opt.state_load(&blob).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CorruptState, "{err}");
+}
+
+#[test]
+fn set_lr_applies_to_every_group() {
+    let (mut a, mut b) = (vec![0.0f32; 4], vec![0.0f32; 4]);
+    let config = r#"{"optimizer": {"type": "AdamW"}, "param_groups": [{"lr": 0.1}, {"lr": 0.2}]}"#;
+    let mut comm = Communicator::local().unwrap();
+    let params = [ParamSlice::f32(&mut a), ParamSlice::f32(&mut b).in_group(1)];
+    let mut opt = Optimizer::new(config, params, &mut comm).unwrap();
+    assert_eq!(opt.num_groups().unwrap(), 2);
+    assert_eq!(opt.lr(1).unwrap(), 0.2);
+    opt.set_lr(0.05).unwrap();
+    assert_eq!((opt.lr(0).unwrap(), opt.lr(1).unwrap()), (0.05, 0.05));
+    opt.set_group_lr(1, 0.3).unwrap();
+    assert_eq!(opt.lr(1).unwrap(), 0.3);
+    assert_eq!(
+        opt.set_lr(-1.0).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+}
+
+#[test]
+fn half_precision_parameters_take_raw_bits() {
+    let mut bits = vec![0x3c00u16; 4]; // fp16 1.0
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f16_bits(&mut bits)], &mut comm).unwrap();
+    opt.step(&[GradSlice::f32(&[1.0; 4])]).unwrap();
+    let now = opt.params()[0].as_bits().unwrap();
+    assert!(
+        now.iter().all(|&b| b < 0x3c00),
+        "fp16 values below 1.0: {now:x?}"
+    );
+    assert!(opt.params()[0].as_f32().is_none());
+}
+
+#[test]
+fn optimizer_moves_to_another_thread() {
+    let mut w = vec![1.0f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let info = std::thread::scope(|s| {
+        s.spawn(move || opt.step(&[GradSlice::f32(&[1.0; 4])]))
+            .join()
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(info.step, 1);
+    assert!(w.iter().all(|&x| x < 1.0));
+}
+
+#[test]
+fn library_version_matches_the_header() {
+    let (major, minor, patch) = dsopt::version();
+    assert_eq!(
+        (major, minor, patch),
+        (
+            dsopt::sys::DSOPT_VERSION_MAJOR,
+            dsopt::sys::DSOPT_VERSION_MINOR,
+            dsopt::sys::DSOPT_VERSION_PATCH
+        )
+    );
+    assert!(dsopt::build_info().contains("simd="));
+}
+
+#[test]
+fn onebit_adam_compresses_from_freeze_step() {
+    let config =
+        r#"{"optimizer": {"type": "OneBitAdam", "params": {"lr": 0.01, "freeze_step": 3}}}"#;
+    let mut w = vec![0.5f32; 64];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let compressed: Vec<bool> = (0..5)
+        .map(|s| {
+            opt.step(&[GradSlice::f32(&grads(s, 64))])
+                .unwrap()
+                .compressed
+        })
+        .collect();
+    assert_eq!(compressed, [false, false, true, true, true]);
+    let blob = opt.state_save().unwrap();
+    opt.state_load(&blob).unwrap();
+}
+
+#[test]
+fn momentum_masks_belong_to_one_bit_optimizers() {
+    let mut w = vec![0.5f32; 8];
+    let mut comm = Communicator::local().unwrap();
+    let mut adam = Optimizer::new(ADAM, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let mask = [1.0f32, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+    assert_eq!(
+        adam.set_momentum_mask(0, Some(&mask)).unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    drop(adam);
+
+    let config = r#"{"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 2}}}"#;
+    let mut onebit = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    onebit.set_momentum_mask(0, Some(&mask)).unwrap();
+    assert_eq!(
+        onebit
+            .set_momentum_mask(0, Some(&mask[..4]))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        onebit.set_momentum_mask(1, None).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    onebit.set_momentum_mask(0, None).unwrap();
+}

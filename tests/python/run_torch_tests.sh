@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs tests/python/test_torch_optimizer.py (dsopt.torch) with a Python that
+# has torch, numpy and pytest: python3, else /usr/bin/python3 (on Debian,
+# apt-get install python3-torch python3-cffi python3-pytest). The cffi
+# extension is the in-place one when that Python can load it, else it is
+# built for that Python against <builddir>. Skips when no Python has torch.
+#   tests/python/run_torch_tests.sh <builddir>
+set -euo pipefail
+
+build=$(cd "${1:?usage: run_torch_tests.sh <builddir>}" && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+
+for py in python3 /usr/bin/python3; do
+  command -v "$py" >/dev/null 2>&1 || continue
+  "$py" -c "import torch, numpy, pytest" 2>/dev/null || continue
+  echo "test-torch: $("$py" -c 'import sys, torch; print(sys.executable, "with torch", torch.__version__)')"
+  if ! "$py" -c "import sys; sys.path.insert(0, 'bindings/python'); import dsopt" 2>/dev/null; then
+    DSOPT_LIBRARY_DIR=$build "$py" bindings/python/dsopt/_ffi_build.py >/dev/null
+  fi
+  exec "$py" -m pytest -q -rs tests/python/test_torch_optimizer.py
+done
+echo "test-torch: SKIPPED: no Python with torch, numpy and pytest (pip install torch;" \
+     "or on Debian: apt-get install python3-torch python3-cffi python3-pytest for /usr/bin/python3)"

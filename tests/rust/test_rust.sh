@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Tests the Rust binding (bindings/rust: dsopt-sys layout tests, the safe
+# crate's tests) and runs the Rust example (examples/rust: Adam, then 1-bit
+# Adam), offline, against <builddir>/libdsopt.so. Skips when cargo is absent.
+#   tests/rust/test_rust.sh <builddir>
+set -euo pipefail
+
+build=$(cd "${1:?usage: test_rust.sh <builddir>}" && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "test-rust: SKIPPED: cargo not found (install Rust: apt-get install cargo, or https://rustup.rs)"
+  exit 0
+fi
+"$repo/scripts/ensure_rust_deps.sh"
+
+export DSOPT_LIB_DIR=$build CARGO_TARGET_DIR=$build/cargo
+echo "== bindings/rust: cargo test"
+(cd "$repo/bindings/rust" && cargo test --offline --quiet)
+echo "== examples/rust: cargo run"
+(cd "$repo/examples/rust" && cargo run --offline --release --quiet -- --steps 200)
+echo "test-rust: passed"
