@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 
+#include "block_sum.cuh"
 #include "car_layout.hpp"
 #include "math/scalar_ops.hpp"
 #include "math/sign_compress.hpp"
@@ -34,25 +35,6 @@ __device__ __forceinline__ CarBlock car_block(const CarArgs& a) {
   return b;
 }
 
-// Lane tree of math/sum_squares.hpp over the block's per-thread partials;
-// thread 0 stores the block's sum.
-__device__ __forceinline__ void car_store_block_sum(double acc, double* block_sums) {
-  __shared__ double lanes[kSumLanes];
-  const int lane = threadIdx.x;
-  lanes[lane] = acc;
-  __syncthreads();
-#pragma unroll
-  for (int s = kSumLanes / 2; s >= 1; s >>= 1) {
-    if (lane < s) lanes[lane] = __dadd_rn(lanes[lane], lanes[lane + s]);
-    __syncthreads();
-  }
-  if (lane == 0) block_sums[blockIdx.x] = lanes[0];
-}
-
-__device__ __forceinline__ double car_add_square(double acc, float v) {
-  return __dadd_rn(acc, __dmul_rn(double(v), double(v)));
-}
-
 // y = pad(x, n') + e_w at element i.
 __device__ __forceinline__ float car_worker_y(const CarItem& t, int64_t i) {
   return ScalarOps::add(i < t.n ? t.x[i] : 0.0f, t.worker_error[i]);
@@ -77,8 +59,8 @@ __global__ void __launch_bounds__(kSumLanes) car_worker_sumsq_kernel(const CarAr
   const CarBlock b = car_block(a);
   double acc = 0.0;
   for (int64_t i = b.begin + threadIdx.x; i < b.end; i += kSumLanes)
-    acc = car_add_square(acc, car_worker_y(*b.t, i));
-  car_store_block_sum(acc, a.block_sums);
+    acc = add_square(acc, car_worker_y(*b.t, i));
+  store_block_sum(acc, &a.block_sums[blockIdx.x]);
 }
 
 // W3-W6: e_w = y - s sigma(y); bits of chunk j to out + j * msg_bytes + chunk_offset.
@@ -118,9 +100,9 @@ __global__ void __launch_bounds__(kSumLanes) car_server_sum_kernel(const CarArgs
     }
     acc = ScalarOps::add(acc, t.server_error[k]);
     t.server_error[k] = acc;
-    acc2 = car_add_square(acc2, acc);
+    acc2 = add_square(acc2, acc);
   }
-  car_store_block_sum(acc2, a.block_sums);
+  store_block_sum(acc2, &a.block_sums[blockIdx.x]);
 }
 
 // S4/S5: e_s = z - s sigma(z); bits to out + chunk_offset.

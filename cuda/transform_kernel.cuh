@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "base/dtype.hpp"
+#include "block_sum.cuh"
 #include "element_io.cuh"
 #include "tensor_list.cuh"
 #include "math/scalar_ops.hpp"
@@ -42,20 +43,12 @@ struct TransformFunctor {
       bad |= is_nonfinite(x);
       const float y = ScalarOps::mul(x, mul);
       if (dst != nullptr) dst[i] = y;
-      if (want_sums) acc = __dadd_rn(acc, __dmul_rn(double(y), double(y)));
+      if (want_sums) acc = add_square(acc, y);
     }
     if (__syncthreads_or(bad) && lane == 0) *nonfinite = 1;
 
     if (!want_sums) return;  // uniform over the block
-    __shared__ double lanes[kSumLanes];
-    lanes[lane] = acc;
-    __syncthreads();
-#pragma unroll
-    for (int s = kSumLanes / 2; s >= 1; s >>= 1) {
-      if (lane < s) lanes[lane] = __dadd_rn(lanes[lane], lanes[lane + s]);
-      __syncthreads();
-    }
-    if (lane == 0) block_sums[chunk] = lanes[0];
+    store_block_sum(acc, &block_sums[chunk]);
   }
 };
 
