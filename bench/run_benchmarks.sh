@@ -1,22 +1,102 @@
 #!/usr/bin/env bash
 # Runs the dsopt benchmarks (what `make bench` does), building them first.
 #   bench/run_benchmarks.sh <builddir> [arguments for adam_cpu_bench]
-# DSOPT_BENCH_THREADS sets the thread count (default 2: OpenMP threads of
-# the reference loops and "threads" of the dsopt config alike).
+# DSOPT_BENCH_THREADS sets the thread count of adam_cpu_bench (default 2:
+# OpenMP threads of the reference loops and "threads" of the dsopt config
+# alike). The MPI benchmarks run 4 ranks of 1 thread each.
+# DSOPT_BENCH_NETEM=0 leaves out the runs on the emulated 1 Gbit/s link
+# (bench/netem.sh; they need root and take about 8 minutes).
 set -euo pipefail
 
 build=${1:?usage: run_benchmarks.sh <builddir> [adam_cpu_bench arguments]}
 shift
+here=$(cd "$(dirname "$0")" && pwd)
 threads=${DSOPT_BENCH_THREADS:-2}
-benchmarks=(adam_cpu_bench)
+ranks=4
 
-if ! log=$(cmake --build "$build" --target "${benchmarks[@]}" -j"$(nproc)" 2>&1); then
-  echo "$log"
-  echo "run_benchmarks: building ${benchmarks[*]} in $build failed" >&2
-  exit 1
-fi
+build_targets() {
+  local log
+  if ! log=$(cmake --build "$build" --target "$@" -j"$(nproc)" 2>&1); then
+    echo "$log"
+    echo "run_benchmarks: building $* in $build failed" >&2
+    exit 1
+  fi
+}
 
-export OMP_NUM_THREADS=$threads
+# adam_cpu_bench is always there; building it also refreshes the build's
+# list of benchmarks (bench/benchmarks.txt, written when CMake configures).
+build_targets adam_cpu_bench
+mpi_benchmarks=()
+for name in compressed_allreduce_bench onebit_e2e_bench; do
+  if grep -qx "$name" "$build/bench/benchmarks.txt" 2>/dev/null; then mpi_benchmarks+=("$name"); fi
+done
+if [ ${#mpi_benchmarks[@]} -gt 0 ]; then build_targets "${mpi_benchmarks[@]}"; fi
 
 echo "== adam_cpu_bench: AdamW step throughput on the CPU =="
-"$build/bench/adam_cpu_bench" --threads "$threads" "$@"
+OMP_NUM_THREADS=$threads "$build/bench/adam_cpu_bench" --threads "$threads" "$@"
+
+if [ ${#mpi_benchmarks[@]} -eq 0 ]; then
+  echo
+  echo "run_benchmarks: compressed_allreduce_bench and onebit_e2e_bench skipped (dsopt built without MPI)"
+  exit 0
+fi
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo
+  echo "run_benchmarks: compressed_allreduce_bench and onebit_e2e_bench skipped (no mpirun;" \
+       "Debian: apt-get install openmpi-bin)"
+  exit 0
+fi
+
+export OMP_NUM_THREADS=1
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+# Plain loopback: the ranks talk TCP over lo with no rate limit. As root in
+# a private network namespace (so that lo carries nothing else and its byte
+# counter is exact), otherwise on the machine's own lo.
+loopback() {
+  local status=0
+  if [ "$(id -u)" = 0 ]; then
+    DSOPT_NETEM_RATE=none DSOPT_NETEM_NP=$ranks "$here/netem.sh" "$@" || status=$?
+    if [ $status -ne 77 ]; then return $status; fi
+    echo "run_benchmarks: running on the machine's own loopback instead"
+  fi
+  DSOPT_BENCH_NETWORK="the machine's loopback, no rate limit (lo byte counts include any other traffic on lo); TCP between ranks" \
+    mpirun -np "$ranks" --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo \
+    --mca oob_tcp_if_include lo -x OMP_NUM_THREADS -x DSOPT_BENCH_NETWORK "$@"
+}
+
+# The emulated link; exit status 77 from netem.sh means it could not run
+# here (it says why), which is not a failure.
+emulated() {
+  local status=0
+  if [ "${DSOPT_BENCH_NETEM:-1}" = 0 ]; then
+    echo "run_benchmarks: skipped (DSOPT_BENCH_NETEM=0)"
+    return 0
+  fi
+  DSOPT_NETEM_RATE=${DSOPT_NETEM_RATE:-1gbit} DSOPT_NETEM_NP=$ranks "$here/netem.sh" "$@" || status=$?
+  if [ $status -eq 77 ]; then return 0; fi
+  return $status
+}
+
+for name in "${mpi_benchmarks[@]}"; do
+  case $name in
+    compressed_allreduce_bench)
+      echo
+      echo "== compressed_allreduce_bench: 1-bit compressed allreduce vs fp32, $ranks ranks, loopback =="
+      loopback "$build/bench/compressed_allreduce_bench"
+      echo
+      echo "== compressed_allreduce_bench: $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/compressed_allreduce_bench"
+      ;;
+    onebit_e2e_bench)
+      echo
+      echo "== onebit_e2e_bench: MLP training, 1-bit Adam vs Adam, $ranks ranks, loopback (short run) =="
+      loopback "$build/bench/onebit_e2e_bench" --steps 30 --freeze-step 6 --print-every 0
+      echo
+      echo "== onebit_e2e_bench: MLP training, 1-bit Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/onebit_e2e_bench"
+      ;;
+  esac
+done

@@ -1,0 +1,402 @@
+// The 1-bit compressed allreduce (src/comm/compressed_allreduce.hpp) against
+// the fp32 allreduce it replaces, on every rank of MPI_COMM_WORLD.
+//
+// For each size (1M, 16M and 64M floats by default; M = 2^20) every rank
+// holds its own fp32 vector and the two operations run in interleaved
+// rounds, each from the same input:
+//   fp32 allreduce   MPI_Allreduce(MPI_SUM) of the vector in place, through
+//                    dsopt's MPI Comm (the sum only: the 1/P scaling a
+//                    training step adds is not timed)
+//   1-bit CAR        CompressedAllreduce::run: the vector becomes its
+//                    error-compensated 1-bit average (worker compress,
+//                    all-to-all of signs, server average and recompress,
+//                    all-gather of signs, decode)
+// One call's time is the slowest rank's, from a barrier to its return; the
+// table shows the median and the best over the timed rounds. Bytes sent per
+// rank come from three places: the Comm's counter (ring-collective
+// accounting), the formula of compressed-allreduce.md section 7
+// (fp32: 2(P-1)/P * 4n; CAR: (P-1)/P * n'/4 + 8(P-1)), and the loopback
+// device's transmit counter (/sys/class/net/lo, read by rank 0: everything
+// every rank put on lo during the call, TCP/IP headers included, divided by
+// P). The last one is only meaningful when the ranks talk TCP over lo
+// (--mca btl tcp,self) and nothing else uses lo, as in bench/netem.sh.
+//
+// With the loopback counter, the fp32 row also gives the link's throughput
+// (all ranks' lo bytes / median time), and the CAR row is split into the
+// time its bytes need at that throughput and the rest (computation and
+// latency: the compression kernels run between the transfers, not during
+// them).
+//
+// Before timing, the first call of a fresh CompressedAllreduce (zero errors)
+// is checked on every rank against the simulation of compressed-allreduce.md
+// 3.6, computed here from the inputs of all ranks (which every rank can
+// regenerate): rank r's output chunk r must carry the reference signs and
+// scale; every output chunk must be +/- one scale; all ranks must end with
+// the same bits. Error feedback is checked once: 40 calls on the same input
+// (1M - 3 floats, so padded) must average out to the exact mean. The fp32
+// allreduce is checked against the exact sum on a sample of elements, and
+// the Comm's byte counts must equal the formulas.
+//
+//   compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I]
+//                              [--large-iters L] [--warmup W] [--threads T]
+// Sizes outside [--min-numel, --max-numel] are left out; --iters timed
+// rounds for sizes below 32M floats, --large-iters for larger ones.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include "comm/compressed_allreduce.hpp"
+
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/error.hpp"
+#include "bench_util.hpp"
+#include "comm/comm.hpp"
+#include "kernels/kernels.hpp"
+
+namespace {
+
+using bench::Buffer;
+
+int g_rank = 0, g_world = 1;
+
+[[noreturn]] void fail_all(const std::string& what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "compressed_allreduce_bench: rank %d: %s\n", g_rank, what.c_str());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+// Rank r's input: a part shared by all ranks plus a rank-specific part, so
+// that the average is not near zero (like momenta of data-parallel replicas).
+inline float input_value(int r, int64_t i) {
+  return bench::hash_unit(11, i) + 0.5f * bench::hash_unit(100 + uint64_t(r), i);
+}
+
+// Transmit counter of the loopback device in this network namespace; -1
+// when it cannot be read.
+long long lo_tx_bytes() {
+  std::FILE* f = std::fopen("/sys/class/net/lo/statistics/tx_bytes", "r");
+  if (!f) return -1;
+  long long v = -1;
+  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
+  std::fclose(f);
+  return v;
+}
+
+double max_over_ranks(double x) {
+  double out = 0.0;
+  MPI_Allreduce(&x, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return out;
+}
+
+struct Measured {
+  bench::Samples samples;         // slowest rank's seconds per call
+  uint64_t comm_bytes = 0;        // this rank's Comm bytes_sent per call
+  double lo_bytes_per_rank = -1;  // loopback bytes per call / P (rank 0; -1: unknown)
+};
+
+// Times one call of `op` as the slowest rank sees it; `prepare` runs before,
+// untimed. Adds to m.
+template <class Prepare, class Op>
+void timed_call(dsopt::Comm& comm, Measured& m, bool record, Prepare&& prepare, Op&& op) {
+  prepare();
+  MPI_Barrier(MPI_COMM_WORLD);
+  const long long lo0 = g_rank == 0 ? lo_tx_bytes() : -1;
+  const uint64_t c0 = comm.bytes_sent();
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = bench::now_seconds();
+  op();
+  const double t = bench::now_seconds() - t0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  const long long lo1 = g_rank == 0 ? lo_tx_bytes() : -1;
+  const double slowest = max_over_ranks(t);
+  if (!record) return;
+  m.samples.seconds.push_back(slowest);
+  m.comm_bytes = comm.bytes_sent() - c0;
+  if (g_rank == 0 && lo0 >= 0 && lo1 >= lo0) m.lo_bytes_per_rank = double(lo1 - lo0) / g_world;
+}
+
+// Checks the first call of a fresh CAR (errors zero) on input_value: see the
+// file comment. `out` is this rank's result, n == n' (sizes are multiples of
+// 8P * P here; checked by the caller).
+void check_first_call(const float* out, int64_t n) {
+  const int P = g_world;
+  const int64_t c = n / P;
+
+  // Worker scales of every rank, as each rank computes its own: sum of
+  // squares in double, fl(fl(sqrt(sum)) / fl(sqrt(n))). The summation order
+  // differs from dsopt's, so the scales may differ in the last bit; the
+  // comparisons below allow for that.
+  double mine = 0.0;
+#pragma omp parallel for reduction(+ : mine) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = input_value(g_rank, i);
+    mine += v * v;
+  }
+  std::vector<double> sumsq(static_cast<size_t>(P));
+  MPI_Allgather(&mine, 1, MPI_DOUBLE, sumsq.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
+  const float inv_p = 1.0f / float(P);
+  std::vector<float> weight(static_cast<size_t>(P));
+  for (int i = 0; i < P; ++i)
+    weight[size_t(i)] = (float(std::sqrt(sumsq[size_t(i)])) / float(std::sqrt(double(n)))) * inv_p;
+
+  // Server side of chunk g_rank: z = sum over senders in rank order.
+  const int64_t lo = int64_t(g_rank) * c;
+  double zsq = 0.0, zmin = INFINITY;
+  std::vector<float> z(static_cast<size_t>(c));
+#pragma omp parallel for reduction(+ : zsq) reduction(min : zmin) schedule(static)
+  for (int64_t k = 0; k < c; ++k) {
+    float acc = 0.0f;
+    for (int i = 0; i < P; ++i)
+      acc += input_value(i, lo + k) < 0.0f ? -weight[size_t(i)] : weight[size_t(i)];
+    z[size_t(k)] = acc;
+    zsq += double(acc) * double(acc);
+    zmin = std::min(zmin, std::fabs(double(acc)));
+  }
+  const double s_ref = std::sqrt(zsq) / std::sqrt(double(c));
+
+  // Own chunk: signs equal (where z is not within rounding of zero), scale
+  // equal to a few ulp.
+  const float s_out = std::fabs(out[lo]);
+  int64_t bad_sign = 0, bad_mag = 0;
+  const float tiny = 1e-5f * float(s_ref);
+#pragma omp parallel for reduction(+ : bad_sign, bad_mag) schedule(static)
+  for (int64_t k = 0; k < c; ++k) {
+    const float o = out[lo + k];
+    if (std::fabs(o) != s_out) ++bad_mag;
+    const bool neg_ref = z[size_t(k)] < 0.0f;
+    if ((o < 0.0f) != neg_ref && std::fabs(z[size_t(k)]) > tiny) ++bad_sign;
+  }
+  if (bad_mag || bad_sign || !(std::fabs(double(s_out) - s_ref) <= 1e-5 * s_ref))
+    fail_all("first call differs from the reference simulation on chunk " + std::to_string(g_rank) +
+             ": " + std::to_string(bad_sign) + " signs, " + std::to_string(bad_mag) +
+             " magnitudes differ; scale " + std::to_string(s_out) + " vs reference " +
+             std::to_string(s_ref));
+
+  // Every chunk is +/- one scale, and all ranks hold the same bits.
+  uint64_t h = 1469598103934665603ull;
+  for (int j = 0; j < P; ++j) {
+    const float s = std::fabs(out[int64_t(j) * c]);
+    int64_t bad = 0;
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+    for (int64_t k = 0; k < c; ++k)
+      if (std::fabs(out[int64_t(j) * c + k]) != s) ++bad;
+    if (bad) fail_all("output chunk " + std::to_string(j) + " is not +/- one scale");
+  }
+  for (int64_t k = 0; k < n; k += 4093) {  // a strided sample: a cheap fingerprint
+    uint32_t u;
+    std::memcpy(&u, &out[k], 4);
+    h = (h ^ u) * 1099511628211ull;
+  }
+  uint64_t hmin = 0, hmax = 0;
+  MPI_Allreduce(&h, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (hmin != hmax) fail_all("ranks hold different results after the compressed allreduce");
+}
+
+// fp32 allreduce result against the exact sum of the inputs on a sample.
+void check_sum(const float* out, int64_t n) {
+  for (int64_t k = 0; k < n; k += 9973) {
+    double ref = 0.0;
+    for (int i = 0; i < g_world; ++i) ref += input_value(i, k);
+    if (!(std::fabs(double(out[k]) - ref) <= 1e-5 * (std::fabs(ref) + 1.0)))
+      fail_all("fp32 allreduce: element " + std::to_string(k) + " is " + std::to_string(out[k]) +
+               ", expected " + std::to_string(ref));
+  }
+}
+
+// Relative L2 distance of the CAR output from the exact average (first
+// call): what one call of 1-bit compression loses before error feedback
+// makes it up over later calls.
+double relative_error_vs_mean(const float* out, int64_t n) {
+  double num = 0.0, den = 0.0;
+#pragma omp parallel for reduction(+ : num, den) schedule(static)
+  for (int64_t k = 0; k < n; ++k) {
+    double mean = 0.0;
+    for (int i = 0; i < g_world; ++i) mean += input_value(i, k);
+    mean /= g_world;
+    num += (double(out[k]) - mean) * (double(out[k]) - mean);
+    den += mean * mean;
+  }
+  return std::sqrt(num / den);
+}
+
+// Error feedback: calls on the same input, with the errors carried from call
+// to call, must average out to the exact mean (the 1-bit error of one call
+// is large, that of the running average shrinks like 1/calls). On a fresh
+// CAR of n elements (padded: n need not be a multiple of anything); returns
+// the relative L2 error of one call and of the average of `calls` calls.
+std::pair<double, double> check_error_feedback(dsopt::Comm& comm, dsopt::Kernels& kernels,
+                                               int64_t n, int calls) {
+  dsopt::CompressedAllreduce car(comm, kernels, dsopt::Mem{&kernels, false}, {n});
+  std::vector<float> x(static_cast<size_t>(n));
+  std::vector<double> sum(static_cast<size_t>(n), 0.0), mean(static_cast<size_t>(n), 0.0);
+  for (int64_t k = 0; k < n; ++k) {
+    for (int i = 0; i < g_world; ++i) mean[size_t(k)] += input_value(i, k);
+    mean[size_t(k)] /= g_world;
+  }
+  auto rel_err = [&](int count) {
+    double num = 0.0, den = 0.0;
+    for (int64_t k = 0; k < n; ++k) {
+      const double d = sum[size_t(k)] / count - mean[size_t(k)];
+      num += d * d;
+      den += mean[size_t(k)] * mean[size_t(k)];
+    }
+    return std::sqrt(num / den);
+  };
+  double first = 0.0;
+  for (int c = 1; c <= calls; ++c) {
+    for (int64_t k = 0; k < n; ++k) x[size_t(k)] = input_value(g_rank, k);
+    float* p = x.data();
+    car.run(&p);
+    for (int64_t k = 0; k < n; ++k) sum[size_t(k)] += x[size_t(k)];
+    if (c == 1) first = rel_err(1);
+  }
+  const double avg = rel_err(calls);
+  if (!(avg < 0.25 * first))
+    fail_all("error feedback: the average of " + std::to_string(calls) +
+             " calls is off the mean by " + std::to_string(avg) +
+             " (one call: " + std::to_string(first) + ")");
+  return {first, avg};
+}
+
+void print_row(const char* name, const Measured& m, double formula_bytes, double ref_median) {
+  char lo[32] = "-";
+  if (m.lo_bytes_per_rank >= 0) std::snprintf(lo, sizeof lo, "%.4g", m.lo_bytes_per_rank);
+  char speed[16] = "-";
+  if (ref_median > 0) std::snprintf(speed, sizeof speed, "%.1fx", ref_median / m.samples.median());
+  std::printf("  %-16s %10.4f %10.4f %12.5g %12.5g %12s %8s\n", name, m.samples.median(),
+              m.samples.best(), double(m.comm_bytes), formula_bytes, lo, speed);
+  std::fflush(stdout);
+}
+
+void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, int warmup) {
+  const int P = g_world;
+  const dsopt::Mem mem{&kernels, false};
+  Buffer<float> input = bench::alloc_buffer<float>(n), x = bench::alloc_buffer<float>(n);
+  bench::parallel_fill(input.get(), n, [](int64_t i) { return input_value(g_rank, i); });
+  auto restore = [&] { std::memcpy(x.get(), input.get(), size_t(n) * 4); };
+
+  dsopt::CompressedAllreduce car(comm, kernels, mem, {n});
+  const int64_t padded = dsopt::CompressedAllreduce::padded_length(n, P);
+  if (padded != n) fail_all("internal: size not a multiple of P * lcm(P, 8)");
+
+  // Correctness first (a fresh CAR: errors are zero).
+  restore();
+  float* xp = x.get();
+  car.run(&xp);
+  check_first_call(x.get(), n);
+  const double rel_err = relative_error_vs_mean(x.get(), n);
+  restore();
+  comm.allreduce(x.get(), x.get(), size_t(n), dsopt::Elem::F32, dsopt::ReduceOp::Sum, mem);
+  check_sum(x.get(), n);
+
+  Measured fp32, onebit;
+  for (int it = 0; it < warmup + iters; ++it) {
+    const bool record = it >= warmup;
+    timed_call(comm, fp32, record, restore, [&] {
+      comm.allreduce(x.get(), x.get(), size_t(n), dsopt::Elem::F32, dsopt::ReduceOp::Sum, mem);
+    });
+    timed_call(comm, onebit, record, restore, [&] {
+      float* p = x.get();
+      car.run(&p);
+    });
+  }
+
+  const double fp32_formula = 2.0 * (P - 1) / P * 4.0 * double(n);
+  const double car_formula = double(P - 1) / P * double(padded) / 4.0 + 8.0 * (P - 1);
+  if (g_rank == 0) {
+    std::printf("n = %lld floats (%.0f MiB per rank), %d timed rounds after %d warm-up:\n",
+                static_cast<long long>(n), double(n) * 4 / (1 << 20), iters, warmup);
+    std::printf("  %-16s %10s %10s %12s %12s %12s %8s\n", "operation", "median s", "best s",
+                "B/rank Comm", "B/rank form.", "B/rank lo", "speedup");
+    print_row("fp32 allreduce", fp32, fp32_formula, -1);
+    print_row("1-bit CAR", onebit, car_formula, fp32.samples.median());
+    std::printf(
+        "  bytes ratio (formula) %.1fx; checked: first CAR call matches the reference\n"
+        "  simulation (relative L2 error vs the exact mean %.3f), fp32 sum exact\n",
+        fp32_formula / car_formula, rel_err);
+    if (fp32.lo_bytes_per_rank > 0 && onebit.lo_bytes_per_rank > 0) {
+      const double rate = fp32.lo_bytes_per_rank * P / fp32.samples.median();  // B/s on lo
+      const double wire = onebit.lo_bytes_per_rank * P / rate;
+      std::printf(
+          "  lo throughput during the fp32 allreduce %.1f MB/s; at that rate the CAR's\n"
+          "  bytes take %.4f s of its %.4f s; the rest (%.4f s) is computation and\n"
+          "  latency\n",
+          1e-6 * rate, wire, onebit.samples.median(), onebit.samples.median() - wire);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  if (fp32.comm_bytes != uint64_t(fp32_formula) || onebit.comm_bytes != uint64_t(car_formula))
+    fail_all("Comm bytes_sent differs from the formula of compressed-allreduce.md section 7");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+
+  bench::Flags flags(argc, argv);
+  const int64_t min_numel = flags.get("--min-numel", 0, 0, int64_t(1) << 30);
+  const int64_t max_numel = flags.get("--max-numel", int64_t(64) << 20, 1, int64_t(1) << 30);
+  const int iters = int(flags.get("--iters", 5, 1, 1000));
+  const int large_iters = int(flags.get("--large-iters", 3, 1, 1000));
+  const int warmup = int(flags.get("--warmup", 1, 0, 1000));
+  const int threads = int(flags.get("--threads", 1, 1, 256));
+  flags.finish(
+      "compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I] [--large-iters L]"
+      " [--warmup W] [--threads T]");
+  omp_set_num_threads(threads);
+  if (g_world < 2) fail_all("needs at least 2 MPI ranks (mpirun -np 4)");
+
+  try {
+    std::unique_ptr<dsopt::Comm> comm = dsopt::make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
+    std::unique_ptr<dsopt::Kernels> kernels = dsopt::make_cpu_kernels(threads);
+    if (g_rank == 0) {
+      std::printf("1-bit compressed allreduce vs fp32 MPI_Allreduce, %d ranks\n", g_world);
+      std::printf("dsopt:   %s\n", dsopt_build_info());
+      std::printf("machine: %s; %d CPU kernel thread(s) per rank\n", bench::cpu_model().c_str(),
+                  threads);
+      std::printf("network: %s\n",
+                  bench::env_or("DSOPT_BENCH_NETWORK", "not described (set DSOPT_BENCH_NETWORK)"));
+      std::printf(
+          "columns: seconds per call (slowest rank; median, best); bytes sent per rank per\n"
+          "         call from the Comm counter, from the formula, and from the loopback\n"
+          "         device (all ranks' bytes on lo incl. headers / P); speedup = fp32\n"
+          "         median / CAR median\n\n");
+      std::fflush(stdout);
+    }
+    const int64_t ef_n = (int64_t(1) << 20) - 3;
+    const int ef_calls = 40;
+    const std::pair<double, double> ef = check_error_feedback(*comm, *kernels, ef_n, ef_calls);
+    if (g_rank == 0) {
+      std::printf(
+          "checked: error feedback (%lld floats, padded): the average of %d calls on the same\n"
+          "         input is off the exact mean by %.4f (relative L2), one call by %.4f\n\n",
+          static_cast<long long>(ef_n), ef_calls, ef.second, ef.first);
+      std::fflush(stdout);
+    }
+    // Sizes are rounded down to a multiple of DeepSpeed's padding unit
+    // P * lcm(P, 8) (no change for P = 4), so that the checks need no padding.
+    const int64_t unit = dsopt::CompressedAllreduce::padded_length(1, g_world);
+    for (int64_t n : {int64_t(1) << 20, int64_t(16) << 20, int64_t(64) << 20}) {
+      n -= n % unit;
+      if (n < min_numel || n > max_numel) continue;
+      run_size(*comm, *kernels, n, n >= (int64_t(32) << 20) ? large_iters : iters, warmup);
+    }
+  } catch (const std::exception& e) {
+    fail_all(e.what());
+  }
+  MPI_Finalize();
+  return 0;
+}

@@ -1,0 +1,633 @@
+// Data-parallel training of a bandwidth-bound model with 1-bit Adam against
+// Adam, through the public C API, on every rank of MPI_COMM_WORLD.
+//
+// The model (default): multi-output linear regression y = W x + b with x of
+// --in 64 features and --out 131072 outputs (8.5M parameters in two fp32
+// tensors), trained by mean squared error, loss = 1/(2 B K) sum (y - t)^2,
+// to imitate a fixed random rank-64 linear "teacher" t = A2 A1 x + noise
+// (uniform noise of sd --noise 0.5, so the loss cannot go below
+// noise^2 / 2 = 0.125). With --hidden H > 0 the model is instead the 2-layer
+// MLP y = W2 tanh(W1 x + b1) + b2 (four tensors) against the teacher
+// A2 tanh(A1 x) + noise. Forward and backward are plain loops (OpenMP simd)
+// costing O(parameters) per sample; every rank draws its own fresh batch of
+// --batch samples each step (no sample is shared or reused), computes the
+// mean gradient of its batch and calls dsopt_step, so the step moves far
+// more bytes over the network than it computes.
+//
+// Both runs start from the same weights and see the same batches, with the
+// same learning-rate schedule (linear warmup over --lr-warmup steps, then
+// linear decay to zero at the last step) through dsopt_set_lr:
+//   Adam        "Adam", lr --lr 3e-3, betas (0.9, --beta2 0.999), eps 1e-8,
+//               no weight decay, bias_correction false (1-bit Adam has none,
+//               so both apply the same update until 1-bit Adam's freeze)
+//   1-bit Adam  "OneBitAdam", the same, freeze_step --freeze-step (default:
+//               a fifth of --steps 150; DeepSpeed advises 15-25% of training)
+// Step time = forward + backward + dsopt_step, the slowest rank's, after a
+// barrier (batch generation is outside it, as with a prefetching loader).
+// Reported: median step time of Adam (steps after the first 3) and of 1-bit
+// Adam's warmup and compression stages (the first 3 steps of each left
+// out), their compute and dsopt_step parts, bytes sent per step
+// (info.bytes_sent), each run's total time in steps, the training loss (mean over
+// ranks of the batch losses) every --print-every steps, the mean training
+// loss of the last 10 steps and the loss on held-out data (512 samples per
+// rank), also as excess over the noise floor.
+//
+// Checked: every rank ends with bit-identical parameters (both optimizers),
+// the two runs' losses are identical up to the freeze (same arithmetic),
+// 1-bit Adam reports compressed = 1 exactly from update freeze_step on, and
+// bytes_sent matches the README's formulas (fp32 ring allreduce of the
+// gradients, or the compressed allreduce of every tensor; a few scalar
+// allreduces of the step on top).
+//
+//   onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S]
+//                    [--freeze-step F] [--lr-warmup W] [--lr X] [--beta2 X]
+//                    [--noise X] [--threads T] [--print-every N]
+//                    [--adam 0|1] [--onebit 0|1]
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench_util.hpp"
+
+namespace {
+
+using bench::Buffer;
+
+int g_rank = 0, g_world = 1;
+
+double kLr = 3e-3, kBeta2 = 0.999;
+constexpr double kBeta1 = 0.9, kEps = 1e-8;
+constexpr int kTeacherHidden = 64;
+double kNoise = 0.5;
+constexpr int kEvalSamples = 512;
+const float kSqrt3 = std::sqrt(3.0f);
+
+[[noreturn]] void fail_all(const std::string& what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "onebit_e2e_bench: rank %d: %s\n", g_rank, what.c_str());
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+#define E2E_CHECK(call)                                                                 \
+  do {                                                                                  \
+    const int status_ = (call);                                                         \
+    if (status_ != DSOPT_OK)                                                            \
+      fail_all(std::string(#call) + " failed: " + dsopt_status_string(status_) + ": " + \
+               dsopt_last_error());                                                     \
+  } while (0)
+
+// hidden > 0: the MLP (tensors W1, b1, W2, b2); hidden == 0: the linear
+// model y = W1 x + b1 (tensors W1, b1).
+struct Shape {
+  int64_t in, hidden, out;
+  bool linear() const { return hidden == 0; }
+  int64_t w1() const { return linear() ? out * in : hidden * in; }
+  int64_t b1n() const { return linear() ? out : hidden; }
+  int64_t w2() const { return out * hidden; }
+  int64_t b2n() const { return linear() ? 0 : out; }
+  int64_t total() const { return w1() + b1n() + w2() + b2n(); }
+  std::vector<int64_t> sizes() const {
+    if (linear()) return {w1(), b1n()};
+    return {w1(), b1n(), w2(), b2n()};
+  }
+};
+
+// Parameters or gradients: the four tensors back to back in one buffer.
+struct Tensors {
+  Buffer<float> all;
+  float *w1, *b1, *w2, *b2;
+  Tensors(const Shape& s) : all(bench::alloc_buffer<float>(s.total())) {
+    w1 = all.get();
+    b1 = w1 + s.w1();
+    w2 = b1 + s.b1n();
+    b2 = w2 + s.w2();
+  }
+  std::vector<dsopt_tensor> views(const Shape& s) const {
+    std::vector<dsopt_tensor> v;
+    float* p = all.get();
+    for (int64_t n : s.sizes()) {
+      v.push_back(dsopt_tensor{p, n, DSOPT_FLOAT32, 0});
+      p += n;
+    }
+    return v;
+  }
+};
+
+// The data: batch `index` of stream `stream` (one stream per rank for
+// training, others for evaluation). Inputs are uniform with unit variance;
+// targets come from the teacher plus noise. The teacher is A2 tanh(A1 x)
+// for the MLP and the rank-64 linear map A2 A1 x for the linear model.
+struct Teacher {
+  const Shape& s;
+  std::vector<float> a1, a2;  // kTeacherHidden x in, out x kTeacherHidden
+  explicit Teacher(const Shape& shape) : s(shape) {
+    a1.resize(size_t(kTeacherHidden * s.in));
+    a2.resize(size_t(s.out * kTeacherHidden));
+    // Pre-activations of sd 2 for tanh, of sd 1 for the linear teacher.
+    const float sc1 = kSqrt3 * (s.linear() ? 1.0f : 2.0f) / std::sqrt(float(s.in));
+    const float sc2 = kSqrt3 / std::sqrt(float(kTeacherHidden));
+    for (size_t i = 0; i < a1.size(); ++i) a1[i] = sc1 * bench::hash_unit(7001, int64_t(i));
+    for (size_t i = 0; i < a2.size(); ++i) a2[i] = sc2 * bench::hash_unit(7002, int64_t(i));
+  }
+  void batch(uint64_t stream, int64_t index, int64_t B, float* x, float* t) const {
+    const uint64_t seed = 1000003ull * stream + uint64_t(index) * 7919ull + 17;
+    for (int64_t i = 0; i < B * s.in; ++i) x[i] = kSqrt3 * bench::hash_unit(seed, i);
+    std::vector<float> h(kTeacherHidden);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* xb = x + b * s.in;
+      for (int j = 0; j < kTeacherHidden; ++j) {
+        const float* row = a1.data() + j * s.in;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < s.in; ++i) acc += row[i] * xb[i];
+        h[size_t(j)] = s.linear() ? acc : std::tanh(acc);
+      }
+      const float* hv = h.data();
+      const float noise = float(kNoise) * kSqrt3;
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < s.out; ++k) {
+        const float* row = a2.data() + k * kTeacherHidden;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int j = 0; j < kTeacherHidden; ++j) acc += row[j] * hv[j];
+        t[b * s.out + k] = acc + noise * bench::hash_unit(seed + 1, b * s.out + k);
+      }
+    }
+  }
+};
+
+void init_params(const Shape& s, Tensors& p) {
+  const float sc1 = kSqrt3 / std::sqrt(float(s.in));
+  const float sc2 = s.linear() ? 0.0f : kSqrt3 / std::sqrt(float(s.hidden));
+  bench::parallel_fill(p.w1, s.w1(), [&](int64_t i) { return sc1 * bench::hash_unit(5001, i); });
+  bench::parallel_fill(p.b1, s.b1n(), [](int64_t) { return 0.0f; });
+  bench::parallel_fill(p.w2, s.w2(), [&](int64_t i) { return sc2 * bench::hash_unit(5002, i); });
+  bench::parallel_fill(p.b2, s.b2n(), [](int64_t) { return 0.0f; });
+}
+
+// Activations of one batch.
+struct Work {
+  std::vector<float> x, t, h, y, dh;
+  Work(const Shape& s, int64_t B)
+      : x(size_t(B * s.in)),
+        t(size_t(B * s.out)),
+        h(size_t(B * s.hidden)),
+        y(size_t(B * s.out)),
+        dh(size_t(B * s.hidden)) {}
+};
+
+// The loss of outputs y against targets t: sum (y - t)^2 / (2 count).
+double squared_error(const Work& w, int64_t count) {
+  double loss = 0.0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double d = double(w.y[size_t(i)]) - double(w.t[size_t(i)]);
+    loss += d * d;
+  }
+  return loss / double(2 * count);
+}
+
+// Forward pass; returns the batch's loss. Leaves h and y in w.
+double forward(const Shape& s, const Tensors& p, int64_t B, Work& w) {
+  const int64_t D = s.in, H = s.hidden, K = s.out;
+  const float* x = w.x.data();
+  float* h = w.h.data();
+  float* y = w.y.data();
+  if (s.linear()) {
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < K; ++k) {
+      const float* row = p.w1 + k * D;
+      for (int64_t b = 0; b < B; ++b) {
+        const float* xb = x + b * D;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < D; ++i) acc += row[i] * xb[i];
+        y[b * K + k] = acc + p.b1[k];
+      }
+    }
+    return squared_error(w, B * K);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < H; ++j) {
+    const float* row = p.w1 + j * D;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* xb = x + b * D;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t i = 0; i < D; ++i) acc += row[i] * xb[i];
+      h[b * H + j] = std::tanh(acc + p.b1[j]);
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < K; ++k) {
+    const float* row = p.w2 + k * H;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* hb = h + b * H;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < H; ++j) acc += row[j] * hb[j];
+      y[b * K + k] = acc + p.b2[k];
+    }
+  }
+  return squared_error(w, B * K);
+}
+
+// Backward pass after forward(): the mean gradient of the batch into g.
+// y is overwritten by dloss/dy.
+void backward(const Shape& s, const Tensors& p, int64_t B, Work& w, Tensors& g) {
+  const int64_t D = s.in, H = s.hidden, K = s.out;
+  float* dy = w.y.data();
+  const float scale = 1.0f / float(B * K);
+  for (int64_t i = 0; i < B * K; ++i) dy[i] = (dy[i] - w.t[size_t(i)]) * scale;
+  const float* x = w.x.data();
+  if (s.linear()) {  // gW[k, i] = sum_b dy[b, k] x[b, i]; gb[k] = sum_b dy[b, k]
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < K; ++k) {
+      float* grow = g.w1 + k * D;
+      float gb = 0.0f;
+      for (int64_t i = 0; i < D; ++i) grow[i] = 0.0f;
+      for (int64_t b = 0; b < B; ++b) {
+        const float d = dy[b * K + k];
+        gb += d;
+        const float* xb = x + b * D;
+#pragma omp simd
+        for (int64_t i = 0; i < D; ++i) grow[i] += d * xb[i];
+      }
+      g.b1[k] = gb;
+    }
+    return;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < B; ++b) acc += dy[b * K + k];
+    g.b2[k] = acc;
+  }
+  // Layer 2: gW2[k, j] = sum_b dy[b, k] h[b, j]; dh[b, j] = sum_k dy[b, k] W2[k, j]
+  // (in blocks of j, so that dh stays in cache while W2 streams by).
+  const float* h = w.h.data();
+  float* dh = w.dh.data();
+  constexpr int64_t kBlock = 512;
+#pragma omp parallel for schedule(static)
+  for (int64_t j0 = 0; j0 < H; j0 += kBlock) {
+    const int64_t j1 = std::min(H, j0 + kBlock);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = j0; j < j1; ++j) dh[b * H + j] = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const float* wrow = p.w2 + k * H;
+      float* grow = g.w2 + k * H;
+      for (int64_t j = j0; j < j1; ++j) grow[j] = 0.0f;
+      for (int64_t b = 0; b < B; ++b) {
+        const float d = dy[b * K + k];
+        const float* hb = h + b * H;
+        float* dhb = dh + b * H;
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) {
+          grow[j] += d * hb[j];
+          dhb[j] += d * wrow[j];
+        }
+      }
+    }
+    // Through tanh: dz = dh * (1 - h^2), kept in dh.
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = j0; j < j1; ++j) dh[b * H + j] *= 1.0f - h[b * H + j] * h[b * H + j];
+  }
+  // Layer 1: gW1[j, i] = sum_b dz[b, j] x[b, i]; gb1[j] = sum_b dz[b, j].
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < H; ++j) {
+    float* grow = g.w1 + j * D;
+    float gb = 0.0f;
+    for (int64_t i = 0; i < D; ++i) grow[i] = 0.0f;
+    for (int64_t b = 0; b < B; ++b) {
+      const float d = dh[b * H + j];
+      gb += d;
+      const float* xb = x + b * D;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) grow[i] += d * xb[i];
+    }
+    g.b1[j] = gb;
+  }
+}
+
+double eval_loss(const Shape& s, const Teacher& teacher, const Tensors& p) {
+  constexpr int64_t kChunk = 64;
+  Work w(s, kChunk);
+  double local = 0.0;
+  for (int64_t c = 0; c < kEvalSamples / kChunk; ++c) {
+    teacher.batch(1000 + uint64_t(g_rank), c, kChunk, w.x.data(), w.t.data());
+    local += forward(s, p, kChunk, w);
+  }
+  local /= double(kEvalSamples / kChunk);
+  double sum = 0.0;
+  MPI_Allreduce(&local, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return sum / g_world;
+}
+
+uint64_t fingerprint(const float* p, int64_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &p[i], 4);
+    h = (h ^ u) * 1099511628211ull;
+  }
+  return h;
+}
+
+struct Options {
+  Shape shape;
+  int64_t batch;
+  int steps, freeze_step, lr_warmup, threads, print_every;
+};
+
+struct RunResult {
+  std::string name;
+  bool onebit = false;
+  std::vector<double> loss;                      // per step, mean over ranks
+  std::vector<double> step_s, compute_s, opt_s;  // per step, slowest rank
+  std::vector<int> compressed;                   // per step, info.compressed
+  std::vector<uint64_t> bytes;                   // per step, this rank's info.bytes_sent
+  double step_total_s = 0;                       // sum of step_s
+  double eval_initial = 0, eval_final = 0;
+
+  double last10() const {
+    double sum = 0.0;
+    for (size_t i = loss.size() - 10; i < loss.size(); ++i) sum += loss[i];
+    return sum / 10.0;
+  }
+};
+
+double median_of(const std::vector<double>& v, size_t from, const std::vector<int>* only = nullptr,
+                 int want = 0) {
+  bench::Samples s;
+  for (size_t i = from; i < v.size(); ++i)
+    if (!only || (*only)[i] == want) s.seconds.push_back(v[i]);
+  return s.seconds.empty() ? NAN : s.median();
+}
+
+// The learning-rate schedule: linear warmup over --lr-warmup steps, then
+// linear decay, reaching zero one step after the last.
+double lr_at(const Options& o, int step) {
+  const double t = double(step + 1);
+  if (t <= o.lr_warmup) return kLr * t / o.lr_warmup;
+  return kLr * (double(o.steps) - t + 1) / (double(o.steps) - o.lr_warmup + 1);
+}
+
+RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
+  const Shape& s = o.shape;
+  RunResult r;
+  r.name = onebit ? "1-bit Adam" : "Adam";
+  r.onebit = onebit;
+  Tensors p(s), g(s);
+  init_params(s, p);
+  const std::vector<dsopt_tensor> pv = p.views(s), gv = g.views(s);
+
+  char config[512];
+  if (onebit)
+    std::snprintf(config, sizeof config,
+                  "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": %g, \"betas\":"
+                  " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
+                  kLr, kBeta1, kBeta2, kEps, o.freeze_step, o.threads);
+  else
+    std::snprintf(config, sizeof config,
+                  "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": %g, \"betas\":"
+                  " [%g, %g], \"eps\": %g, \"bias_correction\": false}}, \"threads\": %d}",
+                  kLr, kBeta1, kBeta2, kEps, o.threads);
+  dsopt_comm* comm = nullptr;
+  dsopt_optimizer* opt = nullptr;
+  E2E_CHECK(dsopt_comm_create_mpi(&comm, MPI_Comm_c2f(MPI_COMM_WORLD)));
+  E2E_CHECK(dsopt_create(&opt, config, comm, pv.data(), int64_t(pv.size())));
+
+  r.eval_initial = eval_loss(s, teacher, p);
+  Work w(s, o.batch);
+  for (int step = 0; step < o.steps; ++step) {
+    teacher.batch(uint64_t(g_rank), step, o.batch, w.x.data(), w.t.data());
+    E2E_CHECK(dsopt_set_lr(opt, lr_at(o, step)));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = bench::now_seconds();
+    const double loss = forward(s, p, o.batch, w);
+    backward(s, p, o.batch, w, g);
+    const double t1 = bench::now_seconds();
+    dsopt_step_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    E2E_CHECK(dsopt_step(opt, gv.data(), int64_t(gv.size()), &info));
+    const double t2 = bench::now_seconds();
+    if (info.skipped || info.step != step + 1) fail_all(r.name + ": unexpected dsopt_step_info");
+
+    double mine[3] = {t2 - t0, t1 - t0, t2 - t1}, slowest[3];
+    MPI_Allreduce(mine, slowest, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double loss_sum = 0.0;
+    MPI_Allreduce(&loss, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    r.step_s.push_back(slowest[0]);
+    r.compute_s.push_back(slowest[1]);
+    r.opt_s.push_back(slowest[2]);
+    r.loss.push_back(loss_sum / g_world);
+    r.compressed.push_back(info.compressed);
+    r.bytes.push_back(info.bytes_sent);
+    if (g_rank == 0 && o.print_every > 0 && (step + 1) % o.print_every == 0) {
+      std::printf("  %-10s step %4d  loss %.5f  step %.3f s (compute %.3f, dsopt_step %.3f)%s\n",
+                  r.name.c_str(), step + 1, r.loss.back(), slowest[0], slowest[1], slowest[2],
+                  info.compressed ? "  compressed" : "");
+      std::fflush(stdout);
+    }
+  }
+  for (double t : r.step_s) r.step_total_s += t;
+  r.eval_final = eval_loss(s, teacher, p);
+
+  // Every rank must hold the same parameters.
+  const uint64_t h = fingerprint(p.all.get(), s.total());
+  uint64_t hmin = 0, hmax = 0;
+  MPI_Allreduce(&h, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (hmin != hmax) fail_all(r.name + ": ranks ended with different parameters");
+
+  dsopt_destroy(opt);
+  dsopt_comm_destroy(comm);
+  return r;
+}
+
+// Bytes a compression-stage step sends for the momentum: the compressed
+// allreduce of every tensor, padded by DeepSpeed's rule (README).
+double car_bytes(const Shape& s, int P) {
+  const int64_t divider = 8 * P / std::gcd(int64_t(P), int64_t(8));
+  const int64_t unit = int64_t(P) * divider;
+  double total = 0.0;
+  for (int64_t n : s.sizes()) {
+    const int64_t padded = n % unit == 0 ? n : n + unit - n % unit;
+    total += double(P - 1) / P * double(padded) / 4.0 + 8.0 * (P - 1);
+  }
+  return total;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+
+  // --lr, --beta2 and --noise take real numbers; bench::Flags only
+  // integers, so they go first.
+  std::vector<char*> args(argv, argv + argc);
+  auto real_flag = [&](const char* name, double& value, double lo, double hi) {
+    for (size_t i = 1; i + 1 < args.size(); ++i) {
+      if (std::string(args[i]) != name) continue;
+      char* end = nullptr;
+      value = std::strtod(args[i + 1], &end);
+      if (*end || !(value >= lo && value < hi))
+        fail_all(std::string("bad value for ") + name + ": '" + args[i + 1] + "'");
+      args.erase(args.begin() + long(i), args.begin() + long(i) + 2);
+      return;
+    }
+  };
+  real_flag("--lr", kLr, 1e-12, 1.0);
+  real_flag("--beta2", kBeta2, 0.0, 1.0);
+  real_flag("--noise", kNoise, 0.0, 1e6);
+  const char* usage =
+      "onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S] [--freeze-step F]"
+      " [--lr-warmup W] [--lr X] [--beta2 X] [--noise X] [--threads T] [--print-every N]"
+      " [--adam 0|1] [--onebit 0|1]";
+  bench::Flags flags(int(args.size()), args.data());
+  Options o;
+  o.shape.in = flags.get("--in", 64, 1, 1 << 20);
+  o.shape.hidden = flags.get("--hidden", 0, 0, 1 << 24);
+  o.shape.out = flags.get("--out", 131072, 1, 1 << 24);
+  o.batch = flags.get("--batch", 16, 1, 1 << 16);
+  o.steps = int(flags.get("--steps", 150, 12, 1000000));
+  o.freeze_step = int(flags.get("--freeze-step", o.steps / 5, 2, 1000000));
+  o.lr_warmup = int(flags.get("--lr-warmup", o.steps / 10, 1, 1000000));
+  o.threads = int(flags.get("--threads", 1, 1, 256));
+  o.print_every = int(flags.get("--print-every", 10, 0, 1000000));
+  const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
+  const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
+  flags.finish(usage);
+  omp_set_num_threads(o.threads);
+  if (o.freeze_step + 4 > o.steps) fail_all("--freeze-step must be at least 4 below --steps");
+  if (o.lr_warmup >= o.steps) fail_all("--lr-warmup must be below --steps");
+
+  const Shape& s = o.shape;
+  const Teacher teacher(s);
+  const int P = g_world;
+  const double floor = 0.5 * kNoise * kNoise;
+  if (g_rank == 0) {
+    std::printf("data-parallel training, 1-bit Adam vs Adam, %d ranks\n", P);
+    std::printf("dsopt:   %s\n", dsopt_build_info());
+    std::printf("machine: %s; %d thread(s) per rank\n", bench::cpu_model().c_str(), o.threads);
+    std::printf("network: %s\n",
+                bench::env_or("DSOPT_BENCH_NETWORK", "not described (set DSOPT_BENCH_NETWORK)"));
+    if (s.linear())
+      std::printf(
+          "model:   linear regression %lld -> %lld, %lld parameters in 2 fp32 tensors; MSE\n"
+          "         to a rank-64 linear teacher plus noise of sd %g (loss floor %.4f)\n",
+          static_cast<long long>(s.in), static_cast<long long>(s.out),
+          static_cast<long long>(s.total()), kNoise, floor);
+    else
+      std::printf(
+          "model:   MLP %lld -> %lld (tanh) -> %lld, %lld parameters in 4 fp32 tensors; MSE\n"
+          "         to a 64-hidden tanh teacher plus noise of sd %g (loss floor %.4f)\n",
+          static_cast<long long>(s.in), static_cast<long long>(s.hidden),
+          static_cast<long long>(s.out), static_cast<long long>(s.total()), kNoise, floor);
+    std::printf(
+        "train:   batch %lld per rank (fresh samples every step), %d steps; lr %g with\n"
+        "         linear warmup over %d steps and linear decay to 0; betas (%g, %g),\n"
+        "         eps %g, no bias correction; 1-bit Adam freeze_step %d\n\n",
+        static_cast<long long>(o.batch), o.steps, kLr, o.lr_warmup, kBeta1, kBeta2, kEps,
+        o.freeze_step);
+    std::fflush(stdout);
+  }
+
+  std::vector<RunResult> runs;
+  if (run_adam) runs.push_back(train(o, teacher, false));
+  if (run_onebit) runs.push_back(train(o, teacher, true));
+
+  // The stage switch, the bytes, and the common start of the two runs.
+  const double fp32_bytes = 2.0 * (P - 1) / P * 4.0 * double(s.total());
+  const double onebit_bytes = car_bytes(s, P);
+  for (const RunResult& r : runs) {
+    for (int i = 0; i < o.steps; ++i) {
+      const bool want_compressed = r.onebit && i + 1 >= o.freeze_step;
+      if (r.compressed[size_t(i)] != int(want_compressed))
+        fail_all(r.name + ": update " + std::to_string(i + 1) +
+                 " reports compressed = " + std::to_string(r.compressed[size_t(i)]));
+      const double expect = want_compressed ? onebit_bytes : fp32_bytes;
+      const double got = double(r.bytes[size_t(i)]);
+      if (got < expect || got > expect + 64.0 * P)
+        fail_all(r.name + ": update " + std::to_string(i + 1) + " sent " + std::to_string(got) +
+                 " bytes, expected " + std::to_string(expect) + " (+ a few scalars)");
+    }
+  }
+  if (runs.size() == 2)
+    for (int i = 0; i + 1 < o.freeze_step; ++i)
+      if (runs[0].loss[size_t(i)] != runs[1].loss[size_t(i)])
+        fail_all("the runs differ before the freeze (update " + std::to_string(i + 1) + ")");
+
+  if (g_rank == 0) {
+    if (o.print_every > 0) {
+      std::printf("\ntraining loss (mean over ranks of the batch losses):\n  %6s", "step");
+      for (const RunResult& r : runs) std::printf(" %12s", r.name.c_str());
+      std::printf("\n");
+      for (int i = o.print_every - 1; i < o.steps; i += o.print_every) {
+        std::printf("  %6d", i + 1);
+        for (const RunResult& r : runs) std::printf(" %12.5f", r.loss[size_t(i)]);
+        std::printf("%s\n", i + 1 == o.freeze_step ? "   <- freeze_step" : "");
+      }
+    }
+    std::printf("\n%-30s %8s %9s %8s %11s %8s %9s %9s\n", "run: median over steps", "step s",
+                "compute s", "dsopt s", "bytes/step", "total s", "last-10", "held-out");
+    const size_t skip = 3;
+    for (const RunResult& r : runs) {
+      auto row = [&](const std::string& label, int want, bool with_loss) {
+        const std::vector<int>* only = r.onebit ? &r.compressed : nullptr;
+        // First step of the stage, then `skip` more left out.
+        size_t from = 0;
+        if (only)
+          while (from < r.compressed.size() && r.compressed[from] != want) ++from;
+        from += skip;
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < r.bytes.size(); ++i)
+          if (!only || r.compressed[i] == want) bytes = r.bytes[i];
+        std::printf("%-30s %8.3f %9.3f %8.3f %11.4g", label.c_str(),
+                    median_of(r.step_s, from, only, want), median_of(r.compute_s, from, only, want),
+                    median_of(r.opt_s, from, only, want), double(bytes));
+        if (with_loss)
+          std::printf(" %8.1f %9.5f %9.5f\n", r.step_total_s, r.last10(), r.eval_final);
+        else
+          std::printf("\n");
+      };
+      if (!r.onebit) {
+        row("Adam", 0, true);
+      } else {
+        row("1-bit Adam, warmup stage", 0, false);
+        row("1-bit Adam, compression stage", 1, true);
+      }
+    }
+    if (runs.size() == 2) {
+      const RunResult &a = runs[0], &b = runs[1];
+      const double adam_step = median_of(a.step_s, skip);
+      size_t from = size_t(o.freeze_step - 1) + skip;
+      const double comp_step = median_of(b.step_s, from, &b.compressed, 1);
+      std::printf(
+          "\n1-bit Adam vs Adam: compression-stage steps %.2fx faster (median); whole run\n"
+          "%.2fx faster (sum of all step times, warmup included); loss %+.2f%% (last 10 steps), "
+          "%+.2f%%\n"
+          "(held-out); above the floor of %.4f: %.5f vs %.5f (last 10), %.5f vs %.5f\n"
+          "(held-out); held-out loss at the start %.5f\n",
+          adam_step / comp_step, a.step_total_s / b.step_total_s,
+          100.0 * (b.last10() / a.last10() - 1.0), 100.0 * (b.eval_final / a.eval_final - 1.0),
+          floor, b.last10() - floor, a.last10() - floor, b.eval_final - floor, a.eval_final - floor,
+          a.eval_initial);
+    }
+    std::printf(
+        "checked: identical parameters on every rank; identical losses up to the freeze;\n"
+        "         compressed = 1 from update %d on; bytes per step as the formulas say\n",
+        o.freeze_step);
+  }
+  MPI_Finalize();
+  return 0;
+}
