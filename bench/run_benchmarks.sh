@@ -92,10 +92,10 @@ for name in "${mpi_benchmarks[@]}"; do
       ;;
     onebit_e2e_bench)
       echo
-      echo "== onebit_e2e_bench: MLP training, 1-bit Adam vs Adam, $ranks ranks, loopback (short run) =="
+      echo "== onebit_e2e_bench: training steps, 1-bit Adam vs Adam, $ranks ranks, loopback (30 steps: step times only) =="
       loopback "$build/bench/onebit_e2e_bench" --steps 30 --freeze-step 6 --print-every 0
       echo
-      echo "== onebit_e2e_bench: MLP training, 1-bit Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
+      echo "== onebit_e2e_bench: training, 1-bit Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/onebit_e2e_bench"
       ;;
   esac
