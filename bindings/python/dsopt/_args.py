@@ -5,28 +5,24 @@ import operator
 from .errors import InvalidArgument, InvalidArgumentType
 
 
-def as_int32(value, what: str) -> int:
+def _as_int(value, what: str, bits: int) -> int:
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         raise InvalidArgumentType(f"{what} must be an int, got a bool")
     try:
         value = operator.index(value)
     except TypeError:
         raise InvalidArgumentType(f"{what} must be an int, got {type(value).__name__}") from None
-    if not -(2**31) <= value < 2**31:
-        raise InvalidArgument(f"{what} = {value} does not fit in int32")
+    if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        raise InvalidArgument(f"{what} = {value} does not fit in int{bits}")
     return value
+
+
+def as_int32(value, what: str) -> int:
+    return _as_int(value, what, 32)
 
 
 def as_int64(value, what: str) -> int:
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
-        raise InvalidArgumentType(f"{what} must be an int, got a bool")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise InvalidArgumentType(f"{what} must be an int, got {type(value).__name__}") from None
-    if not -(2**63) <= value < 2**63:
-        raise InvalidArgument(f"{what} = {value} does not fit in int64")
-    return value
+    return _as_int(value, what, 64)
 
 
 def as_float(value, what: str) -> float:
