@@ -44,7 +44,10 @@ enum {
   DSOPT_EMISMATCH    = -6, /* blob of another algorithm/shape, or ranks disagree on config */
   DSOPT_ECOMM        = -7, /* MPI or NCCL failure */
   DSOPT_ECUDA        = -8, /* CUDA runtime failure */
-  DSOPT_EINTERNAL    = -9
+  DSOPT_EINTERNAL    = -9,
+  DSOPT_ENONFINITE   = -10 /* training is not progressing: max_consecutive_skips steps in a row were
+                              skipped for Inf/NaN gradients, or fp16 gradients overflow at
+                              min_loss_scale (see dsopt_step) */
 };
 
 /* Fixed text for a status code ("unknown status" for codes not listed above).
@@ -139,6 +142,7 @@ typedef struct dsopt_step_info {
   double   loss_scale;   /* loss scale to use for the next backward; 1.0 when loss scaling is off */
   double   grad_norm;    /* global gradient norm before clipping, or -1.0 when not computed */
   uint64_t bytes_sent;   /* bytes this rank sent through the communicator during this step */
+  int64_t  consecutive_skips; /* steps skipped in a row, this one included; 0 when this step applied */
 } dsopt_step_info;
 
 /* Creates an optimizer for `num_params` parameters described by `params`
@@ -162,8 +166,16 @@ DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt
  * Collective. If any rank passes invalid arguments, every rank fails (that
  * rank with its own message, the others with DSOPT_EINVAL naming the rank)
  * and nothing changes. A step with a non-finite gradient on any rank is
- * skipped on every rank (info->skipped = 1) and returns DSOPT_OK.
- * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM. */
+ * skipped on every rank (info->skipped = 1) and returns DSOPT_OK, unless the
+ * run has stopped progressing: when "max_consecutive_skips" (default 50; 0
+ * turns this off) steps in a row have been skipped, or when fp16 dynamic
+ * loss scaling overflows with the scale already at min_loss_scale, the
+ * skipped step returns DSOPT_ENONFINITE on every rank, with a message that
+ * says what happened and what to try. That step was skipped exactly like
+ * one that returns DSOPT_OK (info is written, the loss scaler saw the
+ * overflow); the next dsopt_step may continue the run.
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM,
+ * DSOPT_ENONFINITE. */
 DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_t num_grads,
                          dsopt_step_info *info /* may be NULL */);
 

@@ -130,7 +130,7 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   if (cfg.type == "OneBitAdam") {
     check_keys(params, path,
                {"lr", "betas", "eps", "weight_decay", "freeze_step", "bias_correction",
-                "eps_inside_sqrt", "amsgrad", "max_grad_norm"},
+                "eps_inside_sqrt", "amsgrad", "max_grad_norm", "stabilize", "stabilize_limit"},
                ignored);
     if (params.contains("max_grad_norm"))
       bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
@@ -143,6 +143,11 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
     cfg.defaults.bias_correction = false;
     cfg.defaults.decoupled = true;
     cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
+    cfg.stabilize = boolean(params, path, "stabilize", true);
+    cfg.stabilize_limit = number(params, path, "stabilize_limit", 1.0);
+    require(cfg.stabilize_limit > 0, sub(path, "stabilize_limit"),
+            "must be > 0, got " + std::to_string(cfg.stabilize_limit));
+    require_fp32(cfg.stabilize_limit, sub(path, "stabilize_limit"), true);
   } else {
     check_keys(params, path,
                {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},
@@ -215,7 +220,8 @@ OptimizerConfig parse_config(const char* json_text) {
   }
   check_keys(root, "",
              {"device", "optimizer", "param_groups", "fp16", "bf16", "gradient_clipping",
-              "skip_nonfinite", "report_grad_norm", "threads", "zero_optimization", "cuda_aware"},
+              "skip_nonfinite", "report_grad_norm", "threads", "zero_optimization", "cuda_aware",
+              "max_consecutive_skips"},
              {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
               "steps_per_print", "wall_clock_breakdown"});
   OptimizerConfig cfg;
@@ -234,6 +240,7 @@ OptimizerConfig parse_config(const char* json_text) {
   if (!p.skip_nonfinite && p.loss_scale.enabled && p.loss_scale.static_scale == 0.0)
     bad("skip_nonfinite", "dynamic fp16 loss scaling needs overflowing steps skipped");
   p.report_grad_norm = boolean(root, "", "report_grad_norm", false);
+  p.max_consecutive_skips = integer(root, "", "max_consecutive_skips", 50, 0, int64_t(1) << 62);
   cfg.threads = int(integer(root, "", "threads", 0, 0, kMaxThreads));
   if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
   if (root.contains("zero_optimization")) {

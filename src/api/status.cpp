@@ -26,6 +26,7 @@ DSOPT_API const char* dsopt_status_string(int status) {
     case DSOPT_ECOMM: return "communication failure";
     case DSOPT_ECUDA: return "CUDA runtime failure";
     case DSOPT_EINTERNAL: return "internal error";
+    case DSOPT_ENONFINITE: return "training is not progressing: gradients keep overflowing";
     default: return "unknown status";
   }
 }

@@ -27,6 +27,10 @@ struct AdamConsts {
   float step_size;  // -lr / (1 - beta1^t), or -lr
   float wd;         // L2 coefficient (0 in AdamW mode)
   float wdecay;     // -lr * wd (0 in L2 mode)
+  // 1-bit compression stage, stabilized rule: the applied momentum of an
+  // element is clamped to +-momentum_limit * sqrt(v) (math/onebit_adam.hpp);
+  // 0: not clamped (DeepSpeed's rule, and every other rule).
+  float momentum_limit = 0.0f;
 };
 
 DSOPT_ISA_BEGIN

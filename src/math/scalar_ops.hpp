@@ -29,6 +29,10 @@ struct ScalarOps {
   DSOPT_HD static F sqrt(F a) { return __builtin_sqrtf(a); }
   DSOPT_HD static F fma(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
 #endif
+  // x86 minps/maxps semantics (the second operand unless the comparison
+  // holds), so every backend agrees; inputs here are finite.
+  DSOPT_HD static F min(F a, F b) { return a < b ? a : b; }
+  DSOPT_HD static F max(F a, F b) { return a > b ? a : b; }
 };
 
 DSOPT_ISA_END

@@ -24,6 +24,9 @@ struct PipelineConfig {
   double gradient_clipping = 0.0;
   bool skip_nonfinite = true;
   bool report_grad_norm = false;
+  // dsopt_step returns DSOPT_ENONFINITE after this many skipped steps in a
+  // row, and when fp16 loss scaling overflows at min_loss_scale; 0: never.
+  int64_t max_consecutive_skips = 50;
 };
 
 struct OptimizerConfig {
@@ -35,6 +38,8 @@ struct OptimizerConfig {
   std::vector<AdamHyper> groups;  // one per group (defaults + param_groups overrides)
   std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed
   int64_t freeze_step = 100000;   // 1-bit optimizers: see README
+  bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
+  double stabilize_limit = 1.0;   // its momentum limit (math/onebit_adam.hpp)
   PipelineConfig pipeline;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
 };

@@ -13,12 +13,14 @@ LossScaler::LossScaler(const LossScaleConfig& cfg)
                                       : std::ldexp(1.0, cfg.initial_scale_power)),
       hysteresis_left_(cfg.hysteresis) {}
 
-void LossScaler::update(bool overflow) {
-  if (!dynamic_) return;
+bool LossScaler::update(bool overflow) {
+  if (!dynamic_) return false;
+  bool stuck = false;
   if (overflow) {
-    if (cfg_.hysteresis == 1 || hysteresis_left_ == 1)
+    if (cfg_.hysteresis == 1 || hysteresis_left_ == 1) {
+      stuck = scale_ <= cfg_.min_scale;
       scale_ = std::max(scale_ / 2.0, cfg_.min_scale);
-    else
+    } else
       --hysteresis_left_;
     last_overflow_iter_ = iter_;
   } else {
@@ -29,6 +31,7 @@ void LossScaler::update(bool overflow) {
     }
   }
   ++iter_;
+  return stuck;
 }
 
 void LossScaler::set_state(const State& s) {

@@ -14,7 +14,9 @@ class LossScaler {
   double scale() const { return scale_; }
   bool dynamic() const { return dynamic_; }
   // Called once per step, after the step, with whether it overflowed.
-  void update(bool overflow);
+  // Returns true when the step overflowed at min_loss_scale where the scale
+  // would have been halved (DeepSpeed's "already at minimum" condition).
+  bool update(bool overflow);
 
   struct State {
     double scale;

@@ -10,6 +10,7 @@ namespace {
 const char* kStage = "onebit.stage";
 const char* kWorkerError = "onebit.worker_error";
 const char* kServerError = "onebit.server_error";
+const char* kStabilize = "onebit.stabilize";
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
 }  // namespace
 
@@ -27,12 +28,25 @@ bool OneBitAdam::non_freeze(int64_t i) const {
 
 std::vector<AdamConsts> OneBitAdam::consts() const {
   std::vector<AdamConsts> c;
-  for (int32_t g = 0; g < num_groups(); ++g) c.push_back(onebit_consts(group(g)));
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    c.push_back(onebit_consts(group(g)));
+    if (compressing_ && config().stabilize)
+      c.back().momentum_limit =
+          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, frozen_after_);
+  }
   return c;
 }
 
-void OneBitAdam::enter_compression() {
+std::string OneBitAdam::divergence_hint() const {
+  if (!config().stabilize)
+    return "\"stabilize\" is off: DeepSpeed's compression stage diverges where the frozen variance "
+           "is near zero; set \"stabilize\": true (the default), or a lower lr or later freeze_step";
+  return "try a lower lr, \"gradient_clipping\" or a later freeze_step";
+}
+
+void OneBitAdam::enter_compression(int64_t warmup_updates) {
   compressing_ = true;
+  frozen_after_ = warmup_updates;
   if (comm().size() > 1 && !compressed_.empty()) {
     std::vector<int64_t> sizes;
     for (int64_t i : compressed_) sizes.push_back(params().params()[size_t(i)].numel);
@@ -47,7 +61,7 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     // DeepSpeed's counter k = updates + 1 (DECISIONS G2).
-    if (group_step(0) + 1 >= config().freeze_step) enter_compression();
+    if (group_step(0) + 1 >= config().freeze_step) enter_compression(group_step(0));
     return false;
   }
   if (!full_.empty()) {
@@ -114,6 +128,9 @@ void OneBitAdam::save_sections(BlobWriter& w) const {
   FieldWriter f;
   f.add(int32_t(compressing_ ? 1 : 0)).add(config().freeze_step).add(error_world);
   w.section(kStage, f.bytes().data(), f.bytes().size());
+  FieldWriter st;
+  st.add(frozen_after_);
+  w.section(kStabilize, st.bytes().data(), st.bytes().size());
   const auto bytes = error_bytes(error_world);
   w.section_from_device(kWorkerError, car_ ? car_->worker_error() : nullptr, bytes.first, kernels());
   w.section_from_device(kServerError, car_ ? car_->server_error() : nullptr, bytes.second, kernels());
@@ -130,6 +147,8 @@ void OneBitAdam::check_sections(const BlobReader& r) const {
   const auto bytes = error_bytes(error_world);
   r.section(kWorkerError, bytes.first);
   r.section(kServerError, bytes.second);
+  FieldReader st(r.section(kStabilize, 8), 8);
+  if (st.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
 }
 
 void OneBitAdam::restore_sections(const BlobReader& r) {
@@ -142,10 +161,15 @@ void OneBitAdam::restore_sections(const BlobReader& r) {
   const bool compressing = saved_freeze_step == config().freeze_step
                                ? saved_compressing
                                : group_step(0) + 1 >= config().freeze_step;
+  FieldReader st(r.section(kStabilize, 8), 8);
+  const int64_t saved_frozen_after = st.get<int64_t>();
   car_.reset();
   compressing_ = false;
+  frozen_after_ = 0;
   if (!compressing) return;
-  enter_compression();
+  // Frozen in the saved run: as then; frozen now by the changed freeze_step:
+  // after every update so far.
+  enter_compression(saved_compressing ? saved_frozen_after : group_step(0));
   if (!car_) return;
   // Errors belong to the world size that produced them (K1/K2): restored at
   // the same P, zero otherwise.

@@ -21,7 +21,8 @@ class OneBitAdam final : public Optimizer {
   std::string algorithm() const override { return "OneBitAdam"; }
   bool averaged(int64_t i) const override { return !compressing_ || non_freeze(i); }
   bool update(const PreparedGrads& grads) override;
-  uint32_t section_count() const override { return 5; }
+  uint32_t section_count() const override { return 6; }
+  std::string divergence_hint() const override;
   void save_sections(BlobWriter& w) const override;
   void check_sections(const BlobReader& r) const override;
   void restore_sections(const BlobReader& r) override;
@@ -31,9 +32,12 @@ class OneBitAdam final : public Optimizer {
   std::vector<AdamConsts> consts() const;
   // Compressed tensors' padded error sizes (worker, server) at `world` ranks.
   std::pair<uint64_t, uint64_t> error_bytes(int world) const;
-  void enter_compression();
+  void enter_compression(int64_t warmup_updates);
 
   bool compressing_ = false;
+  // Warmup updates v had when it was frozen (the stabilized rule's limit
+  // depends on it); 0 in warmup.
+  int64_t frozen_after_ = 0;
   Moments moments_;
   std::vector<int64_t> compressed_;  // parameters whose momentum is compressed
   std::vector<int64_t> full_;        // parameters of non_freeze groups

@@ -1,6 +1,7 @@
 #include "optim/optimizer.hpp"
 
 #include <cstring>
+#include <string>
 
 #include "base/error.hpp"
 
@@ -54,14 +55,35 @@ StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
     for (int64_t& s : steps_) ++s;
     compressed = update(prepared);
   }
-  pipeline_.finish(prepared);
+  const double scale_used = pipeline_.scaler().scale();
+  const bool stuck_at_min_scale = pipeline_.finish(prepared);
+  consecutive_skips_ = prepared.skip ? consecutive_skips_ + 1 : 0;
   StepResult r;
   r.skipped = prepared.skip;
   r.compressed = compressed;
   r.step = steps_[0];
   r.loss_scale = pipeline_.scaler().scale();
   r.grad_norm = prepared.grad_norm;
+  r.consecutive_skips = consecutive_skips_;
+  r.alarm = alarm(stuck_at_min_scale, scale_used);
   return r;
+}
+
+std::string Optimizer::alarm(bool stuck_at_min_scale, double scale_used) const {
+  const int64_t limit = cfg_.pipeline.max_consecutive_skips;
+  if (limit == 0 || consecutive_skips_ == 0) return "";
+  const std::string hint = "; " + divergence_hint();
+  const std::string off = " (\"max_consecutive_skips\": 0 turns this error off)";
+  if (stuck_at_min_scale)
+    return "gradients overflow at the minimum loss scale " + std::to_string(scale_used) +
+           " (fp16.min_loss_scale): the step was skipped and the scale cannot go lower; the "
+           "gradients are Inf/NaN at any scale, so the run has diverged" + hint +
+           ", or bf16 instead of fp16" + off;
+  if (consecutive_skips_ < limit) return "";
+  return std::to_string(consecutive_skips_) +
+         " steps in a row were skipped because some rank's gradients contained Inf or NaN "
+         "(nothing has been updated since); the run has diverged or the loss is broken" +
+         hint + off;
 }
 
 double Optimizer::lr(int32_t group) const {

@@ -22,6 +22,10 @@ struct StepResult {
   int64_t step = 0;
   double loss_scale = 1.0;
   double grad_norm = -1.0;
+  int64_t consecutive_skips = 0;  // skipped steps in a row, this one included
+  // Non-empty when the run is not progressing (DECISIONS S2): dsopt_step
+  // then returns DSOPT_ENONFINITE with this message.
+  std::string alarm;
 };
 
 class Optimizer {
@@ -58,6 +62,10 @@ class Optimizer {
   // Applies one update with prepared gradients; step counters are already
   // incremented. Returns whether the step used compressed communication.
   virtual bool update(const PreparedGrads& grads) = 0;
+  // What to try when steps keep being skipped (the DSOPT_ENONFINITE message).
+  virtual std::string divergence_hint() const {
+    return "try a lower lr or \"gradient_clipping\"";
+  }
   // The algorithm's own sections: written by save_sections, checked by
   // check_sections (throw, change nothing), then restored.
   virtual uint32_t section_count() const = 0;
@@ -73,6 +81,8 @@ class Optimizer {
   const Mem mem() const { return Mem{kernels_.get(), cfg_.cuda_aware}; }
 
  private:
+  std::string alarm(bool stuck_at_min_scale, double scale_used) const;
+
   OptimizerConfig cfg_;
   Comm& comm_;
   std::unique_ptr<Kernels> kernels_;
@@ -81,6 +91,7 @@ class Optimizer {
   StepPipeline pipeline_;
   std::vector<AdamHyper> groups_;
   std::vector<int64_t> steps_;
+  int64_t consecutive_skips_ = 0;
 };
 
 }  // namespace dsopt

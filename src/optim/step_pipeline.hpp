@@ -31,8 +31,9 @@ class StepPipeline {
   // gradients do not fit the parameters; nothing has changed then.
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count,
                         const std::vector<uint8_t>& averaged);
-  // Updates the loss scale with the step's outcome.
-  void finish(const PreparedGrads& prepared) { scaler_.update(prepared.skip); }
+  // Updates the loss scale with the step's outcome. Returns true when the
+  // step overflowed with the dynamic scale already at its minimum.
+  bool finish(const PreparedGrads& prepared) { return scaler_.update(prepared.skip); }
 
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }

@@ -10,7 +10,7 @@
 
 static const int all_status_codes[] = {DSOPT_OK,        DSOPT_EINVAL, DSOPT_EUNSUPPORTED, DSOPT_ENOMEM,
                                        DSOPT_EBUFS,     DSOPT_ECORRUPT, DSOPT_EMISMATCH, DSOPT_ECOMM,
-                                       DSOPT_ECUDA,     DSOPT_EINTERNAL};
+                                       DSOPT_ECUDA,     DSOPT_EINTERNAL, DSOPT_ENONFINITE};
 #define NUM_STATUS_CODES ((int)(sizeof all_status_codes / sizeof all_status_codes[0]))
 
 static void every_status_has_a_distinct_fixed_string(void) {
@@ -27,7 +27,7 @@ static void every_status_has_a_distinct_fixed_string(void) {
 }
 
 static void unknown_status_gives_fixed_text(void) {
-  const int unknown[] = {1, 2, -10, -11, 12345, -99999, 2147483647, -2147483647 - 1};
+  const int unknown[] = {1, 2, -11, -12, 12345, -99999, 2147483647, -2147483647 - 1};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; ++i) {
     const char *text = dsopt_status_string(unknown[i]);
     CHECKF(text != NULL && strcmp(text, "unknown status") == 0, "status %d gives \"unknown status\", got \"%s\"",

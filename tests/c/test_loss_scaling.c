@@ -56,10 +56,19 @@ static void check_sequence(const adam_config *c, scaler_ref *scaler, const char 
       }
       uint64_t before_size;
       unsigned char *before = model_snapshot(&r.m, &before_size);
-      if (!CHECK_OK(local_run_step(&r))) {
+      /* An overflow where the scale would halve but is at its minimum is
+       * reported (DSOPT_ENONFINITE); the step is skipped all the same. */
+      const int stuck = overflow && scaler->dynamic && (scaler->hysteresis == 1 || scaler->hyst == 1) &&
+                        scaler->scale <= scaler->min_scale;
+      const int rc = local_run_step(&r);
+      if (!CHECKF(rc == (stuck ? DSOPT_ENONFINITE : DSOPT_OK), "step %d (%c): status %d, expected %d (%s)", k,
+                  event, rc, stuck ? DSOPT_ENONFINITE : DSOPT_OK, dsopt_last_error())) {
         free(before);
         break;
       }
+      if (stuck)
+        CHECKF(strstr(dsopt_last_error(), "minimum loss scale") != NULL, "step %d: message names the cause: %s", k,
+               dsopt_last_error());
       scaler_ref_update(scaler, overflow);
       applied += !overflow;
       CHECKF(r.info.skipped == overflow, "step %d (%c): skipped %d, expected %d", k, event, r.info.skipped, overflow);
@@ -123,6 +132,60 @@ static void scale_never_drops_below_min_loss_scale(void) {
   scaler_ref_init_dynamic(&scaler, 2, 2, 1, 0, 1.0);
   check_sequence(&c, &scaler, "NNNNCCNNN");
   CHECK(scaler.scale == 1.0);
+}
+
+/* max_consecutive_skips 0 turns the report off: the same sequence steps
+ * through the minimum without an error. */
+static void overflow_at_min_scale_is_not_reported_when_turned_off(void) {
+  adam_config c = scaled_config(
+      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 1, \"loss_scale_window\": 3, \"hysteresis\": 1, "
+      "\"min_loss_scale\": 1}, \"max_consecutive_skips\": 0");
+  char json[2048];
+  local_run r;
+  if (CHECK_OK(local_run_open(&r, adam_config_json(&c, json, sizeof json), fp16_specs, NUM_TENSORS, 305))) {
+    for (int k = 0; k < 5; ++k) {
+      model_random_grads(&r.m, &r.grad_rng, 1.0, 1.0);
+      model_set_grad(&r.m, 0, 1, NAN);
+      CHECK_OK(local_run_step(&r));
+      CHECK_EQ_INT(r.info.skipped, 1);
+      CHECK_EQ_INT(r.info.consecutive_skips, k + 1);
+    }
+  }
+  local_run_close(&r);
+}
+
+/* Without loss scaling: the max_consecutive_skips-th skipped step in a row
+ * returns DSOPT_ENONFINITE (every further one too), info is written, nothing
+ * changes; one applied step resets the count. */
+static void consecutive_skips_past_the_limit_are_reported(void) {
+  adam_config c = scaled_config("\"max_consecutive_skips\": 3");
+  char json[2048];
+  local_run r;
+  if (CHECK_OK(local_run_open(&r, adam_config_json(&c, json, sizeof json), fp16_specs, NUM_TENSORS, 306))) {
+    const char *events = "CNNNNCNNNC";
+    const int expected_count[] = {0, 1, 2, 3, 4, 0, 1, 2, 3, 0};
+    for (int k = 0; events[k]; ++k) {
+      model_random_grads(&r.m, &r.grad_rng, 1.0, 1.0);
+      if (events[k] == 'N') model_set_grad(&r.m, 2, 3, NAN);
+      uint64_t before_size;
+      unsigned char *before = model_snapshot(&r.m, &before_size);
+      const int expected = expected_count[k] >= 3 ? DSOPT_ENONFINITE : DSOPT_OK;
+      const int rc = local_run_step(&r);
+      CHECKF(rc == expected, "step %d: status %d, expected %d", k, rc, expected);
+      CHECKF(r.info.consecutive_skips == expected_count[k], "step %d: consecutive_skips %lld, expected %d", k,
+             (long long)r.info.consecutive_skips, expected_count[k]);
+      CHECK_EQ_INT(r.info.skipped, events[k] == 'N');
+      if (events[k] == 'N')
+        CHECKF(model_matches_snapshot(&r.m, before, before_size), "step %d: parameters unchanged", k);
+      if (expected == DSOPT_ENONFINITE) {
+        CHECKF(strstr(dsopt_last_error(), "in a row were skipped") != NULL, "message: %s", dsopt_last_error());
+        CHECKF(strstr(dsopt_last_error(), "max_consecutive_skips") != NULL, "message names the key: %s",
+               dsopt_last_error());
+      }
+      free(before);
+    }
+  }
+  local_run_close(&r);
 }
 
 static void static_loss_scale_never_changes_and_overflows_are_skipped(void) {
@@ -239,6 +302,8 @@ int main(void) {
   RUN_TEST(consecutive_hysteresis_refills_after_every_clean_step);
   RUN_TEST(scale_never_drops_below_min_loss_scale);
   RUN_TEST(static_loss_scale_never_changes_and_overflows_are_skipped);
+  RUN_TEST(overflow_at_min_scale_is_not_reported_when_turned_off);
+  RUN_TEST(consecutive_skips_past_the_limit_are_reported);
   RUN_TEST(omitted_scaler_keys_take_readme_defaults);
   RUN_TEST(without_fp16_the_loss_scale_is_one);
   RUN_TEST(nonfinite_gradient_skips_the_step_and_changes_nothing);
