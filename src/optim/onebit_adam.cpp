@@ -65,8 +65,11 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
     return false;
   }
   if (!full_.empty()) {
+    // non_freeze groups keep warmup math: their momentum is never compressed.
+    std::vector<AdamConsts> warmup = c;
+    for (AdamConsts& k : warmup) k.momentum_limit = 0.0f;
     const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, full_);
-    kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
+    kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), warmup.data(),
                      num_groups(), grads.mul1, grads.mul2);
   }
   if (!compressed_.empty()) {

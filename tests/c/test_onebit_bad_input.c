@@ -72,6 +72,9 @@ static void create_accepts_the_good_config(void) {
   dsopt_destroy(opt);
   CHECK_OK(dsopt_create(&opt, ONEBIT_WITH("\"freeze_step\": 1"), comm, m.params, NUM_TENSORS));
   dsopt_destroy(opt);
+  CHECK_OK(dsopt_create(&opt, ONEBIT_WITH("\"stabilize\": false, \"stabilize_limit\": 0.5"), comm, m.params,
+                        NUM_TENSORS));
+  dsopt_destroy(opt);
   dsopt_comm_destroy(comm);
   model_free(&m);
 }
@@ -99,9 +102,23 @@ static void create_rejects_bad_onebit_configs(void) {
                         "non_freeze");
   CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"AdamW\"}, \"param_groups\": [{}, {\"non_freeze\": false}]}",
                         "non_freeze");
+  /* the stabilized compression stage: a bool, and a limit > 0 that is an fp32 number ("stabilize:" with
+   * its colon, since "stabilize" alone would also match the stabilize_limit key) */
+  CHECK_CONFIG_REJECTED(ONEBIT_WITH("\"stabilize\": 1"), "optimizer.params.stabilize:");
+  CHECK_CONFIG_REJECTED(ONEBIT_WITH("\"stabilize\": \"true\""), "optimizer.params.stabilize:");
+  CHECK_CONFIG_REJECTED(ONEBIT_WITH("\"stabilize_limit\": 0"), "optimizer.params.stabilize_limit");
+  CHECK_CONFIG_REJECTED(ONEBIT_WITH("\"stabilize_limit\": -1"), "optimizer.params.stabilize_limit");
+  CHECK_CONFIG_REJECTED(ONEBIT_WITH("\"stabilize_limit\": 1e40"), "optimizer.params.stabilize_limit");
+  CHECK_CONFIG_REJECTED(ONEBIT_WITH("\"stabilize_limit\": \"x\""), "optimizer.params.stabilize_limit");
+  CHECK_CONFIG_REJECTED(ONEBIT_WITH("\"stabilize_limit\": true"), "optimizer.params.stabilize_limit");
   /* freeze_step is a 1-bit key */
   CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"freeze_step\": 4}}}",
                         "optimizer.params.freeze_step");
+  /* and so are stabilize and stabilize_limit */
+  CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"stabilize\": true}}}",
+                        "optimizer.params.stabilize:");
+  CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"stabilize_limit\": 1}}}",
+                        "optimizer.params.stabilize_limit");
 }
 
 /* ---- dsopt_set_momentum_mask: a twin that never sees the bad call ---------- */

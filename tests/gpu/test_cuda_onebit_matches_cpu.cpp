@@ -4,7 +4,9 @@
 // parameter from the frozen v) and the momentum masks (a device buffer for
 // the CUDA optimizer, a host buffer for the CPU one; one mask cleared
 // midway), for every parameter x gradient dtype, with clipping, fp16 loss
-// scaling with overflowing steps in both stages, and a non_freeze group.
+// scaling with overflowing steps in both stages, and a non_freeze group;
+// each on the stabilized compression stage (the default, one config with
+// another stabilize_limit) and on DeepSpeed's ("stabilize": false).
 // Parameters and step info after every step, the state blobs and a resume
 // of each blob on the other device must be bit-identical. Also: masks on
 // the wrong device are rejected (is_cuda_device_pointer), pinned host
@@ -39,7 +41,7 @@ const Config kConfigs[] = {
      1, false, {}, {2, 4}, 7, 10},
     {"onebit_fp16_loss_scaling",
      "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 2e-3, \"betas\": [0.8, 0.99], "
-     "\"eps\": 1e-6, \"freeze_step\": 3}}, "
+     "\"eps\": 1e-6, \"freeze_step\": 3, \"stabilize_limit\": 0.5}}, "
      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
      "\"gradient_clipping\": 0.5",
      1, true, {1, 6}, {3}, -1, 10},
@@ -49,6 +51,14 @@ const Config kConfigs[] = {
      "\"report_grad_norm\": true",
      2, false, {}, {2, 4}, 5, 8},
 };
+
+// The config on DeepSpeed's compression stage: "stabilize": false added to its params.
+std::string deepspeed_rule(const std::string& body) {
+  const std::string params = "\"params\": {";
+  std::string out = body;
+  out.insert(out.find(params) + params.size(), "\"stabilize\": false, ");
+  return out;
+}
 
 // Masks must be on the optimizer's device; pinned host memory is host memory.
 void masks_on_the_wrong_device_are_rejected(dsopt_comm* comm) {
@@ -99,23 +109,25 @@ int main() {
   masks_on_the_wrong_device_are_rejected(comm);
   uint64_t seed = 1;
   for (const Config& cfg : kConfigs)
-    for (int32_t p : kDtypes)
-      for (int32_t g : kDtypes) {
-        OneBitCase c;
-        c.label = std::string(cfg.name) + " param=" + dtype_label(p) + " grad=" + dtype_label(g);
-        c.body = cfg.body;
-        c.groups = cfg.groups;
-        c.sizes = {1, 7, 4097, 65537, 300001};
-        c.param_dtype = p;
-        c.grad_dtype = g;
-        c.loss_scaled = cfg.loss_scaled;
-        c.inf_steps = cfg.inf_steps;
-        c.masked = cfg.masked;
-        c.clear_mask_step = cfg.clear_mask_step;
-        c.steps = cfg.steps;
-        c.seed = seed++;
-        run_onebit_pair(c, 0, comm, comm, nullptr, nullptr);
-      }
+    for (bool stabilize : {true, false})
+      for (int32_t p : kDtypes)
+        for (int32_t g : kDtypes) {
+          OneBitCase c;
+          c.label = std::string(cfg.name) + (stabilize ? " stabilized" : " deepspeed") +
+                    " param=" + dtype_label(p) + " grad=" + dtype_label(g);
+          c.body = stabilize ? std::string(cfg.body) : deepspeed_rule(cfg.body);
+          c.groups = cfg.groups;
+          c.sizes = {1, 7, 4097, 65537, 300001};
+          c.param_dtype = p;
+          c.grad_dtype = g;
+          c.loss_scaled = cfg.loss_scaled;
+          c.inf_steps = cfg.inf_steps;
+          c.masked = cfg.masked;
+          c.clear_mask_step = cfg.clear_mask_step;
+          c.steps = cfg.steps;
+          c.seed = seed++;
+          run_onebit_pair(c, 0, comm, comm, nullptr, nullptr);
+        }
 
   dsopt_comm_destroy(comm);
   return check_finish();

@@ -1,9 +1,11 @@
 """numpy reference of 1-bit Adam and of its compressed allreduce (CAR), from
 the README ("1-bit Adam", "The compressed allreduce", "What one step
-computes"). Every fp32 operation of the contract is one numpy float32
-operation here, in the same order; fused multiply-adds are computed exactly
-(``fma32``) and sums of squares follow the library's fixed order
-(src/math/sum_squares.hpp), so the results are meant to match bit for bit.
+computes") and of the stabilized compression stage (the applied momentum
+clamped to +-L sqrt(v), src/math/onebit_adam.hpp). Every fp32 operation of
+the contract is one numpy float32 operation here, in the same order; fused
+multiply-adds are computed exactly (``fma32``) and sums of squares follow
+the library's fixed order (src/math/sum_squares.hpp), so the results are
+meant to match bit for bit.
 """
 
 from dataclasses import dataclass, field
@@ -214,6 +216,10 @@ class OneBitAdamReference:
         p = config["optimizer"].get("params", {})
         self.world = world
         self.freeze_step = int(p.get("freeze_step", 100000))
+        self.stabilize = bool(p.get("stabilize", True))
+        self.stabilize_limit = float(p.get("stabilize_limit", 1.0))
+        self.frozen_after = 0   # K: warmup updates when v was frozen (0 in warmup)
+        self.clamped = 0        # applied momenta clamped where v > 0 (where L matters), summed over updates
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))
         self.loss_scale = float(loss_scale)  # static: the scale the gradients carry
@@ -238,6 +244,15 @@ class OneBitAdamReference:
 
     def compressed_indices(self):
         return [i for i, g in enumerate(self.group_of) if not self.groups[g].non_freeze]
+
+    def enter_compression(self, warmup_updates):
+        self.compression = True
+        self.frozen_after = warmup_updates
+
+    def momentum_limit(self, group):
+        """L = float(limit / sqrt(1 - beta2^K)) in double, K < 1 taken as 1."""
+        b2t = float(self.groups[group].beta2) ** float(max(self.frozen_after, 1))
+        return F32(self.stabilize_limit / np.sqrt(1.0 - b2t))
 
     def reset_errors(self):
         if self.cars is not None:
@@ -300,17 +315,19 @@ class OneBitAdamReference:
             c = self._consts(i)
             if compressing and i in new_m:
                 self.m[i] = new_m[i]
+                limit = self.momentum_limit(self.group_of[i]) if self.stabilize else None
+                self.master[i] = self._apply(self.master[i], self._clamp(self.m[i], self.v[i], limit), self.v[i], c)
             else:
                 g = (averaged[i] * mul).astype(np.float32)
                 m = (self.m[i] * c["beta1"]).astype(np.float32)
                 self.m[i] = fma32(g, c["omb1"], m)
                 v = (self.v[i] * c["beta2"]).astype(np.float32)
                 self.v[i] = fma32((g * g).astype(np.float32), c["omb2"], v)
-            self.master[i] = self._apply(self.master[i], self.m[i], self.v[i], c)
+                self.master[i] = self._apply(self.master[i], self.m[i], self.v[i], c)
 
         self.updates += 1
         if not compressing and self.updates + 1 >= self.freeze_step:
-            self.compression = True
+            self.enter_compression(self.updates)
         return dict(skipped=False, compressed=compressing, step=self.updates, grad_norm=norm,
                     stage_compression=compressing)
 
@@ -327,6 +344,19 @@ class OneBitAdamReference:
         beta1, beta2 = F32(g.beta1), F32(g.beta2)
         return dict(beta1=beta1, beta2=beta2, omb1=F32(F32(1.0) - beta1), omb2=F32(F32(1.0) - beta2),
                     eps=F32(g.eps), wd=F32(g.weight_decay), step_size=F32(-F32(g.lr)))
+
+    def _clamp(self, m, v, limit):
+        """The momentum the stabilized rule applies: m clamped to [-bound,
+        bound], bound = fl(sqrt(v) * L), with x86 max/min semantics (the
+        second operand when the comparison is false); m itself is kept."""
+        if limit is None:
+            return m
+        bound = (np.sqrt(v) * limit).astype(np.float32)
+        low = (bound * F32(-1.0)).astype(np.float32)
+        used = np.where(m > low, m, low)
+        used = np.where(used < bound, used, bound).astype(np.float32)
+        self.clamped += int(np.count_nonzero((used != m) & (v > 0)))
+        return used
 
     @staticmethod
     def _apply(p, m, v, c):

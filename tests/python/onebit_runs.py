@@ -3,6 +3,8 @@ tests (test_onebit_adam.py): scenarios, their data (every rank's gradients
 can be regenerated anywhere), a parser of dsopt state blobs, and helpers
 that drive a dsopt.Optimizer and the reference side by side."""
 
+import copy
+import dataclasses
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ class Scenario:
     seed: int = 1
     masks: dict = field(default_factory=dict)  # param index -> mask kind
     poison: dict = field(default_factory=dict)  # step -> rank (mod P) whose gradient gets a NaN/Inf
+    cold: dict = field(default_factory=dict)    # param index -> leading elements with zero gradient in warmup
 
     def __post_init__(self):
         if self.kinds is None:
@@ -45,33 +48,56 @@ def with_top(config, **top):
 
 SIZES = [1000, 7, 33, 4097, 64]
 
+
+def deepspeed_config(**kw):
+    """DeepSpeed's compression stage ("stabilize": false): the parity runs."""
+    return onebit_config(stabilize=False, **kw)
+
+
 SCENARIOS = [
-    Scenario("plain", onebit_config(), SIZES),
-    Scenario("weight_decay", with_top(onebit_config(weight_decay=0.01, betas=[0.8, 0.99]),
+    Scenario("plain", deepspeed_config(), SIZES),
+    Scenario("weight_decay", with_top(deepspeed_config(weight_decay=0.01, betas=[0.8, 0.99]),
                                       param_groups=[{}, {"lr": 3e-3, "weight_decay": 0.1}]),
              SIZES, groups=[0, 1, 0, 1, 1], seed=2),
-    Scenario("mask", onebit_config(weight_decay=0.01), SIZES, masks={0: "thirds", 3: "half"}, seed=3),
-    Scenario("non_freeze", with_top(onebit_config(), param_groups=[{}, {"non_freeze": True}]),
+    Scenario("mask", deepspeed_config(weight_decay=0.01), SIZES, masks={0: "thirds", 3: "half"}, seed=3),
+    Scenario("non_freeze", with_top(deepspeed_config(), param_groups=[{}, {"non_freeze": True}]),
              SIZES, groups=[0, 1, 0, 0, 1], seed=4),
-    Scenario("fp16", onebit_config(weight_decay=0.01), SIZES, kinds=["fp16", "fp16", "fp32", "fp16", "fp32"],
+    Scenario("fp16", deepspeed_config(weight_decay=0.01), SIZES, kinds=["fp16", "fp16", "fp32", "fp16", "fp32"],
              seed=5),
-    Scenario("bf16", onebit_config(), SIZES, kinds=["bf16"] * 5, seed=6),
-    Scenario("clipping", with_top(onebit_config(), gradient_clipping=2.0), SIZES, seed=7),
-    Scenario("freeze_step_1", onebit_config(freeze_step=1), SIZES, steps=4, seed=8),
+    Scenario("bf16", deepspeed_config(), SIZES, kinds=["bf16"] * 5, seed=6),
+    Scenario("clipping", with_top(deepspeed_config(), gradient_clipping=2.0), SIZES, seed=7),
+    Scenario("freeze_step_1", deepspeed_config(freeze_step=1), SIZES, steps=4, seed=8),
     # a non-finite gradient on one rank, in warmup and in compression: every rank skips
-    Scenario("skip", onebit_config(), SIZES, steps=10, seed=10, poison={1: 1, 5: 0, 6: 1}),
+    Scenario("skip", deepspeed_config(), SIZES, steps=10, seed=10, poison={1: 1, 5: 0, 6: 1}),
     # static loss scaling: gradients arrive times the scale
-    Scenario("loss_scale", with_top(onebit_config(), fp16={"enabled": True, "loss_scale": 1024},
+    Scenario("loss_scale", with_top(deepspeed_config(), fp16={"enabled": True, "loss_scale": 1024},
                                     gradient_clipping=5.0),
              SIZES, kinds=["fp16", "fp32", "fp16", "fp16", "fp32"], seed=11),
     # one large tensor: compressed steps send about 32x less than warmup steps
     # (on 2 threads: the sums of squares do not depend on the thread count)
-    Scenario("large", with_top(onebit_config(freeze_step=2), threads=2), [1 << 18, 1000], steps=3, seed=9),
+    Scenario("large", with_top(deepspeed_config(freeze_step=2), threads=2), [1 << 18, 1000], steps=3, seed=9),
 ]
-# The scenario whose blobs are saved and resumed (after 2 updates: warmup;
+
+
+COLD = 40
+
+
+def stabilized(sc: Scenario, seed: int) -> Scenario:
+    """The scenario on the default rule (the stabilized compression stage),
+    with its own data, and parameter 0's first COLD elements never updated in
+    warmup: those are where DeepSpeed's rule divides by eps. 8 steps (5
+    compressed) keep the multi-rank runs short."""
+    config = copy.deepcopy(sc.config)
+    del config["optimizer"]["params"]["stabilize"]
+    return dataclasses.replace(sc, name="stable_" + sc.name, config=config, seed=seed, steps=8, cold={0: COLD})
+
+
+SCENARIOS += [stabilized(sc, 20 + sc.seed) for sc in SCENARIOS
+              if sc.name in ("plain", "weight_decay", "mask", "non_freeze", "fp16", "bf16", "clipping")]
+# The scenarios whose blobs are saved and resumed (after 2 updates: warmup;
 # 3: the transition, the next update is the first compressed one; 6:
-# compression), also across world sizes.
-RESUME = ("weight_decay", "fp16", "mask")
+# compression); the first also across world sizes.
+RESUME = ("stable_weight_decay", "weight_decay", "fp16", "mask")
 SAVE_AFTER = (2, 3, 6)
 BY_NAME = {s.name: s for s in SCENARIOS}
 
@@ -104,11 +130,20 @@ def loss_scale_of(sc: Scenario) -> float:
     return float(fp16.get("loss_scale", 1.0)) if fp16.get("enabled") else 1.0
 
 
+def warmup_steps(sc: Scenario) -> int:
+    """Steps before the first compressed one (no skipped steps)."""
+    return max(sc.config["optimizer"]["params"]["freeze_step"], 2) - 1
+
+
 def grads_for(sc: Scenario, step: int, rank: int, world: int = 1):
-    """This rank's gradients of a step, times the (static) loss scale; a NaN
-    or Inf where the scenario poisons the step on this rank."""
+    """This rank's gradients of a step, times the (static) loss scale; zero
+    on the cold elements in warmup; a NaN or Inf where the scenario poisons
+    the step on this rank."""
     g = grid_grads(np.random.default_rng([sc.seed, step, rank]), sc.sizes)
     g = [(x * np.float32(loss_scale_of(sc))).astype(np.float32) for x in g]
+    if step < warmup_steps(sc):
+        for i, n in sc.cold.items():
+            g[i][:n] = 0
     if step in sc.poison and sc.poison[step] % world == rank:
         g[step % len(g)][3 % g[step % len(g)].size] = np.nan if step % 2 else np.inf
     return g
@@ -166,6 +201,10 @@ class Blob:
     def stage(self):
         """(compressing, freeze_step, world of the errors) of a 1-bit Adam blob."""
         return struct.unpack("<iqi", self.sections["onebit.stage"])
+
+    def frozen_after(self):
+        """K of the stabilized rule: warmup updates when v was frozen (0 in warmup)."""
+        return struct.unpack("<q", self.sections["onebit.stabilize"])[0]
 
 
 def parse_blob(data: bytes) -> Blob:

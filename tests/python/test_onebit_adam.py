@@ -2,12 +2,16 @@
 reference of onebit_reference.py: parameters, moments and compression errors
 bit for bit, the stage of every step, the bytes sent, resuming from blobs
 (same and other world size, other freeze_step), and a small training run
-that ends where Adam ends.
+that ends where Adam ends. Scenarios named stable_* run the default,
+stabilized compression stage; the others DeepSpeed's ("stabilize": false).
 
 The multi-rank runs are ``mpirun`` of mpi_onebit.py: 2 ranks, then 4 ranks
 (which also load the 2-rank blobs and train), then 2 ranks loading the
 4-rank blobs. One-rank runs happen in this process."""
 
+import copy
+import dataclasses
+import functools
 import os
 import shutil
 import struct
@@ -23,7 +27,7 @@ import dsopt
 import onebit_convergence
 import onebit_runs as runs
 from dsopt_testing import build_feature
-from onebit_reference import OneBitAdamReference, padded_length
+from onebit_reference import F32, OneBitAdamReference, fma32, groups_from_config, padded_length
 
 SCRIPT = Path(__file__).with_name("mpi_onebit.py")
 WORLDS = [1, 2, 4]
@@ -120,6 +124,12 @@ def run_reference(sc, world, steps=None, ref=None, start=0):
     return ref, infos
 
 
+@functools.lru_cache(maxsize=None)
+def scenario_reference(name, world):
+    """run_reference of a whole scenario, shared by the tests that only read it."""
+    return run_reference(runs.BY_NAME[name], world)
+
+
 def check_against_reference(sc, world, folder, ref, ref_infos, prefix, *, ranks=None):
     for r in range(world if ranks is None else ranks):
         params, infos, blobs = runs.load_npz(folder / f"{prefix}_r{r}.npz", len(sc.sizes))
@@ -139,6 +149,7 @@ def check_against_reference(sc, world, folder, ref, ref_infos, prefix, *, ranks=
         assert_same_bits(blob.floats("onebit.server_error"), es, f"{at}: server error")
         compressing, freeze, error_world = blob.stage()
         assert compressing == int(ref.compression) and freeze == ref.freeze_step
+        assert blob.frozen_after() == ref.frozen_after, f"{at}: warmup updates of the frozen v"
         assert error_world == (world if ref.compression and world > 1 else 0), f"{at}: stage {blob.stage()}"
 
 
@@ -152,7 +163,7 @@ def test_matches_the_reference_bit_for_bit(name, world, results):
     across the warmup/compression boundary; info.compressed is 1 exactly on
     the compressed steps."""
     sc = runs.BY_NAME[name]
-    ref, ref_infos = run_reference(sc, world)
+    ref, ref_infos = scenario_reference(name, world)
     assert any(i["compressed"] for i in ref_infos) and not ref_infos[0]["compressed"]
     assert any(i["skipped"] for i in ref_infos) == bool(sc.poison)
     check_against_reference(sc, world, results(world), ref, ref_infos, name)
@@ -176,7 +187,7 @@ def test_bytes_sent_per_stage(world, results):
     16-byte control allreduce (status, norm), and the non_freeze groups'
     gradient allreduce. One large tensor: about 32x less."""
     for sc in runs.SCENARIOS:
-        _, ref_infos = run_reference(sc, world)
+        _, ref_infos = scenario_reference(sc.name, world)
         _, infos, _ = runs.load_npz(results(world) / f"{sc.name}_r0.npz", len(sc.sizes))
         expected = [runs.step_bytes(sc, world, i) for i in ref_infos]
         assert [int(b) for b in infos[:, 3]] == expected, f"{sc.name}, P={world}"
@@ -204,7 +215,7 @@ def test_momentum_mask_keeps_masked_momentum_at_zero(results):
 def test_clipping_norm_is_the_same_on_every_rank_in_both_stages(results):
     sc = runs.BY_NAME["clipping"]
     for world in WORLDS:
-        ref, ref_infos = run_reference(sc, world)
+        ref, ref_infos = scenario_reference(sc.name, world)
         for r in range(world):
             _, infos, _ = runs.load_npz(results(world) / f"clipping_r{r}.npz", len(sc.sizes))
             norms = infos[:, 4]
@@ -225,6 +236,80 @@ def test_non_freeze_group_has_no_errors_and_keeps_updating_v(results):
     for i, g in enumerate(sc.groups):
         same = np.array_equal(ref_end.v[i], ref_freeze.v[i])
         assert same == (g == 0), f"param {i} (group {g}): v frozen = {same}"
+
+
+# ---- the stabilized compression stage ---------------------------------------------------
+
+STABILIZED = [s.name for s in runs.SCENARIOS if s.name.startswith("stable_")]
+
+
+def on_deepspeed_rule(sc):
+    """The same scenario and data with "stabilize": false."""
+    config = copy.deepcopy(sc.config)
+    config["optimizer"]["params"]["stabilize"] = False
+    return dataclasses.replace(sc, config=config)
+
+
+@pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"P{w}")
+def test_stabilized_scenarios_clamp_the_applied_momentum(world):
+    """The stable_* scenarios exercise the rule where its limit L matters:
+    some applied momenta of elements with v > 0 are clamped, and the result
+    differs from DeepSpeed's rule on the same data."""
+    for name in STABILIZED:
+        sc = runs.BY_NAME[name]
+        ref, _ = scenario_reference(name, world)
+        deepspeed, _ = run_reference(on_deepspeed_rule(sc), world)
+        assert ref.clamped > 0, f"{name}, P={world}: the clamp was never active where v > 0"
+        assert any(not np.array_equal(a, b) for a, b in zip(ref.master, deepspeed.master)), f"{name}, P={world}"
+
+
+@pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"P{w}")
+@pytest.mark.parametrize("name", ["stable_plain", "stable_weight_decay"])
+def test_stabilized_rule_leaves_never_updated_coordinates_still(name, world, results):
+    """A coordinate whose gradient was 0 in every warmup update has v = 0,
+    hence bound 0: in the compression stage it moves only by its weight
+    decay, although its stored momentum is not zero (P > 1: the compressed
+    momentum is +-scale). DeepSpeed's rule moves it by lr |m| / eps."""
+    sc = runs.BY_NAME[name]
+    cold = slice(0, sc.cold[0])
+    hp = groups_from_config(sc.config)[sc.groups[0] if sc.groups else 0]
+    lr, wd = F32(hp.lr), F32(hp.weight_decay)
+
+    def decayed(p, steps):  # m / (sqrt(v) + eps) is 0: only u = wd p is left
+        for _ in range(steps):
+            if wd > 0:
+                p = fma32(-lr, (wd * p).astype(np.float32), p)
+        return p
+
+    start = runs.initial_params(sc)[0][cold]
+    for r in range(world):
+        params, _, blobs = runs.load_npz(results(world) / f"{name}_r{r}.npz", len(sc.sizes))
+        blob = runs.parse_blob(blobs["blob"])
+        assert_same_bits(params[0][cold], decayed(start, sc.steps), f"{name}, P={world}, rank {r}: cold coordinates")
+        assert not blob.floats("onebit.exp_avg_sq")[cold].any()
+        if world > 1:
+            assert np.all(blob.floats("onebit.exp_avg")[cold] != 0), "the stored momentum is not clamped"
+    first = runs.warmup_steps(sc) + 1
+    deepspeed, _ = run_reference(on_deepspeed_rule(sc), world, steps=first)
+    moved = np.abs(deepspeed.master[0][cold] - decayed(start, first - 1))
+    np.testing.assert_allclose(moved, lr * np.abs(deepspeed.m[0][cold]) / F32(hp.eps), rtol=1e-3)
+    assert moved.max() > 1e3
+
+
+def test_stabilized_rule_leaves_non_freeze_groups_on_warmup_math(tmp_path):
+    """Only compressed momenta are clamped: non_freeze groups keep the warmup
+    update. A small stabilize_limit makes the clamp bind on them if it were
+    applied (with limit 1 and a short warmup it cannot: Adam's |m| / sqrt(v)
+    stays below L there)."""
+    sc = runs.BY_NAME["stable_non_freeze"]
+    sc = dataclasses.replace(sc, config=copy.deepcopy(sc.config))
+    sc.config["optimizer"]["params"]["stabilize_limit"] = 0.05
+    comm = dsopt.Communicator.local()
+    params, infos, blob, _ = runs.run_dsopt(sc, comm, 0, 1)
+    comm.close()
+    runs.save_npz(tmp_path / "limit_r0.npz", params, infos, blob=blob)
+    ref, ref_infos = run_reference(sc, 1)
+    check_against_reference(sc, 1, tmp_path, ref, ref_infos, "limit")
 
 
 # ---- resuming -------------------------------------------------------------------------
@@ -284,6 +369,7 @@ def reference_from_blob(sc, world, blob, params):
     (steps,) = struct.unpack_from("<q", blob.sections["common.steps"])
     ref.updates = steps
     ref.compression = bool(blob.stage()[0])
+    ref.frozen_after = blob.frozen_after()
     return ref
 
 
@@ -312,8 +398,9 @@ def test_load_at_another_world_size_keeps_moments_and_resets_errors(src, dst, re
         at = f"P={src} -> P={dst}, rank {r}"
         assert saved.world == src and loaded.world == dst
         for name in ("common.steps", "common.lr", "common.loss_scaler", "common.masters",
-                     "onebit.exp_avg", "onebit.exp_avg_sq"):
+                     "onebit.exp_avg", "onebit.exp_avg_sq", "onebit.stabilize"):
             assert loaded.sections[name] == saved.sections[name], f"{at}: section {name} changed"
+        assert saved.frozen_after() == runs.warmup_steps(sc)
         assert loaded.stage() == (1, 4, dst if dst > 1 else 0), f"{at}: stage {loaded.stage()}"
         ew, es = loaded.floats("onebit.worker_error"), loaded.floats("onebit.server_error")
         padded = sum(padded_length(n, dst) for n in sc.sizes) if dst > 1 else 0
@@ -329,19 +416,25 @@ def test_load_at_another_world_size_keeps_moments_and_resets_errors(src, dst, re
             assert_same_bits(a, e, f"{at}: param {i} after continuing")
 
 
-@pytest.mark.parametrize("saved_freeze,saved_after,live_freeze,compressing", [
-    (4, 6, 20, False),   # compression blob, freeze_step raised: back to warmup (DeepSpeed's test)
-    (10, 5, 4, True),    # warmup blob, freeze_step lowered below its count: compression
-    (4, 2, 3, True),     # 2 updates + 1 >= 3
-    (4, 2, 4, False),    # same freeze_step: the persisted stage (warmup)
-    (20, 2, 4, False),   # 2 + 1 < 4
-    (4, 3, 4, True),     # same freeze_step, saved at the transition: the persisted stage
+@pytest.mark.parametrize("stabilize", [False, True], ids=["deepspeed", "stabilized"])
+@pytest.mark.parametrize("saved_freeze,saved_after,live_freeze,compressing,frozen_after", [
+    (4, 6, 20, False, 0),  # compression blob, freeze_step raised: back to warmup (DeepSpeed's test)
+    (10, 5, 4, True, 5),   # warmup blob, freeze_step lowered below its count: compression, v frozen now
+    (4, 2, 3, True, 2),    # 2 updates + 1 >= 3
+    (4, 2, 4, False, 0),   # same freeze_step: the persisted stage (warmup)
+    (20, 2, 4, False, 0),  # 2 + 1 < 4
+    (4, 3, 4, True, 3),    # same freeze_step, saved at the transition: the persisted stage
+    (4, 6, 5, True, 3),    # compression blob, freeze_step changed, still compression: v frozen as saved
 ])
 def test_blob_with_another_freeze_step_is_staged_by_the_deepspeed_rule(
-        saved_freeze, saved_after, live_freeze, compressing):
+        saved_freeze, saved_after, live_freeze, compressing, frozen_after, stabilize):
+    """The stage by DeepSpeed's rule; the stabilized rule's K (warmup updates
+    of the frozen v) is the saved one if the blob was saved in compression,
+    else the update count at the load."""
     base = runs.BY_NAME["plain"]
-    saved_sc = runs.Scenario("saved", runs.onebit_config(freeze_step=saved_freeze), base.sizes, seed=base.seed)
-    live_sc = runs.Scenario("live", runs.onebit_config(freeze_step=live_freeze), base.sizes,
+    config = runs.onebit_config if stabilize else runs.deepspeed_config
+    saved_sc = runs.Scenario("saved", config(freeze_step=saved_freeze), base.sizes, seed=base.seed)
+    live_sc = runs.Scenario("live", config(freeze_step=live_freeze), base.sizes,
                             seed=base.seed, steps=saved_after + 3)
     comm = dsopt.Communicator.local()
     _, _, _, saved = runs.run_dsopt(saved_sc, comm, 0, 1, save_after=(saved_after,), steps=saved_after)
@@ -350,11 +443,15 @@ def test_blob_with_another_freeze_step_is_staged_by_the_deepspeed_rule(
     comm.close()
     stage = runs.parse_blob(loaded).stage()
     assert stage[:2] == (int(compressing), live_freeze), stage
+    assert runs.parse_blob(loaded).frozen_after() == frozen_after
     assert infos[0].compressed == compressing
     # and the run goes on as the reference from that state
     ref = reference_from_blob(live_sc, 1, runs.parse_blob(blob), p)
     ref.freeze_step = live_freeze
-    ref.compression = compressing
+    if not compressing:
+        ref.compression, ref.frozen_after = False, 0
+    elif not ref.compression:  # v freezes now, after every update so far
+        ref.enter_compression(saved_after)
     ref_infos = [ref.step([runs.grads_for(live_sc, k, 0)]) for k in range(saved_after, live_sc.steps)]
     assert [i.compressed for i in infos] == [i["compressed"] for i in ref_infos]
     for i, (a, e) in enumerate(zip(params, ref.params())):
