@@ -86,6 +86,17 @@ BAD_CONFIGS = [
      dsopt.InvalidArgument, "threads"),
     ("negative_threads", dict(base_config(), threads=-1),
      dsopt.InvalidArgument, "threads"),
+    ("negative_max_consecutive_skips", dict(base_config(), max_consecutive_skips=-1),
+     dsopt.InvalidArgument, "max_consecutive_skips"),
+    ("fractional_max_consecutive_skips", dict(base_config(), max_consecutive_skips=1.5),
+     dsopt.InvalidArgument, "max_consecutive_skips"),
+    ("max_consecutive_skips_is_a_string", dict(base_config(), max_consecutive_skips="x"),
+     dsopt.InvalidArgument, "max_consecutive_skips"),
+    ("stabilize_not_bool", {"optimizer": {"type": "OneBitAdam", "params": {"stabilize": "yes"}}},
+     dsopt.InvalidArgument, "optimizer.params.stabilize"),
+    ("zero_stabilize_limit",
+     {"optimizer": {"type": "OneBitAdam", "params": {"stabilize_limit": 0.0}}},
+     dsopt.InvalidArgument, "optimizer.params.stabilize_limit"),
 ]
 
 

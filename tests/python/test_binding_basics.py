@@ -69,6 +69,7 @@ def test_step_info_fields(rng):
     assert info.skipped is False and info.compressed is False
     assert info.step == 1 and info.loss_scale == 1.0
     assert info.grad_norm == -1.0 and info.bytes_sent == 0
+    assert info.consecutive_skips == 0
 
 
 def test_step_info_fields_past_struct_size_are_not_written(rng):
@@ -83,12 +84,18 @@ def test_step_info_fields_past_struct_size_are_not_written(rng):
         info = ffi.new("dsopt_step_info *")
         info.skipped = info.compressed = info.reserved = 77
         info.step, info.loss_scale, info.grad_norm, info.bytes_sent = 77, 77.0, 77.0, 77
+        info.consecutive_skips = 77
         info.struct_size = ffi.offsetof("dsopt_step_info", "step")  # an older, shorter struct
         dsopt.check(lib.dsopt_step(opt.handle, tensors, 1, info))
         assert (info.skipped, info.compressed) == (0, 0)
         assert (info.step, info.loss_scale, info.grad_norm, info.bytes_sent) == (77, 77.0, 77.0, 77)
+        assert info.consecutive_skips == 77
+        # The struct before consecutive_skips was added: all but that field.
+        info.struct_size = ffi.offsetof("dsopt_step_info", "consecutive_skips")
+        dsopt.check(lib.dsopt_step(opt.handle, tensors, 1, info))
+        assert info.step == 2 and info.consecutive_skips == 77
         dsopt.check(lib.dsopt_step(opt.handle, tensors, 1, ffi.NULL))  # info may be NULL
-        assert opt.step(grads).step == 3
+        assert opt.step(grads).step == 4
 
 
 def test_null_handles_are_harmless():
@@ -185,6 +192,7 @@ ERRORS = [
     (-1, dsopt.InvalidArgument), (-2, dsopt.Unsupported), (-3, dsopt.OutOfMemory),
     (-4, dsopt.BufferTooSmall), (-5, dsopt.CorruptState), (-6, dsopt.Mismatch),
     (-7, dsopt.CommError), (-8, dsopt.CudaError), (-9, dsopt.InternalError),
+    (-10, dsopt.NonFiniteError),
 ]
 
 

@@ -192,3 +192,28 @@ def test_non_contiguous_parameter_is_rejected():
     weight = torch.nn.Parameter(torch.zeros(4, 6).t())
     with pytest.raises(dsopt.InvalidArgument, match="contiguous"):
         dsopt.torch.Optimizer([weight], ADAM)
+
+
+def test_skipped_steps_warn_and_a_stalled_run_raises_non_finite_error():
+    model = make_model()
+    opt = dsopt.torch.Optimizer(model.parameters(), dict(ADAM, max_consecutive_skips=2))
+    train(model, opt, 1)
+    before = snapshot(model)
+
+    def nan_step():
+        x, y = batch(0)
+        opt.zero_grad()
+        (torch.nn.functional.mse_loss(model(x), y) * float("nan")).backward()
+        opt.step()
+
+    with pytest.warns(dsopt.SkippedStepWarning, match="1 skipped in a row"):
+        nan_step()
+    assert opt.last_step_info.skipped and opt.last_step_info.consecutive_skips == 1
+    with pytest.raises(dsopt.NonFiniteError, match="max_consecutive_skips") as excinfo:
+        nan_step()
+    assert excinfo.value.info is opt.last_step_info
+    assert opt.last_step_info.consecutive_skips == 2 and opt.last_step_info.step == 1
+    for a, b in zip(model.parameters(), before):
+        assert torch.equal(a, b)
+    train(model, opt, 1)  # the run may continue
+    assert opt.last_step_info.step == 2 and opt.last_step_info.consecutive_skips == 0

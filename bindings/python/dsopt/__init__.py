@@ -6,7 +6,9 @@
         info = opt.step([np.random.rand(1000).astype(np.float32)])
 
 Every failing dsopt call raises a subclass of ``dsopt.DsoptError`` (one per
-status code) whose text includes the library's detail message.
+status code) whose text includes the library's detail message. A step skipped
+for Inf/NaN gradients warns (``dsopt.SkippedStepWarning``, rate-limited); a
+run that stops progressing raises ``dsopt.NonFiniteError``.
 """
 
 from ._lib import ffi, lib
@@ -21,11 +23,12 @@ from .errors import (
     InvalidArgument,
     InvalidArgumentType,
     Mismatch,
+    NonFiniteError,
     OutOfMemory,
     Unsupported,
     check,
 )
-from .optimizer import Optimizer, StepInfo
+from .optimizer import Optimizer, SkippedStepWarning, StepInfo
 from .tensors import bf16
 
 
@@ -46,6 +49,6 @@ __version__ = ".".join(map(str, HEADER_VERSION))
 __all__ = [
     "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaError", "DsoptError",
     "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType", "Mismatch",
-    "Optimizer", "OutOfMemory", "StepInfo", "Unsupported", "bf16", "build_info", "check",
-    "version",
+    "NonFiniteError", "Optimizer", "OutOfMemory", "SkippedStepWarning", "StepInfo", "Unsupported",
+    "bf16", "build_info", "check", "version",
 ]

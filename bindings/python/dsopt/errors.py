@@ -55,11 +55,24 @@ class InternalError(DsoptError):
     status = lib.DSOPT_EINTERNAL
 
 
+class NonFiniteError(DsoptError):
+    """Training is not progressing: ``max_consecutive_skips`` steps in a row
+    were skipped for Inf/NaN gradients, or fp16 gradients overflowed with the
+    loss scale already at ``fp16.min_loss_scale`` (``"max_consecutive_skips":
+    0`` turns both checks off). Raised by ``step`` on every rank; that step
+    was skipped like any other (nothing changed) and the next ``step`` may
+    continue. ``info`` is the ``StepInfo`` of that step (None when the error
+    did not come from a step)."""
+
+    status = lib.DSOPT_ENONFINITE
+    info = None
+
+
 _BY_STATUS = {
     cls.status: cls
     for cls in (
         InvalidArgument, Unsupported, OutOfMemory, BufferTooSmall, CorruptState,
-        Mismatch, CommError, CudaError, InternalError,
+        Mismatch, CommError, CudaError, InternalError, NonFiniteError,
     )
 }
 
@@ -84,5 +97,5 @@ def check(rc: int) -> int:
 __all__ = [
     "DsoptError", "InvalidArgument", "InvalidArgumentType", "Unsupported", "OutOfMemory",
     "BufferTooSmall", "CorruptState", "Mismatch", "CommError", "CudaError", "InternalError",
-    "check",
+    "NonFiniteError", "check",
 ]

@@ -7,7 +7,7 @@ from . import config as _config
 from ._lib import ffi, lib
 from .communicator import Communicator
 from ._args import as_float, as_int32, as_int64
-from .errors import InvalidArgumentType, check
+from .errors import InvalidArgumentType, NonFiniteError, check
 from .tensors import TensorList, describe
 
 
@@ -21,6 +21,35 @@ class StepInfo:
     loss_scale: float  # scale for the next backward (1.0 without loss scaling)
     grad_norm: float   # global gradient norm before clipping; -1.0 when not computed
     bytes_sent: int    # bytes this rank sent during the step
+    consecutive_skips: int  # steps skipped in a row, this one included; 0 when it applied
+
+    @classmethod
+    def _from_c(cls, info) -> "StepInfo":
+        return cls(
+            skipped=bool(info.skipped),
+            compressed=bool(info.compressed),
+            step=int(info.step),
+            loss_scale=float(info.loss_scale),
+            grad_norm=float(info.grad_norm),
+            bytes_sent=int(info.bytes_sent),
+            consecutive_skips=int(info.consecutive_skips),
+        )
+
+
+class SkippedStepWarning(RuntimeWarning):
+    """A step was skipped because some rank's gradients had Inf/NaN.
+
+    ``Optimizer.step`` warns on the first skipped step of an optimizer, then
+    again only when a run of consecutive skips reaches 10, 100, 1000, ...
+    steps, so the occasional overflow of fp16 loss scaling does not flood the
+    log. Every rank warns alike. A step that raises ``NonFiniteError`` does
+    not warn (the exception reports it)."""
+
+
+def _is_power_of_ten(n: int) -> bool:
+    while n >= 10 and n % 10 == 0:
+        n //= 10
+    return n == 1
 
 
 class Optimizer:
@@ -60,6 +89,7 @@ class Optimizer:
             raise
         self._handle = out[0]
         self._info = ffi.new("dsopt_step_info *")
+        self._skip_reported = False
 
     # ---- life cycle ------------------------------------------------------
 
@@ -122,20 +152,42 @@ class Optimizer:
 
     def step(self, grads) -> StepInfo:
         """One optimizer step with this rank's local gradients, one per
-        parameter, in parameter order (read only, during the call)."""
+        parameter, in parameter order (read only, during the call).
+
+        A step with Inf/NaN gradients on some rank is skipped on every rank
+        (``info.skipped``) and warns ``SkippedStepWarning`` (rate-limited,
+        see there). When the run stops progressing (``max_consecutive_skips``
+        skips in a row, or an fp16 overflow at ``min_loss_scale``) the
+        skipped step raises ``NonFiniteError`` with its ``StepInfo`` as
+        ``.info``; the next step may continue."""
         handle = self._live()
         grad_list = TensorList(grads, writable=False, kind="grads")
-        info = self._info
-        info.struct_size = ffi.sizeof("dsopt_step_info")
-        check(lib.dsopt_step(handle, grad_list.c_array, len(grad_list), info))
-        return StepInfo(
-            skipped=bool(info.skipped),
-            compressed=bool(info.compressed),
-            step=int(info.step),
-            loss_scale=float(info.loss_scale),
-            grad_norm=float(info.grad_norm),
-            bytes_sent=int(info.bytes_sent),
-        )
+        c_info = self._info
+        c_info.struct_size = ffi.sizeof("dsopt_step_info")
+        rc = lib.dsopt_step(handle, grad_list.c_array, len(grad_list), c_info)
+        info = StepInfo._from_c(c_info)  # written on DSOPT_OK and DSOPT_ENONFINITE
+        try:
+            check(rc)
+        except NonFiniteError as error:
+            error.info = info
+            self._skip_reported = True
+            raise
+        if info.skipped:
+            self._warn_skipped(info)
+        return info
+
+    def _warn_skipped(self, info: StepInfo) -> None:
+        """Warns on the first skip, then when a run reaches 10, 100, ... skips."""
+        run = info.consecutive_skips
+        if self._skip_reported and not (run >= 10 and _is_power_of_ten(run)):
+            return
+        self._skip_reported = True
+        warnings.warn(
+            f"dsopt: step skipped because some rank's gradients had Inf/NaN ({run} skipped "
+            f"in a row). After \"max_consecutive_skips\" skips in a row (config key, "
+            f"default 50; 0 turns it off) step() raises dsopt.NonFiniteError. Further "
+            f"skips warn only when a run reaches 10, 100, 1000, ... steps.",
+            SkippedStepWarning, stacklevel=3)
 
     # ---- learning rates and loss scale -----------------------------------
 
@@ -218,4 +270,4 @@ class Optimizer:
         return f"<dsopt.Optimizer {state}>"
 
 
-__all__ = ["Optimizer", "StepInfo"]
+__all__ = ["Optimizer", "SkippedStepWarning", "StepInfo"]

@@ -21,6 +21,10 @@
   dsopt when it changed, so LR schedulers work as with torch's optimizers.
 * ``state_dict()`` is torch's (the groups' settings) plus the dsopt state
   blob under ``"dsopt_state"``; ``load_state_dict`` restores both.
+* Skipped steps (Inf/NaN gradients on some rank) warn
+  ``dsopt.SkippedStepWarning`` (rate-limited); when the run stops
+  progressing ``step`` raises ``dsopt.NonFiniteError`` (its ``.info`` is
+  also ``last_step_info``), as ``dsopt.Optimizer.step`` does.
 * ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, or None (one
   process). ``step`` is collective over it: with several ranks every rank
   steps with its local gradients and dsopt averages them.
@@ -31,6 +35,7 @@ import json
 import torch
 
 from .communicator import Communicator
+from .errors import NonFiniteError
 from .optimizer import Optimizer as _DsoptOptimizer
 
 
@@ -98,7 +103,9 @@ class Optimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One dsopt step with the parameters' ``.grad`` (collective).
-        ``self.last_step_info`` holds what it did (a ``dsopt.StepInfo``)."""
+        ``self.last_step_info`` holds what it did (a ``dsopt.StepInfo``).
+        Skipped steps warn and a run that stops progressing raises
+        ``dsopt.NonFiniteError``, as ``dsopt.Optimizer.step`` does."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -111,9 +118,14 @@ class Optimizer(torch.optim.Optimizer):
             # dsopt works on its communicator's stream (the legacy default
             # stream for a local one): order it after torch's stream.
             torch.cuda.current_stream().synchronize()
-        self.last_step_info = self.dsopt.step(grads)
-        if on_side_stream:
-            torch.cuda.synchronize()
+        try:
+            self.last_step_info = self.dsopt.step(grads)
+        except NonFiniteError as error:
+            self.last_step_info = error.info  # that step was skipped, like any other
+            raise
+        finally:
+            if on_side_stream:
+                torch.cuda.synchronize()
         return loss
 
     @property

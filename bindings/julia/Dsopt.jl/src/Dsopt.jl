@@ -56,6 +56,7 @@ const DSOPT_EMISMATCH    = Cint(-6)
 const DSOPT_ECOMM        = Cint(-7)
 const DSOPT_ECUDA        = Cint(-8)
 const DSOPT_EINTERNAL    = Cint(-9)
+const DSOPT_ENONFINITE   = Cint(-10)
 
 const DSOPT_FLOAT32  = Int32(0)
 const DSOPT_FLOAT16  = Int32(1)
@@ -65,8 +66,15 @@ const DSOPT_BFLOAT16 = Int32(2)
     DsoptError(code, status, message)
 
 A dsopt call failed. `code` is the C status (`DSOPT_EINVAL` = -1, ...,
-`DSOPT_EINTERNAL` = -9), `status` its fixed text (`dsopt_status_string`) and
-`message` the library's detail for this failure (`dsopt_last_error`).
+`DSOPT_EINTERNAL` = -9, `DSOPT_ENONFINITE` = -10), `status` its fixed text
+(`dsopt_status_string`) and `message` the library's detail for this failure
+(`dsopt_last_error`).
+
+`Dsopt.DSOPT_ENONFINITE` comes from [`step!`](@ref): training is not
+progressing (`"max_consecutive_skips"` steps in a row skipped for Inf/NaN
+gradients, or an fp16 overflow at `min_loss_scale`). That step was skipped
+like any other and the next `step!` may continue; its `StepInfo` is not
+returned with the error.
 """
 struct DsoptError <: Exception
     code::Int
@@ -257,7 +265,7 @@ end
 
 # ---- the optimizer -------------------------------------------------------------
 
-# The C dsopt_step_info (48 bytes); struct_size tells dsopt which fields exist.
+# The C dsopt_step_info (56 bytes); struct_size tells dsopt which fields exist.
 struct CStepInfo
     struct_size::UInt32
     skipped::Int32
@@ -267,13 +275,16 @@ struct CStepInfo
     loss_scale::Float64
     grad_norm::Float64
     bytes_sent::UInt64
+    consecutive_skips::Int64
 end
 
 """
 What one [`step!`](@ref) did: whether it was `skipped` (a non-finite gradient
 on some rank) or `compressed` (1-bit communication), the number of updates
 applied so far (`step`), the `loss_scale` for the next backward pass,
-`grad_norm` (`nothing` when not computed) and the `bytes_sent` by this rank.
+`grad_norm` (`nothing` when not computed), the `bytes_sent` by this rank and
+`consecutive_skips` (steps skipped in a row, this one included; 0 when this
+step applied).
 """
 struct StepInfo
     skipped::Bool
@@ -282,6 +293,7 @@ struct StepInfo
     loss_scale::Float64
     grad_norm::Union{Float64,Nothing}
     bytes_sent::UInt64
+    consecutive_skips::Int64
 end
 
 """
@@ -366,10 +378,17 @@ end
 One optimizer step with this rank's local gradients: one array per
 parameter, in order, same length (dtypes may differ from the parameters').
 Gradients are only read, during the call. Collective.
+
+A step with Inf/NaN gradients on some rank is skipped on every rank
+(`skipped`, `consecutive_skips`). When the run stops progressing
+(`"max_consecutive_skips"` skips in a row, default 50; or an fp16 overflow
+at `min_loss_scale`; `"max_consecutive_skips": 0` turns both checks off)
+that skipped step throws a [`DsoptError`](@ref)
+with code `Dsopt.DSOPT_ENONFINITE`; the next `step!` may continue.
 """
 function step!(opt::Optimizer, grads::AbstractVector)
     tensors = CTensor[ctensor(g, "grads[$i]", 0) for (i, g) in enumerate(grads)]
-    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0))
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0))
     GC.@preserve grads tensors begin
         @check ccall((:dsopt_step, libdsopt), Cint,
                      (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
@@ -377,7 +396,8 @@ function step!(opt::Optimizer, grads::AbstractVector)
     end
     i = info[]
     return StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
-                    i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent)
+                    i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent,
+                    i.consecutive_skips)
 end
 
 "Sets the learning rate of every parameter group."

@@ -6,6 +6,8 @@ use std::os::raw::c_int;
 
 use dsopt_sys as sys;
 
+use crate::optimizer::StepInfo;
+
 /// What kind of failure a status code is (`DSOPT_E*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -28,6 +30,11 @@ pub enum ErrorKind {
     Cuda,
     /// `DSOPT_EINTERNAL`, or a code this binding does not know.
     Internal,
+    /// `DSOPT_ENONFINITE`: training is not progressing (`max_consecutive_skips`
+    /// steps in a row skipped for Inf/NaN gradients, or an fp16 overflow at
+    /// `min_loss_scale`). The step was skipped like any other and the next one
+    /// may continue; [`Error::step_info`] says what it did.
+    NonFinite,
 }
 
 impl ErrorKind {
@@ -41,17 +48,20 @@ impl ErrorKind {
             sys::DSOPT_EMISMATCH => ErrorKind::Mismatch,
             sys::DSOPT_ECOMM => ErrorKind::Comm,
             sys::DSOPT_ECUDA => ErrorKind::Cuda,
+            sys::DSOPT_ENONFINITE => ErrorKind::NonFinite,
             _ => ErrorKind::Internal,
         }
     }
 }
 
 /// A dsopt call failed: its status code and the detail message that
-/// `dsopt_last_error` gave right after it, on the same thread.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `dsopt_last_error` gave right after it, on the same thread, plus the
+/// step's [`StepInfo`] for [`ErrorKind::NonFinite`].
+#[derive(Debug, Clone, PartialEq)]
 pub struct Error {
     code: c_int,
     message: String,
+    step_info: Option<StepInfo>,
 }
 
 /// `Result` with [`Error`].
@@ -77,11 +87,26 @@ impl Error {
         status_text(self.code)
     }
 
+    /// What the failing step did, when the library reported it with the
+    /// error: `Some` for [`ErrorKind::NonFinite`] from
+    /// [`Optimizer::step`](crate::Optimizer::step) (a skipped step), else `None`.
+    pub fn step_info(&self) -> Option<&StepInfo> {
+        self.step_info.as_ref()
+    }
+
+    pub(crate) fn with_step_info(self, step_info: StepInfo) -> Error {
+        Error {
+            step_info: Some(step_info),
+            ..self
+        }
+    }
+
     /// An argument the binding rejects before calling the library.
     pub(crate) fn invalid(message: impl Into<String>) -> Error {
         Error {
             code: sys::DSOPT_EINVAL,
             message: message.into(),
+            step_info: None,
         }
     }
 }
@@ -123,5 +148,6 @@ pub(crate) fn check(rc: c_int) -> Result<()> {
     Err(Error {
         code: rc,
         message: detail.to_string_lossy().into_owned(),
+        step_info: None,
     })
 }

@@ -7,7 +7,7 @@ use std::ptr::{self, NonNull};
 use dsopt_sys as sys;
 
 use crate::comm::Communicator;
-use crate::error::{check, Error, Result};
+use crate::error::{check, Error, ErrorKind, Result};
 use crate::tensor::{GradSlice, ParamSlice};
 
 /// What one step did (`dsopt_step_info`).
@@ -25,6 +25,22 @@ pub struct StepInfo {
     pub grad_norm: Option<f64>,
     /// Bytes this rank sent through the communicator during the step.
     pub bytes_sent: u64,
+    /// Steps skipped in a row, this one included; 0 when this step applied.
+    pub consecutive_skips: i64,
+}
+
+impl StepInfo {
+    fn from_c(info: &sys::dsopt_step_info) -> StepInfo {
+        StepInfo {
+            skipped: info.skipped != 0,
+            compressed: info.compressed != 0,
+            step: info.step,
+            loss_scale: info.loss_scale,
+            grad_norm: (info.grad_norm >= 0.0).then_some(info.grad_norm),
+            bytes_sent: info.bytes_sent,
+            consecutive_skips: info.consecutive_skips,
+        }
+    }
 }
 
 /// A dsopt optimizer (`dsopt_optimizer`). It borrows its parameter buffers
@@ -93,6 +109,14 @@ impl<'a> Optimizer<'a> {
 
     /// One optimizer step with this rank's local gradients: one per
     /// parameter, in order, same lengths (dtypes may differ). Collective.
+    ///
+    /// A step with Inf/NaN gradients on some rank is skipped on every rank
+    /// (`skipped`, `consecutive_skips`). When the run stops progressing
+    /// (`"max_consecutive_skips"` skips in a row, default 50; or an fp16
+    /// overflow at `min_loss_scale`; `"max_consecutive_skips": 0` turns both
+    /// checks off) the skipped step returns
+    /// [`ErrorKind::NonFinite`] with its `StepInfo` in
+    /// [`Error::step_info`]; the next step may continue.
     pub fn step(&mut self, grads: &[GradSlice<'_>]) -> Result<StepInfo> {
         let tensors: Vec<sys::dsopt_tensor> = grads.iter().map(|g| g.to_c()).collect();
         // Safety: an all-zero dsopt_step_info is a valid value (plain integers
@@ -101,22 +125,21 @@ impl<'a> Optimizer<'a> {
         info.struct_size = mem::size_of::<sys::dsopt_step_info>() as u32;
         // Safety: the handle is live; `tensors` points to valid gradient
         // buffers that are only read during the call.
-        check(unsafe {
+        let rc = unsafe {
             sys::dsopt_step(
                 self.raw.as_ptr(),
                 tensors.as_ptr(),
                 tensors.len() as i64,
                 &mut info,
             )
+        };
+        // `info` is written on DSOPT_OK and DSOPT_ENONFINITE.
+        let step_info = StepInfo::from_c(&info);
+        check(rc).map_err(|error| match error.kind() {
+            ErrorKind::NonFinite => error.with_step_info(step_info),
+            _ => error,
         })?;
-        Ok(StepInfo {
-            skipped: info.skipped != 0,
-            compressed: info.compressed != 0,
-            step: info.step,
-            loss_scale: info.loss_scale,
-            grad_norm: (info.grad_norm >= 0.0).then_some(info.grad_norm),
-            bytes_sent: info.bytes_sent,
-        })
+        Ok(step_info)
     }
 
     /// Sets the learning rate of every parameter group.

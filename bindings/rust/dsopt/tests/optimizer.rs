@@ -207,3 +207,67 @@ fn momentum_masks_belong_to_one_bit_optimizers() {
     );
     onebit.set_momentum_mask(0, None).unwrap();
 }
+
+#[test]
+fn steps_skipped_max_consecutive_skips_times_in_a_row_are_a_non_finite_error() {
+    let config =
+        r#"{"optimizer": {"type": "Adam", "params": {"lr": 0.01}}, "max_consecutive_skips": 2}"#;
+    let mut w = vec![1.0f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let nan = [1.0, f32::NAN, 0.5, -0.5];
+
+    let first = opt.step(&[GradSlice::f32(&nan)]).unwrap();
+    assert!(first.skipped);
+    assert_eq!((first.step, first.consecutive_skips), (0, 1));
+
+    let err = opt.step(&[GradSlice::f32(&nan)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NonFinite, "{err}");
+    assert_eq!(err.code(), dsopt::sys::DSOPT_ENONFINITE);
+    assert!(err.message().contains("max_consecutive_skips"), "{err}");
+    let info = err
+        .step_info()
+        .expect("the skipped step's info comes with the error");
+    assert!(info.skipped);
+    assert_eq!((info.step, info.consecutive_skips), (0, 2));
+    assert_eq!(opt.params()[0].as_f32().unwrap(), &[1.0; 4]);
+
+    // The run may continue.
+    let applied = opt.step(&[GradSlice::f32(&[1.0; 4])]).unwrap();
+    assert!(!applied.skipped);
+    assert_eq!((applied.step, applied.consecutive_skips), (1, 0));
+}
+
+#[test]
+fn other_errors_carry_no_step_info() {
+    let mut w = vec![1.0f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let err = opt.step(&[GradSlice::f32(&[1.0; 3])]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.step_info().is_none());
+}
+
+#[test]
+fn onebit_adam_accepts_the_stabilize_keys() {
+    for stabilize in ["true", "false"] {
+        let config = format!(
+            r#"{{"optimizer": {{"type": "OneBitAdam", "params": {{"lr": 0.01, "freeze_step": 2,
+                "stabilize": {stabilize}, "stabilize_limit": 0.5}}}}}}"#
+        );
+        let mut w = vec![0.5f32; 64];
+        let mut comm = Communicator::local().unwrap();
+        let mut opt = Optimizer::new(&config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+        let last = (0..4)
+            .map(|s| opt.step(&[GradSlice::f32(&grads(s, 64))]).unwrap())
+            .last()
+            .unwrap();
+        assert!(last.compressed && last.step == 4);
+    }
+    let bad = r#"{"optimizer": {"type": "OneBitAdam", "params": {"stabilize_limit": 0}}}"#;
+    let mut w = vec![0.5f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let err = Optimizer::new(bad, [ParamSlice::f32(&mut w)], &mut comm).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("stabilize_limit"), "{err}");
+}
