@@ -35,6 +35,19 @@ if [ ${#mpi_benchmarks[@]} -gt 0 ]; then build_targets "${mpi_benchmarks[@]}"; f
 echo "== adam_cpu_bench: AdamW step throughput on the CPU =="
 OMP_NUM_THREADS=$threads "$build/bench/adam_cpu_bench" --threads "$threads" "$@"
 
+# The CUDA benchmark is in builds with CUDA; without a device it says so.
+if grep -qx adam_cuda_bench "$build/bench/benchmarks.txt" 2>/dev/null; then
+  build_targets adam_cuda_bench
+  echo
+  echo "== adam_cuda_bench: AdamW and 1-bit Adam step throughput on a CUDA device =="
+  "$build/bench/adam_cuda_bench"
+  if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo
+    echo "== torch's CUDA AdamW (fused and foreach), same sizes =="
+    python3 "$here/adam_cuda_torch.py"
+  fi
+fi
+
 if [ ${#mpi_benchmarks[@]} -eq 0 ]; then
   echo
   echo "run_benchmarks: compressed_allreduce_bench and onebit_e2e_bench skipped (dsopt built without MPI)"

@@ -14,8 +14,9 @@ have_header nlohmann/json.hpp || apt_missing+=(nlohmann-json3-dev)
 have_header zlib.h || apt_missing+=(zlib1g-dev)
 
 pip_missing=()
-for mod in numpy cffi pytest mpi4py ml_dtypes matplotlib wheel; do
-  python3 -c "import $mod" 2>/dev/null || pip_missing+=("$mod")
+# "pip package:module" where the two differ
+for pkg in numpy cffi pytest mpi4py ml_dtypes matplotlib wheel scikit-learn:sklearn; do
+  python3 -c "import ${pkg#*:}" 2>/dev/null || pip_missing+=("${pkg%%:*}")
 done
 
 if [ ${#apt_missing[@]} -eq 0 ] && [ ${#pip_missing[@]} -eq 0 ]; then exit 0; fi

@@ -5,33 +5,70 @@ batches, and a training loop around any dsopt config.
 - ``digits``: a ReLU MLP 64-128-128-10 on scikit-learn's bundled
   ``load_digits`` (1797 8x8 images, 80/20 split). Several input pixels are
   never lit, so their first-layer weights never get a gradient.
+- ``chars``: a next-byte predictor on the GPL-3 text Debian ships in
+  ``/usr/share/common-licenses`` (package base-files): the 4 previous bytes,
+  each through a 256-row embedding table, -> ReLU hidden layer -> softmax
+  over 256 bytes. The text uses 76 distinct bytes, so 180 embedding rows
+  never get a gradient, and rare bytes give rows whose second moment is
+  tiny.
 
 Every rank builds the same data and the same initial parameters from the
 seed; each global batch is split evenly over the ranks, and each rank passes
 the mean gradient of its share (what dsopt_step expects).
 """
-from dataclasses import dataclass, field
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 
 @dataclass
 class Dataset:
+    """x: float features (digits) or integer byte indices (chars); y: class indices."""
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
 
 
-def load_digits_split(seed=0):
-    """scikit-learn's digits, pixels scaled to [0, 1], a fixed 80/20 split."""
+def _digits_pixels_and_labels():
+    # Importing sklearn takes seconds (4 ranks on 2 cores: 7 s per launch),
+    # so read the CSV it bundles for load_digits directly when it is there.
+    spec = importlib.util.find_spec("sklearn")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        csv = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if csv.exists():
+            table = np.loadtxt(csv, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 
-    x, y = load_digits(return_X_y=True)
+    return load_digits(return_X_y=True)
+
+
+def load_digits_split(seed=0):
+    """scikit-learn's digits, pixels scaled to [0, 1], a fixed 80/20 split."""
+    x, y = _digits_pixels_and_labels()
     x = (x / 16.0).astype(np.float32)
     order = np.random.RandomState(seed).permutation(len(x))
     cut = int(0.8 * len(x))
     return Dataset(x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]])
+
+
+def _softmax(logits):
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def _cross_entropy(logits, y):
+    """(mean loss, d loss / d logits); NaN logits give loss NaN."""
+    prob = _softmax(logits)
+    n = len(y)
+    with np.errstate(divide="ignore"):
+        loss = float(-np.mean(np.log(prob[np.arange(n), y])))
+    prob[np.arange(n), y] -= 1.0
+    return loss, prob / n
 
 
 class MLP:
@@ -64,22 +101,10 @@ class MLP:
             acts.append(h)
         return acts
 
-    @staticmethod
-    def _softmax(logits):
-        z = logits - logits.max(axis=1, keepdims=True)
-        p = np.exp(z)
-        return p / p.sum(axis=1, keepdims=True)
-
     def loss_and_grads(self, params, x, y):
         """Mean cross-entropy over the batch and its gradient per parameter."""
         acts = self._forward(params, x)
-        prob = self._softmax(acts[-1])
-        n = len(y)
-        with np.errstate(divide="ignore"):
-            loss = float(-np.mean(np.log(prob[np.arange(n), y])))
-        d = prob
-        d[np.arange(n), y] -= 1.0
-        d /= n
+        loss, d = _cross_entropy(acts[-1], y)
         grads = [None] * len(params)
         for layer in reversed(range(len(params) // 2)):
             grads[2 * layer] = acts[layer].T @ d
@@ -92,48 +117,71 @@ class MLP:
         """(mean loss, accuracy); NaN parameters give loss NaN."""
         with np.errstate(all="ignore"):
             logits = self._forward(params, x)[-1]
-            prob = self._softmax(logits)
-            loss = float(-np.mean(np.log(prob[np.arange(len(y)), y])))
+            loss, _ = _cross_entropy(logits, y)
             acc = float(np.mean(np.argmax(logits, axis=1) == y))
         return loss, acc
 
 
-@dataclass
-class RunResult:
-    train_loss: float            # on the whole training set, after the last step
-    test_accuracy: float
-    skipped: int                 # steps skipped for non-finite gradients
-    error: str = ""              # the dsopt error that ended the run early, if any
-    bytes_sent: int = 0          # this rank's bytes through the communicator
-    losses: list = field(default_factory=list)  # this rank's batch loss per step
+GPL3_TEXT = "/usr/share/common-licenses/GPL-3"
 
 
-def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, on_step=None):
-    """Trains `model` on `data` with a dsopt optimizer built from `config`
-    (a dict) over `comm`. Every rank calls it with the same arguments. A
-    dsopt.NonFiniteError (the run stopped progressing) ends the run early
-    and is reported in the result; other errors propagate."""
-    import dsopt
+def load_text_split(path=GPL3_TEXT, context=4, seed=0):
+    """Every position of the file as (the `context` previous bytes, the
+    byte), a fixed random 90/10 split of the positions."""
+    text = np.frombuffer(Path(path).read_bytes(), dtype=np.uint8).astype(np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(text, context + 1)
+    x, y = windows[:, :context].copy(), windows[:, context].copy()
+    order = np.random.RandomState(seed).permutation(len(y))
+    cut = int(0.9 * len(y))
+    return Dataset(x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]])
 
-    params = model.init_params(seed)
-    local = batch // world
-    draw = np.random.RandomState(seed + 1000)
-    result = RunResult(float("nan"), 0.0, 0)
-    with dsopt.Optimizer(config, params, comm=comm) as opt:
-        for step in range(steps):
-            idx = draw.choice(len(data.y_train), batch, replace=False)[rank * local:(rank + 1) * local]
-            loss, grads = model.loss_and_grads(params, data.x_train[idx], data.y_train[idx])
-            try:
-                info = opt.step([g.ravel() for g in grads])
-            except dsopt.NonFiniteError as e:
-                result.error = str(e)
-                result.skipped += 1
-                break
-            result.skipped += int(info.skipped)
-            result.bytes_sent += int(info.bytes_sent)
-            result.losses.append(loss)
-            if on_step is not None:
-                on_step(step, loss, info)
-    result.train_loss, _ = model.evaluate(params, data.x_train, data.y_train)
-    _, result.test_accuracy = model.evaluate(params, data.x_test, data.y_test)
-    return result
+
+class CharModel:
+    """Next-byte predictor: embedding (256, dim) of each context byte,
+    concatenated -> ReLU hidden layer -> logits over 256 bytes. Parameters
+    [E, W1, b1, W2, b2]; E ~ N(0, 1) like torch.nn.Embedding, the linear
+    layers like MLP's."""
+
+    VOCAB = 256
+
+    def __init__(self, context=4, dim=16, hidden=128):
+        self.context, self.dim, self.hidden = context, dim, hidden
+
+    def init_params(self, seed):
+        rng = np.random.RandomState(seed)
+        params = [rng.standard_normal((self.VOCAB, self.dim)).astype(np.float32)]
+        for fan_in, fan_out in ((self.context * self.dim, self.hidden), (self.hidden, self.VOCAB)):
+            bound = 1.0 / np.sqrt(fan_in)
+            params.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
+            params.append(rng.uniform(-bound, bound, (fan_out,)).astype(np.float32))
+        return params
+
+    def num_params(self):
+        return (self.VOCAB * self.dim + (self.context * self.dim + 1) * self.hidden
+                + (self.hidden + 1) * self.VOCAB)
+
+    def _forward(self, params, x):
+        emb, w1, b1, w2, b2 = params
+        e = emb[x].reshape(len(x), -1)
+        h = np.maximum(e @ w1 + b1, 0.0)
+        return e, h, h @ w2 + b2
+
+    def loss_and_grads(self, params, x, y):
+        """Mean cross-entropy over the batch and its gradient per parameter."""
+        emb, w1, _, w2, _ = params
+        e, h, logits = self._forward(params, x)
+        loss, d = _cross_entropy(logits, y)
+        g_w2, g_b2 = h.T @ d, d.sum(axis=0)
+        d = (d @ w2.T) * (h > 0)
+        g_w1, g_b1 = e.T @ d, d.sum(axis=0)
+        g_emb = np.zeros_like(emb)
+        np.add.at(g_emb, x.ravel(), (d @ w1.T).reshape(-1, self.dim))
+        return loss, [g.astype(np.float32) for g in (g_emb, g_w1, g_b1, g_w2, g_b2)]
+
+    def evaluate(self, params, x, y):
+        """(mean loss, next-byte accuracy); NaN parameters give loss NaN."""
+        with np.errstate(all="ignore"):
+            logits = self._forward(params, x)[-1]
+            loss, _ = _cross_entropy(logits, y)
+            acc = float(np.mean(np.argmax(logits, axis=1) == y))
+        return loss, acc

@@ -1,6 +1,8 @@
-"""The main demo (examples/python/mlp_demo.py), shortened: both optimizers
-train, the loss falls, the plot and the summary are written, and on several
-ranks 1-bit Adam puts fewer bytes on the wire than Adam."""
+"""The main demo (examples/python/demo.py), shortened to 150 steps, on one
+process and on 4 MPI ranks: AdamW and 1-bit Adam (default, stabilized) train
+the digits MLP, 1-bit Adam with "stabilize": false is reported (skipped
+steps / diverged) without ending the demo, the plot and the summary are
+written, and on 4 ranks 1-bit Adam puts fewer bytes on the wire than AdamW."""
 import json
 import os
 import shutil
@@ -10,38 +12,62 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DEMO = os.path.join(ROOT, "examples", "python", "mlp_demo.py")
+DEMO = os.path.join(ROOT, "examples", "python", "demo.py")
+NAMES = ["AdamW", "1-bit Adam", "1-bit Adam, stabilize=false"]
 
 
 def run_demo(tmp_path, launcher):
     pytest.importorskip("matplotlib", reason="the demo's plot needs matplotlib (pip install matplotlib)")
+    pytest.importorskip("sklearn", reason="the demo's data set needs scikit-learn (pip install scikit-learn)")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     out = tmp_path / "demo"
-    cmd = launcher + [sys.executable, DEMO, "--steps", "100", "--log-every", "50", "--out", str(out)]
+    cmd = launcher + [sys.executable, DEMO, "--steps", "150", "--log-every", "50", "--out", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "demo.png").stat().st_size > 10000
     summary = json.loads((out / "summary.json").read_text())
+    assert [r["name"] for r in summary["results"]] == NAMES
+    assert "train loss" in proc.stdout and "bytes on the wire" in proc.stdout
     return proc.stdout, summary
 
 
-def test_demo_on_one_process_trains_both_optimizers(tmp_path):
+def check_the_two_that_train(summary):
+    adamw, onebit, _ = summary["results"]
+    for r in (adamw, onebit):
+        assert r["error"] == "" and r["diverged_at"] is None and r["skipped_steps"] == 0, r
+        assert r["steps_run"] == 150, r
+        assert r["final_loss"] < 0.2 * r["initial_loss"], r
+        assert r["test_accuracy"] > 0.8, r
+    freeze = onebit["config"]["optimizer"]["params"]["freeze_step"]
+    assert freeze == int(0.15 * 150)
+    assert onebit["first_compressed_step"] == freeze  # steps 1 .. freeze-1 are warmup
+
+
+def test_demo_on_one_process(tmp_path):
     stdout, summary = run_demo(tmp_path, [])
     assert summary["world"] == 1
-    for r in summary["results"]:
-        assert r["final_loss"] < 0.6 * r["initial_loss"], r
-    assert "1-bit Adam" in stdout and "bytes on the wire" in stdout
+    check_the_two_that_train(summary)
+    # DeepSpeed's rule: on one process it blows up without skipping steps (the
+    # loss ends near chance); the demo only has to report it and go on.
+    unstable = summary["results"][2]
+    assert unstable["final_loss"] is None or unstable["final_loss"] > unstable["initial_loss"] / 2, unstable
+    assert "1-bit Adam, stabilize=false" in stdout
 
 
-def test_demo_on_four_ranks_sends_fewer_bytes_with_one_bit_adam(tmp_path):
+def test_demo_on_four_ranks(tmp_path):
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found")
     pytest.importorskip("mpi4py", reason="the multi-rank demo needs mpi4py")
     stdout, summary = run_demo(tmp_path, ["mpirun", "-np", "4", "--oversubscribe"])
-    adam, onebit = summary["results"]
     assert summary["world"] == 4
-    for r in (adam, onebit):
-        assert r["final_loss"] < 0.6 * r["initial_loss"], r
-    assert onebit["total_bytes"] < adam["total_bytes"] / 2
+    check_the_two_that_train(summary)
+    adamw, onebit, unstable = summary["results"]
+    assert onebit["total_bytes"] < adamw["total_bytes"] / 2
     assert "compressed" in stdout
+    # DeepSpeed's rule diverges: steps skipped, then NonFiniteError, reported
+    # as "diverged at step N: ..." while the demo goes on to the summary.
+    assert unstable["skipped_steps"] > 0, unstable
+    assert unstable["diverged_at"] is not None and unstable["steps_run"] < 150, unstable
+    assert f"diverged at step {unstable['diverged_at']}: " in stdout
+    assert unstable["final_loss"] is None  # NaN parameters: null in summary.json

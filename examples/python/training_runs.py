@@ -1,0 +1,208 @@
+"""Training the models of small_models.py with a dsopt optimizer: one
+training loop for the demo, the convergence tests and the freeze_step table,
+and the machinery to run a list of runs on one process or on several MPI
+ranks: ``run_under_mpirun`` launches a worker script whose main calls
+``mpi_worker_main``; every rank trains each ``RunSpec`` in turn and writes its
+results to ``rank<r>.json``.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from small_models import MLP, CharModel, load_digits_split, load_text_split
+
+# name -> (model factory, data loader): what a RunSpec names.
+MODELS = {"digits": (MLP, load_digits_split), "chars": (CharModel, load_text_split)}
+
+
+@dataclass
+class RunResult:
+    train_loss: float            # on the whole training set, after the last step
+    test_accuracy: float
+    skipped: int                 # steps skipped for non-finite gradients
+    error: str = ""              # the dsopt error that ended the run early, if any
+    error_step: int = 0          # the step (counted from 1) that raised it
+    bytes_sent: int = 0          # this rank's bytes through the communicator
+    losses: list = field(default_factory=list)  # this rank's batch loss per step
+
+
+def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, on_step=None, evaluate=True):
+    """Trains `model` on `data` with a dsopt optimizer built from `config`
+    (a dict) over `comm`. Every rank calls it with the same arguments. A
+    dsopt.NonFiniteError (the run stopped progressing) ends the run early
+    and is reported in the result; other errors propagate. evaluate=False
+    leaves train_loss NaN and test_accuracy 0 (every rank ends with the same
+    parameters, so one rank evaluating is enough)."""
+    import dsopt
+
+    params = model.init_params(seed)
+    local = batch // world
+    draw = np.random.RandomState(seed + 1000)
+    result = RunResult(float("nan"), 0.0, 0)
+    with dsopt.Optimizer(config, params, comm=comm) as opt:
+        for step in range(steps):
+            idx = draw.choice(len(data.y_train), batch, replace=False)[rank * local:(rank + 1) * local]
+            loss, grads = model.loss_and_grads(params, data.x_train[idx], data.y_train[idx])
+            try:
+                info = opt.step([g.ravel() for g in grads])
+            except dsopt.NonFiniteError as e:
+                result.error, result.error_step = str(e), step + 1
+                result.skipped += 1
+                if e.info is not None:  # the failing step was skipped, but it communicated
+                    result.bytes_sent += int(e.info.bytes_sent)
+                break
+            result.skipped += int(info.skipped)
+            result.bytes_sent += int(info.bytes_sent)
+            result.losses.append(loss)
+            if on_step is not None:
+                on_step(step, loss, info)
+    if evaluate:
+        result.train_loss, _ = model.evaluate(params, data.x_train, data.y_train)
+        _, result.test_accuracy = model.evaluate(params, data.x_test, data.y_test)
+    return result
+
+
+# ---- configurations ------------------------------------------------------------------
+
+
+def onebit_config(freeze_step, lr=1e-3, weight_decay=0.01, **params):
+    """1-bit Adam; freeze_step beyond the run gives its uncompressed rule
+    (Adam without bias correction). `params`: further optimizer params,
+    e.g. stabilize=False."""
+    return {"optimizer": {"type": "OneBitAdam",
+                          "params": dict(lr=lr, weight_decay=weight_decay, freeze_step=freeze_step, **params)},
+            "threads": 1}  # ranks share the cores
+
+
+def adamw_config(lr=1e-3, weight_decay=0.01):
+    return {"optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay}}, "threads": 1}
+
+
+# ---- several runs, one or several ranks ------------------------------------------------
+
+
+@dataclass
+class RunSpec:
+    name: str        # unique among the runs of one launch
+    model: str       # a key of MODELS
+    config: dict
+    steps: int = 300
+    batch: int = 64  # global
+    seed: int = 0
+
+
+def run_specs(specs, comm, rank, world, on_result=None):
+    """Trains every RunSpec in turn on `comm`; returns {name: RunResult}
+    (loss and accuracy from rank 0 only). `on_result(name, result)` is
+    called after each run."""
+    loaded = {}
+    results = {}
+    for spec in specs:
+        make_model, load_data = MODELS[spec.model]
+        if spec.model not in loaded:
+            loaded[spec.model] = load_data()
+        results[spec.name] = train(make_model(), loaded[spec.model], spec.config, comm, rank, world,
+                                   steps=spec.steps, batch=spec.batch, seed=spec.seed, evaluate=rank == 0)
+        if on_result is not None:
+            on_result(spec.name, results[spec.name])
+    return results
+
+
+def run_local(specs):
+    """run_specs on one rank, in this process."""
+    import dsopt
+
+    with dsopt.Communicator.local() as comm:
+        return run_specs(specs, comm, 0, 1)
+
+
+def mpi_worker_main(specs_path, out_dir):
+    """The body of a worker script under mpirun: runs the RunSpecs of the
+    JSON file on MPI_COMM_WORLD (mpi4py); rank r rewrites rank<r>.json in
+    out_dir after every run, so a crash or hang leaves the finished ones."""
+    from mpi4py import MPI
+
+    import dsopt
+
+    specs = [RunSpec(**s) for s in json.loads(Path(specs_path).read_text())]
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    done = {}
+
+    def save(name, result):
+        done[name] = asdict(result)
+        path = Path(out_dir) / f"rank{rank}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(done))
+        path.with_suffix(".tmp").replace(path)
+
+    with dsopt.Communicator.from_mpi4py(world) as comm:
+        run_specs(specs, comm, rank, world.Get_size(), on_result=save)
+
+
+def mpi_available():
+    """'' when mpirun and mpi4py are there, else what is missing."""
+    if shutil.which("mpirun") is None:
+        return "mpirun not found (apt-get install openmpi-bin)"
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py not importable (pip install mpi4py)"
+    return ""
+
+
+class MpirunFailed(RuntimeError):
+    """mpirun timed out or some rank did not finish every run; `finished`:
+    {name: [RunResult of each rank]} of the runs every rank finished."""
+
+    def __init__(self, message, finished):
+        super().__init__(message)
+        self.finished = finished
+
+
+def run_under_mpirun(worker_args, specs, world, timeout=120):
+    """Runs `specs` on `world` ranks: ``mpirun -np world python3
+    *worker_args SPECS OUT_DIR``, the worker calling mpi_worker_main(SPECS,
+    OUT_DIR). Returns {name: [RunResult of each rank]} (loss and accuracy
+    in rank 0's); raises MpirunFailed (with mpirun's output) when it times
+    out or some rank did not finish all."""
+    import dsopt
+
+    if len({s.name for s in specs}) < len(specs):
+        raise ValueError("RunSpec names must be unique")
+    here = str(Path(__file__).resolve().parent)
+    binding = str(Path(dsopt.__file__).resolve().parent.parent)
+    path = [here, binding] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(path))
+    with tempfile.TemporaryDirectory(prefix="dsopt_runs_") as tmp:
+        specs_path = Path(tmp) / "specs.json"
+        specs_path.write_text(json.dumps([asdict(s) for s in specs]))
+        cmd = [shutil.which("mpirun"), "-np", str(world), "--oversubscribe", sys.executable,
+               *map(str, worker_args), str(specs_path), tmp]
+        # A session of its own, so that a timeout can end mpirun and its ranks together.
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            output = proc.communicate(timeout=timeout)[0]
+            output = f"exit {proc.returncode}\n{output}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            output = f"timed out after {timeout} s\n{proc.communicate()[0]}"
+        per_rank = []
+        for rank in range(world):
+            path = Path(tmp) / f"rank{rank}.json"
+            per_rank.append(json.loads(path.read_text()) if path.exists() else {})
+    finished = {s.name: [RunResult(**per_rank[r][s.name]) for r in range(world)]
+                for s in specs if all(s.name in per_rank[r] for r in range(world))}
+    if len(finished) < len(specs):
+        unfinished = [s.name for s in specs if s.name not in finished]
+        raise MpirunFailed(f"mpirun -np {world}: runs not finished on every rank: {unfinished}\n{output[-4000:]}",
+                           finished)
+    return finished

@@ -1,0 +1,97 @@
+"""1-bit Adam on two small real models (examples/python/small_models.py):
+the digits MLP and the next-byte model on GPL-3, whose embedding rows of
+bytes the text never uses never get a gradient. User settings: lr 1e-3,
+weight_decay 0.01, global batch 64, 300 steps, freeze_step 45 (15%).
+
+* stabilized (the default): no skipped step, and a final training loss
+  within 1.5x of the same update rule without compression (OneBitAdam with
+  freeze_step after the run), on 4 ranks and (digits) on one;
+* "stabilize": false (DeepSpeed's rule) on 4 ranks: it may fail, but only
+  as skipped steps or dsopt.NonFiniteError: no crash, no hang.
+
+All 4-rank runs share one ``mpirun -np 4`` of mpi_real_models.py (a launch
+costs seconds on the 2-core machine)."""
+
+import sys
+
+import pytest
+
+import conftest
+from dsopt_testing import build_feature
+
+sys.path.insert(0, str(conftest.REPO_ROOT / "examples" / "python"))
+import training_runs  # noqa: E402
+from training_runs import RunSpec, onebit_config  # noqa: E402
+
+WORKER = conftest.HERE / "mpi_real_models.py"
+MODELS = ["digits", "chars"]
+STEPS = 300
+FREEZE_STEP = int(0.15 * STEPS)
+LOSS_RATIO_LIMIT = 1.5
+RUNS = {
+    "uncompressed": onebit_config(freeze_step=100000),  # never leaves warmup within the run
+    "stabilized": onebit_config(freeze_step=FREEZE_STEP),
+    "deepspeed_rule": onebit_config(freeze_step=FREEZE_STEP, stabilize=False),
+}
+
+
+def specs_for(models):
+    return [RunSpec(f"{model}/{run}", model, config, steps=STEPS, batch=64, seed=0)
+            for model in models for run, config in RUNS.items()]
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    """get(name) -> [RunResult of each rank] of the one mpirun -np 4; a run
+    that did not finish on every rank fails the test that asks for it."""
+    missing = training_runs.mpi_available()
+    if missing:
+        pytest.skip(missing)
+    if build_feature("mpi") == "off":
+        pytest.skip("libdsopt was built without MPI")
+    try:
+        results, failure = training_runs.run_under_mpirun([WORKER], specs_for(MODELS), 4, timeout=180), None
+    except training_runs.MpirunFailed as e:
+        results, failure = e.finished, e
+
+    def get(name):
+        if name not in results:
+            pytest.fail(f"{name} did not finish on every rank (crash or hang): {failure}")
+        return results[name]
+    return get
+
+
+def assert_converges_like_uncompressed(compressed, uncompressed, where):
+    assert not compressed.error, f"{where}: {compressed.error}"
+    assert compressed.skipped == 0, f"{where}: {compressed.skipped} steps skipped"
+    assert compressed.train_loss <= LOSS_RATIO_LIMIT * uncompressed.train_loss, \
+        f"{where}: final training loss {compressed.train_loss:.4f}, uncompressed {uncompressed.train_loss:.4f}"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_stabilized_onebit_adam_converges_on_4_ranks(model, four_ranks):
+    stabilized, uncompressed = four_ranks(f"{model}/stabilized"), four_ranks(f"{model}/uncompressed")
+    for rank, result in enumerate(stabilized):
+        assert not result.error and result.skipped == 0, f"{model}, rank {rank}: {result}"
+    assert_converges_like_uncompressed(stabilized[0], uncompressed[0], f"{model}, 4 ranks")
+    # The compression stage really ran: 85% of the steps at ~1/32 of the bytes.
+    sent, sent_uncompressed = (sum(r.bytes_sent for r in rs) for rs in (stabilized, uncompressed))
+    assert sent < 0.3 * sent_uncompressed, (sent, sent_uncompressed)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_deepspeed_rule_fails_only_by_skipping_on_4_ranks(model, four_ranks):
+    """DeepSpeed's rule gives coordinates with v ~ 0 steps of +-scale/eps;
+    dsopt must turn the resulting Inf/NaN gradients into skipped steps and,
+    after max_consecutive_skips, NonFiniteError on every rank at the same
+    step (train() reports it in RunResult.error)."""
+    results = four_ranks(f"{model}/deepspeed_rule")
+    assert any(r.skipped > 0 or r.error for r in results), f"{model}: DeepSpeed's rule did not fail here"
+    assert len({(r.skipped, r.error_step, bool(r.error)) for r in results}) == 1, \
+        f"{model}: the ranks disagree: {[(r.skipped, r.error_step, r.error) for r in results]}"
+
+
+def test_stabilized_onebit_adam_converges_on_1_rank():
+    results = training_runs.run_local([s for s in specs_for(["digits"]) if not s.name.endswith("deepspeed_rule")])
+    assert_converges_like_uncompressed(results["digits/stabilized"], results["digits/uncompressed"],
+                                       "digits, 1 rank")
