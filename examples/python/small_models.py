@@ -71,6 +71,11 @@ def _cross_entropy(logits, y):
     return loss, prob / n
 
 
+def _loss_and_accuracy(logits, y):
+    loss, _ = _cross_entropy(logits, y)
+    return loss, float(np.mean(np.argmax(logits, axis=1) == y))
+
+
 class MLP:
     """ReLU MLP with softmax cross-entropy; parameters [W1, b1, W2, b2, ...]
     with W of shape (fan_in, fan_out), initialised like torch.nn.Linear
@@ -116,10 +121,7 @@ class MLP:
     def evaluate(self, params, x, y):
         """(mean loss, accuracy); NaN parameters give loss NaN."""
         with np.errstate(all="ignore"):
-            logits = self._forward(params, x)[-1]
-            loss, _ = _cross_entropy(logits, y)
-            acc = float(np.mean(np.argmax(logits, axis=1) == y))
-        return loss, acc
+            return _loss_and_accuracy(self._forward(params, x)[-1], y)
 
 
 GPL3_TEXT = "/usr/share/common-licenses/GPL-3"
@@ -181,7 +183,4 @@ class CharModel:
     def evaluate(self, params, x, y):
         """(mean loss, next-byte accuracy); NaN parameters give loss NaN."""
         with np.errstate(all="ignore"):
-            logits = self._forward(params, x)[-1]
-            loss, _ = _cross_entropy(logits, y)
-            acc = float(np.mean(np.argmax(logits, axis=1) == y))
-        return loss, acc
+            return _loss_and_accuracy(self._forward(params, x)[-1], y)

@@ -39,3 +39,10 @@ def rng(request):
     and from $DSOPT_TEST_SEED (0 when unset) to try other data."""
     name_seed = sum(request.node.nodeid.encode()) * 7919
     return np.random.default_rng([name_seed, int(os.environ.get("DSOPT_TEST_SEED", "0"))])
+
+
+def pytest_configure(config):
+    # Tests that skip steps on purpose would each print the binding's
+    # SkippedStepWarning; test_skip_reporting.py records it explicitly.
+    if DSOPT_IMPORT_ERROR is None:
+        config.addinivalue_line("filterwarnings", "ignore::dsopt.SkippedStepWarning")
