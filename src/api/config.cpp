@@ -106,15 +106,26 @@ void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
   require_fp32(h.weight_decay, sub(path, "weight_decay"), false);
 }
 
+// 0/1 Adam's schedules (spec zero-one-adam.md section 1).
+void read_zero_one(const json& params, const std::string& path, OptimizerConfig& cfg) {
+  const int64_t big = int64_t(1) << 62;
+  cfg.var_freeze_step = integer(params, path, "var_freeze_step", 100000, 0, big);
+  cfg.var_update_scaler = integer(params, path, "var_update_scaler", 16, 1, big);
+  cfg.local_step_scaler = integer(params, path, "local_step_scaler", 32678, 1, big);
+  cfg.local_step_clipper = integer(params, path, "local_step_clipper", 16, 1, big);
+  cfg.decoupled_sync_weight_decay = boolean(params, path, "decoupled_sync_weight_decay", false);
+}
+
 std::string canonical_type(const std::string& type) {
   std::string t = type;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   if (t == "adam") return "Adam";
   if (t == "adamw") return "AdamW";
   if (t == "onebitadam") return "OneBitAdam";
-  if (t == "onebitlamb" || t == "zerooneadam")
+  if (t == "zerooneadam") return "ZeroOneAdam";
+  if (t == "onebitlamb")
     fail(DSOPT_EUNSUPPORTED, "config: optimizer.type: " + type + " is not available in this version of dsopt");
-  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam)");
+  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam, ZeroOneAdam)");
 }
 
 void read_optimizer(const json& root, OptimizerConfig& cfg) {
@@ -127,11 +138,17 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   const json params = opt.contains("params") ? opt.at("params") : json::object();
   const std::string path = "optimizer.params";
   const std::set<std::string> ignored = {"comm_backend_name", "cuda_aware"};
-  if (cfg.type == "OneBitAdam") {
-    check_keys(params, path,
-               {"lr", "betas", "eps", "weight_decay", "freeze_step", "bias_correction",
-                "eps_inside_sqrt", "amsgrad", "max_grad_norm", "stabilize", "stabilize_limit"},
-               ignored);
+  const bool zero_one = cfg.type == "ZeroOneAdam";
+  if (cfg.type == "OneBitAdam" || zero_one) {
+    std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay", "bias_correction",
+                                  "eps_inside_sqrt", "amsgrad", "max_grad_norm", "stabilize",
+                                  "stabilize_limit"};
+    if (zero_one)
+      keys.insert({"var_freeze_step", "var_update_scaler", "local_step_scaler",
+                   "local_step_clipper", "decoupled_sync_weight_decay"});
+    else
+      keys.insert("freeze_step");
+    check_keys(params, path, keys, ignored);
     if (params.contains("max_grad_norm"))
       bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
                                       "clip with the top-level \"gradient_clipping\"");
@@ -143,6 +160,7 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
     cfg.defaults.bias_correction = false;
     cfg.defaults.decoupled = true;
     cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
+    if (zero_one) read_zero_one(params, path, cfg);
     cfg.stabilize = boolean(params, path, "stabilize", true);
     cfg.stabilize_limit = number(params, path, "stabilize_limit", 1.0);
     require(cfg.stabilize_limit > 0, sub(path, "stabilize_limit"),

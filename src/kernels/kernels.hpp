@@ -40,6 +40,11 @@ enum class UpdateRule : int32_t {
   OneBitWarmup,    // 1-bit Adam warmup: m, v, p; no bias correction, decoupled decay
   OneBitMomentum,  // 1-bit Adam compression, before the compressed allreduce: m only
   OneBitApply,     // after it: m *= mask (if any), p from m and the frozen v
+  // 0/1 Adam (math/zero_one_adam.hpp); its full steps are OneBitWarmup.
+  ZeroOneGradient,    // 1-bit step: g (decompressed) *= mask, m from g, p from m and v
+  ZeroOneLocal,       // local step: m from g, p and the accumulator from m and v
+  ZeroOneSyncPrepare, // before the sync's compressed allreduce: acc *= sqrt(v) + eps
+  ZeroOneSyncApply,   // after it: acc *= mask, m from acc, p from the last sync's and acc
 };
 
 // One tensor of a compressed allreduce (compressed-allreduce.md): x holds
@@ -68,7 +73,9 @@ struct AdamSlot {
   float* v;
   int64_t numel;
   int32_t group;  // index into the AdamConsts array
-  const float* mask = nullptr;  // momentum mask (OneBitApply); nullptr: none
+  const float* mask = nullptr;  // momentum mask (OneBitApply, ZeroOne*); nullptr: none
+  float* acc = nullptr;     // 0/1 Adam accumulator (ZeroOneLocal, ZeroOneSync*)
+  float* anchor = nullptr;  // 0/1 Adam parameters of the last sync (ZeroOneSyncApply)
 };
 
 class Kernels {

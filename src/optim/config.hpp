@@ -30,7 +30,7 @@ struct PipelineConfig {
 };
 
 struct OptimizerConfig {
-  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam"
+  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam", "ZeroOneAdam"
   bool cuda = false;
   bool cuda_aware = false;
   int threads = 0;
@@ -39,7 +39,13 @@ struct OptimizerConfig {
   std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed
   int64_t freeze_step = 100000;   // 1-bit optimizers: see README
   bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
-  double stabilize_limit = 1.0;   // its momentum limit (math/onebit_adam.hpp)
+  double stabilize_limit = 1.0;   // its momentum limit (math/momentum_clamp.hpp)
+  // 0/1 Adam (spec zero-one-adam.md section 1; README "0/1 Adam").
+  int64_t var_freeze_step = 100000;
+  int64_t var_update_scaler = 16;
+  int64_t local_step_scaler = 32678;
+  int64_t local_step_clipper = 16;
+  bool decoupled_sync_weight_decay = false;  // DECISIONS Z1
   PipelineConfig pipeline;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
 };

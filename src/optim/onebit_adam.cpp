@@ -8,8 +8,6 @@
 namespace dsopt {
 namespace {
 const char* kStage = "onebit.stage";
-const char* kWorkerError = "onebit.worker_error";
-const char* kServerError = "onebit.server_error";
 const char* kStabilize = "onebit.stabilize";
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
 }  // namespace
@@ -18,8 +16,14 @@ OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
                        const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       moments_(this->params(), this->kernels(), "onebit"),
-      masks_(size_t(count)) {
-  for (int64_t i = 0; i < count; ++i) (non_freeze(i) ? full_ : compressed_).push_back(i);
+      masks_(count),
+      errors_("onebit", {}) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < count; ++i) {
+    (non_freeze(i) ? full_ : compressed_).push_back(i);
+    if (!non_freeze(i)) sizes.push_back(this->params().params()[size_t(i)].numel);
+  }
+  errors_ = CarErrors("onebit", sizes);
 }
 
 bool OneBitAdam::non_freeze(int64_t i) const {
@@ -73,9 +77,7 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
                      num_groups(), grads.mul1, grads.mul2);
   }
   if (!compressed_.empty()) {
-    std::vector<const float*> masks;
-    for (const DeviceBuffer& m : masks_) masks.push_back(m.floats());
-    const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, compressed_, masks);
+    const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, compressed_, masks_.pointers());
     kernels().update(UpdateRule::OneBitMomentum, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     if (car_) {
@@ -90,53 +92,23 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
 }
 
 void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
-  const std::string who = "dsopt_set_momentum_mask: ";
-  if (i < 0 || i >= params().count())
-    fail(DSOPT_EINVAL, who + "param_index " + std::to_string(i) + " is out of range (the optimizer has " +
-                           std::to_string(params().count()) + " parameters)");
-  if (!mask) {
-    masks_[size_t(i)] = DeviceBuffer();
-    return;
-  }
-  const Param& p = params().params()[size_t(i)];
-  if (!mask->data) fail(DSOPT_EINVAL, who + "mask->data is NULL");
-  if (mask->numel != p.numel)
-    fail(DSOPT_EINVAL, who + "mask has numel " + std::to_string(mask->numel) + ", parameter " +
-                           std::to_string(i) + " has " + std::to_string(p.numel));
-  if (mask->dtype != DSOPT_FLOAT32) fail(DSOPT_EINVAL, who + "mask must have dtype DSOPT_FLOAT32");
-  const bool on_device = is_cuda_device_pointer(mask->data);
-  if (kernels().device() == Device::Cuda && !on_device)
-    fail(DSOPT_EINVAL, who + "mask must be CUDA device memory (the optimizer's device is cuda)");
-  if (kernels().device() == Device::Cpu && on_device)
-    fail(DSOPT_EINVAL, who + "mask is CUDA device memory but the optimizer's device is cpu");
-  if (non_freeze(i))
-    fail(DSOPT_EINVAL, who + "parameter " + std::to_string(i) +
-                           " is in a non_freeze group, whose momentum is never compressed");
-  DeviceBuffer copy(kernels(), size_t(p.numel) * 4);
-  kernels().copy(copy.get(), mask->data, copy.bytes());
-  masks_[size_t(i)] = std::move(copy);
-}
-
-std::pair<uint64_t, uint64_t> OneBitAdam::error_bytes(int world) const {
-  if (world <= 1) return {0, 0};
-  uint64_t worker = 0;
-  for (int64_t i : compressed_)
-    worker += uint64_t(CompressedAllreduce::padded_length(params().params()[size_t(i)].numel, world)) * 4;
-  return {worker, worker / uint64_t(world)};
+  masks_.set(params(), kernels(), i, mask, [this](int64_t k) {
+    return non_freeze(k) ? "parameter " + std::to_string(k) +
+                               " is in a non_freeze group, whose momentum is never compressed"
+                         : std::string();
+  });
 }
 
 void OneBitAdam::save_sections(BlobWriter& w) const {
   moments_.save(w);
-  const int32_t error_world = car_ ? car_->world() : 0;
+  const int32_t error_world = CarErrors::world_of(car_.get());
   FieldWriter f;
   f.add(int32_t(compressing_ ? 1 : 0)).add(config().freeze_step).add(error_world);
   w.section(kStage, f.bytes().data(), f.bytes().size());
   FieldWriter st;
   st.add(frozen_after_);
   w.section(kStabilize, st.bytes().data(), st.bytes().size());
-  const auto bytes = error_bytes(error_world);
-  w.section_from_device(kWorkerError, car_ ? car_->worker_error() : nullptr, bytes.first, kernels());
-  w.section_from_device(kServerError, car_ ? car_->server_error() : nullptr, bytes.second, kernels());
+  errors_.save(w, car_.get(), kernels());
 }
 
 void OneBitAdam::check_sections(const BlobReader& r) const {
@@ -144,12 +116,7 @@ void OneBitAdam::check_sections(const BlobReader& r) const {
   FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
   f.get<int32_t>();
   f.get<int64_t>();
-  const int32_t error_world = f.get<int32_t>();
-  if (error_world < 0 || error_world == 1)
-    fail(DSOPT_ECORRUPT, "state blob: invalid world size of the compression errors");
-  const auto bytes = error_bytes(error_world);
-  r.section(kWorkerError, bytes.first);
-  r.section(kServerError, bytes.second);
+  errors_.check(r, f.get<int32_t>());
   FieldReader st(r.section(kStabilize, 8), 8);
   if (st.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
 }
@@ -173,14 +140,7 @@ void OneBitAdam::restore_sections(const BlobReader& r) {
   // Frozen in the saved run: as then; frozen now by the changed freeze_step:
   // after every update so far.
   enter_compression(saved_compressing ? saved_frozen_after : group_step(0));
-  if (!car_) return;
-  // Errors belong to the world size that produced them (K1/K2): restored at
-  // the same P, zero otherwise.
-  if (error_world == car_->world()) {
-    const auto bytes = error_bytes(error_world);
-    kernels().copy_from_host(car_->worker_error(), r.section(kWorkerError, bytes.first), bytes.first);
-    kernels().copy_from_host(car_->server_error(), r.section(kServerError, bytes.second), bytes.second);
-  }
+  errors_.restore(r, error_world, car_.get(), kernels());
 }
 
 }  // namespace dsopt

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "comm/compressed_allreduce.hpp"
+#include "optim/car_errors.hpp"
 #include "optim/moments.hpp"
+#include "optim/momentum_masks.hpp"
 #include "optim/optimizer.hpp"
 
 namespace dsopt {
@@ -30,8 +32,6 @@ class OneBitAdam final : public Optimizer {
  private:
   bool non_freeze(int64_t i) const;
   std::vector<AdamConsts> consts() const;
-  // Compressed tensors' padded error sizes (worker, server) at `world` ranks.
-  std::pair<uint64_t, uint64_t> error_bytes(int world) const;
   void enter_compression(int64_t warmup_updates);
 
   bool compressing_ = false;
@@ -41,7 +41,8 @@ class OneBitAdam final : public Optimizer {
   Moments moments_;
   std::vector<int64_t> compressed_;  // parameters whose momentum is compressed
   std::vector<int64_t> full_;        // parameters of non_freeze groups
-  std::vector<DeviceBuffer> masks_;  // per parameter; empty: none
+  MomentumMasks masks_;
+  CarErrors errors_;  // compressed tensors' error buffers in the blob
   std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
 };
 

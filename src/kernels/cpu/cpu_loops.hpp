@@ -10,6 +10,7 @@
 #include "math/adam.hpp"
 #include "math/onebit_adam.hpp"
 #include "math/sum_squares.hpp"
+#include "math/zero_one_adam.hpp"
 
 namespace dsopt {
 DSOPT_ISA_BEGIN
@@ -32,11 +33,26 @@ inline void store(void* base, int64_t i, typename V::F x) {
 
 // ---- the Adam-family update rules --------------------------------------------
 
+// Whether a rule reads the gradient / writes the parameter.
+constexpr bool rule_reads_grad(UpdateRule r) {
+  return r != UpdateRule::OneBitApply && r != UpdateRule::ZeroOneSyncPrepare &&
+         r != UpdateRule::ZeroOneSyncApply;
+}
+constexpr bool rule_writes_param(UpdateRule r) {
+  return r != UpdateRule::OneBitMomentum && r != UpdateRule::ZeroOneSyncPrepare;
+}
+
 // P16 == F32 means "no 16-bit parameter to write back".
 template <UpdateRule R, class V, DType G, DType P16>
 inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename V::F mul1,
                     typename V::F mul2) {
   using F = typename V::F;
+  if constexpr (R == UpdateRule::ZeroOneSyncPrepare) {
+    F acc = V::load(s.acc + i);
+    zoadam_sync_prepare<V>(acc, V::load(s.v + i), c);
+    V::store(s.acc + i, acc);
+    return;  // the parameter waits for the compressed allreduce
+  }
   F p = V::load(s.master + i), m = V::load(s.m + i);
   if constexpr (R == UpdateRule::OneBitApply) {
     if (s.mask) {
@@ -44,12 +60,28 @@ inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename 
       V::store(s.m + i, m);
     }
     onebit_apply<V>(p, m, V::load(s.v + i), c);
+  } else if constexpr (R == UpdateRule::ZeroOneSyncApply) {
+    F acc = V::load(s.acc + i);
+    if (s.mask) acc = V::mul(acc, V::load(s.mask + i));
+    zoadam_sync_apply<V>(p, m, V::load(s.v + i), acc, V::load(s.anchor + i), c);
+    V::store(s.m + i, m);
+    V::store(s.anchor + i, p);
+    V::store(s.acc + i, V::set1(0.0f));
   } else {
-    const F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
+    F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
     if constexpr (R == UpdateRule::OneBitMomentum) {
       onebit_momentum<V>(m, g, c);
       V::store(s.m + i, m);
       return;  // the parameter waits for the compressed allreduce
+    } else if constexpr (R == UpdateRule::ZeroOneGradient) {
+      if (s.mask) g = V::mul(g, V::load(s.mask + i));
+      zoadam_gradient<V>(p, m, V::load(s.v + i), g, c);
+      V::store(s.m + i, m);
+    } else if constexpr (R == UpdateRule::ZeroOneLocal) {
+      F acc = V::load(s.acc + i);
+      zoadam_local<V>(p, m, V::load(s.v + i), acc, g, c);
+      V::store(s.m + i, m);
+      V::store(s.acc + i, acc);
     } else {
       F v = V::load(s.v + i);
       if constexpr (R == UpdateRule::Adam) adam_update<V>(p, m, v, g, c);
@@ -81,7 +113,7 @@ void rule_range_g(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, 
 template <UpdateRule R, class V>
 void rule_range_r(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
                   float m2) {
-  if constexpr (R == UpdateRule::OneBitApply) {  // reads no gradient
+  if constexpr (!rule_reads_grad(R)) {
     rule_range_g<R, V, DType::F32>(s, b, e, c, m1, m2);
   } else {
     switch (s.grad_dtype) {
@@ -100,6 +132,10 @@ void update_range(UpdateRule rule, const AdamSlot& s, int64_t b, int64_t e, cons
     case UpdateRule::OneBitWarmup: return rule_range_r<UpdateRule::OneBitWarmup, V>(s, b, e, c, m1, m2);
     case UpdateRule::OneBitMomentum: return rule_range_r<UpdateRule::OneBitMomentum, V>(s, b, e, c, m1, m2);
     case UpdateRule::OneBitApply: return rule_range_r<UpdateRule::OneBitApply, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneGradient: return rule_range_r<UpdateRule::ZeroOneGradient, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneLocal: return rule_range_r<UpdateRule::ZeroOneLocal, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneSyncPrepare: return rule_range_r<UpdateRule::ZeroOneSyncPrepare, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneSyncApply: return rule_range_r<UpdateRule::ZeroOneSyncApply, V>(s, b, e, c, m1, m2);
   }
 }
 
