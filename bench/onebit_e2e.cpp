@@ -43,6 +43,18 @@
 //                    [--freeze-step F] [--lr-warmup W] [--lr X] [--beta2 X]
 //                    [--noise X] [--threads T] [--print-every N]
 //                    [--adam 0|1] [--onebit 0|1]
+//                    [--zoadam 0|1] [--var-freeze-step F] [--var-update-scaler K]
+//                    [--local-step-scaler S] [--local-step-clipper H]
+//
+// --zoadam 1 adds a third run, 0/1 Adam ("ZeroOneAdam", the same lr, betas
+// and eps), with var_freeze_step --var-freeze-step (default: 15% of the
+// steps), var_update_scaler --var-update-scaler (1), local_step_scaler
+// --local-step-scaler (2) and local_step_clipper --local-step-clipper (16).
+// For it: the bytes of every step as its phase says (full: the fp32
+// allreduce; 1-bit and sync: the compressed allreduce; local: only the
+// step's status allreduce), the losses identical to Adam's up to its first
+// 1-bit step, bit-identical parameters on every rank after its last sync,
+// and the average bytes per step over the whole run against Adam's.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -343,11 +355,18 @@ struct Options {
   Shape shape;
   int64_t batch;
   int steps, freeze_step, lr_warmup, threads, print_every;
+  int var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper;
 };
+
+enum class Algo { Adam, OneBit, ZeroOne };
 
 struct RunResult {
   std::string name;
-  bool onebit = false;
+  Algo algo = Algo::Adam;
+  bool onebit = false;                           // 1-bit Adam
+  std::vector<int> phase;                        // per step, info.phase
+  uint64_t synced_fingerprint = 0;               // 0/1 Adam: parameters after the last sync
+  int last_sync = -1;
   std::vector<double> loss;                      // per step, mean over ranks
   std::vector<double> step_s, compute_s, opt_s;  // per step, slowest rank
   std::vector<int> compressed;                   // per step, info.compressed
@@ -378,10 +397,12 @@ double lr_at(const Options& o, int step) {
   return kLr * (double(o.steps) - t + 1) / (double(o.steps) - o.lr_warmup + 1);
 }
 
-RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
+RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   const Shape& s = o.shape;
+  const bool onebit = algo == Algo::OneBit;
   RunResult r;
-  r.name = onebit ? "1-bit Adam" : "Adam";
+  r.name = onebit ? "1-bit Adam" : algo == Algo::ZeroOne ? "0/1 Adam" : "Adam";
+  r.algo = algo;
   r.onebit = onebit;
   Tensors p(s), g(s);
   init_params(s, p);
@@ -393,6 +414,13 @@ RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
                   "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": %g, \"betas\":"
                   " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
                   kLr, kBeta1, kBeta2, kEps, o.freeze_step, o.threads);
+  else if (algo == Algo::ZeroOne)
+    std::snprintf(config, sizeof config,
+                  "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": %g, \"betas\":"
+                  " [%g, %g], \"eps\": %g, \"var_freeze_step\": %d, \"var_update_scaler\": %d,"
+                  " \"local_step_scaler\": %d, \"local_step_clipper\": %d}}, \"threads\": %d}",
+                  kLr, kBeta1, kBeta2, kEps, o.var_freeze_step, o.var_update_scaler,
+                  o.local_step_scaler, o.local_step_clipper, o.threads);
   else
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": %g, \"betas\":"
@@ -430,6 +458,11 @@ RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
     r.loss.push_back(loss_sum / g_world);
     r.compressed.push_back(info.compressed);
     r.bytes.push_back(info.bytes_sent);
+    r.phase.push_back(info.phase);
+    if (info.phase == DSOPT_PHASE_SYNC) {
+      r.synced_fingerprint = fingerprint(p.all.get(), s.total());
+      r.last_sync = step;
+    }
     if (g_rank == 0 && o.print_every > 0 && (step + 1) % o.print_every == 0) {
       std::printf("  %-10s step %4d  loss %.5f  step %.3f s (compute %.3f, dsopt_step %.3f)%s\n",
                   r.name.c_str(), step + 1, r.loss.back(), slowest[0], slowest[1], slowest[2],
@@ -440,8 +473,9 @@ RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
   for (double t : r.step_s) r.step_total_s += t;
   r.eval_final = eval_loss(s, teacher, p);
 
-  // Every rank must hold the same parameters.
-  const uint64_t h = fingerprint(p.all.get(), s.total());
+  // Every rank must hold the same parameters (0/1 Adam: after its last sync;
+  // its local steps leave them apart by design).
+  const uint64_t h = algo == Algo::ZeroOne ? r.synced_fingerprint : fingerprint(p.all.get(), s.total());
   uint64_t hmin = 0, hmax = 0;
   MPI_Allreduce(&h, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&h, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
@@ -492,7 +526,8 @@ int main(int argc, char** argv) {
   const char* usage =
       "onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S] [--freeze-step F]"
       " [--lr-warmup W] [--lr X] [--beta2 X] [--noise X] [--threads T] [--print-every N]"
-      " [--adam 0|1] [--onebit 0|1]";
+      " [--adam 0|1] [--onebit 0|1] [--zoadam 0|1] [--var-freeze-step F] [--var-update-scaler K]"
+      " [--local-step-scaler S] [--local-step-clipper H]";
   bench::Flags flags(int(args.size()), args.data());
   Options o;
   o.shape.in = flags.get("--in", 64, 1, 1 << 20);
@@ -506,6 +541,11 @@ int main(int argc, char** argv) {
   o.print_every = int(flags.get("--print-every", 10, 0, 1000000));
   const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
   const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
+  const bool run_zoadam = flags.get("--zoadam", 0, 0, 1) != 0;
+  o.var_freeze_step = int(flags.get("--var-freeze-step", o.steps * 15 / 100, 1, 1000000));
+  o.var_update_scaler = int(flags.get("--var-update-scaler", 1, 1, 1000000));
+  o.local_step_scaler = int(flags.get("--local-step-scaler", 2, 1, 1000000));
+  o.local_step_clipper = int(flags.get("--local-step-clipper", 16, 1, 1000000));
   flags.finish(usage);
   omp_set_num_threads(o.threads);
   if (o.freeze_step + 4 > o.steps) fail_all("--freeze-step must be at least 4 below --steps");
@@ -516,7 +556,8 @@ int main(int argc, char** argv) {
   const int P = g_world;
   const double floor = 0.5 * kNoise * kNoise;
   if (g_rank == 0) {
-    std::printf("data-parallel training, 1-bit Adam vs Adam, %d ranks\n", P);
+    std::printf("data-parallel training, %s vs Adam, %d ranks\n",
+                run_zoadam ? (run_onebit ? "1-bit Adam and 0/1 Adam" : "0/1 Adam") : "1-bit Adam", P);
     std::printf("dsopt:   %s\n", dsopt_build_info());
     std::printf("machine: %s; %d thread(s) per rank\n", bench::cpu_model().c_str(), o.threads);
     std::printf("network: %s\n",
@@ -539,17 +580,37 @@ int main(int argc, char** argv) {
         "         eps %g, no bias correction; 1-bit Adam freeze_step %d\n\n",
         static_cast<long long>(o.batch), o.steps, kLr, o.lr_warmup, kBeta1, kBeta2, kEps,
         o.freeze_step);
+    if (run_zoadam)
+      std::printf("         0/1 Adam var_freeze_step %d, var_update_scaler %d, local_step_scaler %d,\n"
+                  "         local_step_clipper %d\n\n",
+                  o.var_freeze_step, o.var_update_scaler, o.local_step_scaler, o.local_step_clipper);
     std::fflush(stdout);
   }
 
   std::vector<RunResult> runs;
-  if (run_adam) runs.push_back(train(o, teacher, false));
-  if (run_onebit) runs.push_back(train(o, teacher, true));
+  if (run_adam) runs.push_back(train(o, teacher, Algo::Adam));
+  if (run_onebit) runs.push_back(train(o, teacher, Algo::OneBit));
+  if (run_zoadam) runs.push_back(train(o, teacher, Algo::ZeroOne));
 
   // The stage switch, the bytes, and the common start of the two runs.
   const double fp32_bytes = 2.0 * (P - 1) / P * 4.0 * double(s.total());
   const double onebit_bytes = car_bytes(s, P);
+  const double status_bytes = 2.0 * (P - 1) / P * 16.0;
   for (const RunResult& r : runs) {
+    if (r.algo == Algo::ZeroOne) {
+      if (r.last_sync < 0) fail_all("0/1 Adam: no sync in the run (more --steps or a lower --var-freeze-step)");
+      for (int i = 0; i < o.steps; ++i) {
+        const int ph = r.phase[size_t(i)];
+        const double expect = ph == DSOPT_PHASE_FULL ? fp32_bytes
+                              : ph == DSOPT_PHASE_LOCAL ? status_bytes
+                                                        : status_bytes + onebit_bytes;
+        const double got = double(r.bytes[size_t(i)]);
+        if (got < expect || got > expect + 64.0 * P || r.compressed[size_t(i)] != int(ph == DSOPT_PHASE_COMPRESSED || ph == DSOPT_PHASE_SYNC))
+          fail_all(r.name + ": update " + std::to_string(i + 1) + " (phase " + std::to_string(ph) + ") sent " +
+                   std::to_string(got) + " bytes, expected " + std::to_string(expect));
+      }
+      continue;
+    }
     for (int i = 0; i < o.steps; ++i) {
       const bool want_compressed = r.onebit && i + 1 >= o.freeze_step;
       if (r.compressed[size_t(i)] != int(want_compressed))
@@ -562,10 +623,14 @@ int main(int argc, char** argv) {
                  " bytes, expected " + std::to_string(expect) + " (+ a few scalars)");
     }
   }
-  if (runs.size() == 2)
+  if (run_adam && run_onebit)
     for (int i = 0; i + 1 < o.freeze_step; ++i)
       if (runs[0].loss[size_t(i)] != runs[1].loss[size_t(i)])
         fail_all("the runs differ before the freeze (update " + std::to_string(i + 1) + ")");
+  if (run_adam && run_zoadam)
+    for (int i = 0; runs.back().phase[size_t(i)] == DSOPT_PHASE_FULL; ++i)
+      if (runs[0].loss[size_t(i)] != runs.back().loss[size_t(i)])
+        fail_all("0/1 Adam differs from Adam before its first 1-bit step (update " + std::to_string(i + 1) + ")");
 
   if (g_rank == 0) {
     if (o.print_every > 0) {
@@ -600,14 +665,36 @@ int main(int argc, char** argv) {
         else
           std::printf("\n");
       };
-      if (!r.onebit) {
+      if (r.algo == Algo::ZeroOne) {
+        std::printf("%-30s %8.3f %9.3f %8.3f %11.4g %8.1f %9.5f %9.5f\n", "0/1 Adam, whole run",
+                    median_of(r.step_s, skip), median_of(r.compute_s, skip), median_of(r.opt_s, skip),
+                    0.0, r.step_total_s, r.last10(), r.eval_final);
+      } else if (!r.onebit) {
         row("Adam", 0, true);
       } else {
         row("1-bit Adam, warmup stage", 0, false);
         row("1-bit Adam, compression stage", 1, true);
       }
     }
-    if (runs.size() == 2) {
+    if (run_adam && run_zoadam) {
+      const RunResult &a = runs[0], &z = runs.back();
+      auto average_bytes = [](const RunResult& r) {
+        double sum = 0.0;
+        for (uint64_t b : r.bytes) sum += double(b);
+        return sum / double(r.bytes.size());
+      };
+      int count[5] = {0, 0, 0, 0, 0};
+      for (int ph : z.phase) ++count[ph];
+      std::printf(
+          "\n0/1 Adam vs Adam over the whole run: %d full, %d 1-bit, %d local, %d sync steps;\n"
+          "average bytes per step %.4g vs %.4g (%.1fx less); whole run %.2fx faster (sum of step\n"
+          "times); loss %+.2f%% (last 10 steps), %+.2f%% (held-out); held-out %.5f vs %.5f\n",
+          count[DSOPT_PHASE_FULL], count[DSOPT_PHASE_COMPRESSED], count[DSOPT_PHASE_LOCAL],
+          count[DSOPT_PHASE_SYNC], average_bytes(z), average_bytes(a), average_bytes(a) / average_bytes(z),
+          a.step_total_s / z.step_total_s, 100.0 * (z.last10() / a.last10() - 1.0),
+          100.0 * (z.eval_final / a.eval_final - 1.0), z.eval_final, a.eval_final);
+    }
+    if (run_adam && run_onebit) {
       const RunResult &a = runs[0], &b = runs[1];
       const double adam_step = median_of(a.step_s, skip);
       size_t from = size_t(o.freeze_step - 1) + skip;

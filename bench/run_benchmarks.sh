@@ -110,6 +110,9 @@ for name in "${mpi_benchmarks[@]}"; do
       echo
       echo "== onebit_e2e_bench: training, 1-bit Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/onebit_e2e_bench"
+      echo
+      echo "== onebit_e2e_bench: training, 0/1 Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/onebit_e2e_bench" --onebit 0 --zoadam 1 --local-step-clipper 4
       ;;
   esac
 done
