@@ -48,7 +48,7 @@ VARIANTS = {
 }
 
 
-def run(variant, world, steps, seed, var_freeze_step, lr):
+def run(variant, world, steps, seed, var_freeze_step, lr, decoupled=False, local_step_scaler=10):
     model, data = small_models.MLP(), small_models.load_digits_split()
     params = model.init_params(seed)
     shapes = [p.shape for p in params]
@@ -56,7 +56,8 @@ def run(variant, world, steps, seed, var_freeze_step, lr):
     stabilize = opts.pop("stabilize", True)
     config = {"optimizer": {"type": "ZeroOneAdam", "params": {
         "lr": lr, "weight_decay": 0.01, "var_freeze_step": var_freeze_step, "var_update_scaler": 16,
-        "local_step_scaler": 10, "local_step_clipper": 16, "stabilize": stabilize}}}
+        "local_step_scaler": local_step_scaler, "local_step_clipper": 16, "stabilize": stabilize,
+        "decoupled_sync_weight_decay": decoupled}}}
     ref = Variant(config, params, world, **opts) if opts else ZeroOneAdamReference(config, params, world)
     draw = np.random.RandomState(seed + 1000)
     local = 64 // world
@@ -82,10 +83,15 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--var-freeze-step", type=int, default=45)
+    ap.add_argument("--local-step-scaler", type=int, default=10)
+    ap.add_argument("--decoupled", action="store_true", help="decoupled_sync_weight_decay")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     a = ap.parse_args()
-    print(f"P={a.world}, lr {a.lr}, var_freeze_step {a.var_freeze_step}, {a.steps} steps; final train loss per seed")
-    for v in VARIANTS:
-        losses = [run(v, a.world, a.steps, s, a.var_freeze_step, a.lr) for s in a.seeds]
+    print(f"P={a.world}, lr {a.lr}, var_freeze_step {a.var_freeze_step}, local_step_scaler {a.local_step_scaler},"
+          f" decoupled_sync_weight_decay {a.decoupled}, {a.steps} steps; final train loss per seed")
+    for v in a.variants:
+        losses = [run(v, a.world, a.steps, s, a.var_freeze_step, a.lr, a.decoupled, a.local_step_scaler)
+                  for s in a.seeds]
         print(f"| {v} | " + " | ".join(f"{x:.4f}" for x in losses) + " |", flush=True)
 
 

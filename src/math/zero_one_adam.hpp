@@ -46,11 +46,13 @@ DSOPT_HD void zoadam_sync_prepare(typename Ops::F& acc, typename Ops::F v, const
 // stabilized rule, then fl(L * lrs)) the acc of the correction is clamped
 // to +-momentum_limit * sqrt(v): no coordinate moves further than lrs times
 // its own bound. decoupled_sync: the anchor first decays by anchor_decay.
+// lrs = 0 (lr 0 over the whole interval, so acc = 0): m is kept, where
+// DeepSpeed's 0 / 0 would make it NaN.
 template <class Ops>
 DSOPT_HD void zoadam_sync_apply(typename Ops::F& p, typename Ops::F& m, typename Ops::F v,
                                 typename Ops::F acc, typename Ops::F anchor, const AdamConsts& c) {
   using F = typename Ops::F;
-  m = Ops::mul(Ops::div(acc, Ops::set1(c.lrs)), Ops::set1(-1.0f));
+  if (c.lrs != 0.0f) m = Ops::mul(Ops::div(acc, Ops::set1(c.lrs)), Ops::set1(-1.0f));
   const F root = Ops::sqrt(v);
   if (c.momentum_limit > 0.0f) acc = clamp_to_root<Ops>(acc, root, c.momentum_limit);
   if (c.decoupled_sync) anchor = Ops::mul(anchor, Ops::set1(c.anchor_decay));

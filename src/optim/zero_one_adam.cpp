@@ -87,12 +87,16 @@ bool ZeroOneAdam::update(const PreparedGrads& grads) {
 
 void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
   if (k % sched_.var_interval == 0) {
-    // Full step: the gradients arrived averaged; v and m as in 1-bit Adam's warmup.
-    const std::vector<AdamConsts> c = consts(false);
+    // Full step: the gradients arrived averaged; v and m as in 1-bit Adam's
+    // warmup. Once a 1-bit step has fed m a decompressed gradient, m can be
+    // +-scale where v ~ 0, so from then on full steps clamp too (with v's
+    // count after this update).
+    const bool compressed_before = sched_.variance_updates < group_step(0) - 1;
+    ++sched_.variance_updates;
+    const std::vector<AdamConsts> c = consts(compressed_before);
     const std::vector<AdamSlot> s = slots(&grads);
     kernels().update(UpdateRule::OneBitWarmup, s.data(), int64_t(s.size()), c.data(), num_groups(),
                      grads.mul1, grads.mul2);
-    ++sched_.variance_updates;
     if (++sched_.var_counter == config().var_update_scaler) {
       sched_.var_counter = 0;
       sched_.var_interval *= 2;

@@ -236,6 +236,21 @@ def test_defaults_and_ignored_keys():
     assert phases == [dsopt.PHASE_FULL] * 17 + [dsopt.PHASE_COMPRESSED, dsopt.PHASE_FULL]
 
 
+def test_zero_learning_rate_over_a_sync_interval_keeps_the_momentum():
+    """lr 0 for a whole interval: acc = 0 and lrs = 0; the sync keeps m
+    (DeepSpeed's -(0 / 0) would be NaN) and the parameters stay put."""
+    config = runs.zoadam_config(lr=0.0, var_freeze_step=1)
+    opt, params = make(config)
+    start = params[0].copy()
+    with opt:
+        infos = [opt.step([np.full(8, 0.25, np.float32)]) for _ in range(4)]
+        assert infos[1].phase == dsopt.PHASE_SYNC
+        assert np.array_equal(params[0], start)
+        opt.lr = 1e-2
+        opt.step([np.full(8, 0.25, np.float32)])
+    assert np.all(np.isfinite(params[0])) and not np.array_equal(params[0], start)
+
+
 def test_phase_of_the_other_optimizers():
     """Adam: full; 1-bit Adam: full in warmup, compressed after; skipped: 0."""
     opt, _ = make({"optimizer": {"type": "AdamW"}})

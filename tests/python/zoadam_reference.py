@@ -143,16 +143,19 @@ class ZeroOneAdamReference:
         P = self.world
         count = len(self.v)
         if k % self.var_interval == 0:
+            # after a 1-bit step m may hold +-scale where v ~ 0: clamp (K after this update)
+            compressed_before = self.variance_updates < self.updates
+            self.variance_updates += 1
             for i in range(count):
                 c = self._consts(i)
                 g = (averaged[i] * mul).astype(np.float32)
                 m = self._momentum(self.m[0][i], g, c)
                 self.v[i] = fma32((g * g).astype(np.float32), c["omb2"], (self.v[i] * c["beta2"]).astype(np.float32))
                 p = self.master[0][i]
-                p = fma32(c["step_size"], self._with_decay(self._direction(m, self.v[i], c, None), p, c), p)
+                limit = self.limit(i) if compressed_before else None
+                p = fma32(c["step_size"], self._with_decay(self._direction(m, self.v[i], c, limit), p, c), p)
                 for r in range(P):
                     self.m[r][i], self.master[r][i] = m.copy(), p.copy()
-            self.variance_updates += 1
             self.var_counter += 1
             if self.var_counter == self.var_update_scaler:
                 self.var_counter = 0
@@ -219,7 +222,8 @@ class ZeroOneAdamReference:
             if self.masks[i] is not None:
                 a = (a * self.masks[i]).astype(np.float32)
             lrs = F32(self.lrs[gi])
-            m = ((a / lrs).astype(np.float32) * F32(-1.0)).astype(np.float32)
+            # lr 0 over the interval: every rank keeps its m (DeepSpeed's 0 / 0 is NaN)
+            m = ((a / lrs).astype(np.float32) * F32(-1.0)).astype(np.float32) if lrs != 0 else None
             limit = self.limit(i)
             if limit is not None:
                 a = clamp(a, self.v[i], F32(limit * lrs))
@@ -229,7 +233,9 @@ class ZeroOneAdamReference:
             p = (anchor + (a / d).astype(np.float32)).astype(np.float32)
             self.anchor[i] = p.copy()
             for r in range(P):
-                self.master[r][i], self.m[r][i] = p.copy(), m.copy()
+                self.master[r][i] = p.copy()
+                if m is not None:
+                    self.m[r][i] = m.copy()
                 self.acc[r][i] = np.zeros_like(p)
         self.reset_interval()
 
