@@ -129,6 +129,16 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) override {
+#pragma omp parallel for num_threads(threads_) schedule(dynamic)
+    for (int64_t t = 0; t < count; ++t) {
+      const float* x = static_cast<const float*>(src[t].data);
+      float best = x[0];
+      for (int64_t i = 1; i < src[t].numel; ++i) best = x[i] > best ? x[i] : best;
+      max_host[t] = best;
+    }
+  }
+
   void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq) override {
     cpu_car::worker_sumsq(isa(), t, count, threads_, sumsq);
   }
