@@ -43,10 +43,12 @@ DSOPT_HD void lamb_momentum(typename Ops::F& m, typename Ops::F& m_prev, typenam
 
 // Compression stage, after it. In: m (the averaged, still scaled momentum),
 // m_prev, mask (1 for none), v (frozen), vf, p. Out: m unscaled and masked;
-// vf updated from the reconstructed gradient (m - beta1 m_prev)/(1 - beta1);
-// u0 = m' / (sqrt(v) + eps) with m' the stabilized momentum
-// (c.momentum_limit, 0: DeepSpeed's rule), u = u0 + wd p; ratio =
-// (sqrt(v) + eps) / (sqrt(vf) + eps), whose per-tensor maximum is the factor.
+// with m' and m_prev' the stabilized momenta (c.momentum_limit; 0:
+// DeepSpeed's rule, m' = m): vf updated from the reconstructed gradient
+// (m' - beta1 m_prev') / (1 - beta1); u0 = m' / (sqrt(v) + eps), u = u0 +
+// wd p; ratio = (sqrt(v) + eps) / (sqrt(vf) + eps), whose per-tensor maximum
+// is the factor. The factor thus sees the momenta the update applies
+// (docs/design/stable-1bit.md, "1-bit LAMB").
 template <class Ops>
 DSOPT_HD void lamb_compressed(typename Ops::F p, typename Ops::F& m, typename Ops::F m_prev,
                               typename Ops::F mask, typename Ops::F v, typename Ops::F& vf,
@@ -55,11 +57,13 @@ DSOPT_HD void lamb_compressed(typename Ops::F p, typename Ops::F& m, typename Op
   using F = typename Ops::F;
   m = Ops::div(m, Ops::set1(c.tensor_scale));
   m = Ops::mul(m, mask);
-  const F gr = Ops::div(Ops::fma(Ops::set1(-c.beta1), m_prev, m), Ops::set1(c.one_minus_beta1));
-  onebit_variance<Ops>(vf, gr, c);
   const F root = Ops::sqrt(v);
+  const F used = stabilized_momentum<Ops>(m, root, c.momentum_limit);
+  const F used_prev = stabilized_momentum<Ops>(m_prev, root, c.momentum_limit);
+  const F gr = Ops::div(Ops::fma(Ops::set1(-c.beta1), used_prev, used), Ops::set1(c.one_minus_beta1));
+  onebit_variance<Ops>(vf, gr, c);
   const F denom = Ops::add(root, Ops::set1(c.eps));
-  u0 = Ops::div(stabilized_momentum<Ops>(m, root, c.momentum_limit), denom);
+  u0 = Ops::div(used, denom);
   u = c.wd > 0.0f ? Ops::fma(Ops::set1(c.wd), p, u0) : u0;
   ratio = Ops::div(denom, Ops::add(Ops::sqrt(vf), Ops::set1(c.eps)));
 }

@@ -178,13 +178,15 @@ class OneBitLambReference:
             mask = self.masks[i] if self.masks[i] is not None else np.ones(n, np.float32)
             m = (m * mask).astype(np.float32)
             self.m[i] = m
-            gr = (fma32(-c["beta1"], m_prev[i], m) / c["omb1"]).astype(np.float32)
-            self.vf[i] = self._variance(self.vf[i], gr, c)
-            root = np.sqrt(self.v[i]).astype(np.float32)
-            denom = (root + c["eps"]).astype(np.float32)
+            # the stabilized rule reconstructs the gradient from the momenta it applies
             limit = (momentum_limit(self.stabilize_limit, c["beta2_double"], self.frozen_after)
                      if self.stabilize else None)
-            u0 = (stabilized_momentum(m, self.v[i], limit) / denom).astype(np.float32)
+            used = stabilized_momentum(m, self.v[i], limit)
+            used_prev = stabilized_momentum(m_prev[i], self.v[i], limit)
+            gr = (fma32(-c["beta1"], used_prev, used) / c["omb1"]).astype(np.float32)
+            self.vf[i] = self._variance(self.vf[i], gr, c)
+            denom = (np.sqrt(self.v[i]) + c["eps"]).astype(np.float32)
+            u0 = (used / denom).astype(np.float32)
             u = fma32(c["wd"], self.master[i], u0) if c["wd"] > 0 else u0
             ratio = (denom / (np.sqrt(self.vf[i]) + c["eps"]).astype(np.float32)).astype(np.float32)
             factor = compression_factor(ratio.max(), sum_squares(u0), sum_squares(u), c["wd"] > 0,
