@@ -33,7 +33,7 @@ struct LambFunctor {
     void* param16 = meta.addr[kLParam16][t];
     const void* grad = meta.addr[kLGrad][t];
     float* m = static_cast<float*>(meta.addr[kLExpAvg][t]);
-    const float* v = static_cast<const float*>(meta.addr[kLExpAvgSq][t]);
+    float* v = static_cast<float*>(meta.addr[kLExpAvgSq][t]);
     float* vf = static_cast<float*>(meta.addr[kLFresh][t]);
     float* u = static_cast<float*>(meta.addr[kLU][t]);
     float* aux = static_cast<float*>(meta.addr[kLAux][t]);
@@ -67,7 +67,7 @@ struct LambFunctor {
         } else {
           float vv = v[i], uu;
           lamb_warmup<ScalarOps>(master[i], mm, vv, uu, g, c);
-          const_cast<float*>(v)[i] = vv;
+          v[i] = vv;
           u[i] = uu;
         }
         m[i] = mm;

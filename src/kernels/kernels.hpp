@@ -120,7 +120,8 @@ class Kernels {
 
   // `rule` over every slot; consts[slot.group] holds the slot's group
   // constants. Each gradient element is first multiplied by mul1 then by
-  // mul2 (two fp32 roundings; 1.0f is exact). OneBitApply reads no gradient.
+  // mul2 (two fp32 roundings; 1.0f is exact). OneBitApply, LambCompressed
+  // and LambApply read no gradient.
   virtual void update(UpdateRule rule, const AdamSlot* slots, int64_t count,
                       const AdamConsts* consts, int32_t num_groups, float mul1, float mul2) = 0;
 

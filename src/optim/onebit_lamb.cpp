@@ -73,10 +73,10 @@ std::vector<AdamConsts> OneBitLamb::consts() const {
   return c;
 }
 
-std::vector<double> OneBitLamb::sums_of_squares(const std::vector<AdamSlot>& s, float* AdamSlot::*a,
-                                                float* AdamSlot::*b) const {
+std::vector<double> OneBitLamb::sums_of_squares(const std::vector<AdamSlot>& s,
+                                                std::initializer_list<float* AdamSlot::*> fields) const {
   std::vector<TensorRef> refs;
-  for (float* AdamSlot::*field : {a, b})
+  for (float* AdamSlot::*field : fields)
     for (const AdamSlot& slot : s) refs.push_back(TensorRef{slot.*field, slot.numel, DType::F32});
   std::vector<double> sums(refs.size(), 0.0);
   kernels().transform(refs.data(), int64_t(refs.size()), 1.0f, nullptr, sums.data());
@@ -107,7 +107,7 @@ void OneBitLamb::warmup(const PreparedGrads& grads) {
   std::vector<AdamConsts> c = consts();
   const int64_t n = int64_t(s.size());
   kernels().update(UpdateRule::LambWarmup, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
-  const std::vector<double> sums = sums_of_squares(s, &AdamSlot::master, &AdamSlot::u);
+  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::master, &AdamSlot::u});
   std::vector<double> coeff(static_cast<size_t>(n));
   for (size_t i = 0; i < size_t(n); ++i) {
     coeff[i] = lamb_warmup_coeff(sums[i], sums[size_t(n) + i], config().lamb);
@@ -127,7 +127,7 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
   }
   kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
   // aux holds u0 now.
-  const std::vector<double> sums = sums_of_squares(s, &AdamSlot::u, &AdamSlot::aux);
+  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::u, &AdamSlot::aux});
   std::vector<TensorRef> ratios;
   for (const AdamSlot& slot : s) ratios.push_back(TensorRef{slot.ratio, slot.numel, DType::F32});
   std::vector<float> max_ratio(static_cast<size_t>(n));
@@ -147,14 +147,9 @@ void OneBitLamb::enter_compression(int64_t warmup_updates) {
   // vf starts as v at the actual transition (L1).
   kernels().copy(fresh_.get(), moments_.exp_avg_sq(), fresh_.bytes());
   const std::vector<AdamSlot> s = slots(nullptr);
-  std::vector<TensorRef> refs;
+  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::m});
   std::vector<int64_t> numel;
-  for (const AdamSlot& slot : s) {
-    refs.push_back(TensorRef{slot.m, slot.numel, DType::F32});
-    numel.push_back(slot.numel);
-  }
-  std::vector<double> sums(refs.size(), 0.0);
-  kernels().transform(refs.data(), int64_t(refs.size()), 1.0f, nullptr, sums.data());
+  for (const AdamSlot& slot : s) numel.push_back(slot.numel);
   lamb_scaling_coeffs(sums.data(), numel.data(), int64_t(sums.size()), scaling_.data());
   start_compressed_allreduce();
 }
@@ -162,7 +157,8 @@ void OneBitLamb::enter_compression(int64_t warmup_updates) {
 void OneBitLamb::start_compressed_allreduce() {
   // One tensor: the whole fused buffer, tail included, so the tail is
   // compressed as it is (L3, L4).
-  if (comm().size() > 1) car_ = std::make_unique<CompressedAllreduce>(comm(), kernels(), mem(), std::vector<int64_t>{padded_});
+  if (comm().size() > 1)
+    car_ = std::make_unique<CompressedAllreduce>(comm(), kernels(), mem(), std::vector<int64_t>{padded_});
 }
 
 // ---- state blob -----------------------------------------------------------------

@@ -3,6 +3,7 @@
 // a warmup, then frozen variance and trust ratio, and every momentum in one
 // fused buffer averaged through the 1-bit compressed allreduce.
 #pragma once
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -38,9 +39,10 @@ class OneBitLamb final : public Optimizer {
   std::vector<AdamConsts> consts() const;
   void warmup(const PreparedGrads& grads);
   void compressed(const PreparedGrads& grads);
-  // Per-tensor sums of squares of `a` (and of `b`, appended) over the slots.
-  std::vector<double> sums_of_squares(const std::vector<AdamSlot>& s, float* AdamSlot::*a,
-                                      float* AdamSlot::*b) const;
+  // Per-tensor sums of squares of each field over the slots (one pass;
+  // the first field's tensors first), in the order of math/sum_squares.hpp.
+  std::vector<double> sums_of_squares(const std::vector<AdamSlot>& s,
+                                      std::initializer_list<float* AdamSlot::*> fields) const;
   // p += fl32(-lr * coeff[t]) * u of every tensor.
   void apply(const std::vector<AdamSlot>& s, std::vector<AdamConsts>& c,
              const std::vector<double>& coeff);

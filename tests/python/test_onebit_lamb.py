@@ -193,7 +193,7 @@ def test_factor_clamps_are_active():
     assert any(f != 1.0 for f in ref.last_factor)
 
 
-def test_stabilized_rule_differs_from_deepspeeds_on_cold_coordinates():
+def test_stabilized_rule_never_moves_coordinates_without_warmup_gradient():
     """stable_plain: parameter 0's first coordinates had no gradient in
     warmup (v = 0); the stabilized rule never moves them in compression."""
     sc = lamb_runs.BY_NAME["stable_plain"]
