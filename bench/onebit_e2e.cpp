@@ -42,7 +42,16 @@
 //   onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S]
 //                    [--freeze-step F] [--lr-warmup W] [--lr X] [--beta2 X]
 //                    [--noise X] [--threads T] [--print-every N]
-//                    [--adam 0|1] [--onebit 0|1]
+//                    [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X]
+//
+// --lamb 1: the compressed run is 1-bit LAMB ("OneBitLamb", lr --lamb-lr
+// (default: --lr; LAMB's trust ratio scales each tensor's step to about
+// lr * ||p|| / ||update||), the same betas, eps and freeze_step, default
+// trust-ratio settings), and a third
+// run, "LAMB", is 1-bit LAMB with freeze_step past the last step (LAMB
+// without compression; its losses equal 1-bit LAMB's up to the freeze).
+// Bytes of a compressed 1-bit LAMB step: one compressed allreduce of the
+// fused buffer of every momentum (README "1-bit LAMB").
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -63,6 +72,7 @@ using bench::Buffer;
 int g_rank = 0, g_world = 1;
 
 double kLr = 3e-3, kBeta2 = 0.999;
+double kLambLr = 0.0;  // --lamb-lr; 0: kLr
 constexpr double kBeta1 = 0.9, kEps = 1e-8;
 constexpr int kTeacherHidden = 64;
 double kNoise = 0.5;
@@ -345,9 +355,22 @@ struct Options {
   int steps, freeze_step, lr_warmup, threads, print_every;
 };
 
+enum class Algo { Adam, OneBitAdam, Lamb, OneBitLamb };
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::Adam: return "Adam";
+    case Algo::OneBitAdam: return "1-bit Adam";
+    case Algo::Lamb: return "LAMB";
+    case Algo::OneBitLamb: return "1-bit LAMB";
+  }
+  return "?";
+}
+
 struct RunResult {
   std::string name;
-  bool onebit = false;
+  bool onebit = false;  // compressed after freeze_step
+  bool lamb = false;
   std::vector<double> loss;                      // per step, mean over ranks
   std::vector<double> step_s, compute_s, opt_s;  // per step, slowest rank
   std::vector<int> compressed;                   // per step, info.compressed
@@ -372,23 +395,30 @@ double median_of(const std::vector<double>& v, size_t from, const std::vector<in
 
 // The learning-rate schedule: linear warmup over --lr-warmup steps, then
 // linear decay, reaching zero one step after the last.
-double lr_at(const Options& o, int step) {
+double lr_at(const Options& o, int step, double peak) {
   const double t = double(step + 1);
-  if (t <= o.lr_warmup) return kLr * t / o.lr_warmup;
-  return kLr * (double(o.steps) - t + 1) / (double(o.steps) - o.lr_warmup + 1);
+  if (t <= o.lr_warmup) return peak * t / o.lr_warmup;
+  return peak * (double(o.steps) - t + 1) / (double(o.steps) - o.lr_warmup + 1);
 }
 
-RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
+RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   const Shape& s = o.shape;
   RunResult r;
-  r.name = onebit ? "1-bit Adam" : "Adam";
-  r.onebit = onebit;
+  r.name = algo_name(algo);
+  r.onebit = algo == Algo::OneBitAdam || algo == Algo::OneBitLamb;
+  r.lamb = algo == Algo::Lamb || algo == Algo::OneBitLamb;
+  const double peak = r.lamb && kLambLr > 0.0 ? kLambLr : kLr;
   Tensors p(s), g(s);
   init_params(s, p);
   const std::vector<dsopt_tensor> pv = p.views(s), gv = g.views(s);
 
   char config[512];
-  if (onebit)
+  if (r.lamb)
+    std::snprintf(config, sizeof config,
+                  "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": %g, \"betas\":"
+                  " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
+                  peak, kBeta1, kBeta2, kEps, r.onebit ? o.freeze_step : o.steps + 1, o.threads);
+  else if (r.onebit)
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": %g, \"betas\":"
                   " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
@@ -407,7 +437,7 @@ RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
   Work w(s, o.batch);
   for (int step = 0; step < o.steps; ++step) {
     teacher.batch(uint64_t(g_rank), step, o.batch, w.x.data(), w.t.data());
-    E2E_CHECK(dsopt_set_lr(opt, lr_at(o, step)));
+    E2E_CHECK(dsopt_set_lr(opt, lr_at(o, step, peak)));
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = bench::now_seconds();
     const double loss = forward(s, p, o.batch, w);
@@ -453,12 +483,15 @@ RunResult train(const Options& o, const Teacher& teacher, bool onebit) {
 }
 
 // Bytes a compression-stage step sends for the momentum: the compressed
-// allreduce of every tensor, padded by DeepSpeed's rule (README).
-double car_bytes(const Shape& s, int P) {
+// allreduce of every tensor (1-bit Adam) or of one fused buffer of all of
+// them (1-bit LAMB), padded by DeepSpeed's rule (README).
+double car_bytes(const Shape& s, int P, bool fused) {
   const int64_t divider = 8 * P / std::gcd(int64_t(P), int64_t(8));
   const int64_t unit = int64_t(P) * divider;
+  std::vector<int64_t> sizes = s.sizes();
+  if (fused) sizes = {s.total()};
   double total = 0.0;
-  for (int64_t n : s.sizes()) {
+  for (int64_t n : sizes) {
     const int64_t padded = n % unit == 0 ? n : n + unit - n % unit;
     total += double(P - 1) / P * double(padded) / 4.0 + 8.0 * (P - 1);
   }
@@ -489,10 +522,11 @@ int main(int argc, char** argv) {
   real_flag("--lr", kLr, 1e-12, 1.0);
   real_flag("--beta2", kBeta2, 0.0, 1.0);
   real_flag("--noise", kNoise, 0.0, 1e6);
+  real_flag("--lamb-lr", kLambLr, 1e-12, 1.0);
   const char* usage =
       "onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S] [--freeze-step F]"
       " [--lr-warmup W] [--lr X] [--beta2 X] [--noise X] [--threads T] [--print-every N]"
-      " [--adam 0|1] [--onebit 0|1]";
+      " [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X]";
   bench::Flags flags(int(args.size()), args.data());
   Options o;
   o.shape.in = flags.get("--in", 64, 1, 1 << 20);
@@ -506,6 +540,7 @@ int main(int argc, char** argv) {
   o.print_every = int(flags.get("--print-every", 10, 0, 1000000));
   const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
   const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
+  const bool lamb = flags.get("--lamb", 0, 0, 1) != 0;
   flags.finish(usage);
   omp_set_num_threads(o.threads);
   if (o.freeze_step + 4 > o.steps) fail_all("--freeze-step must be at least 4 below --steps");
@@ -516,7 +551,7 @@ int main(int argc, char** argv) {
   const int P = g_world;
   const double floor = 0.5 * kNoise * kNoise;
   if (g_rank == 0) {
-    std::printf("data-parallel training, 1-bit Adam vs Adam, %d ranks\n", P);
+    std::printf("data-parallel training, %s vs Adam, %d ranks\n", lamb ? "1-bit LAMB and LAMB" : "1-bit Adam", P);
     std::printf("dsopt:   %s\n", dsopt_build_info());
     std::printf("machine: %s; %d thread(s) per rank\n", bench::cpu_model().c_str(), o.threads);
     std::printf("network: %s\n",
@@ -536,20 +571,22 @@ int main(int argc, char** argv) {
     std::printf(
         "train:   batch %lld per rank (fresh samples every step), %d steps; lr %g with\n"
         "         linear warmup over %d steps and linear decay to 0; betas (%g, %g),\n"
-        "         eps %g, no bias correction; 1-bit Adam freeze_step %d\n\n",
+        "         eps %g, no bias correction; %s freeze_step %d%s\n\n",
         static_cast<long long>(o.batch), o.steps, kLr, o.lr_warmup, kBeta1, kBeta2, kEps,
-        o.freeze_step);
+        lamb ? "1-bit LAMB" : "1-bit Adam", o.freeze_step,
+        lamb ? ("; (1-bit) LAMB lr " + std::to_string(kLambLr > 0 ? kLambLr : kLr)).c_str() : "");
     std::fflush(stdout);
   }
 
   std::vector<RunResult> runs;
-  if (run_adam) runs.push_back(train(o, teacher, false));
-  if (run_onebit) runs.push_back(train(o, teacher, true));
+  if (run_adam) runs.push_back(train(o, teacher, Algo::Adam));
+  if (lamb) runs.push_back(train(o, teacher, Algo::Lamb));
+  if (run_onebit) runs.push_back(train(o, teacher, lamb ? Algo::OneBitLamb : Algo::OneBitAdam));
 
   // The stage switch, the bytes, and the common start of the two runs.
   const double fp32_bytes = 2.0 * (P - 1) / P * 4.0 * double(s.total());
-  const double onebit_bytes = car_bytes(s, P);
   for (const RunResult& r : runs) {
+    const double onebit_bytes = car_bytes(s, P, r.lamb);
     for (int i = 0; i < o.steps; ++i) {
       const bool want_compressed = r.onebit && i + 1 >= o.freeze_step;
       if (r.compressed[size_t(i)] != int(want_compressed))
@@ -562,10 +599,14 @@ int main(int argc, char** argv) {
                  " bytes, expected " + std::to_string(expect) + " (+ a few scalars)");
     }
   }
-  if (runs.size() == 2)
+  // The compressed run and its uncompressed twin (Adam, or LAMB) share
+  // their arithmetic up to the freeze.
+  if (runs.size() >= 2) {
+    const RunResult &twin = runs[runs.size() - 2], &compressed = runs.back();
     for (int i = 0; i + 1 < o.freeze_step; ++i)
-      if (runs[0].loss[size_t(i)] != runs[1].loss[size_t(i)])
+      if (twin.loss[size_t(i)] != compressed.loss[size_t(i)])
         fail_all("the runs differ before the freeze (update " + std::to_string(i + 1) + ")");
+  }
 
   if (g_rank == 0) {
     if (o.print_every > 0) {
@@ -601,27 +642,32 @@ int main(int argc, char** argv) {
           std::printf("\n");
       };
       if (!r.onebit) {
-        row("Adam", 0, true);
+        row(r.name, 0, true);
       } else {
-        row("1-bit Adam, warmup stage", 0, false);
-        row("1-bit Adam, compression stage", 1, true);
+        row(r.name + ", warmup stage", 0, false);
+        row(r.name + ", compression stage", 1, true);
       }
     }
-    if (runs.size() == 2) {
-      const RunResult &a = runs[0], &b = runs[1];
-      const double adam_step = median_of(a.step_s, skip);
+    // The compressed run against Adam (the first run) and, with --lamb,
+    // against LAMB without compression.
+    const RunResult& b = runs.back();
+    for (size_t k = 0; b.onebit && k + 1 < runs.size(); ++k) {
+      const RunResult& a = runs[k];
+      const double base_step = median_of(a.step_s, skip);
       size_t from = size_t(o.freeze_step - 1) + skip;
       const double comp_step = median_of(b.step_s, from, &b.compressed, 1);
+      double bytes_a = 0, bytes_b = 0;
+      for (uint64_t x : a.bytes) bytes_a += double(x);
+      for (uint64_t x : b.bytes) bytes_b += double(x);
       std::printf(
-          "\n1-bit Adam vs Adam: compression-stage steps %.2fx faster (median); whole run\n"
-          "%.2fx faster (sum of all step times, warmup included); loss %+.2f%% (last 10 steps), "
-          "%+.2f%%\n"
-          "(held-out); above the floor of %.4f: %.5f vs %.5f (last 10), %.5f vs %.5f\n"
-          "(held-out); held-out loss at the start %.5f\n",
-          adam_step / comp_step, a.step_total_s / b.step_total_s,
-          100.0 * (b.last10() / a.last10() - 1.0), 100.0 * (b.eval_final / a.eval_final - 1.0),
-          floor, b.last10() - floor, a.last10() - floor, b.eval_final - floor, a.eval_final - floor,
-          a.eval_initial);
+          "\n%s vs %s: compression-stage steps %.2fx faster (median); whole run\n"
+          "%.2fx faster (sum of all step times, warmup included); %.2fx fewer bytes per step over\n"
+          "the run; loss %+.2f%% (last 10 steps), %+.2f%% (held-out); above the floor of %.4f:\n"
+          "%.5f vs %.5f (last 10), %.5f vs %.5f (held-out); held-out loss at the start %.5f\n",
+          b.name.c_str(), a.name.c_str(), base_step / comp_step, a.step_total_s / b.step_total_s,
+          bytes_a / bytes_b, 100.0 * (b.last10() / a.last10() - 1.0),
+          100.0 * (b.eval_final / a.eval_final - 1.0), floor, b.last10() - floor, a.last10() - floor,
+          b.eval_final - floor, a.eval_final - floor, a.eval_initial);
     }
     std::printf(
         "checked: identical parameters on every rank; identical losses up to the freeze;\n"

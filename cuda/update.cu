@@ -51,6 +51,9 @@ void run_all(cudaStream_t stream, const Lists& lists, const AdamConsts* consts, 
 
 void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, int64_t count,
                    const AdamConsts* consts_dev, float mul1, float mul2) {
+  if (rule == UpdateRule::LambWarmup || rule == UpdateRule::LambMomentum ||
+      rule == UpdateRule::LambCompressed || rule == UpdateRule::LambApply)
+    return launch_lamb_update(stream, rule, slots, count, consts_dev, mul1, mul2);
   const bool reads_grad = rule != UpdateRule::OneBitApply;
   const bool writes_param = rule != UpdateRule::OneBitMomentum;
   Lists lists;
@@ -83,6 +86,8 @@ void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, 
       run<UpdateRule::OneBitApply, DType::F16, DType::F32>(stream, lists[1][0], consts_dev, 1.0f, 1.0f);
       run<UpdateRule::OneBitApply, DType::BF16, DType::F32>(stream, lists[2][0], consts_dev, 1.0f, 1.0f);
       return;
+    default:
+      break;
   }
   fail(DSOPT_EINTERNAL, "update: unknown rule");
 }

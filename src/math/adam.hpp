@@ -31,6 +31,9 @@ struct AdamConsts {
   // element is clamped to +-momentum_limit * sqrt(v) (math/onebit_adam.hpp);
   // 0: not clamped (DeepSpeed's rule, and every other rule).
   float momentum_limit = 0.0f;
+  // 1-bit LAMB compression stage: the tensor's scaling_coeff, fp32
+  // (math/onebit_lamb.hpp); the constants are then per tensor.
+  float tensor_scale = 1.0f;
 };
 
 DSOPT_ISA_BEGIN

@@ -4,6 +4,7 @@
 // compressed allreduce. Written once for every backend.
 #pragma once
 #include "math/adam.hpp"
+#include "math/stabilized_momentum.hpp"
 
 namespace dsopt {
 DSOPT_ISA_BEGIN
@@ -25,21 +26,23 @@ DSOPT_HD void onebit_momentum(typename Ops::F& m, typename Ops::F g, const AdamC
   m = Ops::fma(g, Ops::set1(c.one_minus_beta1), m);
 }
 
+// v = beta2 v + (1 - beta2) g^2
+template <class Ops>
+DSOPT_HD void onebit_variance(typename Ops::F& v, typename Ops::F g, const AdamConsts& c) {
+  v = Ops::mul(v, Ops::set1(c.beta2));
+  v = Ops::fma(Ops::mul(g, g), Ops::set1(c.one_minus_beta2), v);
+}
+
 // p = p - lr (m / (sqrt(v) + eps) + wd p). With c.momentum_limit = L > 0
-// (the stabilized compression stage, docs/design/stable-1bit.md) the m of
-// the update is first clamped to [-L sqrt(v), L sqrt(v)]: a coordinate never
-// moves faster than its own warmup gradient RMS allows, and one whose v is 0
-// (no gradient during warmup) does not move. The stored momentum is not
-// clamped.
+// (the stabilized compression stage, math/stabilized_momentum.hpp) the m of
+// the update is first clamped to [-L sqrt(v), L sqrt(v)]. The stored
+// momentum is not clamped.
 template <class Ops>
 DSOPT_HD void onebit_apply(typename Ops::F& p, typename Ops::F m, typename Ops::F v,
                            const AdamConsts& c) {
   using F = typename Ops::F;
   const F root = Ops::sqrt(v);
-  if (c.momentum_limit > 0.0f) {
-    const F bound = Ops::mul(root, Ops::set1(c.momentum_limit));
-    m = Ops::min(Ops::max(m, Ops::mul(bound, Ops::set1(-1.0f))), bound);
-  }
+  m = stabilized_momentum<Ops>(m, root, c.momentum_limit);
   const F d = Ops::add(root, Ops::set1(c.eps));
   F u = Ops::div(m, d);
   if (c.wd > 0.0f) u = Ops::fma(Ops::set1(c.wd), p, u);
@@ -51,17 +54,8 @@ template <class Ops>
 DSOPT_HD void onebit_warmup(typename Ops::F& p, typename Ops::F& m, typename Ops::F& v,
                             typename Ops::F g, const AdamConsts& c) {
   onebit_momentum<Ops>(m, g, c);
-  v = Ops::mul(v, Ops::set1(c.beta2));
-  v = Ops::fma(Ops::mul(g, g), Ops::set1(c.one_minus_beta2), v);
+  onebit_variance<Ops>(v, g, c);
   onebit_apply<Ops>(p, m, v, c);
-}
-
-// The stabilized rule's limit for a group whose v was frozen after
-// `warmup_updates` updates: limit / sqrt(1 - beta2^warmup_updates), so that
-// the bound is `limit` times the bias-corrected warmup RMS of the gradient.
-inline float onebit_momentum_limit(double limit, double beta2, int64_t warmup_updates) {
-  const double b2t = std::pow(beta2, double(warmup_updates < 1 ? 1 : warmup_updates));
-  return float(limit / std::sqrt(1.0 - b2t));
 }
 
 DSOPT_ISA_END

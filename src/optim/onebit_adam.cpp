@@ -18,7 +18,7 @@ OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
                        const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       moments_(this->params(), this->kernels(), "onebit"),
-      masks_(size_t(count)) {
+      masks_(count) {
   for (int64_t i = 0; i < count; ++i) (non_freeze(i) ? full_ : compressed_).push_back(i);
 }
 
@@ -30,9 +30,9 @@ std::vector<AdamConsts> OneBitAdam::consts() const {
   std::vector<AdamConsts> c;
   for (int32_t g = 0; g < num_groups(); ++g) {
     c.push_back(onebit_consts(group(g)));
-    if (compressing_ && config().stabilize)
+    if (stage_.compressing && config().stabilize)
       c.back().momentum_limit =
-          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, frozen_after_);
+          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, stage_.frozen_after);
   }
   return c;
 }
@@ -45,8 +45,7 @@ std::string OneBitAdam::divergence_hint() const {
 }
 
 void OneBitAdam::enter_compression(int64_t warmup_updates) {
-  compressing_ = true;
-  frozen_after_ = warmup_updates;
+  stage_ = FreezeStage{true, warmup_updates};
   if (comm().size() > 1 && !compressed_.empty()) {
     std::vector<int64_t> sizes;
     for (int64_t i : compressed_) sizes.push_back(params().params()[size_t(i)].numel);
@@ -56,12 +55,12 @@ void OneBitAdam::enter_compression(int64_t warmup_updates) {
 
 bool OneBitAdam::update(const PreparedGrads& grads) {
   const std::vector<AdamConsts> c = consts();
-  if (!compressing_) {
+  if (!stage_.compressing) {
     const std::vector<AdamSlot> slots = moments_.slots(params(), &grads);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     // DeepSpeed's counter k = updates + 1 (DECISIONS G2).
-    if (group_step(0) + 1 >= config().freeze_step) enter_compression(group_step(0));
+    if (FreezeStage::due(group_step(0), config().freeze_step)) enter_compression(group_step(0));
     return false;
   }
   if (!full_.empty()) {
@@ -73,9 +72,7 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
                      num_groups(), grads.mul1, grads.mul2);
   }
   if (!compressed_.empty()) {
-    std::vector<const float*> masks;
-    for (const DeviceBuffer& m : masks_) masks.push_back(m.floats());
-    const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, compressed_, masks);
+    const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, compressed_, masks_.pointers());
     kernels().update(UpdateRule::OneBitMomentum, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     if (car_) {
@@ -90,31 +87,10 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
 }
 
 void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
-  const std::string who = "dsopt_set_momentum_mask: ";
-  if (i < 0 || i >= params().count())
-    fail(DSOPT_EINVAL, who + "param_index " + std::to_string(i) + " is out of range (the optimizer has " +
-                           std::to_string(params().count()) + " parameters)");
-  if (!mask) {
-    masks_[size_t(i)] = DeviceBuffer();
-    return;
-  }
-  const Param& p = params().params()[size_t(i)];
-  if (!mask->data) fail(DSOPT_EINVAL, who + "mask->data is NULL");
-  if (mask->numel != p.numel)
-    fail(DSOPT_EINVAL, who + "mask has numel " + std::to_string(mask->numel) + ", parameter " +
-                           std::to_string(i) + " has " + std::to_string(p.numel));
-  if (mask->dtype != DSOPT_FLOAT32) fail(DSOPT_EINVAL, who + "mask must have dtype DSOPT_FLOAT32");
-  const bool on_device = is_cuda_device_pointer(mask->data);
-  if (kernels().device() == Device::Cuda && !on_device)
-    fail(DSOPT_EINVAL, who + "mask must be CUDA device memory (the optimizer's device is cuda)");
-  if (kernels().device() == Device::Cpu && on_device)
-    fail(DSOPT_EINVAL, who + "mask is CUDA device memory but the optimizer's device is cpu");
-  if (non_freeze(i))
-    fail(DSOPT_EINVAL, who + "parameter " + std::to_string(i) +
+  if (mask && i >= 0 && i < params().count() && non_freeze(i))
+    fail(DSOPT_EINVAL, "dsopt_set_momentum_mask: parameter " + std::to_string(i) +
                            " is in a non_freeze group, whose momentum is never compressed");
-  DeviceBuffer copy(kernels(), size_t(p.numel) * 4);
-  kernels().copy(copy.get(), mask->data, copy.bytes());
-  masks_[size_t(i)] = std::move(copy);
+  masks_.set(kernels(), params(), i, mask);
 }
 
 std::pair<uint64_t, uint64_t> OneBitAdam::error_bytes(int world) const {
@@ -129,10 +105,10 @@ void OneBitAdam::save_sections(BlobWriter& w) const {
   moments_.save(w);
   const int32_t error_world = car_ ? car_->world() : 0;
   FieldWriter f;
-  f.add(int32_t(compressing_ ? 1 : 0)).add(config().freeze_step).add(error_world);
+  f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step).add(error_world);
   w.section(kStage, f.bytes().data(), f.bytes().size());
   FieldWriter st;
-  st.add(frozen_after_);
+  st.add(stage_.frozen_after);
   w.section(kStabilize, st.bytes().data(), st.bytes().size());
   const auto bytes = error_bytes(error_world);
   w.section_from_device(kWorkerError, car_ ? car_->worker_error() : nullptr, bytes.first, kernels());
@@ -157,22 +133,18 @@ void OneBitAdam::check_sections(const BlobReader& r) const {
 void OneBitAdam::restore_sections(const BlobReader& r) {
   moments_.restore(r);
   FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  const bool saved_compressing = f.get<int32_t>() != 0;
+  FreezeStage saved;
+  saved.compressing = f.get<int32_t>() != 0;
   const int64_t saved_freeze_step = f.get<int64_t>();
   const int32_t error_world = f.get<int32_t>();
-  // The persisted stage, unless freeze_step changed: then DeepSpeed's rule.
-  const bool compressing = saved_freeze_step == config().freeze_step
-                               ? saved_compressing
-                               : group_step(0) + 1 >= config().freeze_step;
   FieldReader st(r.section(kStabilize, 8), 8);
-  const int64_t saved_frozen_after = st.get<int64_t>();
+  saved.frozen_after = st.get<int64_t>();
+  const FreezeStage resumed =
+      FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
   car_.reset();
-  compressing_ = false;
-  frozen_after_ = 0;
-  if (!compressing) return;
-  // Frozen in the saved run: as then; frozen now by the changed freeze_step:
-  // after every update so far.
-  enter_compression(saved_compressing ? saved_frozen_after : group_step(0));
+  stage_ = FreezeStage{};
+  if (!resumed.compressing) return;
+  enter_compression(resumed.frozen_after);
   if (!car_) return;
   // Errors belong to the world size that produced them (K1/K2): restored at
   // the same P, zero otherwise.

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "comm/compressed_allreduce.hpp"
+#include "optim/freeze_stage.hpp"
 #include "optim/moments.hpp"
+#include "optim/momentum_masks.hpp"
 #include "optim/optimizer.hpp"
 
 namespace dsopt {
@@ -19,7 +21,7 @@ class OneBitAdam final : public Optimizer {
 
  protected:
   std::string algorithm() const override { return "OneBitAdam"; }
-  bool averaged(int64_t i) const override { return !compressing_ || non_freeze(i); }
+  bool averaged(int64_t i) const override { return !stage_.compressing || non_freeze(i); }
   bool update(const PreparedGrads& grads) override;
   uint32_t section_count() const override { return 6; }
   std::string divergence_hint() const override;
@@ -34,14 +36,11 @@ class OneBitAdam final : public Optimizer {
   std::pair<uint64_t, uint64_t> error_bytes(int world) const;
   void enter_compression(int64_t warmup_updates);
 
-  bool compressing_ = false;
-  // Warmup updates v had when it was frozen (the stabilized rule's limit
-  // depends on it); 0 in warmup.
-  int64_t frozen_after_ = 0;
+  FreezeStage stage_;
   Moments moments_;
   std::vector<int64_t> compressed_;  // parameters whose momentum is compressed
   std::vector<int64_t> full_;        // parameters of non_freeze groups
-  std::vector<DeviceBuffer> masks_;  // per parameter; empty: none
+  MomentumMasks masks_;
   std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
 };
 

@@ -1,6 +1,6 @@
-/* The number of MPI collectives a 1-bit Adam step makes does not depend on
- * the number of tensors: all tensors travel together (README "The
- * compressed allreduce"). The MPI functions dsopt uses are intercepted here
+/* The number of MPI collectives a 1-bit Adam or 1-bit LAMB step makes does
+ * not depend on the number of tensors: all tensors travel together (README
+ * "The compressed allreduce"; 1-bit LAMB compresses one fused buffer). The MPI functions dsopt uses are intercepted here
  * through the profiling interface (this program defines MPI_Allreduce etc.,
  * counts, and forwards to PMPI_*), and the counts of steps with 2 and with
  * 50 tensors are compared: a warmup step is one allreduce (gradients and
@@ -87,7 +87,7 @@ typedef struct per_step {
   unsigned long long bytes[STEPS];
 } per_step;
 
-/* Runs STEPS steps of 1-bit Adam over `count` tensors and records the MPI
+/* Runs STEPS steps of the configured optimizer over `count` tensors and records the MPI
  * calls of each step (dsopt_step only). */
 static void run(const char *config, int count, per_step *out) {
   const int rank = world_rank();
@@ -211,12 +211,23 @@ static void collectives_do_not_grow_with_a_non_freeze_group(void) {
   compare(ONEBIT(", \"non_freeze\": true", ", \"gradient_clipping\": 1.0"), "non_freeze + clipping", 2);
 }
 
+#define LAMB(extra)                                                                                     \
+  "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 0.01, \"freeze_step\": 3, "          \
+  "\"weight_decay\": 0.01}}, \"param_groups\": [{}, {\"lr\": 0.005}], \"threads\": 1" extra "}"
+
+static void lamb_collectives_do_not_grow_with_the_tensor_count(void) {
+  /* the per-tensor trust ratios and factors are local reductions */
+  compare(LAMB(""), "lamb", 1);
+  compare(LAMB(", \"gradient_clipping\": 1.0"), "lamb + clipping", 1);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   snprintf(check_prefix, sizeof check_prefix, "rank %d: ", world_rank());
   RUN_TEST(collectives_do_not_grow_with_the_tensor_count);
   RUN_TEST(collectives_do_not_grow_with_clipping);
   RUN_TEST(collectives_do_not_grow_with_a_non_freeze_group);
+  RUN_TEST(lamb_collectives_do_not_grow_with_the_tensor_count);
   int status = check_finish();
   int any = status != 0, all = 0;
   PMPI_Allreduce(&any, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
