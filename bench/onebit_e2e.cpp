@@ -42,11 +42,11 @@
 //   onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S]
 //                    [--freeze-step F] [--lr-warmup W] [--lr X] [--beta2 X]
 //                    [--noise X] [--threads T] [--print-every N]
-//                    [--adam 0|1] [--onebit 0|1]
+//                    [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X]
 //                    [--zoadam 0|1] [--var-freeze-step F] [--var-update-scaler K]
 //                    [--local-step-scaler S] [--local-step-clipper H]
 //
-// --zoadam 1 adds a third run, 0/1 Adam ("ZeroOneAdam", the same lr, betas
+// --zoadam 1 adds a run of 0/1 Adam ("ZeroOneAdam", the same lr, betas
 // and eps), with var_freeze_step --var-freeze-step (default: 15% of the
 // steps), var_update_scaler --var-update-scaler (1), local_step_scaler
 // --local-step-scaler (2) and local_step_clipper --local-step-clipper (16).
@@ -55,6 +55,15 @@
 // step's status allreduce), the losses identical to Adam's up to its first
 // 1-bit step, bit-identical parameters on every rank after its last sync,
 // and the average bytes per step over the whole run against Adam's.
+//
+// --lamb 1: the compressed run is 1-bit LAMB ("OneBitLamb", lr --lamb-lr
+// (default: --lr; LAMB's trust ratio scales each tensor's step to about
+// lr * ||p|| / ||update||), the same betas, eps and freeze_step, default
+// trust-ratio settings), and a third
+// run, "LAMB", is 1-bit LAMB with freeze_step past the last step (LAMB
+// without compression; its losses equal 1-bit LAMB's up to the freeze).
+// Bytes of a compressed 1-bit LAMB step: one compressed allreduce of the
+// fused buffer of every momentum (README "1-bit LAMB").
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -75,6 +84,7 @@ using bench::Buffer;
 int g_rank = 0, g_world = 1;
 
 double kLr = 3e-3, kBeta2 = 0.999;
+double kLambLr = 0.0;  // --lamb-lr; 0: kLr
 constexpr double kBeta1 = 0.9, kEps = 1e-8;
 constexpr int kTeacherHidden = 64;
 double kNoise = 0.5;
@@ -358,14 +368,26 @@ struct Options {
   int var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper;
 };
 
-enum class Algo { Adam, OneBit, ZeroOne };
+enum class Algo { Adam, OneBitAdam, Lamb, OneBitLamb, ZeroOneAdam };
+
+const char* algo_name(Algo a) {
+  switch (a) {
+    case Algo::Adam: return "Adam";
+    case Algo::OneBitAdam: return "1-bit Adam";
+    case Algo::Lamb: return "LAMB";
+    case Algo::OneBitLamb: return "1-bit LAMB";
+    case Algo::ZeroOneAdam: return "0/1 Adam";
+  }
+  return "?";
+}
 
 struct RunResult {
   std::string name;
-  Algo algo = Algo::Adam;
-  bool onebit = false;                           // 1-bit Adam
-  std::vector<int> phase;                        // per step, info.phase
-  uint64_t synced_fingerprint = 0;               // 0/1 Adam: parameters after the last sync
+  bool onebit = false;  // compressed after freeze_step
+  bool lamb = false;
+  bool zoadam = false;
+  std::vector<int> phase;           // per step, info.phase
+  uint64_t synced_fingerprint = 0;  // 0/1 Adam: parameters after its last sync
   int last_sync = -1;
   std::vector<double> loss;                      // per step, mean over ranks
   std::vector<double> step_s, compute_s, opt_s;  // per step, slowest rank
@@ -391,36 +413,42 @@ double median_of(const std::vector<double>& v, size_t from, const std::vector<in
 
 // The learning-rate schedule: linear warmup over --lr-warmup steps, then
 // linear decay, reaching zero one step after the last.
-double lr_at(const Options& o, int step) {
+double lr_at(const Options& o, int step, double peak) {
   const double t = double(step + 1);
-  if (t <= o.lr_warmup) return kLr * t / o.lr_warmup;
-  return kLr * (double(o.steps) - t + 1) / (double(o.steps) - o.lr_warmup + 1);
+  if (t <= o.lr_warmup) return peak * t / o.lr_warmup;
+  return peak * (double(o.steps) - t + 1) / (double(o.steps) - o.lr_warmup + 1);
 }
 
 RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   const Shape& s = o.shape;
-  const bool onebit = algo == Algo::OneBit;
   RunResult r;
-  r.name = onebit ? "1-bit Adam" : algo == Algo::ZeroOne ? "0/1 Adam" : "Adam";
-  r.algo = algo;
-  r.onebit = onebit;
+  r.name = algo_name(algo);
+  r.onebit = algo == Algo::OneBitAdam || algo == Algo::OneBitLamb;
+  r.lamb = algo == Algo::Lamb || algo == Algo::OneBitLamb;
+  r.zoadam = algo == Algo::ZeroOneAdam;
+  const double peak = r.lamb && kLambLr > 0.0 ? kLambLr : kLr;
   Tensors p(s), g(s);
   init_params(s, p);
   const std::vector<dsopt_tensor> pv = p.views(s), gv = g.views(s);
 
   char config[512];
-  if (onebit)
+  if (r.lamb)
     std::snprintf(config, sizeof config,
-                  "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": %g, \"betas\":"
+                  "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": %g, \"betas\":"
                   " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
-                  kLr, kBeta1, kBeta2, kEps, o.freeze_step, o.threads);
-  else if (algo == Algo::ZeroOne)
+                  peak, kBeta1, kBeta2, kEps, r.onebit ? o.freeze_step : o.steps + 1, o.threads);
+  else if (r.zoadam)
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": %g, \"betas\":"
                   " [%g, %g], \"eps\": %g, \"var_freeze_step\": %d, \"var_update_scaler\": %d,"
                   " \"local_step_scaler\": %d, \"local_step_clipper\": %d}}, \"threads\": %d}",
                   kLr, kBeta1, kBeta2, kEps, o.var_freeze_step, o.var_update_scaler,
                   o.local_step_scaler, o.local_step_clipper, o.threads);
+  else if (r.onebit)
+    std::snprintf(config, sizeof config,
+                  "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": %g, \"betas\":"
+                  " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
+                  kLr, kBeta1, kBeta2, kEps, o.freeze_step, o.threads);
   else
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": %g, \"betas\":"
@@ -435,7 +463,7 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   Work w(s, o.batch);
   for (int step = 0; step < o.steps; ++step) {
     teacher.batch(uint64_t(g_rank), step, o.batch, w.x.data(), w.t.data());
-    E2E_CHECK(dsopt_set_lr(opt, lr_at(o, step)));
+    E2E_CHECK(dsopt_set_lr(opt, lr_at(o, step, peak)));
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = bench::now_seconds();
     const double loss = forward(s, p, o.batch, w);
@@ -473,9 +501,9 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   for (double t : r.step_s) r.step_total_s += t;
   r.eval_final = eval_loss(s, teacher, p);
 
-  // Every rank must hold the same parameters (0/1 Adam: after its last sync;
-  // its local steps leave them apart by design).
-  const uint64_t h = algo == Algo::ZeroOne ? r.synced_fingerprint : fingerprint(p.all.get(), s.total());
+  // Every rank must hold the same parameters (0/1 Adam: after its last
+  // sync; its local steps leave them apart by design).
+  const uint64_t h = r.zoadam ? r.synced_fingerprint : fingerprint(p.all.get(), s.total());
   uint64_t hmin = 0, hmax = 0;
   MPI_Allreduce(&h, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&h, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
@@ -487,12 +515,15 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
 }
 
 // Bytes a compression-stage step sends for the momentum: the compressed
-// allreduce of every tensor, padded by DeepSpeed's rule (README).
-double car_bytes(const Shape& s, int P) {
+// allreduce of every tensor (1-bit Adam) or of one fused buffer of all of
+// them (1-bit LAMB), padded by DeepSpeed's rule (README).
+double car_bytes(const Shape& s, int P, bool fused) {
   const int64_t divider = 8 * P / std::gcd(int64_t(P), int64_t(8));
   const int64_t unit = int64_t(P) * divider;
+  std::vector<int64_t> sizes = s.sizes();
+  if (fused) sizes = {s.total()};
   double total = 0.0;
-  for (int64_t n : s.sizes()) {
+  for (int64_t n : sizes) {
     const int64_t padded = n % unit == 0 ? n : n + unit - n % unit;
     total += double(P - 1) / P * double(padded) / 4.0 + 8.0 * (P - 1);
   }
@@ -523,11 +554,12 @@ int main(int argc, char** argv) {
   real_flag("--lr", kLr, 1e-12, 1.0);
   real_flag("--beta2", kBeta2, 0.0, 1.0);
   real_flag("--noise", kNoise, 0.0, 1e6);
+  real_flag("--lamb-lr", kLambLr, 1e-12, 1.0);
   const char* usage =
       "onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S] [--freeze-step F]"
       " [--lr-warmup W] [--lr X] [--beta2 X] [--noise X] [--threads T] [--print-every N]"
-      " [--adam 0|1] [--onebit 0|1] [--zoadam 0|1] [--var-freeze-step F] [--var-update-scaler K]"
-      " [--local-step-scaler S] [--local-step-clipper H]";
+      " [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X] [--zoadam 0|1] [--var-freeze-step F]"
+      " [--var-update-scaler K] [--local-step-scaler S] [--local-step-clipper H]";
   bench::Flags flags(int(args.size()), args.data());
   Options o;
   o.shape.in = flags.get("--in", 64, 1, 1 << 20);
@@ -541,6 +573,7 @@ int main(int argc, char** argv) {
   o.print_every = int(flags.get("--print-every", 10, 0, 1000000));
   const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
   const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
+  const bool lamb = flags.get("--lamb", 0, 0, 1) != 0;
   const bool run_zoadam = flags.get("--zoadam", 0, 0, 1) != 0;
   o.var_freeze_step = int(flags.get("--var-freeze-step", o.steps * 15 / 100, 1, 1000000));
   o.var_update_scaler = int(flags.get("--var-update-scaler", 1, 1, 1000000));
@@ -556,8 +589,9 @@ int main(int argc, char** argv) {
   const int P = g_world;
   const double floor = 0.5 * kNoise * kNoise;
   if (g_rank == 0) {
-    std::printf("data-parallel training, %s vs Adam, %d ranks\n",
-                run_zoadam ? (run_onebit ? "1-bit Adam and 0/1 Adam" : "0/1 Adam") : "1-bit Adam", P);
+    std::printf("data-parallel training, %s%s vs Adam, %d ranks\n",
+                run_onebit ? (lamb ? "1-bit LAMB and LAMB" : "1-bit Adam") : "",
+                run_zoadam ? (run_onebit ? " and 0/1 Adam" : "0/1 Adam") : "", P);
     std::printf("dsopt:   %s\n", dsopt_build_info());
     std::printf("machine: %s; %d thread(s) per rank\n", bench::cpu_model().c_str(), o.threads);
     std::printf("network: %s\n",
@@ -577,9 +611,10 @@ int main(int argc, char** argv) {
     std::printf(
         "train:   batch %lld per rank (fresh samples every step), %d steps; lr %g with\n"
         "         linear warmup over %d steps and linear decay to 0; betas (%g, %g),\n"
-        "         eps %g, no bias correction; 1-bit Adam freeze_step %d\n\n",
+        "         eps %g, no bias correction; %s freeze_step %d%s\n\n",
         static_cast<long long>(o.batch), o.steps, kLr, o.lr_warmup, kBeta1, kBeta2, kEps,
-        o.freeze_step);
+        lamb ? "1-bit LAMB" : "1-bit Adam", o.freeze_step,
+        lamb ? ("; (1-bit) LAMB lr " + std::to_string(kLambLr > 0 ? kLambLr : kLr)).c_str() : "");
     if (run_zoadam)
       std::printf("         0/1 Adam var_freeze_step %d, var_update_scaler %d, local_step_scaler %d,\n"
                   "         local_step_clipper %d\n\n",
@@ -589,28 +624,17 @@ int main(int argc, char** argv) {
 
   std::vector<RunResult> runs;
   if (run_adam) runs.push_back(train(o, teacher, Algo::Adam));
-  if (run_onebit) runs.push_back(train(o, teacher, Algo::OneBit));
-  if (run_zoadam) runs.push_back(train(o, teacher, Algo::ZeroOne));
+  if (lamb) runs.push_back(train(o, teacher, Algo::Lamb));
+  if (run_onebit) runs.push_back(train(o, teacher, lamb ? Algo::OneBitLamb : Algo::OneBitAdam));
+  // 0/1 Adam is kept apart: the comparisons below pair the last of `runs`
+  // with the others.
+  RunResult zo;
+  if (run_zoadam) zo = train(o, teacher, Algo::ZeroOneAdam);
 
   // The stage switch, the bytes, and the common start of the two runs.
   const double fp32_bytes = 2.0 * (P - 1) / P * 4.0 * double(s.total());
-  const double onebit_bytes = car_bytes(s, P);
-  const double status_bytes = 2.0 * (P - 1) / P * 16.0;
   for (const RunResult& r : runs) {
-    if (r.algo == Algo::ZeroOne) {
-      if (r.last_sync < 0) fail_all("0/1 Adam: no sync in the run (more --steps or a lower --var-freeze-step)");
-      for (int i = 0; i < o.steps; ++i) {
-        const int ph = r.phase[size_t(i)];
-        const double expect = ph == DSOPT_PHASE_FULL ? fp32_bytes
-                              : ph == DSOPT_PHASE_LOCAL ? status_bytes
-                                                        : status_bytes + onebit_bytes;
-        const double got = double(r.bytes[size_t(i)]);
-        if (got < expect || got > expect + 64.0 * P || r.compressed[size_t(i)] != int(ph == DSOPT_PHASE_COMPRESSED || ph == DSOPT_PHASE_SYNC))
-          fail_all(r.name + ": update " + std::to_string(i + 1) + " (phase " + std::to_string(ph) + ") sent " +
-                   std::to_string(got) + " bytes, expected " + std::to_string(expect));
-      }
-      continue;
-    }
+    const double onebit_bytes = car_bytes(s, P, r.lamb);
     for (int i = 0; i < o.steps; ++i) {
       const bool want_compressed = r.onebit && i + 1 >= o.freeze_step;
       if (r.compressed[size_t(i)] != int(want_compressed))
@@ -623,14 +647,33 @@ int main(int argc, char** argv) {
                  " bytes, expected " + std::to_string(expect) + " (+ a few scalars)");
     }
   }
-  if (run_adam && run_onebit)
+  if (run_zoadam) {
+    const double status_bytes = 2.0 * (P - 1) / P * 16.0;
+    if (zo.last_sync < 0) fail_all("0/1 Adam: no sync in the run (more --steps or a lower --var-freeze-step)");
+    for (int i = 0; i < o.steps; ++i) {
+      const int ph = zo.phase[size_t(i)];
+      const bool compressed = ph == DSOPT_PHASE_COMPRESSED || ph == DSOPT_PHASE_SYNC;
+      const double expect = ph == DSOPT_PHASE_FULL  ? fp32_bytes
+                            : ph == DSOPT_PHASE_LOCAL ? status_bytes
+                                                      : status_bytes + car_bytes(s, P, false);
+      const double got = double(zo.bytes[size_t(i)]);
+      if (got < expect || got > expect + 64.0 * P || zo.compressed[size_t(i)] != int(compressed))
+        fail_all("0/1 Adam: update " + std::to_string(i + 1) + " (phase " + std::to_string(ph) + ") sent " +
+                 std::to_string(got) + " bytes, expected " + std::to_string(expect));
+    }
+    if (run_adam)
+      for (int i = 0; zo.phase[size_t(i)] == DSOPT_PHASE_FULL; ++i)
+        if (runs[0].loss[size_t(i)] != zo.loss[size_t(i)])
+          fail_all("0/1 Adam differs from Adam before its first 1-bit step (update " + std::to_string(i + 1) + ")");
+  }
+  // The compressed run and its uncompressed twin (Adam, or LAMB) share
+  // their arithmetic up to the freeze.
+  if (runs.size() >= 2) {
+    const RunResult &twin = runs[runs.size() - 2], &compressed = runs.back();
     for (int i = 0; i + 1 < o.freeze_step; ++i)
-      if (runs[0].loss[size_t(i)] != runs[1].loss[size_t(i)])
+      if (twin.loss[size_t(i)] != compressed.loss[size_t(i)])
         fail_all("the runs differ before the freeze (update " + std::to_string(i + 1) + ")");
-  if (run_adam && run_zoadam)
-    for (int i = 0; runs.back().phase[size_t(i)] == DSOPT_PHASE_FULL; ++i)
-      if (runs[0].loss[size_t(i)] != runs.back().loss[size_t(i)])
-        fail_all("0/1 Adam differs from Adam before its first 1-bit step (update " + std::to_string(i + 1) + ")");
+  }
 
   if (g_rank == 0) {
     if (o.print_every > 0) {
@@ -665,63 +708,66 @@ int main(int argc, char** argv) {
         else
           std::printf("\n");
       };
-      if (r.algo == Algo::ZeroOne) {
-        double bytes = 0.0;
-        for (uint64_t b : r.bytes) bytes += double(b);
-        std::printf("%-30s %8.3f %9.3f %8.3f %11.4g %8.1f %9.5f %9.5f\n", "0/1 Adam, whole run (mean B)",
-                    median_of(r.step_s, skip), median_of(r.compute_s, skip), median_of(r.opt_s, skip),
-                    bytes / double(r.bytes.size()), r.step_total_s, r.last10(), r.eval_final);
-      } else if (!r.onebit) {
-        row("Adam", 0, true);
+      if (!r.onebit) {
+        row(r.name, 0, true);
       } else {
-        row("1-bit Adam, warmup stage", 0, false);
-        row("1-bit Adam, compression stage", 1, true);
+        row(r.name + ", warmup stage", 0, false);
+        row(r.name + ", compression stage", 1, true);
       }
     }
-    if (run_adam && run_zoadam) {
-      const RunResult &a = runs[0], &z = runs.back();
-      auto average_bytes = [](const RunResult& r) {
-        double sum = 0.0;
-        for (uint64_t b : r.bytes) sum += double(b);
-        return sum / double(r.bytes.size());
-      };
-      int count[5] = {0, 0, 0, 0, 0};
-      for (int ph : z.phase) ++count[ph];
-      std::printf(
-          "\n0/1 Adam vs Adam over the whole run: %d full, %d 1-bit, %d local, %d sync steps;\n"
-          "average bytes per step %.4g vs %.4g (%.1fx less); whole run %.2fx faster (sum of step\n"
-          "times); loss %+.2f%% (last 10 steps), %+.2f%% (held-out); held-out %.5f vs %.5f\n",
-          count[DSOPT_PHASE_FULL], count[DSOPT_PHASE_COMPRESSED], count[DSOPT_PHASE_LOCAL],
-          count[DSOPT_PHASE_SYNC], average_bytes(z), average_bytes(a), average_bytes(a) / average_bytes(z),
-          a.step_total_s / z.step_total_s, 100.0 * (z.last10() / a.last10() - 1.0),
-          100.0 * (z.eval_final / a.eval_final - 1.0), z.eval_final, a.eval_final);
-    }
-    if (run_adam && run_onebit) {
-      const RunResult &a = runs[0], &b = runs[1];
-      const double adam_step = median_of(a.step_s, skip);
+    // The compressed run against Adam (the first run) and, with --lamb,
+    // against LAMB without compression.
+    for (size_t k = 0; !runs.empty() && runs.back().onebit && k + 1 < runs.size(); ++k) {
+      const RunResult& b = runs.back();
+      const RunResult& a = runs[k];
+      const double base_step = median_of(a.step_s, skip);
       size_t from = size_t(o.freeze_step - 1) + skip;
       const double comp_step = median_of(b.step_s, from, &b.compressed, 1);
+      double bytes_a = 0, bytes_b = 0;
+      for (uint64_t x : a.bytes) bytes_a += double(x);
+      for (uint64_t x : b.bytes) bytes_b += double(x);
       std::printf(
-          "\n1-bit Adam vs Adam: compression-stage steps %.2fx faster (median); whole run\n"
-          "%.2fx faster (sum of all step times, warmup included); loss %+.2f%% (last 10 steps), "
-          "%+.2f%%\n"
-          "(held-out); above the floor of %.4f: %.5f vs %.5f (last 10), %.5f vs %.5f\n"
-          "(held-out); held-out loss at the start %.5f\n",
-          adam_step / comp_step, a.step_total_s / b.step_total_s,
-          100.0 * (b.last10() / a.last10() - 1.0), 100.0 * (b.eval_final / a.eval_final - 1.0),
-          floor, b.last10() - floor, a.last10() - floor, b.eval_final - floor, a.eval_final - floor,
-          a.eval_initial);
+          "\n%s vs %s: compression-stage steps %.2fx faster (median); whole run\n"
+          "%.2fx faster (sum of all step times, warmup included); %.2fx fewer bytes per step over\n"
+          "the run; loss %+.2f%% (last 10 steps), %+.2f%% (held-out); above the floor of %.4f:\n"
+          "%.5f vs %.5f (last 10), %.5f vs %.5f (held-out); held-out loss at the start %.5f\n",
+          b.name.c_str(), a.name.c_str(), base_step / comp_step, a.step_total_s / b.step_total_s,
+          bytes_a / bytes_b, 100.0 * (b.last10() / a.last10() - 1.0),
+          100.0 * (b.eval_final / a.eval_final - 1.0), floor, b.last10() - floor, a.last10() - floor,
+          b.eval_final - floor, a.eval_final - floor, a.eval_initial);
+    }
+    if (run_zoadam) {
+      double zo_bytes = 0.0;
+      for (uint64_t b : zo.bytes) zo_bytes += double(b);
+      std::printf("%-30s %8.3f %9.3f %8.3f %11.4g %8.1f %9.5f %9.5f\n", "0/1 Adam, whole run (mean B)",
+                  median_of(zo.step_s, skip), median_of(zo.compute_s, skip), median_of(zo.opt_s, skip),
+                  zo_bytes / double(zo.bytes.size()), zo.step_total_s, zo.last10(), zo.eval_final);
+      int count[5] = {0, 0, 0, 0, 0};
+      for (int ph : zo.phase) ++count[ph];
+      std::printf("0/1 Adam: %d full, %d 1-bit, %d local, %d sync steps\n", count[DSOPT_PHASE_FULL],
+                  count[DSOPT_PHASE_COMPRESSED], count[DSOPT_PHASE_LOCAL], count[DSOPT_PHASE_SYNC]);
+      if (run_adam) {
+        const RunResult& a = runs[0];
+        double adam_bytes = 0.0;
+        for (uint64_t b : a.bytes) adam_bytes += double(b);
+        std::printf(
+            "0/1 Adam vs Adam over the whole run: average bytes per step %.4g vs %.4g (%.1fx less);\n"
+            "whole run %.2fx faster (sum of step times); loss %+.2f%% (last 10 steps), %+.2f%%\n"
+            "(held-out); held-out %.5f vs %.5f\n",
+            zo_bytes / o.steps, adam_bytes / o.steps, adam_bytes / zo_bytes,
+            a.step_total_s / zo.step_total_s, 100.0 * (zo.last10() / a.last10() - 1.0),
+            100.0 * (zo.eval_final / a.eval_final - 1.0), zo.eval_final, a.eval_final);
+      }
+      std::printf(
+          "checked (0/1 Adam): identical parameters on every rank after the last sync; losses\n"
+          "         identical to Adam's up to the first 1-bit step; bytes per step as each\n"
+          "         step's phase says\n");
     }
     if (run_onebit)
       std::printf(
           "checked: identical parameters on every rank; identical losses up to the freeze;\n"
           "         compressed = 1 from update %d on; bytes per step as the formulas say\n",
           o.freeze_step);
-    if (run_zoadam)
-      std::printf(
-          "checked (0/1 Adam): identical parameters on every rank after the last sync; losses\n"
-          "         identical to Adam's up to the first 1-bit step; bytes per step as each\n"
-          "         step's phase says\n");
   }
   MPI_Finalize();
   return 0;

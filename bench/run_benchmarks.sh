@@ -6,6 +6,8 @@
 # alike). The MPI benchmarks run 4 ranks of 1 thread each.
 # DSOPT_BENCH_NETEM=0 leaves out the runs on the emulated 1 Gbit/s link
 # (bench/netem.sh; they need root and take about 8 minutes).
+# DSOPT_BENCH_LAMB=1 adds the 1-bit LAMB training run on that link (about
+# 12 more minutes).
 set -euo pipefail
 
 build=${1:?usage: run_benchmarks.sh <builddir> [adam_cpu_bench arguments]}
@@ -110,6 +112,11 @@ for name in "${mpi_benchmarks[@]}"; do
       echo
       echo "== onebit_e2e_bench: training, 1-bit Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/onebit_e2e_bench"
+      if [ "${DSOPT_BENCH_LAMB:-0}" = 1 ]; then
+        echo
+        echo "== onebit_e2e_bench --lamb 1: 1-bit LAMB vs LAMB and Adam, $ranks ranks on an emulated 1 Gbit/s link =="
+        emulated "$build/bench/onebit_e2e_bench" --lamb 1 --lamb-lr 0.1 --print-every 30
+      fi
       echo
       echo "== onebit_e2e_bench: training, 0/1 Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/onebit_e2e_bench" --onebit 0 --zoadam 1 --local-step-clipper 4

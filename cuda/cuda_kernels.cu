@@ -111,6 +111,8 @@ class CudaKernels final : public Kernels {
         sums_host_(true, stream),
         flag_dev_(false, stream),
         flag_host_(true, stream),
+        max_dev_(false, stream),
+        max_host_(true, stream),
         staging_host_(true, stream) {}
 
   ~CudaKernels() override {
@@ -118,7 +120,8 @@ class CudaKernels final : public Kernels {
     (void)cudaStreamSynchronize(stream_);
     consts_.release();
     car_meta_.release();
-    for (Workspace* w : {&sums_dev_, &sums_host_, &flag_dev_, &flag_host_, &staging_host_})
+    for (Workspace* w : {&sums_dev_, &sums_host_, &flag_dev_, &flag_host_, &max_dev_, &max_host_,
+                       &staging_host_})
       w->release();
   }
 
@@ -234,6 +237,19 @@ class CudaKernels final : public Kernels {
     cuda::launch_update(stream_, rule, slots, count, dev, mul1, mul2);
   }
 
+  void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) override {
+    if (count <= 0) return;
+    DeviceGuard guard(device_);
+    const size_t bytes = size_t(count) * sizeof(unsigned);
+    auto* out_dev = static_cast<unsigned*>(max_dev_.get(bytes));
+    auto* out_host = static_cast<unsigned*>(max_host_.get(bytes));
+    DSOPT_CUDA_CHECK(cudaMemsetAsync(out_dev, 0, bytes, stream_));
+    cuda::launch_max_per_tensor(stream_, src, count, out_dev);
+    DSOPT_CUDA_CHECK(cudaMemcpyAsync(out_host, out_dev, bytes, cudaMemcpyDeviceToHost, stream_));
+    DSOPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(max_host, out_host, bytes);
+  }
+
   // ---- compressed allreduce ------------------------------------------------
 
   void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq_host) override {
@@ -330,6 +346,7 @@ class CudaKernels final : public Kernels {
   Upload car_meta_;  // metadata, scales and weights of the car_* kernels
   Workspace sums_dev_, sums_host_;
   Workspace flag_dev_, flag_host_;
+  Workspace max_dev_, max_host_;  // max_per_tensor
   Workspace staging_host_;  // MPI staging of device buffers
 };
 

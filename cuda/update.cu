@@ -60,6 +60,9 @@ void run_params(cudaStream_t stream, const Lists& lists, const AdamConsts* const
 
 void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, int64_t count,
                    const AdamConsts* consts_dev, float mul1, float mul2) {
+  if (rule == UpdateRule::LambWarmup || rule == UpdateRule::LambMomentum ||
+      rule == UpdateRule::LambCompressed || rule == UpdateRule::LambApply)
+    return launch_lamb_update(stream, rule, slots, count, consts_dev, mul1, mul2);
   const bool grad = reads_grad(rule);
   const bool param = writes_param(rule);
   Lists lists;
@@ -99,6 +102,8 @@ void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, 
       return run<UpdateRule::ZeroOneSyncPrepare, DType::F32, DType::F32>(stream, lists[0][0], consts_dev, 1.0f, 1.0f);
     case UpdateRule::ZeroOneSyncApply:
       return run_params<UpdateRule::ZeroOneSyncApply>(stream, lists, consts_dev);
+    default:
+      break;
   }
   fail(DSOPT_EINTERNAL, "update: unknown rule");
 }

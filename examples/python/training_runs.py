@@ -81,6 +81,15 @@ def onebit_config(freeze_step, lr=1e-3, weight_decay=0.01, **params):
             "threads": 1}  # ranks share the cores
 
 
+def lamb_config(freeze_step, lr=1e-2, weight_decay=0.01, **params):
+    """1-bit LAMB; freeze_step beyond the run gives its uncompressed rule
+    (LAMB without bias correction, trust ratio clamped to [min_coeff,
+    max_coeff])."""
+    return {"optimizer": {"type": "OneBitLamb",
+                          "params": dict(lr=lr, weight_decay=weight_decay, freeze_step=freeze_step, **params)},
+            "threads": 1}
+
+
 def zoadam_config(var_freeze_step, lr=1e-3, weight_decay=0.01, var_update_scaler=16, local_step_scaler=10,
                   local_step_clipper=16, **params):
     """0/1 Adam: variance updates at growing intervals until var_freeze_step,

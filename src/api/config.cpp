@@ -106,6 +106,42 @@ void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
   require_fp32(h.weight_decay, sub(path, "weight_decay"), false);
 }
 
+// The keys 1-bit Adam and 1-bit LAMB share.
+void read_onebit(const json& params, const std::string& path, OptimizerConfig& cfg) {
+  if (params.contains("max_grad_norm"))
+    bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
+                                    "clip with the top-level \"gradient_clipping\"");
+  read_hyper(params, path, cfg.defaults);
+  // DeepSpeed accepts these and ignores them: no bias correction, eps
+  // outside the square root.
+  boolean(params, path, "bias_correction", true);
+  boolean(params, path, "eps_inside_sqrt", false);
+  cfg.defaults.bias_correction = false;
+  cfg.defaults.decoupled = true;
+  cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
+  cfg.stabilize = boolean(params, path, "stabilize", true);
+  cfg.stabilize_limit = number(params, path, "stabilize_limit", 1.0);
+  require(cfg.stabilize_limit > 0, sub(path, "stabilize_limit"),
+          "must be > 0, got " + std::to_string(cfg.stabilize_limit));
+  require_fp32(cfg.stabilize_limit, sub(path, "stabilize_limit"), true);
+}
+
+// 1-bit LAMB's trust-ratio clamps, its EMA and the factor's clamps.
+void read_lamb(const json& params, const std::string& path, LambCoeffConfig& k) {
+  k.max_coeff = number(params, path, "max_coeff", k.max_coeff);
+  k.min_coeff = number(params, path, "min_coeff", k.min_coeff);
+  require(k.min_coeff > 0, sub(path, "min_coeff"), "must be > 0");
+  require(k.max_coeff >= k.min_coeff, sub(path, "max_coeff"), "must be >= min_coeff");
+  k.coeff_beta = number(params, path, "coeff_beta", k.coeff_beta);
+  require(k.coeff_beta >= 0 && k.coeff_beta < 1, sub(path, "coeff_beta"), "must be in [0, 1)");
+  k.factor_max = number(params, path, "factor_max", k.factor_max);
+  k.factor_min = number(params, path, "factor_min", k.factor_min);
+  require(k.factor_min > 0, sub(path, "factor_min"), "must be > 0");
+  require(k.factor_max >= k.factor_min, sub(path, "factor_max"), "must be >= factor_min");
+  k.factor_threshold = number(params, path, "factor_threshold", k.factor_threshold);
+  require(k.factor_threshold >= 0, sub(path, "factor_threshold"), "must be >= 0");
+}
+
 // 0/1 Adam's schedules (spec zero-one-adam.md section 1).
 void read_zero_one(const json& params, const std::string& path, OptimizerConfig& cfg) {
   const int64_t big = int64_t(1) << 62;
@@ -122,10 +158,9 @@ std::string canonical_type(const std::string& type) {
   if (t == "adam") return "Adam";
   if (t == "adamw") return "AdamW";
   if (t == "onebitadam") return "OneBitAdam";
+  if (t == "onebitlamb") return "OneBitLamb";
   if (t == "zerooneadam") return "ZeroOneAdam";
-  if (t == "onebitlamb")
-    fail(DSOPT_EUNSUPPORTED, "config: optimizer.type: " + type + " is not available in this version of dsopt");
-  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam, ZeroOneAdam)");
+  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam)");
 }
 
 void read_optimizer(const json& root, OptimizerConfig& cfg) {
@@ -139,33 +174,21 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   const std::string path = "optimizer.params";
   const std::set<std::string> ignored = {"comm_backend_name", "cuda_aware"};
   const bool zero_one = cfg.type == "ZeroOneAdam";
-  if (cfg.type == "OneBitAdam" || zero_one) {
-    std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay", "bias_correction",
-                                  "eps_inside_sqrt", "amsgrad", "max_grad_norm", "stabilize",
-                                  "stabilize_limit"};
-    if (zero_one)
-      keys.insert({"var_freeze_step", "var_update_scaler", "local_step_scaler",
-                   "local_step_clipper", "decoupled_sync_weight_decay"});
-    else
-      keys.insert("freeze_step");
+  if (cfg.type == "OneBitAdam" || cfg.type == "OneBitLamb" || zero_one) {
+    std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay", "freeze_step",
+                                  "bias_correction", "eps_inside_sqrt", "amsgrad", "max_grad_norm",
+                                  "stabilize", "stabilize_limit"};
+    if (zero_one) {
+      keys.erase("freeze_step");
+      keys.insert({"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper",
+                   "decoupled_sync_weight_decay"});
+    }
+    if (cfg.type == "OneBitLamb")
+      keys.insert({"max_coeff", "min_coeff", "coeff_beta", "factor_max", "factor_min", "factor_threshold"});
     check_keys(params, path, keys, ignored);
-    if (params.contains("max_grad_norm"))
-      bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
-                                      "clip with the top-level \"gradient_clipping\"");
-    read_hyper(params, path, cfg.defaults);
-    // DeepSpeed accepts these and ignores them: no bias correction, eps
-    // outside the square root.
-    boolean(params, path, "bias_correction", true);
-    boolean(params, path, "eps_inside_sqrt", false);
-    cfg.defaults.bias_correction = false;
-    cfg.defaults.decoupled = true;
-    cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
+    read_onebit(params, path, cfg);
+    if (cfg.type == "OneBitLamb") read_lamb(params, path, cfg.lamb);
     if (zero_one) read_zero_one(params, path, cfg);
-    cfg.stabilize = boolean(params, path, "stabilize", true);
-    cfg.stabilize_limit = number(params, path, "stabilize_limit", 1.0);
-    require(cfg.stabilize_limit > 0, sub(path, "stabilize_limit"),
-            "must be > 0, got " + std::to_string(cfg.stabilize_limit));
-    require_fp32(cfg.stabilize_limit, sub(path, "stabilize_limit"), true);
   } else {
     check_keys(params, path,
                {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},

@@ -34,12 +34,17 @@ struct GradStats {
 };
 
 // Which elementwise rule Kernels::update applies (math/adam.hpp,
-// math/onebit_adam.hpp).
+// math/onebit_adam.hpp, math/onebit_lamb.hpp, math/zero_one_adam.hpp).
 enum class UpdateRule : int32_t {
   Adam,            // Adam/AdamW step: m, v, p
   OneBitWarmup,    // 1-bit Adam warmup: m, v, p; no bias correction, decoupled decay
   OneBitMomentum,  // 1-bit Adam compression, before the compressed allreduce: m only
   OneBitApply,     // after it: m *= mask (if any), p from m and the frozen v
+  // 1-bit LAMB: per-tensor constants (slot.group indexes one per tensor).
+  LambWarmup,      // m, v from g; u (scratch) = LAMB direction; p untouched
+  LambMomentum,    // before the compressed allreduce: aux = m, m = scaled momentum
+  LambCompressed,  // after it: m, vf; aux = u0, u, ratio (scratch); reads no gradient
+  LambApply,       // p += step_size * u; reads no gradient
   // 0/1 Adam (math/zero_one_adam.hpp); its full steps are OneBitWarmup.
   ZeroOneGradient,    // 1-bit step: g (decompressed) *= mask, m from g, p from m and v
   ZeroOneLocal,       // local step: m from g, p and the accumulator from m and v
@@ -73,7 +78,13 @@ struct AdamSlot {
   float* v;
   int64_t numel;
   int32_t group;  // index into the AdamConsts array
-  const float* mask = nullptr;  // momentum mask (OneBitApply, ZeroOne*); nullptr: none
+  const float* mask = nullptr;  // momentum mask (OneBitApply, LambCompressed, ZeroOne*); nullptr: none
+  // 1-bit LAMB only (UpdateRule::Lamb*): the fresh variance and numel-long
+  // scratch vectors of the tensor.
+  float* vf = nullptr;
+  float* u = nullptr;
+  float* aux = nullptr;
+  float* ratio = nullptr;
   float* acc = nullptr;     // 0/1 Adam accumulator (ZeroOneLocal, ZeroOneSync*)
   float* anchor = nullptr;  // 0/1 Adam parameters of the last sync (ZeroOneSyncApply)
 };
@@ -116,9 +127,14 @@ class Kernels {
 
   // `rule` over every slot; consts[slot.group] holds the slot's group
   // constants. Each gradient element is first multiplied by mul1 then by
-  // mul2 (two fp32 roundings; 1.0f is exact). OneBitApply reads no gradient.
+  // mul2 (two fp32 roundings; 1.0f is exact). OneBitApply, LambCompressed
+  // and LambApply read no gradient.
   virtual void update(UpdateRule rule, const AdamSlot* slots, int64_t count,
                       const AdamConsts* consts, int32_t num_groups, float mul1, float mul2) = 0;
+
+  // max_host[i] = the largest value of fp32 tensor i (numel > 0, no NaN);
+  // a maximum does not depend on the order, so every backend agrees.
+  virtual void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) = 0;
 
   // ---- compressed allreduce (compressed-allreduce.md section 3) ----------
   // Sums of squares in the order of math/sum_squares.hpp, one per tensor,

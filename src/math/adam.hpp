@@ -31,6 +31,9 @@ struct AdamConsts {
   // element is clamped to +-momentum_limit * sqrt(v) (math/onebit_adam.hpp);
   // 0: not clamped (DeepSpeed's rule, and every other rule).
   float momentum_limit = 0.0f;
+  // 1-bit LAMB compression stage: the tensor's scaling_coeff, fp32
+  // (math/onebit_lamb.hpp); the constants are then per tensor.
+  float tensor_scale = 1.0f;
   // 0/1 Adam (math/zero_one_adam.hpp): the sum of learning rates since the
   // last sync, the factor the parameters of the last sync get at a sync
   // (decoupled_sync_weight_decay), and whether the accumulator leaves the

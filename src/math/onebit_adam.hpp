@@ -4,7 +4,7 @@
 // compressed allreduce. Written once for every backend.
 #pragma once
 #include "math/adam.hpp"
-#include "math/momentum_clamp.hpp"
+#include "math/stabilized_momentum.hpp"
 
 namespace dsopt {
 DSOPT_ISA_BEGIN
@@ -26,14 +26,20 @@ DSOPT_HD void onebit_momentum(typename Ops::F& m, typename Ops::F g, const AdamC
   m = Ops::fma(g, Ops::set1(c.one_minus_beta1), m);
 }
 
+// v = beta2 v + (1 - beta2) g^2
+template <class Ops>
+DSOPT_HD void onebit_variance(typename Ops::F& v, typename Ops::F g, const AdamConsts& c) {
+  v = Ops::mul(v, Ops::set1(c.beta2));
+  v = Ops::fma(Ops::mul(g, g), Ops::set1(c.one_minus_beta2), v);
+}
+
 // q = m / (sqrt(v) + eps). With c.momentum_limit = L > 0 (the stabilized
-// compression stage, math/momentum_clamp.hpp) m is first clamped to
-// [-L sqrt(v), L sqrt(v)]; the stored momentum is not clamped.
+// compression stage, math/stabilized_momentum.hpp) m is first clamped to
+// [-L sqrt(v), L sqrt(v)]. The stored momentum is not clamped.
 template <class Ops>
 DSOPT_HD typename Ops::F onebit_direction(typename Ops::F m, typename Ops::F v, const AdamConsts& c) {
-  using F = typename Ops::F;
-  const F root = Ops::sqrt(v);
-  if (c.momentum_limit > 0.0f) m = clamp_to_root<Ops>(m, root, c.momentum_limit);
+  const typename Ops::F root = Ops::sqrt(v);
+  m = stabilized_momentum<Ops>(m, root, c.momentum_limit);
   return Ops::div(m, Ops::add(root, Ops::set1(c.eps)));
 }
 
@@ -56,8 +62,7 @@ template <class Ops>
 DSOPT_HD void onebit_warmup(typename Ops::F& p, typename Ops::F& m, typename Ops::F& v,
                             typename Ops::F g, const AdamConsts& c) {
   onebit_momentum<Ops>(m, g, c);
-  v = Ops::mul(v, Ops::set1(c.beta2));
-  v = Ops::fma(Ops::mul(g, g), Ops::set1(c.one_minus_beta2), v);
+  onebit_variance<Ops>(v, g, c);
   onebit_apply<Ops>(p, m, v, c);
 }
 

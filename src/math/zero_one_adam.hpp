@@ -2,7 +2,7 @@
 // Z1, S1), written once for every backend. Full steps are 1-bit Adam's
 // warmup rule (onebit_warmup); these are the other kinds of step.
 #pragma once
-#include "math/momentum_clamp.hpp"
+#include "math/stabilized_momentum.hpp"
 #include "math/onebit_adam.hpp"
 
 namespace dsopt {
@@ -54,7 +54,7 @@ DSOPT_HD void zoadam_sync_apply(typename Ops::F& p, typename Ops::F& m, typename
   using F = typename Ops::F;
   if (c.lrs != 0.0f) m = Ops::mul(Ops::div(acc, Ops::set1(c.lrs)), Ops::set1(-1.0f));
   const F root = Ops::sqrt(v);
-  if (c.momentum_limit > 0.0f) acc = clamp_to_root<Ops>(acc, root, c.momentum_limit);
+  acc = stabilized_momentum<Ops>(acc, root, c.momentum_limit);
   if (c.decoupled_sync) anchor = Ops::mul(anchor, Ops::set1(c.anchor_decay));
   p = Ops::add(anchor, Ops::div(acc, Ops::add(root, Ops::set1(c.eps))));
 }

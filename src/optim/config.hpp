@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "math/adam.hpp"
+#include "math/onebit_lamb.hpp"
 
 namespace dsopt {
 
@@ -30,7 +31,7 @@ struct PipelineConfig {
 };
 
 struct OptimizerConfig {
-  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam", "ZeroOneAdam"
+  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"
   bool cuda = false;
   bool cuda_aware = false;
   int threads = 0;
@@ -39,7 +40,8 @@ struct OptimizerConfig {
   std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed
   int64_t freeze_step = 100000;   // 1-bit optimizers: see README
   bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
-  double stabilize_limit = 1.0;   // its momentum limit (math/momentum_clamp.hpp)
+  double stabilize_limit = 1.0;   // its momentum limit (math/stabilized_momentum.hpp)
+  LambCoeffConfig lamb;           // 1-bit LAMB's trust-ratio and factor settings
   // 0/1 Adam (spec zero-one-adam.md section 1; README "0/1 Adam").
   int64_t var_freeze_step = 100000;
   int64_t var_update_scaler = 16;

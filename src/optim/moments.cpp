@@ -2,13 +2,12 @@
 
 namespace dsopt {
 
-Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix)
-    : kernels_(kernels), prefix_(std::move(prefix)) {
-  const size_t bytes = size_t(params.total_numel()) * 4;
-  m_ = DeviceBuffer(kernels_, bytes);
-  v_ = DeviceBuffer(kernels_, bytes);
-  kernels_.fill_zero(m_.get(), bytes);
-  kernels_.fill_zero(v_.get(), bytes);
+Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail)
+    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(params.total_numel()) * 4) {
+  m_ = DeviceBuffer(kernels_, bytes_ + size_t(momentum_tail) * 4);
+  v_ = DeviceBuffer(kernels_, bytes_);
+  kernels_.fill_zero(m_.get(), m_.bytes());
+  kernels_.fill_zero(v_.get(), bytes_);
 }
 
 std::vector<AdamSlot> Moments::slots(const ParamSet& params, const PreparedGrads* grads,
@@ -31,18 +30,18 @@ std::vector<AdamSlot> Moments::slots(const ParamSet& params, const PreparedGrads
 }
 
 void Moments::save(BlobWriter& w) const {
-  w.section_from_device(prefix_ + ".exp_avg", m_.get(), m_.bytes(), kernels_);
-  w.section_from_device(prefix_ + ".exp_avg_sq", v_.get(), v_.bytes(), kernels_);
+  w.section_from_device(prefix_ + ".exp_avg", m_.get(), bytes_, kernels_);
+  w.section_from_device(prefix_ + ".exp_avg_sq", v_.get(), bytes_, kernels_);
 }
 
 void Moments::check(const BlobReader& r) const {
-  r.section(prefix_ + ".exp_avg", m_.bytes());
-  r.section(prefix_ + ".exp_avg_sq", v_.bytes());
+  r.section(prefix_ + ".exp_avg", bytes_);
+  r.section(prefix_ + ".exp_avg_sq", bytes_);
 }
 
 void Moments::restore(const BlobReader& r) {
-  kernels_.copy_from_host(m_.get(), r.section(prefix_ + ".exp_avg", m_.bytes()), m_.bytes());
-  kernels_.copy_from_host(v_.get(), r.section(prefix_ + ".exp_avg_sq", v_.bytes()), v_.bytes());
+  kernels_.copy_from_host(m_.get(), r.section(prefix_ + ".exp_avg", bytes_), bytes_);
+  kernels_.copy_from_host(v_.get(), r.section(prefix_ + ".exp_avg_sq", bytes_), bytes_);
 }
 
 }  // namespace dsopt

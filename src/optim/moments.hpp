@@ -14,8 +14,10 @@ namespace dsopt {
 class Moments {
  public:
   // Zero moments for every parameter; blob sections named <prefix>.exp_avg
-  // and <prefix>.exp_avg_sq.
-  Moments(const ParamSet& params, Kernels& kernels, std::string prefix);
+  // and <prefix>.exp_avg_sq. `momentum_tail` extra zero floats follow the
+  // momenta in the same buffer (1-bit LAMB's padding, DECISIONS L4); they
+  // are not part of these sections.
+  Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail = 0);
 
   float* exp_avg() const { return m_.floats(); }
   float* exp_avg_sq() const { return v_.floats(); }
@@ -33,6 +35,7 @@ class Moments {
  private:
   Kernels& kernels_;
   std::string prefix_;
+  size_t bytes_;  // of each moment over the parameters
   DeviceBuffer m_, v_;
 };
 

@@ -1,12 +1,12 @@
 #include "optim/momentum_masks.hpp"
 
+#include <string>
+
 #include "base/error.hpp"
 
 namespace dsopt {
 
-void MomentumMasks::set(const ParamSet& params, Kernels& kernels, int64_t i,
-                        const dsopt_tensor* mask,
-                        const std::function<std::string(int64_t)>& refusal) {
+void MomentumMasks::set(Kernels& kernels, const ParamSet& params, int64_t i, const dsopt_tensor* mask) {
   const std::string who = "dsopt_set_momentum_mask: ";
   if (i < 0 || i >= params.count())
     fail(DSOPT_EINVAL, who + "param_index " + std::to_string(i) + " is out of range (the optimizer has " +
@@ -26,10 +26,6 @@ void MomentumMasks::set(const ParamSet& params, Kernels& kernels, int64_t i,
     fail(DSOPT_EINVAL, who + "mask must be CUDA device memory (the optimizer's device is cuda)");
   if (kernels.device() == Device::Cpu && on_device)
     fail(DSOPT_EINVAL, who + "mask is CUDA device memory but the optimizer's device is cpu");
-  if (refusal) {
-    const std::string why = refusal(i);
-    if (!why.empty()) fail(DSOPT_EINVAL, who + why);
-  }
   DeviceBuffer copy(kernels, size_t(p.numel) * 4);
   kernels.copy(copy.get(), mask->data, copy.bytes());
   masks_[size_t(i)] = std::move(copy);

@@ -1,12 +1,11 @@
-// Momentum masks of the 1-bit optimizers (DeepSpeed's exp_avg_mask,
-// DECISIONS O2): one optional fp32 tensor per parameter, set through
-// dsopt_set_momentum_mask, copied into the optimizer's device memory, never
-// part of the state blob.
+// Momentum masks of the 1-bit optimizers (dsopt_set_momentum_mask, DECISIONS
+// O2): one optional fp32 copy per parameter in the optimizer's device
+// memory, applied after decompression, never saved in a blob.
 #pragma once
-#include <functional>
-#include <string>
+#include <cstdint>
 #include <vector>
 
+#include "dsopt.h"
 #include "kernels/device_buffer.hpp"
 #include "optim/param_set.hpp"
 
@@ -16,13 +15,11 @@ class MomentumMasks {
  public:
   explicit MomentumMasks(int64_t count) : masks_(size_t(count)) {}
 
-  // Validates `mask` for parameter i (throws Error(DSOPT_EINVAL), nothing
-  // changes) and keeps a copy; nullptr clears. `refusal(i)`, when not
-  // empty, says why parameter i takes no mask.
-  void set(const ParamSet& params, Kernels& kernels, int64_t i, const dsopt_tensor* mask,
-           const std::function<std::string(int64_t)>& refusal = nullptr);
+  // Validates `mask` against parameter i (range, numel, dtype, device; throws
+  // Error(DSOPT_EINVAL) and changes nothing) and keeps a copy; nullptr clears.
+  void set(Kernels& kernels, const ParamSet& params, int64_t i, const dsopt_tensor* mask);
 
-  // Per parameter: the mask's device pointer, or nullptr.
+  // Per parameter, nullptr where none is set.
   std::vector<const float*> pointers() const;
 
  private:

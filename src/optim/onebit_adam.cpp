@@ -34,9 +34,9 @@ std::vector<AdamConsts> OneBitAdam::consts() const {
   std::vector<AdamConsts> c;
   for (int32_t g = 0; g < num_groups(); ++g) {
     c.push_back(onebit_consts(group(g)));
-    if (compressing_ && config().stabilize)
+    if (stage_.compressing && config().stabilize)
       c.back().momentum_limit =
-          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, frozen_after_);
+          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, stage_.frozen_after);
   }
   return c;
 }
@@ -49,8 +49,7 @@ std::string OneBitAdam::divergence_hint() const {
 }
 
 void OneBitAdam::enter_compression(int64_t warmup_updates) {
-  compressing_ = true;
-  frozen_after_ = warmup_updates;
+  stage_ = FreezeStage{true, warmup_updates};
   if (comm().size() > 1 && !compressed_.empty()) {
     std::vector<int64_t> sizes;
     for (int64_t i : compressed_) sizes.push_back(params().params()[size_t(i)].numel);
@@ -60,12 +59,12 @@ void OneBitAdam::enter_compression(int64_t warmup_updates) {
 
 bool OneBitAdam::update(const PreparedGrads& grads) {
   const std::vector<AdamConsts> c = consts();
-  if (!compressing_) {
+  if (!stage_.compressing) {
     const std::vector<AdamSlot> slots = moments_.slots(params(), &grads);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     // DeepSpeed's counter k = updates + 1 (DECISIONS G2).
-    if (group_step(0) + 1 >= config().freeze_step) enter_compression(group_step(0));
+    if (FreezeStage::due(group_step(0), config().freeze_step)) enter_compression(group_step(0));
     return false;
   }
   if (!full_.empty()) {
@@ -92,21 +91,20 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
 }
 
 void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
-  masks_.set(params(), kernels(), i, mask, [this](int64_t k) {
-    return non_freeze(k) ? "parameter " + std::to_string(k) +
-                               " is in a non_freeze group, whose momentum is never compressed"
-                         : std::string();
-  });
+  if (mask && i >= 0 && i < params().count() && non_freeze(i))
+    fail(DSOPT_EINVAL, "dsopt_set_momentum_mask: parameter " + std::to_string(i) +
+                           " is in a non_freeze group, whose momentum is never compressed");
+  masks_.set(kernels(), params(), i, mask);
 }
 
 void OneBitAdam::save_sections(BlobWriter& w) const {
   moments_.save(w);
   const int32_t error_world = CarErrors::world_of(car_.get());
   FieldWriter f;
-  f.add(int32_t(compressing_ ? 1 : 0)).add(config().freeze_step).add(error_world);
+  f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step).add(error_world);
   w.section(kStage, f.bytes().data(), f.bytes().size());
   FieldWriter st;
-  st.add(frozen_after_);
+  st.add(stage_.frozen_after);
   w.section(kStabilize, st.bytes().data(), st.bytes().size());
   errors_.save(w, car_.get(), kernels());
 }
@@ -124,22 +122,20 @@ void OneBitAdam::check_sections(const BlobReader& r) const {
 void OneBitAdam::restore_sections(const BlobReader& r) {
   moments_.restore(r);
   FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  const bool saved_compressing = f.get<int32_t>() != 0;
+  FreezeStage saved;
+  saved.compressing = f.get<int32_t>() != 0;
   const int64_t saved_freeze_step = f.get<int64_t>();
   const int32_t error_world = f.get<int32_t>();
-  // The persisted stage, unless freeze_step changed: then DeepSpeed's rule.
-  const bool compressing = saved_freeze_step == config().freeze_step
-                               ? saved_compressing
-                               : group_step(0) + 1 >= config().freeze_step;
   FieldReader st(r.section(kStabilize, 8), 8);
-  const int64_t saved_frozen_after = st.get<int64_t>();
+  saved.frozen_after = st.get<int64_t>();
+  const FreezeStage resumed =
+      FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
   car_.reset();
-  compressing_ = false;
-  frozen_after_ = 0;
-  if (!compressing) return;
-  // Frozen in the saved run: as then; frozen now by the changed freeze_step:
-  // after every update so far.
-  enter_compression(saved_compressing ? saved_frozen_after : group_step(0));
+  stage_ = FreezeStage{};
+  if (!resumed.compressing) return;
+  enter_compression(resumed.frozen_after);
+  // Errors belong to the world size that produced them (K1/K2): restored at
+  // the same P, zero otherwise.
   errors_.restore(r, error_world, car_.get(), kernels());
 }
 

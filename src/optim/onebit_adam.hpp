@@ -7,6 +7,7 @@
 
 #include "comm/compressed_allreduce.hpp"
 #include "optim/car_errors.hpp"
+#include "optim/freeze_stage.hpp"
 #include "optim/moments.hpp"
 #include "optim/momentum_masks.hpp"
 #include "optim/optimizer.hpp"
@@ -21,7 +22,7 @@ class OneBitAdam final : public Optimizer {
 
  protected:
   std::string algorithm() const override { return "OneBitAdam"; }
-  bool averaged(int64_t i) const override { return !compressing_ || non_freeze(i); }
+  bool averaged(int64_t i) const override { return !stage_.compressing || non_freeze(i); }
   bool update(const PreparedGrads& grads) override;
   uint32_t section_count() const override { return 6; }
   std::string divergence_hint() const override;
@@ -34,10 +35,7 @@ class OneBitAdam final : public Optimizer {
   std::vector<AdamConsts> consts() const;
   void enter_compression(int64_t warmup_updates);
 
-  bool compressing_ = false;
-  // Warmup updates v had when it was frozen (the stabilized rule's limit
-  // depends on it); 0 in warmup.
-  int64_t frozen_after_ = 0;
+  FreezeStage stage_;
   Moments moments_;
   std::vector<int64_t> compressed_;  // parameters whose momentum is compressed
   std::vector<int64_t> full_;        // parameters of non_freeze groups

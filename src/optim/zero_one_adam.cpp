@@ -183,7 +183,7 @@ void ZeroOneAdam::sync(const std::vector<AdamSlot>& s) {
 }
 
 void ZeroOneAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
-  masks_.set(params(), kernels(), i, mask);
+  masks_.set(kernels(), params(), i, mask);
 }
 
 void ZeroOneAdam::save_sections(BlobWriter& w) const {

@@ -1,4 +1,4 @@
-/* 1-bit Adam's bad inputs: configs that dsopt_create rejects (DSOPT_EINVAL,
+/* 1-bit Adam's and 1-bit LAMB's bad inputs: configs that dsopt_create rejects (DSOPT_EINVAL,
  * the message naming the key), and dsopt_set_momentum_mask calls that fail
  * (wrong numel, dtype, index, NULL handle; DSOPT_EUNSUPPORTED on Adam). A
  * failed call changes nothing: parameters and the state blob are
@@ -119,6 +119,82 @@ static void create_rejects_bad_onebit_configs(void) {
                         "optimizer.params.stabilize:");
   CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"stabilize_limit\": 1}}}",
                         "optimizer.params.stabilize_limit");
+}
+
+#define LAMB_WITH(params) \
+  "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {" params "}}, \"param_groups\": [{}, {}]}"
+
+static void create_accepts_lamb_configs(void) {
+  dsopt_comm *comm = NULL;
+  dsopt_optimizer *opt = NULL;
+  model m;
+  model_init(&m, model_specs, NUM_TENSORS, 24);
+  CHECK_OK(dsopt_comm_create_local(&comm));
+  CHECK_OK(dsopt_create(&opt, LAMB_WITH("\"lr\": 0.011, \"max_coeff\": 0.3, \"min_coeff\": 0.01, \"freeze_step\": 1000,"
+                                        " \"coeff_beta\": 0.9, \"factor_max\": 4.0, \"factor_min\": 0.5,"
+                                        " \"factor_threshold\": 0.1, \"weight_decay\": 0.01"),
+                        comm, m.params, NUM_TENSORS));
+  dsopt_destroy(opt);
+  /* accepted and ignored, as DeepSpeed does */
+  CHECK_OK(dsopt_create(&opt, LAMB_WITH("\"bias_correction\": false, \"eps_inside_sqrt\": true, \"amsgrad\": false,"
+                                        " \"comm_backend_name\": \"nccl\", \"stabilize\": false,"
+                                        " \"stabilize_limit\": 2"),
+                        comm, m.params, NUM_TENSORS));
+  dsopt_destroy(opt);
+  dsopt_comm_destroy(comm);
+  model_free(&m);
+}
+
+static void create_rejects_bad_lamb_configs(void) {
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"max_grad_norm\": 1.0"), "gradient_clipping");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"amsgrad\": true"), "amsgrad");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"max_coef\": 1"), "optimizer.params.max_coef");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"min_coeff\": 0"), "optimizer.params.min_coeff");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"max_coeff\": 0.001"), "optimizer.params.max_coeff");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"coeff_beta\": 1.0"), "optimizer.params.coeff_beta");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"factor_min\": 0"), "optimizer.params.factor_min");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"factor_max\": 0.1"), "optimizer.params.factor_max");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"factor_threshold\": -0.1"), "optimizer.params.factor_threshold");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"factor_threshold\": \"x\""), "optimizer.params.factor_threshold");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"freeze_step\": 0"), "optimizer.params.freeze_step");
+  CHECK_CONFIG_REJECTED(LAMB_WITH("\"stabilize_limit\": 0"), "optimizer.params.stabilize_limit");
+  CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"OneBitLamb\"}, \"param_groups\": [{}, {\"non_freeze\": true}]}",
+                        "non_freeze");
+  CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"max_coeff\": 1}}}",
+                        "optimizer.params.max_coeff");
+}
+
+/* L2: every parameter needs a gradient in every step; a NULL one is
+ * DSOPT_EINVAL and changes nothing. */
+static void lamb_step_rejects_a_null_gradient(void) {
+  dsopt_comm *comm = NULL;
+  dsopt_optimizer *opt = NULL;
+  model m;
+  model_init(&m, model_specs, NUM_TENSORS, 25);
+  CHECK_OK(dsopt_comm_create_local(&comm));
+  CHECK_OK(dsopt_create(&opt, LAMB_WITH("\"lr\": 0.01, \"freeze_step\": 2"), comm, m.params, NUM_TENSORS));
+  rng r = rng_seeded(26);
+  for (int k = 0; k < 3; ++k) {
+    model_random_grads(&m, &r, 1.0, 1.0);
+    uint64_t before_size, state_size;
+    unsigned char *before = model_snapshot(&m, &before_size);
+    unsigned char *state = state_blob(opt, &state_size);
+    dsopt_tensor grads[NUM_TENSORS];
+    memcpy(grads, m.grads, sizeof grads);
+    grads[1].data = NULL;
+    CHECK_STATUS(dsopt_step(opt, grads, NUM_TENSORS, NULL), DSOPT_EINVAL);
+    CHECK(model_matches_snapshot(&m, before, before_size));
+    uint64_t after_size;
+    unsigned char *after = state_blob(opt, &after_size);
+    CHECK(same_bytes(state, state_size, after, after_size));
+    CHECK_OK(dsopt_step(opt, m.grads, NUM_TENSORS, NULL));
+    free(before);
+    free(state);
+    free(after);
+  }
+  dsopt_destroy(opt);
+  dsopt_comm_destroy(comm);
+  model_free(&m);
 }
 
 /* ---- dsopt_set_momentum_mask: a twin that never sees the bad call ---------- */
@@ -321,6 +397,9 @@ static void set_momentum_mask_on_adam_is_unsupported(void) {
 int main(void) {
   RUN_TEST(create_accepts_the_good_config);
   RUN_TEST(create_rejects_bad_onebit_configs);
+  RUN_TEST(create_accepts_lamb_configs);
+  RUN_TEST(create_rejects_bad_lamb_configs);
+  RUN_TEST(lamb_step_rejects_a_null_gradient);
   RUN_TEST(set_momentum_mask_rejects_bad_masks);
   RUN_TEST(set_momentum_mask_null_clears_and_a_mask_matters);
   RUN_TEST(set_momentum_mask_on_adam_is_unsupported);

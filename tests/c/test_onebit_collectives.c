@@ -1,6 +1,7 @@
-/* The number of MPI collectives a 1-bit Adam or 0/1 Adam step makes does not depend on
- * the number of tensors: all tensors travel together (README "The
- * compressed allreduce"). The MPI functions dsopt uses are intercepted here
+/* The number of MPI collectives a 1-bit Adam, 1-bit LAMB or 0/1 Adam step
+ * makes does not depend on the number of tensors: all tensors travel
+ * together (README "The compressed allreduce"; 1-bit LAMB compresses one
+ * fused buffer). The MPI functions dsopt uses are intercepted here
  * through the profiling interface (this program defines MPI_Allreduce etc.,
  * counts, and forwards to PMPI_*), and the counts of steps with 2 and with
  * 50 tensors are compared: a warmup step is one allreduce (gradients and
@@ -218,6 +219,16 @@ static void collectives_do_not_grow_with_a_non_freeze_group(void) {
   compare(ONEBIT(", \"non_freeze\": true", ", \"gradient_clipping\": 1.0"), "non_freeze + clipping", 2);
 }
 
+#define LAMB(extra)                                                                                     \
+  "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 0.01, \"freeze_step\": 3, "          \
+  "\"weight_decay\": 0.01}}, \"param_groups\": [{}, {\"lr\": 0.005}], \"threads\": 1" extra "}"
+
+static void lamb_collectives_do_not_grow_with_the_tensor_count(void) {
+  /* the per-tensor trust ratios and factors are local reductions */
+  compare(LAMB(""), "lamb", 1);
+  compare(LAMB(", \"gradient_clipping\": 1.0"), "lamb + clipping", 1);
+}
+
 /* 0/1 Adam with var_freeze_step 3, var_update_scaler 1, local_step_scaler 1,
  * local_step_clipper 4: k = 2 full, 3 1-bit, 4 full, then syncs at k = 5, 6,
  * 8, 12 and local steps between (the last update is a sync, after which the
@@ -265,6 +276,7 @@ int main(int argc, char **argv) {
   RUN_TEST(collectives_do_not_grow_with_the_tensor_count);
   RUN_TEST(collectives_do_not_grow_with_clipping);
   RUN_TEST(collectives_do_not_grow_with_a_non_freeze_group);
+  RUN_TEST(lamb_collectives_do_not_grow_with_the_tensor_count);
   RUN_TEST(zero_one_adam_collectives_do_not_grow_with_the_tensor_count);
   int status = check_finish();
   int any = status != 0, all = 0;

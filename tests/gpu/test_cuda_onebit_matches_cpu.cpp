@@ -1,4 +1,4 @@
-// 1-bit Adam and 0/1 Adam with "device": "cuda" give the same bits as "device": "cpu" on
+// 1-bit Adam, 1-bit LAMB and 0/1 Adam with "device": "cuda" give the same bits as "device": "cpu" on
 // one rank (where the compressed allreduce is the identity, DECISIONS C5):
 // the warmup rule, the compression-stage rules (momentum, then the
 // parameter from the frozen v) and the momentum masks (a device buffer for
@@ -49,6 +49,22 @@ const Config kConfigs[] = {
      "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 1e-3, \"freeze_step\": 2}}, "
      "\"param_groups\": [{\"weight_decay\": 0.05}, {\"lr\": 5e-4, \"non_freeze\": true}], "
      "\"report_grad_norm\": true",
+     2, false, {}, {2, 4}, 5, 8},
+    // 1-bit LAMB: trust ratios from the per-tensor norms, the fused buffer,
+    // vf and the factor from the per-tensor maximum
+    {"lamb_wd_clipping",
+     "\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01, "
+     "\"freeze_step\": 4}}, \"gradient_clipping\": 1.0",
+     1, false, {}, {2, 4}, 7, 10},
+    {"lamb_fp16_loss_scaling",
+     "\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 2e-3, \"betas\": [0.8, 0.99], "
+     "\"eps\": 1e-6, \"freeze_step\": 3, \"stabilize_limit\": 0.5, \"max_coeff\": 0.3}}, "
+     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
+     "\"gradient_clipping\": 0.5",
+     1, true, {1, 6}, {3}, -1, 10},
+    {"lamb_two_groups",
+     "\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 1e-3, \"freeze_step\": 2}}, "
+     "\"param_groups\": [{\"weight_decay\": 0.05}, {\"lr\": 5e-4}], \"report_grad_norm\": true",
      2, false, {}, {2, 4}, 5, 8},
     // 0/1 Adam: full, 1-bit, local and sync steps (k = 2, 3, 4 full, 5 1-bit,
     // 6 full, then syncs at 7, 8, 10, 12, 16 and local steps between)

@@ -1,4 +1,4 @@
-// 1-bit Adam on 2 MPI ranks (mpirun -np 2, both ranks on GPU 0): every rank
+// 1-bit Adam and 1-bit LAMB on 2 MPI ranks (mpirun -np 2, both ranks on GPU 0): every rank
 // runs a CPU optimizer on host buffers and a CUDA optimizer on device
 // buffers (MPI staging through pinned memory) over MPI_COMM_WORLD with its
 // own gradients, across the warmup/compression boundary, so the compressed
@@ -51,6 +51,10 @@ const Config kConfigs[] = {
      "\"param_groups\": [{\"weight_decay\": 0.05}, {\"lr\": 5e-4, \"non_freeze\": true}], "
      "\"report_grad_norm\": true",
      2, false, {}, {2, 4}, 5, 8},
+    {"lamb_wd_two_groups_masks",
+     "\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01, "
+     "\"freeze_step\": 3}}, \"param_groups\": [{}, {\"lr\": 5e-4}], \"gradient_clipping\": 1.0",
+     2, false, {}, {2, 4}, 7, 10},
     {"zoadam_wd_clipping_masks",
      "\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01, \"var_freeze_step\": 5, \"var_update_scaler\": 2, \"local_step_scaler\": 2, \"local_step_clipper\": 4}}, \"gradient_clipping\": 1.0",
      1, false, {}, {2, 4}, 9, 16},

@@ -114,6 +114,10 @@ int main(int argc, char** argv) {
       {"bf16_params_fp32_grads", DSOPT_BFLOAT16, DSOPT_FLOAT32,
        "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 1e-3, \"freeze_step\": 2}}",
        false, {}},
+      {"lamb_bf16_params_fp32_grads", DSOPT_BFLOAT16, DSOPT_FLOAT32,
+       "\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01, "
+       "\"freeze_step\": 3}}",
+       false, {}},
   };
   uint64_t seed = 200;
   for (const Variant& v : variants) {

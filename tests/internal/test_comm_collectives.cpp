@@ -50,6 +50,7 @@ class FakeDeviceKernels : public Kernels {
               float b) override {
     cpu_->update(r, s, c, k, g, a, b);
   }
+  void max_per_tensor(const TensorRef* s, int64_t c, float* o) override { cpu_->max_per_tensor(s, c, o); }
   void car_worker_sumsq(const CarTensor* t, int64_t c, double* q) override { cpu_->car_worker_sumsq(t, c, q); }
   void car_worker_pack(const CarTensor* t, int64_t c, int w, const float* s, uint8_t* o, int64_t m) override {
     cpu_->car_worker_pack(t, c, w, s, o, m);

@@ -203,6 +203,62 @@ def _from_param(value, kind):
     return np.asarray(value, np.float32).copy()
 
 
+def average(per_rank, inv):
+    """G3: fp32 sum over ranks in rank order, then times fl(1/P)."""
+    total = per_rank[0].copy()
+    for g in per_rank[1:]:
+        total = (total + g).astype(np.float32)
+    return (total * inv).astype(np.float32)
+
+
+def prepare_grads(opt, grads_per_rank, compressing):
+    """The step pipeline (README step 1-4; G3, G4, G6) for an optimizer
+    reference with world, clip, report_norm and loss_scale: None when some
+    rank's gradient is not finite (the step is skipped), else (local fp32
+    gradients per rank, averaged gradients, the reported norm, the fp32
+    multiplier fl(coef / loss_scale)). Compressed steps clip by
+    sqrt(mean_i ||g_i||^2)."""
+    P = opt.world
+    count = len(grads_per_rank[0])
+    local = [[f32(g).ravel() for g in grads] for grads in grads_per_rank]
+    if any(not np.all(np.isfinite(g)) for grads in local for g in grads):
+        return None
+    inv = F32(1.0) / F32(P)
+    averaged = [average([local[r][i] for r in range(P)], inv) for i in range(count)] if P > 1 else local[0]
+    norm = -1.0
+    coef = 1.0
+    if opt.clip > 0.0 or opt.report_norm:
+        if compressing and P > 1:
+            sumsq = sum(sum(sum_squares(g) for g in local[r]) for r in range(P)) / P
+        elif P > 1:
+            sumsq = sum_squares(np.concatenate(averaged))
+        else:
+            sumsq = sum(sum_squares(g) for g in local[0])
+        norm = float(np.sqrt(sumsq)) / opt.loss_scale
+        if opt.clip > 0.0:
+            coef = min(1.0, opt.clip / (norm + 1e-6))
+    return local, averaged, norm, F32(coef / opt.loss_scale)
+
+
+def stabilized_momentum(m, v, limit):
+    """The momentum the stabilized rule applies (src/math/stabilized_momentum.hpp):
+    m clamped to [-bound, bound], bound = fl(sqrt(v) * L), with x86 max/min
+    semantics (the second operand when the comparison is false); limit None:
+    m as it is (DeepSpeed's rule)."""
+    if limit is None:
+        return m
+    bound = (np.sqrt(v) * limit).astype(np.float32)
+    low = (bound * F32(-1.0)).astype(np.float32)
+    used = np.where(m > low, m, low)
+    return np.where(used < bound, used, bound).astype(np.float32)
+
+
+def momentum_limit(stabilize_limit, beta2, frozen_after):
+    """L = float(limit / sqrt(1 - beta2^K)) in double, K < 1 taken as 1."""
+    b2t = float(beta2) ** float(max(frozen_after, 1))
+    return F32(stabilize_limit / np.sqrt(1.0 - b2t))
+
+
 class OneBitAdamReference:
     """Data-parallel 1-bit Adam on ``world`` ranks, as the README computes it.
 
@@ -250,9 +306,7 @@ class OneBitAdamReference:
         self.frozen_after = warmup_updates
 
     def momentum_limit(self, group):
-        """L = float(limit / sqrt(1 - beta2^K)) in double, K < 1 taken as 1."""
-        b2t = float(self.groups[group].beta2) ** float(max(self.frozen_after, 1))
-        return F32(self.stabilize_limit / np.sqrt(1.0 - b2t))
+        return momentum_limit(self.stabilize_limit, self.groups[group].beta2, self.frozen_after)
 
     def reset_errors(self):
         if self.cars is not None:
@@ -262,31 +316,12 @@ class OneBitAdamReference:
     def step(self, grads_per_rank):
         P = self.world
         count = len(self.master)
-        local = [[f32(g).ravel() for g in grads] for grads in grads_per_rank]
-        nonfinite = any(not np.all(np.isfinite(g)) for grads in local for g in grads)
-        if nonfinite:
+        compressing = self.compression
+        prepared = prepare_grads(self, grads_per_rank, compressing)
+        if prepared is None:
             return dict(skipped=True, compressed=False, step=self.updates, grad_norm=-1.0,
                         stage_compression=self.compression)
-        compressing = self.compression
-        inv = F32(1.0) / F32(P)
-        if P > 1:
-            averaged = [self._average([local[r][i] for r in range(P)], inv) for i in range(count)]
-        else:
-            averaged = local[0]
-        # norm and multiplier (README step 4; G6)
-        norm = -1.0
-        coef = 1.0
-        if self.clip > 0.0 or self.report_norm:
-            if compressing and P > 1:
-                sumsq = sum(sum(sum_squares(g) for g in local[r]) for r in range(P)) / P
-            elif P > 1:
-                sumsq = sum_squares(np.concatenate(averaged))
-            else:
-                sumsq = sum(sum_squares(g) for g in local[0])
-            norm = float(np.sqrt(sumsq)) / self.loss_scale
-            if self.clip > 0.0:
-                coef = min(1.0, self.clip / (norm + 1e-6))
-        mul = F32(coef / self.loss_scale)
+        local, averaged, norm, mul = prepared
 
         if compressing and self.cars is None:
             self.cars = {i: CarReference(self.master[i].size, P) for i in self.compressed_indices()}
@@ -332,13 +367,6 @@ class OneBitAdamReference:
                     stage_compression=compressing)
 
     # -- internals -----------------------------------------------------------
-    @staticmethod
-    def _average(per_rank, inv):
-        total = per_rank[0].copy()
-        for g in per_rank[1:]:
-            total = (total + g).astype(np.float32)
-        return (total * inv).astype(np.float32)
-
     def _consts(self, i):
         g = self.groups[self.group_of[i]]
         beta1, beta2 = F32(g.beta1), F32(g.beta2)
@@ -349,12 +377,7 @@ class OneBitAdamReference:
         """The momentum the stabilized rule applies: m clamped to [-bound,
         bound], bound = fl(sqrt(v) * L), with x86 max/min semantics (the
         second operand when the comparison is false); m itself is kept."""
-        if limit is None:
-            return m
-        bound = (np.sqrt(v) * limit).astype(np.float32)
-        low = (bound * F32(-1.0)).astype(np.float32)
-        used = np.where(m > low, m, low)
-        used = np.where(used < bound, used, bound).astype(np.float32)
+        used = stabilized_momentum(m, v, limit)
         self.clamped += int(np.count_nonzero((used != m) & (v > 0)))
         return used
 

@@ -12,18 +12,15 @@ The multi-rank runs are ``mpirun`` of mpi_onebit.py: 2 ranks, then 4 ranks
 import copy
 import dataclasses
 import functools
-import os
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import conftest
 import dsopt
+import mpi_runner
 import onebit_convergence
 import onebit_runs as runs
 from dsopt_testing import build_feature
@@ -37,22 +34,12 @@ WORLDS = [1, 2, 4]
 
 
 def mpirun(world, results: Path, phases, load_from=None, load_world=None, load_p1_from=None):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", DSOPT_TEST_RESULTS=str(results), DSOPT_ONEBIT_PHASES=",".join(phases),
-               PYTHONPATH=os.pathsep.join([str(conftest.BINDING_DIR), str(conftest.HERE)]))
+    env = {}
     if load_from is not None:
         env.update(DSOPT_ONEBIT_LOAD_FROM=str(load_from), DSOPT_ONEBIT_LOAD_WORLD=str(load_world))
     if load_p1_from is not None:
         env.update(DSOPT_ONEBIT_LOAD_P1_FROM=str(load_p1_from))
-    cmd = [shutil.which("mpirun"), "-np", str(world), "--oversubscribe", sys.executable, str(SCRIPT)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    for r in range(world):
-        path = results / f"rank{r}.txt"
-        done = path.read_text().splitlines()[1:] if path.exists() else []
-        got = [line.split()[0] for line in done]
-        assert got == list(phases), \
-            f"mpirun -np {world} {phases}: rank {r} finished {got} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
-    return results
+    return mpi_runner.mpirun(SCRIPT, world, results, phases, env)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""1-bit Adam and 0/1 Adam on two small real models (examples/python/small_models.py):
+"""1-bit Adam, 1-bit LAMB and 0/1 Adam on two small real models (examples/python/small_models.py):
 the digits MLP and the next-byte model on GPL-3, whose embedding rows of
 bytes the text never uses never get a gradient. User settings: lr 1e-3,
 weight_decay 0.01, global batch 64, 300 steps, freeze_step 45 (15%).
@@ -8,6 +8,10 @@ weight_decay 0.01, global batch 64, 300 steps, freeze_step 45 (15%).
   freeze_step after the run), on 4 ranks and (digits) on one;
 * "stabilize": false (DeepSpeed's rule) on 4 ranks: it may fail, but only
   as skipped steps or dsopt.NonFiniteError: no crash, no hang.
+
+1-bit LAMB runs the same checks with lr 1e-2 (LAMB's trust ratio scales the
+step down to about ||p|| / ||update|| of each tensor), against LAMB without
+compression (OneBitLamb with freeze_step after the run).
 
 0/1 Adam (var_freeze_step 45, training_runs.zoadam_config's schedules):
 stabilized, no skipped step and a final training loss within 1.5x of
@@ -26,7 +30,7 @@ from dsopt_testing import build_feature
 
 sys.path.insert(0, str(conftest.REPO_ROOT / "examples" / "python"))
 import training_runs  # noqa: E402
-from training_runs import RunSpec, adamw_config, onebit_config, zoadam_config  # noqa: E402
+from training_runs import RunSpec, adamw_config, lamb_config, onebit_config, zoadam_config  # noqa: E402
 
 WORKER = conftest.HERE / "mpi_real_models.py"
 MODELS = ["digits", "chars"]
@@ -37,6 +41,9 @@ RUNS = {
     "uncompressed": onebit_config(freeze_step=100000),  # never leaves warmup within the run
     "stabilized": onebit_config(freeze_step=FREEZE_STEP),
     "deepspeed_rule": onebit_config(freeze_step=FREEZE_STEP, stabilize=False),
+    "lamb_uncompressed": lamb_config(freeze_step=100000),
+    "lamb_stabilized": lamb_config(freeze_step=FREEZE_STEP),
+    "lamb_deepspeed_rule": lamb_config(freeze_step=FREEZE_STEP, stabilize=False),
     "adamw": adamw_config(),
     "zoadam_stabilized": zoadam_config(FREEZE_STEP),
     "zoadam_deepspeed_rule": zoadam_config(FREEZE_STEP, stabilize=False),
@@ -104,6 +111,40 @@ def test_stabilized_onebit_adam_converges_on_1_rank():
     results = training_runs.run_local([s for s in specs_for(["digits"]) if s.name.split("/")[1] in ("stabilized", "uncompressed")])
     assert_converges_like_uncompressed(results["digits/stabilized"], results["digits/uncompressed"],
                                        "digits, 1 rank")
+
+
+# ---- 1-bit LAMB --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_stabilized_onebit_lamb_converges_on_4_ranks(model, four_ranks):
+    stabilized, uncompressed = four_ranks(f"{model}/lamb_stabilized"), four_ranks(f"{model}/lamb_uncompressed")
+    for rank, result in enumerate(stabilized):
+        assert not result.error and result.skipped == 0, f"{model}, rank {rank}: {result}"
+    assert_converges_like_uncompressed(stabilized[0], uncompressed[0], f"{model}, 1-bit LAMB, 4 ranks")
+    sent, sent_uncompressed = (sum(r.bytes_sent for r in rs) for rs in (stabilized, uncompressed))
+    assert sent < 0.3 * sent_uncompressed, (sent, sent_uncompressed)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_lamb_deepspeed_rule_never_crashes_or_hangs_on_4_ranks(model, four_ranks):
+    """DeepSpeed's rule may diverge (then as skipped steps or NonFiniteError,
+    on every rank at the same step) or not; it never crashes or hangs."""
+    results = four_ranks(f"{model}/lamb_deepspeed_rule")
+    assert len({(r.skipped, r.error_step, bool(r.error)) for r in results}) == 1, \
+        f"{model}: the ranks disagree: {[(r.skipped, r.error_step, r.error) for r in results]}"
+    for r in results:
+        assert not r.error or "stabilize" in r.error, r.error
+
+
+def test_stabilized_onebit_lamb_converges_on_1_rank():
+    specs = [s for s in specs_for(["digits"]) if s.name in ("digits/lamb_stabilized", "digits/lamb_uncompressed")]
+    results = training_runs.run_local(specs)
+    assert_converges_like_uncompressed(results["digits/lamb_stabilized"], results["digits/lamb_uncompressed"],
+                                       "digits, 1-bit LAMB, 1 rank")
+
+
+# ---- 0/1 Adam ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("model", MODELS)

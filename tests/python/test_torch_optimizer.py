@@ -170,6 +170,16 @@ def test_one_bit_adam_compresses_after_freeze_step():
     assert compressed == [False, False, True, True, True]
 
 
+def test_one_bit_lamb_trains_and_compresses_after_freeze_step():
+    """Only "type" changes; a parameter without .grad steps with zeros (L2)."""
+    model = make_model()
+    config = {"optimizer": {"type": "OneBitLamb", "params": {"lr": 0.05, "freeze_step": 10}}}
+    opt = dsopt.torch.Optimizer(model.parameters(), config)
+    losses = train(model, opt, 60)
+    assert losses[-1] < 0.5 * losses[0]
+    assert opt.last_step_info.compressed and opt.last_step_info.step == 60
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_parameters_train_on_fp32_masters(dtype):
     # (torch's CPU kernels lack most 16-bit ops: the loss is computed in fp32.)

@@ -3,6 +3,7 @@
 // not depend on the thread count, so results do not either.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -126,6 +127,34 @@ class CpuKernels final : public Kernels {
         k.update_range(rule, s, begin, std::min(s.numel, begin + kAdamChunk), consts[s.group],
                        mul1, mul2);
       }
+    }
+  }
+
+  void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) override {
+    // Chunks of every tensor in parallel, then each tensor's chunk maxima.
+    std::vector<int64_t> first(size_t(count) + 1, 0);
+    for (int64_t i = 0; i < count; ++i)
+      first[i + 1] = first[i] + (src[i].numel + kAdamChunk - 1) / kAdamChunk;
+    std::vector<float> chunk_max(size_t(first[size_t(count)]));
+#pragma omp parallel num_threads(threads_)
+    {
+      int64_t t = 0;
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < first[size_t(count)]; ++c) {
+        while (c >= first[t + 1]) ++t;
+        while (c < first[t]) --t;
+        const float* x = static_cast<const float*>(src[t].data);
+        const int64_t begin = (c - first[t]) * kAdamChunk;
+        const int64_t end = std::min(src[t].numel, begin + kAdamChunk);
+        float best = x[begin];
+        for (int64_t i = begin + 1; i < end; ++i) best = x[i] > best ? x[i] : best;
+        chunk_max[size_t(c)] = best;
+      }
+    }
+    for (int64_t t = 0; t < count; ++t) {
+      float best = chunk_max[size_t(first[t])];
+      for (int64_t c = first[t] + 1; c < first[t + 1]; ++c) best = std::max(best, chunk_max[size_t(c)]);
+      max_host[t] = best;
     }
   }
 

@@ -9,6 +9,7 @@
 #include "kernels/cpu/vec_scalar.hpp"
 #include "math/adam.hpp"
 #include "math/onebit_adam.hpp"
+#include "math/onebit_lamb.hpp"
 #include "math/sum_squares.hpp"
 #include "math/zero_one_adam.hpp"
 
@@ -33,13 +34,47 @@ inline void store(void* base, int64_t i, typename V::F x) {
 
 // ---- the Adam-family update rules --------------------------------------------
 
-// Whether a rule reads the gradient / writes the parameter.
-constexpr bool rule_reads_grad(UpdateRule r) {
-  return r != UpdateRule::OneBitApply && r != UpdateRule::ZeroOneSyncPrepare &&
+constexpr bool reads_grad(UpdateRule r) {
+  return r != UpdateRule::OneBitApply && r != UpdateRule::LambCompressed &&
+         r != UpdateRule::LambApply && r != UpdateRule::ZeroOneSyncPrepare &&
          r != UpdateRule::ZeroOneSyncApply;
 }
-constexpr bool rule_writes_param(UpdateRule r) {
-  return r != UpdateRule::OneBitMomentum && r != UpdateRule::ZeroOneSyncPrepare;
+
+// The 1-bit LAMB rules: loads and stores around math/onebit_lamb.hpp.
+template <UpdateRule R, class V, DType G>
+inline void lamb_rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename V::F mul1,
+                         typename V::F mul2) {
+  using F = typename V::F;
+  if constexpr (R == UpdateRule::LambApply) {
+    F p = V::load(s.master + i);
+    lamb_apply<V>(p, V::load(s.u + i), c);
+    V::store(s.master + i, p);
+    return;
+  } else if constexpr (R == UpdateRule::LambCompressed) {
+    F m = V::load(s.m + i), vf = V::load(s.vf + i), u0, u, ratio;
+    const F mask = s.mask ? V::load(s.mask + i) : V::set1(1.0f);
+    lamb_compressed<V>(V::load(s.master + i), m, V::load(s.aux + i), mask, V::load(s.v + i), vf,
+                       u0, u, ratio, c);
+    V::store(s.m + i, m);
+    V::store(s.vf + i, vf);
+    V::store(s.aux + i, u0);
+    V::store(s.u + i, u);
+    V::store(s.ratio + i, ratio);
+  } else {
+    const F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
+    F m = V::load(s.m + i);
+    if constexpr (R == UpdateRule::LambMomentum) {
+      F m_prev;
+      lamb_momentum<V>(m, m_prev, g, c);
+      V::store(s.aux + i, m_prev);
+    } else {
+      F v = V::load(s.v + i), u;
+      lamb_warmup<V>(V::load(s.master + i), m, v, u, g, c);
+      V::store(s.v + i, v);
+      V::store(s.u + i, u);
+    }
+    V::store(s.m + i, m);
+  }
 }
 
 // P16 == F32 means "no 16-bit parameter to write back".
@@ -47,6 +82,13 @@ template <UpdateRule R, class V, DType G, DType P16>
 inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename V::F mul1,
                     typename V::F mul2) {
   using F = typename V::F;
+  if constexpr (R == UpdateRule::LambWarmup || R == UpdateRule::LambMomentum ||
+                R == UpdateRule::LambCompressed || R == UpdateRule::LambApply) {
+    lamb_rule_at<R, V, G>(s, i, c, mul1, mul2);
+    if constexpr (R == UpdateRule::LambApply && P16 != DType::F32)
+      store<V, P16>(s.param16, i, V::load(s.master + i));
+    return;
+  }
   if constexpr (R == UpdateRule::ZeroOneSyncPrepare) {
     F acc = V::load(s.acc + i);
     zoadam_sync_prepare<V>(acc, V::load(s.v + i), c);
@@ -113,7 +155,7 @@ void rule_range_g(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, 
 template <UpdateRule R, class V>
 void rule_range_r(const AdamSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
                   float m2) {
-  if constexpr (!rule_reads_grad(R)) {
+  if constexpr (!reads_grad(R)) {
     rule_range_g<R, V, DType::F32>(s, b, e, c, m1, m2);
   } else {
     switch (s.grad_dtype) {
@@ -132,6 +174,10 @@ void update_range(UpdateRule rule, const AdamSlot& s, int64_t b, int64_t e, cons
     case UpdateRule::OneBitWarmup: return rule_range_r<UpdateRule::OneBitWarmup, V>(s, b, e, c, m1, m2);
     case UpdateRule::OneBitMomentum: return rule_range_r<UpdateRule::OneBitMomentum, V>(s, b, e, c, m1, m2);
     case UpdateRule::OneBitApply: return rule_range_r<UpdateRule::OneBitApply, V>(s, b, e, c, m1, m2);
+    case UpdateRule::LambWarmup: return rule_range_r<UpdateRule::LambWarmup, V>(s, b, e, c, m1, m2);
+    case UpdateRule::LambMomentum: return rule_range_r<UpdateRule::LambMomentum, V>(s, b, e, c, m1, m2);
+    case UpdateRule::LambCompressed: return rule_range_r<UpdateRule::LambCompressed, V>(s, b, e, c, m1, m2);
+    case UpdateRule::LambApply: return rule_range_r<UpdateRule::LambApply, V>(s, b, e, c, m1, m2);
     case UpdateRule::ZeroOneGradient: return rule_range_r<UpdateRule::ZeroOneGradient, V>(s, b, e, c, m1, m2);
     case UpdateRule::ZeroOneLocal: return rule_range_r<UpdateRule::ZeroOneLocal, V>(s, b, e, c, m1, m2);
     case UpdateRule::ZeroOneSyncPrepare: return rule_range_r<UpdateRule::ZeroOneSyncPrepare, V>(s, b, e, c, m1, m2);

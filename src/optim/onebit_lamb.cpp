@@ -1,0 +1,239 @@
+#include "optim/onebit_lamb.hpp"
+
+#include "base/error.hpp"
+#include "math/onebit_lamb.hpp"
+
+namespace dsopt {
+namespace {
+const char* kStage = "lamb.stage";
+const char* kFresh = "lamb.exp_avg_sq_fresh";
+const char* kCoeffs = "lamb.coefficients";
+const char* kTail = "lamb.momentum_tail";
+const char* kWorkerError = "lamb.worker_error";
+const char* kServerError = "lamb.server_error";
+// compressing, freeze_step, frozen_after, world of the errors and the tail
+constexpr uint64_t kStageBytes = 4 + 8 + 8 + 4;
+
+int64_t fused_length(int64_t numel, int world) {
+  return world > 1 ? CompressedAllreduce::padded_length(numel, world) : numel;
+}
+
+DeviceBuffer zeros(Kernels& k, int64_t numel) {
+  DeviceBuffer b(k, size_t(numel) * 4);
+  k.fill_zero(b.get(), b.bytes());
+  return b;
+}
+}  // namespace
+
+OneBitLamb::OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+                       const dsopt_tensor* params, int64_t count)
+    : Optimizer(cfg, comm, std::move(kernels), params, count),
+      padded_(fused_length(this->params().total_numel(), comm.size())),
+      moments_(this->params(), this->kernels(), "lamb", tail()),
+      fresh_(zeros(this->kernels(), this->params().total_numel())),
+      u_(this->kernels(), size_t(this->params().total_numel()) * 4),
+      aux_(this->kernels(), size_t(this->params().total_numel()) * 4),
+      ratio_(this->kernels(), size_t(this->params().total_numel()) * 4),
+      coeff_freeze_(size_t(count), 0.0),
+      last_factor_(size_t(count), 1.0),
+      scaling_(size_t(count), 1.0),
+      masks_(count) {}
+
+std::string OneBitLamb::divergence_hint() const {
+  if (!config().stabilize)
+    return "\"stabilize\" is off: DeepSpeed's compression stage diverges where the frozen variance "
+           "is near zero; set \"stabilize\": true (the default), or a lower lr, lower max_coeff or "
+           "later freeze_step";
+  return "try a lower lr or max_coeff, \"gradient_clipping\" or a later freeze_step";
+}
+
+std::vector<AdamSlot> OneBitLamb::slots(const PreparedGrads* grads) const {
+  std::vector<AdamSlot> s = moments_.slots(params(), grads, {}, masks_.pointers());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const int64_t offset = params().params()[i].offset;
+    s[i].group = int32_t(i);
+    s[i].vf = fresh_.floats() + offset;
+    s[i].u = u_.floats() + offset;
+    s[i].aux = aux_.floats() + offset;
+    s[i].ratio = ratio_.floats() + offset;
+  }
+  return s;
+}
+
+std::vector<AdamConsts> OneBitLamb::consts() const {
+  std::vector<AdamConsts> c;
+  for (size_t i = 0; i < size_t(params().count()); ++i) {
+    const AdamHyper& h = group(params().params()[i].group);
+    c.push_back(onebit_consts(h));
+    if (!stage_.compressing) continue;
+    c.back().tensor_scale = float(scaling_[i]);
+    if (config().stabilize)
+      c.back().momentum_limit = onebit_momentum_limit(config().stabilize_limit, h.beta2, stage_.frozen_after);
+  }
+  return c;
+}
+
+std::vector<double> OneBitLamb::sums_of_squares(const std::vector<AdamSlot>& s,
+                                                std::initializer_list<float* AdamSlot::*> fields) const {
+  std::vector<TensorRef> refs;
+  for (float* AdamSlot::*field : fields)
+    for (const AdamSlot& slot : s) refs.push_back(TensorRef{slot.*field, slot.numel, DType::F32});
+  std::vector<double> sums(refs.size(), 0.0);
+  kernels().transform(refs.data(), int64_t(refs.size()), 1.0f, nullptr, sums.data());
+  return sums;
+}
+
+void OneBitLamb::apply(const std::vector<AdamSlot>& s, std::vector<AdamConsts>& c,
+                       const std::vector<double>& coeff) {
+  for (size_t i = 0; i < s.size(); ++i)
+    c[i].step_size = float(-group(params().params()[i].group).lr * coeff[i]);
+  kernels().update(UpdateRule::LambApply, s.data(), int64_t(s.size()), c.data(), int32_t(c.size()),
+                   1.0f, 1.0f);
+}
+
+bool OneBitLamb::update(const PreparedGrads& grads) {
+  if (!stage_.compressing) {
+    warmup(grads);
+    // DeepSpeed's counter k = updates + 1 (DECISIONS G2).
+    if (FreezeStage::due(group_step(0), config().freeze_step)) enter_compression(group_step(0));
+    return false;
+  }
+  compressed(grads);
+  return true;
+}
+
+void OneBitLamb::warmup(const PreparedGrads& grads) {
+  const std::vector<AdamSlot> s = slots(&grads);
+  std::vector<AdamConsts> c = consts();
+  const int64_t n = int64_t(s.size());
+  kernels().update(UpdateRule::LambWarmup, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
+  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::master, &AdamSlot::u});
+  std::vector<double> coeff(static_cast<size_t>(n));
+  for (size_t i = 0; i < size_t(n); ++i) {
+    coeff[i] = lamb_warmup_coeff(sums[i], sums[size_t(n) + i], config().lamb);
+    coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], config().lamb);
+  }
+  apply(s, c, coeff);
+}
+
+void OneBitLamb::compressed(const PreparedGrads& grads) {
+  const std::vector<AdamSlot> s = slots(&grads);
+  std::vector<AdamConsts> c = consts();
+  const int64_t n = int64_t(s.size());
+  kernels().update(UpdateRule::LambMomentum, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
+  if (car_) {
+    float* fused = moments_.exp_avg();
+    car_->run(&fused);
+  }
+  kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
+  // aux holds u0 now.
+  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::u, &AdamSlot::aux});
+  std::vector<TensorRef> ratios;
+  for (const AdamSlot& slot : s) ratios.push_back(TensorRef{slot.ratio, slot.numel, DType::F32});
+  std::vector<float> max_ratio(static_cast<size_t>(n));
+  kernels().max_per_tensor(ratios.data(), n, max_ratio.data());
+  std::vector<double> coeff(static_cast<size_t>(n));
+  for (size_t i = 0; i < size_t(n); ++i) {
+    const bool decay = c[i].wd > 0.0f;
+    last_factor_[i] = lamb_factor(max_ratio[i], sums[size_t(n) + i], sums[i], decay, last_factor_[i],
+                                  config().lamb);
+    coeff[i] = coeff_freeze_[i] * last_factor_[i];
+  }
+  apply(s, c, coeff);
+}
+
+void OneBitLamb::enter_compression(int64_t warmup_updates) {
+  stage_ = FreezeStage{true, warmup_updates};
+  // vf starts as v at the actual transition (L1).
+  kernels().copy(fresh_.get(), moments_.exp_avg_sq(), fresh_.bytes());
+  const std::vector<AdamSlot> s = slots(nullptr);
+  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::m});
+  std::vector<int64_t> numel;
+  for (const AdamSlot& slot : s) numel.push_back(slot.numel);
+  lamb_scaling_coeffs(sums.data(), numel.data(), int64_t(sums.size()), scaling_.data());
+  start_compressed_allreduce();
+}
+
+void OneBitLamb::start_compressed_allreduce() {
+  // One tensor: the whole fused buffer, tail included, so the tail is
+  // compressed as it is (L3, L4).
+  if (comm().size() > 1)
+    car_ = std::make_unique<CompressedAllreduce>(comm(), kernels(), mem(), std::vector<int64_t>{padded_});
+}
+
+// ---- state blob -----------------------------------------------------------------
+// Coefficients: per tensor lamb_coeff_freeze, last_factor, scaling_coeff
+// (doubles). The tail and the errors belong to the world size that produced
+// them (K1/K2): restored at the same P, zero otherwise.
+
+void OneBitLamb::save_sections(BlobWriter& w) const {
+  moments_.save(w);
+  const int32_t world = car_ ? car_->world() : 0;
+  FieldWriter f;
+  f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step).add(stage_.frozen_after).add(world);
+  w.section(kStage, f.bytes().data(), f.bytes().size());
+  w.section_from_device(kFresh, fresh_.get(), fresh_.bytes(), kernels());
+  FieldWriter k;
+  for (size_t i = 0; i < coeff_freeze_.size(); ++i) k.add(coeff_freeze_[i]).add(last_factor_[i]).add(scaling_[i]);
+  w.section(kCoeffs, k.bytes().data(), k.bytes().size());
+  const uint64_t tail_bytes = car_ ? uint64_t(tail()) * 4 : 0;
+  w.section_from_device(kTail, moments_.exp_avg() + params().total_numel(), tail_bytes, kernels());
+  w.section_from_device(kWorkerError, car_ ? car_->worker_error() : nullptr,
+                        car_ ? uint64_t(padded_) * 4 : 0, kernels());
+  w.section_from_device(kServerError, car_ ? car_->server_error() : nullptr,
+                        car_ ? uint64_t(padded_ / world) * 4 : 0, kernels());
+}
+
+void OneBitLamb::check_sections(const BlobReader& r) const {
+  moments_.check(r);
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  f.get<int32_t>();
+  f.get<int64_t>();
+  if (f.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
+  const int32_t world = f.get<int32_t>();
+  if (world < 0 || world == 1) fail(DSOPT_ECORRUPT, "state blob: invalid world size of the compression errors");
+  r.section(kFresh, fresh_.bytes());
+  r.section(kCoeffs, uint64_t(params().count()) * 24);
+  const int64_t padded = world > 1 ? fused_length(params().total_numel(), world) : 0;
+  r.section(kTail, world > 1 ? uint64_t(padded - params().total_numel()) * 4 : 0);
+  r.section(kWorkerError, uint64_t(padded) * 4);
+  r.section(kServerError, world > 1 ? uint64_t(padded / world) * 4 : 0);
+}
+
+void OneBitLamb::restore_sections(const BlobReader& r) {
+  moments_.restore(r);
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  FreezeStage saved;
+  saved.compressing = f.get<int32_t>() != 0;
+  const int64_t saved_freeze_step = f.get<int64_t>();
+  saved.frozen_after = f.get<int64_t>();
+  const int32_t world = f.get<int32_t>();
+  kernels().copy_from_host(fresh_.get(), r.section(kFresh, fresh_.bytes()), fresh_.bytes());
+  FieldReader k(r.section(kCoeffs, uint64_t(params().count()) * 24), uint64_t(params().count()) * 24);
+  for (size_t i = 0; i < coeff_freeze_.size(); ++i) {
+    coeff_freeze_[i] = k.get<double>();
+    last_factor_[i] = k.get<double>();
+    scaling_[i] = k.get<double>();
+  }
+  float* tail_dst = moments_.exp_avg() + params().total_numel();
+  kernels().fill_zero(tail_dst, size_t(tail()) * 4);
+  car_.reset();
+  const FreezeStage resumed =
+      FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
+  stage_ = FreezeStage{};
+  if (!resumed.compressing) return;
+  if (!saved.compressing) {
+    enter_compression(resumed.frozen_after);  // frozen now by a changed freeze_step
+    return;
+  }
+  stage_ = resumed;
+  start_compressed_allreduce();
+  if (!car_ || world != car_->world()) return;
+  kernels().copy_from_host(tail_dst, r.section(kTail, uint64_t(tail()) * 4), size_t(tail()) * 4);
+  kernels().copy_from_host(car_->worker_error(), r.section(kWorkerError, uint64_t(padded_) * 4),
+                           size_t(padded_) * 4);
+  kernels().copy_from_host(car_->server_error(), r.section(kServerError, uint64_t(padded_ / world) * 4),
+                           size_t(padded_ / world) * 4);
+}
+
+}  // namespace dsopt

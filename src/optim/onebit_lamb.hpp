@@ -1,0 +1,63 @@
+// 1-bit LAMB (spec onebit-lamb.md, DECISIONS G2, L1-L4, S1, K1-K2): LAMB
+// without bias correction and with an EMA of each tensor's trust ratio for
+// a warmup, then frozen variance and trust ratio, and every momentum in one
+// fused buffer averaged through the 1-bit compressed allreduce.
+#pragma once
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "comm/compressed_allreduce.hpp"
+#include "optim/freeze_stage.hpp"
+#include "optim/moments.hpp"
+#include "optim/momentum_masks.hpp"
+#include "optim/optimizer.hpp"
+
+namespace dsopt {
+
+class OneBitLamb final : public Optimizer {
+ public:
+  OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+             const dsopt_tensor* params, int64_t count);
+  void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask) override {
+    masks_.set(kernels(), params(), param_index, mask);
+  }
+
+ protected:
+  std::string algorithm() const override { return "OneBitLamb"; }
+  bool averaged(int64_t) const override { return !stage_.compressing; }
+  bool update(const PreparedGrads& grads) override;
+  uint32_t section_count() const override { return 8; }
+  std::string divergence_hint() const override;
+  void save_sections(BlobWriter& w) const override;
+  void check_sections(const BlobReader& r) const override;
+  void restore_sections(const BlobReader& r) override;
+
+ private:
+  // One slot per parameter, slot.group = its index (constants are per tensor).
+  std::vector<AdamSlot> slots(const PreparedGrads* grads) const;
+  std::vector<AdamConsts> consts() const;
+  void warmup(const PreparedGrads& grads);
+  void compressed(const PreparedGrads& grads);
+  // Per-tensor sums of squares of each field over the slots (one pass;
+  // the first field's tensors first), in the order of math/sum_squares.hpp.
+  std::vector<double> sums_of_squares(const std::vector<AdamSlot>& s,
+                                      std::initializer_list<float* AdamSlot::*> fields) const;
+  // p += fl32(-lr * coeff[t]) * u of every tensor.
+  void apply(const std::vector<AdamSlot>& s, std::vector<AdamConsts>& c,
+             const std::vector<double>& coeff);
+  void enter_compression(int64_t warmup_updates);
+  void start_compressed_allreduce();
+  int64_t tail() const { return padded_ - params().total_numel(); }
+
+  FreezeStage stage_;
+  int64_t padded_;  // the fused buffer's length n' at this world size (L3)
+  Moments moments_;  // m is the fused buffer, padding tail included (L4)
+  DeviceBuffer fresh_;  // vf
+  DeviceBuffer u_, aux_, ratio_;  // per-step scratch, numel each
+  std::vector<double> coeff_freeze_, last_factor_, scaling_;  // per tensor
+  MomentumMasks masks_;
+  std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
+};
+
+}  // namespace dsopt
