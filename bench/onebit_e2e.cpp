@@ -43,6 +43,18 @@
 //                    [--freeze-step F] [--lr-warmup W] [--lr X] [--beta2 X]
 //                    [--noise X] [--threads T] [--print-every N]
 //                    [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X]
+//                    [--zoadam 0|1] [--var-freeze-step F] [--var-update-scaler K]
+//                    [--local-step-scaler S] [--local-step-clipper H]
+//
+// --zoadam 1 adds a run of 0/1 Adam ("ZeroOneAdam", the same lr, betas
+// and eps), with var_freeze_step --var-freeze-step (default: 15% of the
+// steps), var_update_scaler --var-update-scaler (1), local_step_scaler
+// --local-step-scaler (2) and local_step_clipper --local-step-clipper (16).
+// For it: the bytes of every step as its phase says (full: the fp32
+// allreduce; 1-bit and sync: the compressed allreduce; local: only the
+// step's status allreduce), the losses identical to Adam's up to its first
+// 1-bit step, bit-identical parameters on every rank after its last sync,
+// and the average bytes per step over the whole run against Adam's.
 //
 // --lamb 1: the compressed run is 1-bit LAMB ("OneBitLamb", lr --lamb-lr
 // (default: --lr; LAMB's trust ratio scales each tensor's step to about
@@ -353,9 +365,10 @@ struct Options {
   Shape shape;
   int64_t batch;
   int steps, freeze_step, lr_warmup, threads, print_every;
+  int var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper;
 };
 
-enum class Algo { Adam, OneBitAdam, Lamb, OneBitLamb };
+enum class Algo { Adam, OneBitAdam, Lamb, OneBitLamb, ZeroOneAdam };
 
 const char* algo_name(Algo a) {
   switch (a) {
@@ -363,6 +376,7 @@ const char* algo_name(Algo a) {
     case Algo::OneBitAdam: return "1-bit Adam";
     case Algo::Lamb: return "LAMB";
     case Algo::OneBitLamb: return "1-bit LAMB";
+    case Algo::ZeroOneAdam: return "0/1 Adam";
   }
   return "?";
 }
@@ -371,6 +385,10 @@ struct RunResult {
   std::string name;
   bool onebit = false;  // compressed after freeze_step
   bool lamb = false;
+  bool zoadam = false;
+  std::vector<int> phase;           // per step, info.phase
+  uint64_t synced_fingerprint = 0;  // 0/1 Adam: parameters after its last sync
+  int last_sync = -1;
   std::vector<double> loss;                      // per step, mean over ranks
   std::vector<double> step_s, compute_s, opt_s;  // per step, slowest rank
   std::vector<int> compressed;                   // per step, info.compressed
@@ -407,6 +425,7 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   r.name = algo_name(algo);
   r.onebit = algo == Algo::OneBitAdam || algo == Algo::OneBitLamb;
   r.lamb = algo == Algo::Lamb || algo == Algo::OneBitLamb;
+  r.zoadam = algo == Algo::ZeroOneAdam;
   const double peak = r.lamb && kLambLr > 0.0 ? kLambLr : kLr;
   Tensors p(s), g(s);
   init_params(s, p);
@@ -418,6 +437,13 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
                   "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": %g, \"betas\":"
                   " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
                   peak, kBeta1, kBeta2, kEps, r.onebit ? o.freeze_step : o.steps + 1, o.threads);
+  else if (r.zoadam)
+    std::snprintf(config, sizeof config,
+                  "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": %g, \"betas\":"
+                  " [%g, %g], \"eps\": %g, \"var_freeze_step\": %d, \"var_update_scaler\": %d,"
+                  " \"local_step_scaler\": %d, \"local_step_clipper\": %d}}, \"threads\": %d}",
+                  kLr, kBeta1, kBeta2, kEps, o.var_freeze_step, o.var_update_scaler,
+                  o.local_step_scaler, o.local_step_clipper, o.threads);
   else if (r.onebit)
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": %g, \"betas\":"
@@ -460,6 +486,11 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
     r.loss.push_back(loss_sum / g_world);
     r.compressed.push_back(info.compressed);
     r.bytes.push_back(info.bytes_sent);
+    r.phase.push_back(info.phase);
+    if (info.phase == DSOPT_PHASE_SYNC) {
+      r.synced_fingerprint = fingerprint(p.all.get(), s.total());
+      r.last_sync = step;
+    }
     if (g_rank == 0 && o.print_every > 0 && (step + 1) % o.print_every == 0) {
       std::printf("  %-10s step %4d  loss %.5f  step %.3f s (compute %.3f, dsopt_step %.3f)%s\n",
                   r.name.c_str(), step + 1, r.loss.back(), slowest[0], slowest[1], slowest[2],
@@ -470,8 +501,9 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   for (double t : r.step_s) r.step_total_s += t;
   r.eval_final = eval_loss(s, teacher, p);
 
-  // Every rank must hold the same parameters.
-  const uint64_t h = fingerprint(p.all.get(), s.total());
+  // Every rank must hold the same parameters (0/1 Adam: after its last
+  // sync; its local steps leave them apart by design).
+  const uint64_t h = r.zoadam ? r.synced_fingerprint : fingerprint(p.all.get(), s.total());
   uint64_t hmin = 0, hmax = 0;
   MPI_Allreduce(&h, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(&h, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
@@ -526,7 +558,8 @@ int main(int argc, char** argv) {
   const char* usage =
       "onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S] [--freeze-step F]"
       " [--lr-warmup W] [--lr X] [--beta2 X] [--noise X] [--threads T] [--print-every N]"
-      " [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X]";
+      " [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X] [--zoadam 0|1] [--var-freeze-step F]"
+      " [--var-update-scaler K] [--local-step-scaler S] [--local-step-clipper H]";
   bench::Flags flags(int(args.size()), args.data());
   Options o;
   o.shape.in = flags.get("--in", 64, 1, 1 << 20);
@@ -541,6 +574,11 @@ int main(int argc, char** argv) {
   const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
   const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
   const bool lamb = flags.get("--lamb", 0, 0, 1) != 0;
+  const bool run_zoadam = flags.get("--zoadam", 0, 0, 1) != 0;
+  o.var_freeze_step = int(flags.get("--var-freeze-step", o.steps * 15 / 100, 1, 1000000));
+  o.var_update_scaler = int(flags.get("--var-update-scaler", 1, 1, 1000000));
+  o.local_step_scaler = int(flags.get("--local-step-scaler", 2, 1, 1000000));
+  o.local_step_clipper = int(flags.get("--local-step-clipper", 16, 1, 1000000));
   flags.finish(usage);
   omp_set_num_threads(o.threads);
   if (o.freeze_step + 4 > o.steps) fail_all("--freeze-step must be at least 4 below --steps");
@@ -551,7 +589,9 @@ int main(int argc, char** argv) {
   const int P = g_world;
   const double floor = 0.5 * kNoise * kNoise;
   if (g_rank == 0) {
-    std::printf("data-parallel training, %s vs Adam, %d ranks\n", lamb ? "1-bit LAMB and LAMB" : "1-bit Adam", P);
+    std::printf("data-parallel training, %s%s vs Adam, %d ranks\n",
+                run_onebit ? (lamb ? "1-bit LAMB and LAMB" : "1-bit Adam") : "",
+                run_zoadam ? (run_onebit ? " and 0/1 Adam" : "0/1 Adam") : "", P);
     std::printf("dsopt:   %s\n", dsopt_build_info());
     std::printf("machine: %s; %d thread(s) per rank\n", bench::cpu_model().c_str(), o.threads);
     std::printf("network: %s\n",
@@ -575,6 +615,10 @@ int main(int argc, char** argv) {
         static_cast<long long>(o.batch), o.steps, kLr, o.lr_warmup, kBeta1, kBeta2, kEps,
         lamb ? "1-bit LAMB" : "1-bit Adam", o.freeze_step,
         lamb ? ("; (1-bit) LAMB lr " + std::to_string(kLambLr > 0 ? kLambLr : kLr)).c_str() : "");
+    if (run_zoadam)
+      std::printf("         0/1 Adam var_freeze_step %d, var_update_scaler %d, local_step_scaler %d,\n"
+                  "         local_step_clipper %d\n\n",
+                  o.var_freeze_step, o.var_update_scaler, o.local_step_scaler, o.local_step_clipper);
     std::fflush(stdout);
   }
 
@@ -582,6 +626,10 @@ int main(int argc, char** argv) {
   if (run_adam) runs.push_back(train(o, teacher, Algo::Adam));
   if (lamb) runs.push_back(train(o, teacher, Algo::Lamb));
   if (run_onebit) runs.push_back(train(o, teacher, lamb ? Algo::OneBitLamb : Algo::OneBitAdam));
+  // 0/1 Adam is kept apart: the comparisons below pair the last of `runs`
+  // with the others.
+  RunResult zo;
+  if (run_zoadam) zo = train(o, teacher, Algo::ZeroOneAdam);
 
   // The stage switch, the bytes, and the common start of the two runs.
   const double fp32_bytes = 2.0 * (P - 1) / P * 4.0 * double(s.total());
@@ -598,6 +646,25 @@ int main(int argc, char** argv) {
         fail_all(r.name + ": update " + std::to_string(i + 1) + " sent " + std::to_string(got) +
                  " bytes, expected " + std::to_string(expect) + " (+ a few scalars)");
     }
+  }
+  if (run_zoadam) {
+    const double status_bytes = 2.0 * (P - 1) / P * 16.0;
+    if (zo.last_sync < 0) fail_all("0/1 Adam: no sync in the run (more --steps or a lower --var-freeze-step)");
+    for (int i = 0; i < o.steps; ++i) {
+      const int ph = zo.phase[size_t(i)];
+      const bool compressed = ph == DSOPT_PHASE_COMPRESSED || ph == DSOPT_PHASE_SYNC;
+      const double expect = ph == DSOPT_PHASE_FULL  ? fp32_bytes
+                            : ph == DSOPT_PHASE_LOCAL ? status_bytes
+                                                      : status_bytes + car_bytes(s, P, false);
+      const double got = double(zo.bytes[size_t(i)]);
+      if (got < expect || got > expect + 64.0 * P || zo.compressed[size_t(i)] != int(compressed))
+        fail_all("0/1 Adam: update " + std::to_string(i + 1) + " (phase " + std::to_string(ph) + ") sent " +
+                 std::to_string(got) + " bytes, expected " + std::to_string(expect));
+    }
+    if (run_adam)
+      for (int i = 0; zo.phase[size_t(i)] == DSOPT_PHASE_FULL; ++i)
+        if (runs[0].loss[size_t(i)] != zo.loss[size_t(i)])
+          fail_all("0/1 Adam differs from Adam before its first 1-bit step (update " + std::to_string(i + 1) + ")");
   }
   // The compressed run and its uncompressed twin (Adam, or LAMB) share
   // their arithmetic up to the freeze.
@@ -650,8 +717,8 @@ int main(int argc, char** argv) {
     }
     // The compressed run against Adam (the first run) and, with --lamb,
     // against LAMB without compression.
-    const RunResult& b = runs.back();
-    for (size_t k = 0; b.onebit && k + 1 < runs.size(); ++k) {
+    for (size_t k = 0; !runs.empty() && runs.back().onebit && k + 1 < runs.size(); ++k) {
+      const RunResult& b = runs.back();
       const RunResult& a = runs[k];
       const double base_step = median_of(a.step_s, skip);
       size_t from = size_t(o.freeze_step - 1) + skip;
@@ -669,10 +736,38 @@ int main(int argc, char** argv) {
           100.0 * (b.eval_final / a.eval_final - 1.0), floor, b.last10() - floor, a.last10() - floor,
           b.eval_final - floor, a.eval_final - floor, a.eval_initial);
     }
-    std::printf(
-        "checked: identical parameters on every rank; identical losses up to the freeze;\n"
-        "         compressed = 1 from update %d on; bytes per step as the formulas say\n",
-        o.freeze_step);
+    if (run_zoadam) {
+      double zo_bytes = 0.0;
+      for (uint64_t b : zo.bytes) zo_bytes += double(b);
+      std::printf("%-30s %8.3f %9.3f %8.3f %11.4g %8.1f %9.5f %9.5f\n", "0/1 Adam, whole run (mean B)",
+                  median_of(zo.step_s, skip), median_of(zo.compute_s, skip), median_of(zo.opt_s, skip),
+                  zo_bytes / double(zo.bytes.size()), zo.step_total_s, zo.last10(), zo.eval_final);
+      int count[5] = {0, 0, 0, 0, 0};
+      for (int ph : zo.phase) ++count[ph];
+      std::printf("0/1 Adam: %d full, %d 1-bit, %d local, %d sync steps\n", count[DSOPT_PHASE_FULL],
+                  count[DSOPT_PHASE_COMPRESSED], count[DSOPT_PHASE_LOCAL], count[DSOPT_PHASE_SYNC]);
+      if (run_adam) {
+        const RunResult& a = runs[0];
+        double adam_bytes = 0.0;
+        for (uint64_t b : a.bytes) adam_bytes += double(b);
+        std::printf(
+            "0/1 Adam vs Adam over the whole run: average bytes per step %.4g vs %.4g (%.1fx less);\n"
+            "whole run %.2fx faster (sum of step times); loss %+.2f%% (last 10 steps), %+.2f%%\n"
+            "(held-out); held-out %.5f vs %.5f\n",
+            zo_bytes / o.steps, adam_bytes / o.steps, adam_bytes / zo_bytes,
+            a.step_total_s / zo.step_total_s, 100.0 * (zo.last10() / a.last10() - 1.0),
+            100.0 * (zo.eval_final / a.eval_final - 1.0), zo.eval_final, a.eval_final);
+      }
+      std::printf(
+          "checked (0/1 Adam): identical parameters on every rank after the last sync; losses\n"
+          "         identical to Adam's up to the first 1-bit step; bytes per step as each\n"
+          "         step's phase says\n");
+    }
+    if (run_onebit)
+      std::printf(
+          "checked: identical parameters on every rank; identical losses up to the freeze;\n"
+          "         compressed = 1 from update %d on; bytes per step as the formulas say\n",
+          o.freeze_step);
   }
   MPI_Finalize();
   return 0;

@@ -117,6 +117,9 @@ for name in "${mpi_benchmarks[@]}"; do
         echo "== onebit_e2e_bench --lamb 1: 1-bit LAMB vs LAMB and Adam, $ranks ranks on an emulated 1 Gbit/s link =="
         emulated "$build/bench/onebit_e2e_bench" --lamb 1 --lamb-lr 0.1 --print-every 30
       fi
+      echo
+      echo "== onebit_e2e_bench: training, 0/1 Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/onebit_e2e_bench" --onebit 0 --zoadam 1 --local-step-clipper 4
       ;;
   esac
 done

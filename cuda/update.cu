@@ -1,6 +1,6 @@
 // launch_update: slots grouped by what the rule's code depends on (16-bit
-// parameter dtype and gradient dtype; OneBitMomentum writes no parameter,
-// OneBitApply reads no gradient), one multi-tensor launch sequence per
+// parameter dtype and gradient dtype; some rules write no parameter or read
+// no gradient, update_kernel.cuh), one multi-tensor launch sequence per
 // combination present.
 #include <vector>
 
@@ -47,6 +47,15 @@ void run_all(cudaStream_t stream, const Lists& lists, const AdamConsts* consts, 
   run_grads<R, DType::BF16>(stream, lists, consts, mul1, mul2);
 }
 
+// Rules that read no gradient but write the parameter: one list per 16-bit
+// parameter dtype.
+template <UpdateRule R>
+void run_params(cudaStream_t stream, const Lists& lists, const AdamConsts* consts) {
+  run<R, DType::F32, DType::F32>(stream, lists[0][0], consts, 1.0f, 1.0f);
+  run<R, DType::F16, DType::F32>(stream, lists[1][0], consts, 1.0f, 1.0f);
+  run<R, DType::BF16, DType::F32>(stream, lists[2][0], consts, 1.0f, 1.0f);
+}
+
 }  // namespace
 
 void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, int64_t count,
@@ -54,22 +63,24 @@ void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, 
   if (rule == UpdateRule::LambWarmup || rule == UpdateRule::LambMomentum ||
       rule == UpdateRule::LambCompressed || rule == UpdateRule::LambApply)
     return launch_lamb_update(stream, rule, slots, count, consts_dev, mul1, mul2);
-  const bool reads_grad = rule != UpdateRule::OneBitApply;
-  const bool writes_param = rule != UpdateRule::OneBitMomentum;
+  const bool grad = reads_grad(rule);
+  const bool param = writes_param(rule);
   Lists lists;
   for (int64_t i = 0; i < count; ++i) {
     const AdamSlot& s = slots[i];
     if (s.param16 != nullptr && s.param16_dtype == DType::F32)
       fail(DSOPT_EINTERNAL, "update: 16-bit parameter copy with dtype float32");
-    const int p = writes_param && s.param16 != nullptr ? dtype_index(s.param16_dtype) : 0;
-    const int g = reads_grad ? dtype_index(s.grad_dtype) : 0;
+    const int p = param && s.param16 != nullptr ? dtype_index(s.param16_dtype) : 0;
+    const int g = grad ? dtype_index(s.grad_dtype) : 0;
     UpdateEntry e;
     e.addr[kMaster] = s.master;
-    e.addr[kParam16] = writes_param ? s.param16 : nullptr;
-    e.addr[kGrad] = reads_grad ? const_cast<void*>(s.grad) : nullptr;
+    e.addr[kParam16] = param ? s.param16 : nullptr;
+    e.addr[kGrad] = grad ? const_cast<void*>(s.grad) : nullptr;
     e.addr[kExpAvg] = s.m;
     e.addr[kExpAvgSq] = s.v;
-    e.addr[kMask] = rule == UpdateRule::OneBitApply ? const_cast<float*>(s.mask) : nullptr;
+    e.addr[kMask] = reads_mask(rule) ? const_cast<float*>(s.mask) : nullptr;
+    e.addr[kAcc] = s.acc;
+    e.addr[kAnchor] = s.anchor;
     e.numel = s.numel;
     e.tag = s.group;
     lists[p][g].push_back(e);
@@ -82,10 +93,15 @@ void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, 
     case UpdateRule::OneBitMomentum:  // one list per gradient dtype
       return run_grads<UpdateRule::OneBitMomentum, DType::F32>(stream, lists, consts_dev, mul1, mul2);
     case UpdateRule::OneBitApply:  // one list per 16-bit parameter dtype
-      run<UpdateRule::OneBitApply, DType::F32, DType::F32>(stream, lists[0][0], consts_dev, 1.0f, 1.0f);
-      run<UpdateRule::OneBitApply, DType::F16, DType::F32>(stream, lists[1][0], consts_dev, 1.0f, 1.0f);
-      run<UpdateRule::OneBitApply, DType::BF16, DType::F32>(stream, lists[2][0], consts_dev, 1.0f, 1.0f);
-      return;
+      return run_params<UpdateRule::OneBitApply>(stream, lists, consts_dev);
+    case UpdateRule::ZeroOneGradient:
+      return run_all<UpdateRule::ZeroOneGradient>(stream, lists, consts_dev, mul1, mul2);
+    case UpdateRule::ZeroOneLocal:
+      return run_all<UpdateRule::ZeroOneLocal>(stream, lists, consts_dev, mul1, mul2);
+    case UpdateRule::ZeroOneSyncPrepare:  // one list: no gradient, no parameter
+      return run<UpdateRule::ZeroOneSyncPrepare, DType::F32, DType::F32>(stream, lists[0][0], consts_dev, 1.0f, 1.0f);
+    case UpdateRule::ZeroOneSyncApply:
+      return run_params<UpdateRule::ZeroOneSyncApply>(stream, lists, consts_dev);
     default:
       break;
   }

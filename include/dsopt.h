@@ -143,7 +143,19 @@ typedef struct dsopt_step_info {
   double   grad_norm;    /* global gradient norm before clipping, or -1.0 when not computed */
   uint64_t bytes_sent;   /* bytes this rank sent through the communicator during this step */
   int64_t  consecutive_skips; /* steps skipped in a row, this one included; 0 when this step applied */
+  int32_t  phase;        /* what this step did: one of DSOPT_PHASE_* below */
+  int32_t  reserved2;
 } dsopt_step_info;
+
+/* dsopt_step_info.phase. Callers built against an older header pass a
+ * smaller struct_size and never see it. */
+#define DSOPT_PHASE_SKIPPED    0 /* the step was skipped: nothing applied */
+#define DSOPT_PHASE_FULL       1 /* full-precision averaged gradients: Adam, 1-bit Adam's warmup,
+                                    0/1 Adam's variance-update steps */
+#define DSOPT_PHASE_COMPRESSED 2 /* 1-bit compressed communication: 1-bit Adam's compression stage,
+                                    0/1 Adam's 1-bit gradient steps (before var_freeze_step) */
+#define DSOPT_PHASE_LOCAL      3 /* 0/1 Adam local step: no communication of gradients or momenta */
+#define DSOPT_PHASE_SYNC       4 /* 0/1 Adam local step followed by the 1-bit sync of the accumulator */
 
 /* Creates an optimizer for `num_params` parameters described by `params`
  * (see the README for the JSON config). The parameter buffers are borrowed

@@ -7,7 +7,7 @@ bundled 8x8 digits (80/20 split). Every run uses lr 1e-3, weight_decay 0.01
 and a global batch of 64 split evenly over the ranks; each rank passes the
 mean gradient of its share; dsopt averages the gradients (AdamW, 1-bit
 Adam's warmup) or exchanges the momentum 1-bit compressed (1-bit Adam from
-freeze_step = 15% of the steps on) and updates the parameters in place. Three runs:
+freeze_step = 15% of the steps on) and updates the parameters in place. Four runs:
 
 - AdamW;
 - 1-bit Adam with dsopt's defaults ("stabilize": true);
@@ -17,7 +17,10 @@ freeze_step = 15% of the steps on) and updates the parameters in place. Three ru
   and after max_consecutive_skips (50) in a row step() raises
   dsopt.NonFiniteError; the demo reports "diverged at step N: ..." and goes
   on. On one process it blows up too (the loss spikes and goes
-  non-finite, without skipped steps) and ends at chance level.
+  non-finite, without skipped steps) and ends at chance level;
+- 0/1 Adam with dsopt's defaults and var_freeze_step = 15% of the steps
+  (variance updates at growing intervals, 1-bit gradient steps between
+  them, then local steps with 1-bit syncs every 1, 2, 4, ... 16 steps).
 
 Rank 0 prints the loss (mean over the ranks), the stage and the bytes on the
 wire (all ranks) every --log-every steps, then a summary table, and writes
@@ -62,6 +65,8 @@ def runs(steps):
         ("1-bit Adam", {"optimizer": {"type": "OneBitAdam", "params": dict(onebit)}}),
         ("1-bit Adam, stabilize=false",
          {"optimizer": {"type": "OneBitAdam", "params": dict(onebit, stabilize=False)}}),
+        ("0/1 Adam", {"optimizer": {"type": "ZeroOneAdam", "params": {
+            "lr": LR, "weight_decay": WEIGHT_DECAY, "var_freeze_step": freeze, "local_step_scaler": 10}}}),
     ]
 
 
@@ -82,7 +87,9 @@ def run_one(name, config, model, data, comm, mpi, world, rank, steps, batch, log
         n = step + 1
         first_skip = info.skipped and sum(history["skipped"]) == 1
         if rank == 0 and (n % log_every == 0 or n == 1 or n == steps or first_skip):
-            stage = "skipped" if info.skipped else "compressed" if info.compressed else "full fp32"
+            stage = {dsopt.PHASE_SKIPPED: "skipped", dsopt.PHASE_FULL: "full fp32",
+                     dsopt.PHASE_COMPRESSED: "compressed", dsopt.PHASE_LOCAL: "local",
+                     dsopt.PHASE_SYNC: "1-bit sync"}[info.phase]
             note = "  <- first step skipped: non-finite gradient" if first_skip else ""
             print(f"  [{name}] step {n:4d}/{steps}  loss {loss:8.4f}  {stage:10s}  "
                   f"bytes on the wire {sent:>9,d}{note}", flush=True)
@@ -146,10 +153,10 @@ def plot(rows, histories, path, world):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = ["tab:blue", "tab:green", "tab:red"]
+    colors = ["tab:blue", "tab:green", "tab:red", "tab:purple"]
     fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.6))
     freeze = None
-    styles = ["-", "-", (0, (3, 2))]  # dashed: coincides with 1-bit Adam during warmup
+    styles = ["-", "-", (0, (3, 2)), "-"]  # dashed: coincides with 1-bit Adam during warmup
     for row, hist, color, style in zip(rows, histories, colors, styles):
         loss = np.array(hist["loss"], dtype=float)
         steps = np.arange(1, len(loss) + 1)
@@ -177,7 +184,7 @@ def plot(rows, histories, path, world):
         if hist["bytes"]:
             ax_bytes.plot(steps, np.cumsum(hist["bytes"]) / 1e6, color=color, ls=style, lw=1.5,
                           label=label)
-        if row["first_compressed_step"]:
+        if row["first_compressed_step"] and freeze is None:  # 1-bit Adam's freeze_step
             freeze = row["first_compressed_step"]
     if freeze:
         for ax in (ax_loss, ax_bytes):

@@ -1,5 +1,6 @@
 """Measures the README's freeze_step guidance on the digits MLP of
-small_models.py: 1-bit Adam with freeze_step at 5%, 15% and 50% of the run,
+small_models.py: 1-bit Adam with freeze_step and 0/1 Adam with
+var_freeze_step at 5%, 15% and 50% of the run,
 stabilized (the default) and with DeepSpeed's rule ("stabilize": false), on
 1 rank and on 4, against the uncompressed rules: 1-bit Adam's warmup rule
 (Adam without bias correction: freeze_step after the run) and AdamW.
@@ -24,7 +25,7 @@ import numpy as np  # noqa: E402
 
 import small_models  # noqa: E402
 import training_runs  # noqa: E402
-from training_runs import RunSpec, adamw_config, onebit_config  # noqa: E402
+from training_runs import RunSpec, adamw_config, onebit_config, zoadam_config  # noqa: E402
 
 FREEZE_FRACTIONS = (0.05, 0.15, 0.50)
 MPI_WORLD = 4
@@ -39,6 +40,14 @@ def rows_for(steps):
         for stabilize in (True, False):
             rows.append((f"1-bit Adam, freeze at {fraction:.0%}", freeze_step, stabilize,
                          onebit_config(freeze_step=freeze_step, stabilize=stabilize)))
+    # 0/1 Adam: the freeze_step column is its var_freeze_step (schedules of
+    # training_runs.zoadam_config: var_update_scaler 16, local_step_scaler 10,
+    # local_step_clipper 16).
+    for fraction in FREEZE_FRACTIONS:
+        var_freeze_step = max(1, round(fraction * steps))
+        for stabilize in (True, False):
+            rows.append((f"0/1 Adam, var_freeze_step at {fraction:.0%}", var_freeze_step, stabilize,
+                         zoadam_config(var_freeze_step, stabilize=stabilize)))
     return rows
 
 

@@ -90,6 +90,19 @@ def lamb_config(freeze_step, lr=1e-2, weight_decay=0.01, **params):
             "threads": 1}
 
 
+def zoadam_config(var_freeze_step, lr=1e-3, weight_decay=0.01, var_update_scaler=16, local_step_scaler=10,
+                  local_step_clipper=16, **params):
+    """0/1 Adam: variance updates at growing intervals until var_freeze_step,
+    then local steps with syncs every 1, 2, 4, ... local_step_clipper steps
+    (local_step_scaler steps at each interval). `params`: further optimizer
+    params, e.g. stabilize=False."""
+    return {"optimizer": {"type": "ZeroOneAdam",
+                          "params": dict(lr=lr, weight_decay=weight_decay, var_freeze_step=var_freeze_step,
+                                         var_update_scaler=var_update_scaler, local_step_scaler=local_step_scaler,
+                                         local_step_clipper=local_step_clipper, **params)},
+            "threads": 1}
+
+
 def adamw_config(lr=1e-3, weight_decay=0.01):
     return {"optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay}}, "threads": 1}
 

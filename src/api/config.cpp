@@ -142,6 +142,16 @@ void read_lamb(const json& params, const std::string& path, LambCoeffConfig& k) 
   require(k.factor_threshold >= 0, sub(path, "factor_threshold"), "must be >= 0");
 }
 
+// 0/1 Adam's schedules (spec zero-one-adam.md section 1).
+void read_zero_one(const json& params, const std::string& path, OptimizerConfig& cfg) {
+  const int64_t big = int64_t(1) << 62;
+  cfg.var_freeze_step = integer(params, path, "var_freeze_step", 100000, 0, big);
+  cfg.var_update_scaler = integer(params, path, "var_update_scaler", 16, 1, big);
+  cfg.local_step_scaler = integer(params, path, "local_step_scaler", 32678, 1, big);
+  cfg.local_step_clipper = integer(params, path, "local_step_clipper", 16, 1, big);
+  cfg.decoupled_sync_weight_decay = boolean(params, path, "decoupled_sync_weight_decay", false);
+}
+
 std::string canonical_type(const std::string& type) {
   std::string t = type;
   std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return char(std::tolower(c)); });
@@ -149,9 +159,8 @@ std::string canonical_type(const std::string& type) {
   if (t == "adamw") return "AdamW";
   if (t == "onebitadam") return "OneBitAdam";
   if (t == "onebitlamb") return "OneBitLamb";
-  if (t == "zerooneadam")
-    fail(DSOPT_EUNSUPPORTED, "config: optimizer.type: " + type + " is not available in this version of dsopt");
-  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam, OneBitLamb)");
+  if (t == "zerooneadam") return "ZeroOneAdam";
+  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam)");
 }
 
 void read_optimizer(const json& root, OptimizerConfig& cfg) {
@@ -164,15 +173,22 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   const json params = opt.contains("params") ? opt.at("params") : json::object();
   const std::string path = "optimizer.params";
   const std::set<std::string> ignored = {"comm_backend_name", "cuda_aware"};
-  if (cfg.type == "OneBitAdam" || cfg.type == "OneBitLamb") {
+  const bool zero_one = cfg.type == "ZeroOneAdam";
+  if (cfg.type == "OneBitAdam" || cfg.type == "OneBitLamb" || zero_one) {
     std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay", "freeze_step",
                                   "bias_correction", "eps_inside_sqrt", "amsgrad", "max_grad_norm",
                                   "stabilize", "stabilize_limit"};
+    if (zero_one) {
+      keys.erase("freeze_step");
+      keys.insert({"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper",
+                   "decoupled_sync_weight_decay"});
+    }
     if (cfg.type == "OneBitLamb")
       keys.insert({"max_coeff", "min_coeff", "coeff_beta", "factor_max", "factor_min", "factor_threshold"});
     check_keys(params, path, keys, ignored);
     read_onebit(params, path, cfg);
     if (cfg.type == "OneBitLamb") read_lamb(params, path, cfg.lamb);
+    if (zero_one) read_zero_one(params, path, cfg);
   } else {
     check_keys(params, path,
                {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},

@@ -124,6 +124,8 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
       full.grad_norm = r.grad_norm;
       full.bytes_sent = o.comm().bytes_sent() - sent_before;
       full.consecutive_skips = r.consecutive_skips;
+      full.phase = r.phase;
+      full.reserved2 = 0;
       std::memcpy(info, &full, std::min<size_t>(info->struct_size, sizeof full));
     }
     if (!r.alarm.empty()) fail(DSOPT_ENONFINITE, r.alarm);

@@ -34,7 +34,7 @@ struct GradStats {
 };
 
 // Which elementwise rule Kernels::update applies (math/adam.hpp,
-// math/onebit_adam.hpp, math/onebit_lamb.hpp).
+// math/onebit_adam.hpp, math/onebit_lamb.hpp, math/zero_one_adam.hpp).
 enum class UpdateRule : int32_t {
   Adam,            // Adam/AdamW step: m, v, p
   OneBitWarmup,    // 1-bit Adam warmup: m, v, p; no bias correction, decoupled decay
@@ -45,6 +45,11 @@ enum class UpdateRule : int32_t {
   LambMomentum,    // before the compressed allreduce: aux = m, m = scaled momentum
   LambCompressed,  // after it: m, vf; aux = u0, u, ratio (scratch); reads no gradient
   LambApply,       // p += step_size * u; reads no gradient
+  // 0/1 Adam (math/zero_one_adam.hpp); its full steps are OneBitWarmup.
+  ZeroOneGradient,    // 1-bit step: g (decompressed) *= mask, m from g, p from m and v
+  ZeroOneLocal,       // local step: m from g, p and the accumulator from m and v
+  ZeroOneSyncPrepare, // before the sync's compressed allreduce: acc *= sqrt(v) + eps
+  ZeroOneSyncApply,   // after it: acc *= mask, m from acc, p from the last sync's and acc
 };
 
 // One tensor of a compressed allreduce (compressed-allreduce.md): x holds
@@ -73,13 +78,15 @@ struct AdamSlot {
   float* v;
   int64_t numel;
   int32_t group;  // index into the AdamConsts array
-  const float* mask = nullptr;  // momentum mask (OneBitApply, LambCompressed); nullptr: none
+  const float* mask = nullptr;  // momentum mask (OneBitApply, LambCompressed, ZeroOne*); nullptr: none
   // 1-bit LAMB only (UpdateRule::Lamb*): the fresh variance and numel-long
   // scratch vectors of the tensor.
   float* vf = nullptr;
   float* u = nullptr;
   float* aux = nullptr;
   float* ratio = nullptr;
+  float* acc = nullptr;     // 0/1 Adam accumulator (ZeroOneLocal, ZeroOneSync*)
+  float* anchor = nullptr;  // 0/1 Adam parameters of the last sync (ZeroOneSyncApply)
 };
 
 class Kernels {

@@ -34,6 +34,13 @@ struct AdamConsts {
   // 1-bit LAMB compression stage: the tensor's scaling_coeff, fp32
   // (math/onebit_lamb.hpp); the constants are then per tensor.
   float tensor_scale = 1.0f;
+  // 0/1 Adam (math/zero_one_adam.hpp): the sum of learning rates since the
+  // last sync, the factor the parameters of the last sync get at a sync
+  // (decoupled_sync_weight_decay), and whether the accumulator leaves the
+  // decay out.
+  float lrs = 0.0f;
+  float anchor_decay = 1.0f;
+  bool decoupled_sync = false;
 };
 
 DSOPT_ISA_BEGIN

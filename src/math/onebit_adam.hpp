@@ -33,19 +33,27 @@ DSOPT_HD void onebit_variance(typename Ops::F& v, typename Ops::F g, const AdamC
   v = Ops::fma(Ops::mul(g, g), Ops::set1(c.one_minus_beta2), v);
 }
 
-// p = p - lr (m / (sqrt(v) + eps) + wd p). With c.momentum_limit = L > 0
-// (the stabilized compression stage, math/stabilized_momentum.hpp) the m of
-// the update is first clamped to [-L sqrt(v), L sqrt(v)]. The stored
-// momentum is not clamped.
+// q = m / (sqrt(v) + eps). With c.momentum_limit = L > 0 (the stabilized
+// compression stage, math/stabilized_momentum.hpp) m is first clamped to
+// [-L sqrt(v), L sqrt(v)]. The stored momentum is not clamped.
+template <class Ops>
+DSOPT_HD typename Ops::F onebit_direction(typename Ops::F m, typename Ops::F v, const AdamConsts& c) {
+  const typename Ops::F root = Ops::sqrt(v);
+  m = stabilized_momentum<Ops>(m, root, c.momentum_limit);
+  return Ops::div(m, Ops::add(root, Ops::set1(c.eps)));
+}
+
+// u = q + wd p: the update direction with decoupled weight decay.
+template <class Ops>
+DSOPT_HD typename Ops::F onebit_with_decay(typename Ops::F q, typename Ops::F p, const AdamConsts& c) {
+  return c.wd > 0.0f ? Ops::fma(Ops::set1(c.wd), p, q) : q;
+}
+
+// p = p - lr (m / (sqrt(v) + eps) + wd p), m clamped as onebit_direction says.
 template <class Ops>
 DSOPT_HD void onebit_apply(typename Ops::F& p, typename Ops::F m, typename Ops::F v,
                            const AdamConsts& c) {
-  using F = typename Ops::F;
-  const F root = Ops::sqrt(v);
-  m = stabilized_momentum<Ops>(m, root, c.momentum_limit);
-  const F d = Ops::add(root, Ops::set1(c.eps));
-  F u = Ops::div(m, d);
-  if (c.wd > 0.0f) u = Ops::fma(Ops::set1(c.wd), p, u);
+  const typename Ops::F u = onebit_with_decay<Ops>(onebit_direction<Ops>(m, v, c), p, c);
   p = Ops::fma(Ops::set1(c.step_size), u, p);
 }
 

@@ -31,7 +31,7 @@ struct PipelineConfig {
 };
 
 struct OptimizerConfig {
-  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam", "OneBitLamb"
+  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"
   bool cuda = false;
   bool cuda_aware = false;
   int threads = 0;
@@ -42,6 +42,12 @@ struct OptimizerConfig {
   bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
   double stabilize_limit = 1.0;   // its momentum limit (math/stabilized_momentum.hpp)
   LambCoeffConfig lamb;           // 1-bit LAMB's trust-ratio and factor settings
+  // 0/1 Adam (spec zero-one-adam.md section 1; README "0/1 Adam").
+  int64_t var_freeze_step = 100000;
+  int64_t var_update_scaler = 16;
+  int64_t local_step_scaler = 32678;
+  int64_t local_step_clipper = 16;
+  bool decoupled_sync_weight_decay = false;  // DECISIONS Z1
   PipelineConfig pipeline;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
 };

@@ -5,6 +5,7 @@
 #include "base/error.hpp"
 #include "optim/adam.hpp"
 #include "optim/onebit_adam.hpp"
+#include "optim/zero_one_adam.hpp"
 #include "optim/onebit_lamb.hpp"
 
 namespace dsopt {
@@ -19,6 +20,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, Comm& comm
     return std::make_unique<Adam>(cfg, comm, std::move(kernels), params, count);
   if (cfg.type == "OneBitAdam")
     return std::make_unique<OneBitAdam>(cfg, comm, std::move(kernels), params, count);
+  if (cfg.type == "ZeroOneAdam")
+    return std::make_unique<ZeroOneAdam>(cfg, comm, std::move(kernels), params, count);
   if (cfg.type == "OneBitLamb")
     return std::make_unique<OneBitLamb>(cfg, comm, std::move(kernels), params, count);
   fail(DSOPT_EINTERNAL, "no implementation for optimizer type " + cfg.type);

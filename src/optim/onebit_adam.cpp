@@ -8,8 +8,6 @@
 namespace dsopt {
 namespace {
 const char* kStage = "onebit.stage";
-const char* kWorkerError = "onebit.worker_error";
-const char* kServerError = "onebit.server_error";
 const char* kStabilize = "onebit.stabilize";
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
 }  // namespace
@@ -18,8 +16,14 @@ OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
                        const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       moments_(this->params(), this->kernels(), "onebit"),
-      masks_(count) {
-  for (int64_t i = 0; i < count; ++i) (non_freeze(i) ? full_ : compressed_).push_back(i);
+      masks_(count),
+      errors_("onebit", {}) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < count; ++i) {
+    (non_freeze(i) ? full_ : compressed_).push_back(i);
+    if (!non_freeze(i)) sizes.push_back(this->params().params()[size_t(i)].numel);
+  }
+  errors_ = CarErrors("onebit", sizes);
 }
 
 bool OneBitAdam::non_freeze(int64_t i) const {
@@ -93,26 +97,16 @@ void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
   masks_.set(kernels(), params(), i, mask);
 }
 
-std::pair<uint64_t, uint64_t> OneBitAdam::error_bytes(int world) const {
-  if (world <= 1) return {0, 0};
-  uint64_t worker = 0;
-  for (int64_t i : compressed_)
-    worker += uint64_t(CompressedAllreduce::padded_length(params().params()[size_t(i)].numel, world)) * 4;
-  return {worker, worker / uint64_t(world)};
-}
-
 void OneBitAdam::save_sections(BlobWriter& w) const {
   moments_.save(w);
-  const int32_t error_world = car_ ? car_->world() : 0;
+  const int32_t error_world = CarErrors::world_of(car_.get());
   FieldWriter f;
   f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step).add(error_world);
   w.section(kStage, f.bytes().data(), f.bytes().size());
   FieldWriter st;
   st.add(stage_.frozen_after);
   w.section(kStabilize, st.bytes().data(), st.bytes().size());
-  const auto bytes = error_bytes(error_world);
-  w.section_from_device(kWorkerError, car_ ? car_->worker_error() : nullptr, bytes.first, kernels());
-  w.section_from_device(kServerError, car_ ? car_->server_error() : nullptr, bytes.second, kernels());
+  errors_.save(w, car_.get(), kernels());
 }
 
 void OneBitAdam::check_sections(const BlobReader& r) const {
@@ -120,12 +114,7 @@ void OneBitAdam::check_sections(const BlobReader& r) const {
   FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
   f.get<int32_t>();
   f.get<int64_t>();
-  const int32_t error_world = f.get<int32_t>();
-  if (error_world < 0 || error_world == 1)
-    fail(DSOPT_ECORRUPT, "state blob: invalid world size of the compression errors");
-  const auto bytes = error_bytes(error_world);
-  r.section(kWorkerError, bytes.first);
-  r.section(kServerError, bytes.second);
+  errors_.check(r, f.get<int32_t>());
   FieldReader st(r.section(kStabilize, 8), 8);
   if (st.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
 }
@@ -145,14 +134,9 @@ void OneBitAdam::restore_sections(const BlobReader& r) {
   stage_ = FreezeStage{};
   if (!resumed.compressing) return;
   enter_compression(resumed.frozen_after);
-  if (!car_) return;
   // Errors belong to the world size that produced them (K1/K2): restored at
   // the same P, zero otherwise.
-  if (error_world == car_->world()) {
-    const auto bytes = error_bytes(error_world);
-    kernels().copy_from_host(car_->worker_error(), r.section(kWorkerError, bytes.first), bytes.first);
-    kernels().copy_from_host(car_->server_error(), r.section(kServerError, bytes.second), bytes.second);
-  }
+  errors_.restore(r, error_world, car_.get(), kernels());
 }
 
 }  // namespace dsopt

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/compressed_allreduce.hpp"
+#include "optim/car_errors.hpp"
 #include "optim/freeze_stage.hpp"
 #include "optim/moments.hpp"
 #include "optim/momentum_masks.hpp"
@@ -32,8 +33,6 @@ class OneBitAdam final : public Optimizer {
  private:
   bool non_freeze(int64_t i) const;
   std::vector<AdamConsts> consts() const;
-  // Compressed tensors' padded error sizes (worker, server) at `world` ranks.
-  std::pair<uint64_t, uint64_t> error_bytes(int world) const;
   void enter_compression(int64_t warmup_updates);
 
   FreezeStage stage_;
@@ -41,6 +40,7 @@ class OneBitAdam final : public Optimizer {
   std::vector<int64_t> compressed_;  // parameters whose momentum is compressed
   std::vector<int64_t> full_;        // parameters of non_freeze groups
   MomentumMasks masks_;
+  CarErrors errors_;  // compressed tensors' error buffers in the blob
   std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
 };
 

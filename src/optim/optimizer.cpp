@@ -65,6 +65,7 @@ StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
   r.loss_scale = pipeline_.scaler().scale();
   r.grad_norm = prepared.grad_norm;
   r.consecutive_skips = consecutive_skips_;
+  r.phase = prepared.skip ? DSOPT_PHASE_SKIPPED : step_phase(compressed);
   r.alarm = alarm(stuck_at_min_scale, scale_used);
   return r;
 }

@@ -23,6 +23,7 @@ struct StepResult {
   double loss_scale = 1.0;
   double grad_norm = -1.0;
   int64_t consecutive_skips = 0;  // skipped steps in a row, this one included
+  int32_t phase = DSOPT_PHASE_SKIPPED;  // what the step did (DSOPT_PHASE_*)
   // Non-empty when the run is not progressing (DECISIONS S2): dsopt_step
   // then returns DSOPT_ENONFINITE with this message.
   std::string alarm;
@@ -62,6 +63,10 @@ class Optimizer {
   // Applies one update with prepared gradients; step counters are already
   // incremented. Returns whether the step used compressed communication.
   virtual bool update(const PreparedGrads& grads) = 0;
+  // The DSOPT_PHASE_* of an applied step whose update() returned `compressed`.
+  virtual int32_t step_phase(bool compressed) const {
+    return compressed ? DSOPT_PHASE_COMPRESSED : DSOPT_PHASE_FULL;
+  }
   // What to try when steps keep being skipped (the DSOPT_ENONFINITE message).
   virtual std::string divergence_hint() const {
     return "try a lower lr or \"gradient_clipping\"";

@@ -160,6 +160,52 @@ static void step_info_fields_past_struct_size_are_not_written(void) {
   CHECK(info.loss_scale == 1.0);
   CHECK(info.grad_norm == -1.0);
   CHECK(info.bytes_sent == 0);
+  CHECK_EQ_INT(info.phase, DSOPT_PHASE_FULL);
+  dsopt_destroy(opt);
+  dsopt_comm_destroy(comm);
+  model_free(&m);
+}
+
+/* A caller built against the header before `phase` existed passes the old
+ * size (up to consecutive_skips): every old field is written, the memory
+ * after it is left alone. */
+typedef struct step_info_before_phase {
+  uint32_t struct_size;
+  int32_t skipped, compressed, reserved;
+  int64_t step;
+  double loss_scale, grad_norm;
+  uint64_t bytes_sent;
+  int64_t consecutive_skips;
+} step_info_before_phase;
+
+static void step_info_of_an_older_caller_keeps_working(void) {
+  dsopt_comm *comm = NULL;
+  dsopt_optimizer *opt = NULL;
+  tensor_spec spec = {9, DSOPT_FLOAT32, DSOPT_FLOAT32, 0};
+  model m;
+  model_init(&m, &spec, 1, 12);
+  CHECK_OK(dsopt_comm_create_local(&comm));
+  if (!CHECK_OK(dsopt_create(&opt, "{\"optimizer\": {\"type\": \"ZeroOneAdam\"}}", comm, m.params, 1)))
+    return;
+  CHECK_EQ_INT(sizeof(step_info_before_phase), offsetof(dsopt_step_info, phase));
+  struct {
+    step_info_before_phase info;
+    unsigned char after[16];
+  } old;
+  memset(&old, 0xAB, sizeof old);
+  old.info.struct_size = sizeof old.info;
+  CHECK_OK(dsopt_step(opt, m.grads, 1, (dsopt_step_info *)&old.info));
+  CHECK_EQ_INT(old.info.step, 1);
+  CHECK_EQ_INT(old.info.consecutive_skips, 0);
+  unsigned char untouched[16];
+  memset(untouched, 0xAB, sizeof untouched);
+  CHECK(memcmp(old.after, untouched, sizeof untouched) == 0);
+  dsopt_step_info info;
+  memset(&info, 0xAB, sizeof info);
+  info.struct_size = sizeof info;
+  CHECK_OK(dsopt_step(opt, m.grads, 1, &info));
+  CHECK_EQ_INT(info.phase, DSOPT_PHASE_FULL);
+  CHECK_EQ_INT(info.reserved2, 0);
   dsopt_destroy(opt);
   dsopt_comm_destroy(comm);
   model_free(&m);
@@ -167,6 +213,7 @@ static void step_info_fields_past_struct_size_are_not_written(void) {
 
 int main(void) {
   RUN_TEST(every_status_has_a_distinct_fixed_string);
+  RUN_TEST(step_info_of_an_older_caller_keeps_working);
   RUN_TEST(unknown_status_gives_fixed_text);
   RUN_TEST(last_error_is_never_null);
   RUN_TEST(last_error_is_per_thread);

@@ -1,12 +1,14 @@
-/* The number of MPI collectives a 1-bit Adam or 1-bit LAMB step makes does
- * not depend on the number of tensors: all tensors travel together (README
- * "The compressed allreduce"; 1-bit LAMB compresses one fused buffer). The MPI functions dsopt uses are intercepted here
+/* The number of MPI collectives a 1-bit Adam, 1-bit LAMB or 0/1 Adam step
+ * makes does not depend on the number of tensors: all tensors travel
+ * together (README "The compressed allreduce"; 1-bit LAMB compresses one
+ * fused buffer). The MPI functions dsopt uses are intercepted here
  * through the profiling interface (this program defines MPI_Allreduce etc.,
  * counts, and forwards to PMPI_*), and the counts of steps with 2 and with
  * 50 tensors are compared: a warmup step is one allreduce (gradients and
  * status together); a compressed step is one allreduce (status and norm),
  * one all-to-all of signs and three all-gathers (worker scales, server
- * signs, server scales). */
+ * signs, server scales). 0/1 Adam: full steps as warmup steps, 1-bit steps
+ * and syncs as compressed steps, local steps only the control allreduce. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,16 +82,19 @@ int MPI_Barrier(MPI_Comm comm) {
 #define MAX_TENSORS 50
 #define FREEZE_STEP 3
 #define STEPS 6
+#define MAX_STEPS 16
 
 typedef struct per_step {
-  long counts[STEPS][NUM_KINDS];
-  int compressed[STEPS];
-  unsigned long long bytes[STEPS];
+  long counts[MAX_STEPS][NUM_KINDS];
+  int compressed[MAX_STEPS];
+  int phase[MAX_STEPS];
+  unsigned long long bytes[MAX_STEPS];
 } per_step;
 
-/* Runs STEPS steps of the configured optimizer over `count` tensors and records the MPI
- * calls of each step (dsopt_step only). */
-static void run(const char *config, int count, per_step *out) {
+/* Runs `steps` steps over `count` tensors and records the MPI calls of each
+ * step (dsopt_step only); the parameters must agree on every rank after the
+ * last one. */
+static void run_steps(const char *config, int count, int steps, per_step *out) {
   const int rank = world_rank();
   dsopt_comm *comm = world_comm();
   dsopt_tensor params[MAX_TENSORS], grads[MAX_TENSORS];
@@ -112,7 +117,7 @@ static void run(const char *config, int count, per_step *out) {
   dsopt_optimizer *opt = NULL;
   int ok = CHECK_OK(dsopt_create(&opt, config, comm, params, count));
   if (all_ranks(ok)) {
-    for (int k = 0; k < STEPS; ++k) {
+    for (int k = 0; k < steps; ++k) {
       for (int i = 0; i < count; ++i) {
         rng r = rng_for(600 + (uint64_t)i, (uint64_t)rank, (uint64_t)k);
         for (int64_t j = 0; j < grads[i].numel; ++j) gdata[i][j] = (float)rng_signed(&r, 1.0);
@@ -126,6 +131,7 @@ static void run(const char *config, int count, per_step *out) {
       counting = 0;
       memcpy(out->counts[k], counts, sizeof counts);
       out->compressed[k] = info.compressed;
+      out->phase[k] = info.phase;
       out->bytes[k] = (unsigned long long)info.bytes_sent;
     }
     /* the parameters agree on every rank */
@@ -147,6 +153,8 @@ static void run(const char *config, int count, per_step *out) {
   }
   dsopt_comm_destroy(comm);
 }
+
+static void run(const char *config, int count, per_step *out) { run_steps(config, count, STEPS, out); }
 
 static void print_counts(const char *what, int k, const long *c) {
   printf("%s%s step %d:", check_prefix, what, k + 1);
@@ -221,6 +229,47 @@ static void lamb_collectives_do_not_grow_with_the_tensor_count(void) {
   compare(LAMB(", \"gradient_clipping\": 1.0"), "lamb + clipping", 1);
 }
 
+/* 0/1 Adam with var_freeze_step 3, var_update_scaler 1, local_step_scaler 1,
+ * local_step_clipper 4: k = 2 full, 3 1-bit, 4 full, then syncs at k = 5, 6,
+ * 8, 12 and local steps between (the last update is a sync, after which the
+ * replicas agree bit for bit). */
+#define ZOADAM_STEPS 11
+static void zero_one_adam_collectives_do_not_grow_with_the_tensor_count(void) {
+  const char *config =
+      "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 0.01, \"var_freeze_step\": 3,"
+      " \"var_update_scaler\": 1, \"local_step_scaler\": 1, \"local_step_clipper\": 4}},"
+      " \"param_groups\": [{}, {\"lr\": 0.005, \"weight_decay\": 0.01}], \"threads\": 1,"
+      " \"gradient_clipping\": 1.0}";
+  const int expected_phase[ZOADAM_STEPS] = {DSOPT_PHASE_FULL, DSOPT_PHASE_COMPRESSED, DSOPT_PHASE_FULL,
+                                            DSOPT_PHASE_SYNC, DSOPT_PHASE_SYNC, DSOPT_PHASE_LOCAL,
+                                            DSOPT_PHASE_SYNC, DSOPT_PHASE_LOCAL, DSOPT_PHASE_LOCAL,
+                                            DSOPT_PHASE_LOCAL, DSOPT_PHASE_SYNC};
+  per_step few, many;
+  run_steps(config, 2, ZOADAM_STEPS, &few);
+  run_steps(config, MAX_TENSORS, ZOADAM_STEPS, &many);
+  for (int k = 0; k < ZOADAM_STEPS; ++k) {
+    const int phase = expected_phase[k];
+    const int compressed = phase == DSOPT_PHASE_COMPRESSED || phase == DSOPT_PHASE_SYNC;
+    CHECKF(few.phase[k] == phase && many.phase[k] == phase, "0/1 Adam step %d: phase %d/%d, expected %d",
+           k + 1, few.phase[k], many.phase[k], phase);
+    CHECKF(many.compressed[k] == compressed, "0/1 Adam step %d: info.compressed", k + 1);
+    if (!CHECKF(memcmp(few.counts[k], many.counts[k], sizeof few.counts[k]) == 0,
+                "0/1 Adam step %d: MPI calls with 2 tensors == with %d tensors", k + 1, MAX_TENSORS)) {
+      print_counts("2 tensors", k, few.counts[k]);
+      print_counts("50 tensors", k, many.counts[k]);
+    }
+    long expected[NUM_KINDS] = {0};
+    expected[ALLREDUCE] = 1;  /* full: gradients + status; otherwise the control allreduce */
+    if (compressed) {
+      expected[ALLTOALLV] = 1;
+      expected[ALLGATHER] = 3;
+    }
+    if (!CHECKF(memcmp(many.counts[k], expected, sizeof expected) == 0, "0/1 Adam step %d (phase %d): collectives",
+                k + 1, phase))
+      print_counts("50 tensors", k, many.counts[k]);
+  }
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   snprintf(check_prefix, sizeof check_prefix, "rank %d: ", world_rank());
@@ -228,6 +277,7 @@ int main(int argc, char **argv) {
   RUN_TEST(collectives_do_not_grow_with_clipping);
   RUN_TEST(collectives_do_not_grow_with_a_non_freeze_group);
   RUN_TEST(lamb_collectives_do_not_grow_with_the_tensor_count);
+  RUN_TEST(zero_one_adam_collectives_do_not_grow_with_the_tensor_count);
   int status = check_finish();
   int any = status != 0, all = 0;
   PMPI_Allreduce(&any, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -72,6 +72,7 @@ inline bool info_match(const std::string& label, int step, const dsopt_step_info
                l, step, a.loss_scale, b.loss_scale) != 0;
   ok &= CHECKF(same_double(a.grad_norm, b.grad_norm), "%s step %d: grad_norm cpu %.17g cuda %.17g", l,
                step, a.grad_norm, b.grad_norm) != 0;
+  ok &= CHECKF(a.phase == b.phase, "%s step %d: phase cpu %d cuda %d", l, step, a.phase, b.phase) != 0;
   ok &= CHECKF(a.bytes_sent == b.bytes_sent, "%s step %d: bytes_sent cpu %llu cuda %llu", l, step,
                (unsigned long long)a.bytes_sent, (unsigned long long)b.bytes_sent) != 0;
   return ok;
@@ -116,8 +117,9 @@ struct Masks {
 };
 
 // One more step of both optimizers with the same gradients.
-inline void step_both(const OneBitCase& c, int step, dsopt_optimizer* cpu, dsopt_optimizer* cuda,
-                      TensorSet& grads, cudaStream_t sync_stream) {
+// Returns the CPU optimizer's step info.
+inline dsopt_step_info step_both(const OneBitCase& c, int step, dsopt_optimizer* cpu, dsopt_optimizer* cuda,
+                                 TensorSet& grads, cudaStream_t sync_stream) {
   std::vector<dsopt_tensor> gh = grads.host_tensors(), gd = grads.device_tensors();
   dsopt_step_info a = new_info(), b = new_info();
   CHECKF(dsopt_step(cpu, gh.data(), int64_t(gh.size()), &a) == DSOPT_OK, "%s step %d: CPU step",
@@ -126,16 +128,18 @@ inline void step_both(const OneBitCase& c, int step, dsopt_optimizer* cpu, dsopt
          c.label.c_str(), step);
   if (sync_stream) cuda_or_die(cudaStreamSynchronize(sync_stream), "cudaStreamSynchronize");
   info_match(c.label, step, a, b);
+  return a;
 }
 
 // Runs a case: cpu_comm for the CPU optimizer, cuda_comm for the CUDA one
 // (the same communicator, or an MPI one and an NCCL one over the same
-// ranks). `after_step(cpu_params, step)` runs after every step on every
-// rank (collective checks go there). Returns whether the case ran (false:
+// ranks). `after_step(cpu_params, step, phase)` runs after every step on
+// every rank (collective checks go there; `phase` is the step's
+// dsopt_step_info.phase: 0/1 Adam's local steps leave replicas apart). Returns whether the case ran (false:
 // the library rejects the combination, the same way on both devices).
 inline bool run_onebit_pair(const OneBitCase& c, int rank, dsopt_comm* cpu_comm, dsopt_comm* cuda_comm,
                             cudaStream_t cuda_stream,
-                            const std::function<void(TensorSet&, int)>& after_step) {
+                            const std::function<void(TensorSet&, int, int)>& after_step) {
   check_current_test = c.label.c_str();
   const int failed_before = check_failed_count;
   rng r = rng_for(c.seed, 0, 1000);  // the same parameters on every rank
@@ -184,7 +188,7 @@ inline bool run_onebit_pair(const OneBitCase& c, int rank, dsopt_comm* cpu_comm,
     info_match(c.label, s, a, b);
     compressed_seen |= a.compressed != 0 && a.skipped == 0;
     params_match(c.label, "after step " + std::to_string(s), cpu_params, cuda_params);
-    if (after_step) after_step(cpu_params, s);
+    if (after_step) after_step(cpu_params, s, a.phase);
   }
   CHECKF(compressed_seen, "%s: some step ran in the compression stage", c.label.c_str());
 
@@ -218,12 +222,12 @@ inline bool run_onebit_pair(const OneBitCase& c, int rank, dsopt_comm* cpu_comm,
     double scale = 0;
     CHECK_OK(dsopt_get_loss_scale(cpu2, &scale));
     TensorSet grads = make_grads(c, rank, c.steps, scale);
-    step_both(c, c.steps, cpu, cuda2, grads, cuda_stream);
+    const int phase = step_both(c, c.steps, cpu, cuda2, grads, cuda_stream).phase;
     step_both(c, c.steps, cpu2, cuda, grads, cuda_stream);
     params_match(c.label, "one step after resuming (cpu, cuda2)", cpu_params, cuda2_params);
     params_match(c.label, "one step after resuming (cpu2, cuda)", cpu2_params, cuda_params);
     params_match(c.label, "one step after resuming (cpu, cuda)", cpu_params, cuda_params);
-    if (after_step) after_step(cpu_params, c.steps);
+    if (after_step) after_step(cpu_params, c.steps, phase);
   }
   dsopt_destroy(cpu2);
   dsopt_destroy(cuda2);

@@ -1,4 +1,4 @@
-// 1-bit Adam and 1-bit LAMB with "device": "cuda" give the same bits as "device": "cpu" on
+// 1-bit Adam, 1-bit LAMB and 0/1 Adam with "device": "cuda" give the same bits as "device": "cpu" on
 // one rank (where the compressed allreduce is the identity, DECISIONS C5):
 // the warmup rule, the compression-stage rules (momentum, then the
 // parameter from the frozen v) and the momentum masks (a device buffer for
@@ -66,6 +66,20 @@ const Config kConfigs[] = {
      "\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 1e-3, \"freeze_step\": 2}}, "
      "\"param_groups\": [{\"weight_decay\": 0.05}, {\"lr\": 5e-4}], \"report_grad_norm\": true",
      2, false, {}, {2, 4}, 5, 8},
+    // 0/1 Adam: full, 1-bit, local and sync steps (k = 2, 3, 4 full, 5 1-bit,
+    // 6 full, then syncs at 7, 8, 10, 12, 16 and local steps between)
+    {"zoadam_wd_clipping",
+     "\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01, \"var_freeze_step\": 5, \"var_update_scaler\": 2, \"local_step_scaler\": 2, \"local_step_clipper\": 4}}, \"gradient_clipping\": 1.0",
+     1, false, {}, {2, 4}, 9, 16},
+    {"zoadam_decoupled_fp16_loss_scaling",
+     "\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 2e-3, \"betas\": [0.8, 0.99], "
+     "\"eps\": 1e-6, \"weight_decay\": 0.02, \"decoupled_sync_weight_decay\": true, \"stabilize_limit\": 0.5, \"var_freeze_step\": 5, \"var_update_scaler\": 2, \"local_step_scaler\": 2, \"local_step_clipper\": 4}}, "
+     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}",
+     1, true, {1, 9}, {3}, -1, 16},
+    {"zoadam_two_groups",
+     "\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 1e-3, \"var_freeze_step\": 5, \"var_update_scaler\": 2, \"local_step_scaler\": 2, \"local_step_clipper\": 4}}, "
+     "\"param_groups\": [{\"weight_decay\": 0.05}, {\"lr\": 5e-4}], \"report_grad_norm\": true",
+     2, false, {}, {2, 4}, 5, 14},
 };
 
 // The config on DeepSpeed's compression stage: "stabilize": false added to its params.

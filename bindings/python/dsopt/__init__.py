@@ -43,12 +43,20 @@ def build_info() -> str:
     return ffi.string(lib.dsopt_build_info()).decode("utf-8", "replace")
 
 
+# StepInfo.phase values (dsopt_step_info.phase, include/dsopt.h).
+PHASE_SKIPPED = lib.DSOPT_PHASE_SKIPPED
+PHASE_FULL = lib.DSOPT_PHASE_FULL
+PHASE_COMPRESSED = lib.DSOPT_PHASE_COMPRESSED
+PHASE_LOCAL = lib.DSOPT_PHASE_LOCAL
+PHASE_SYNC = lib.DSOPT_PHASE_SYNC
+
 HEADER_VERSION = (lib.DSOPT_VERSION_MAJOR, lib.DSOPT_VERSION_MINOR, lib.DSOPT_VERSION_PATCH)
 __version__ = ".".join(map(str, HEADER_VERSION))
 
 __all__ = [
     "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaError", "DsoptError",
     "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType", "Mismatch",
-    "NonFiniteError", "Optimizer", "OutOfMemory", "SkippedStepWarning", "StepInfo", "Unsupported",
+    "NonFiniteError", "Optimizer", "OutOfMemory", "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL",
+    "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StepInfo", "Unsupported",
     "bf16", "build_info", "check", "version",
 ]

@@ -22,6 +22,7 @@ class StepInfo:
     grad_norm: float   # global gradient norm before clipping; -1.0 when not computed
     bytes_sent: int    # bytes this rank sent during the step
     consecutive_skips: int  # steps skipped in a row, this one included; 0 when it applied
+    phase: int = 0     # what the step did: dsopt.PHASE_SKIPPED/FULL/COMPRESSED/LOCAL/SYNC
 
     @classmethod
     def _from_c(cls, info) -> "StepInfo":
@@ -33,6 +34,7 @@ class StepInfo:
             grad_norm=float(info.grad_norm),
             bytes_sent=int(info.bytes_sent),
             consecutive_skips=int(info.consecutive_skips),
+            phase=int(info.phase),
         )
 
 

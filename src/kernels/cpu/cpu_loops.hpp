@@ -11,6 +11,7 @@
 #include "math/onebit_adam.hpp"
 #include "math/onebit_lamb.hpp"
 #include "math/sum_squares.hpp"
+#include "math/zero_one_adam.hpp"
 
 namespace dsopt {
 DSOPT_ISA_BEGIN
@@ -35,7 +36,8 @@ inline void store(void* base, int64_t i, typename V::F x) {
 
 constexpr bool reads_grad(UpdateRule r) {
   return r != UpdateRule::OneBitApply && r != UpdateRule::LambCompressed &&
-         r != UpdateRule::LambApply;
+         r != UpdateRule::LambApply && r != UpdateRule::ZeroOneSyncPrepare &&
+         r != UpdateRule::ZeroOneSyncApply;
 }
 
 // The 1-bit LAMB rules: loads and stores around math/onebit_lamb.hpp.
@@ -87,6 +89,12 @@ inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename 
       store<V, P16>(s.param16, i, V::load(s.master + i));
     return;
   }
+  if constexpr (R == UpdateRule::ZeroOneSyncPrepare) {
+    F acc = V::load(s.acc + i);
+    zoadam_sync_prepare<V>(acc, V::load(s.v + i), c);
+    V::store(s.acc + i, acc);
+    return;  // the parameter waits for the compressed allreduce
+  }
   F p = V::load(s.master + i), m = V::load(s.m + i);
   if constexpr (R == UpdateRule::OneBitApply) {
     if (s.mask) {
@@ -94,12 +102,28 @@ inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename 
       V::store(s.m + i, m);
     }
     onebit_apply<V>(p, m, V::load(s.v + i), c);
+  } else if constexpr (R == UpdateRule::ZeroOneSyncApply) {
+    F acc = V::load(s.acc + i);
+    if (s.mask) acc = V::mul(acc, V::load(s.mask + i));
+    zoadam_sync_apply<V>(p, m, V::load(s.v + i), acc, V::load(s.anchor + i), c);
+    V::store(s.m + i, m);
+    V::store(s.anchor + i, p);
+    V::store(s.acc + i, V::set1(0.0f));
   } else {
-    const F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
+    F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
     if constexpr (R == UpdateRule::OneBitMomentum) {
       onebit_momentum<V>(m, g, c);
       V::store(s.m + i, m);
       return;  // the parameter waits for the compressed allreduce
+    } else if constexpr (R == UpdateRule::ZeroOneGradient) {
+      if (s.mask) g = V::mul(g, V::load(s.mask + i));
+      zoadam_gradient<V>(p, m, V::load(s.v + i), g, c);
+      V::store(s.m + i, m);
+    } else if constexpr (R == UpdateRule::ZeroOneLocal) {
+      F acc = V::load(s.acc + i);
+      zoadam_local<V>(p, m, V::load(s.v + i), acc, g, c);
+      V::store(s.m + i, m);
+      V::store(s.acc + i, acc);
     } else {
       F v = V::load(s.v + i);
       if constexpr (R == UpdateRule::Adam) adam_update<V>(p, m, v, g, c);
@@ -154,6 +178,10 @@ void update_range(UpdateRule rule, const AdamSlot& s, int64_t b, int64_t e, cons
     case UpdateRule::LambMomentum: return rule_range_r<UpdateRule::LambMomentum, V>(s, b, e, c, m1, m2);
     case UpdateRule::LambCompressed: return rule_range_r<UpdateRule::LambCompressed, V>(s, b, e, c, m1, m2);
     case UpdateRule::LambApply: return rule_range_r<UpdateRule::LambApply, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneGradient: return rule_range_r<UpdateRule::ZeroOneGradient, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneLocal: return rule_range_r<UpdateRule::ZeroOneLocal, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneSyncPrepare: return rule_range_r<UpdateRule::ZeroOneSyncPrepare, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneSyncApply: return rule_range_r<UpdateRule::ZeroOneSyncApply, V>(s, b, e, c, m1, m2);
   }
 }
 

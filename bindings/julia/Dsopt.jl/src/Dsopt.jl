@@ -23,6 +23,7 @@ module Dsopt
 using Libdl
 
 export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
+       PHASE_SKIPPED, PHASE_FULL, PHASE_COMPRESSED, PHASE_LOCAL, PHASE_SYNC,
        mpi_communicator, nccl_communicator, comm_rank, comm_size,
        step!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
        state_save, state_load!, set_momentum_mask!
@@ -265,7 +266,7 @@ end
 
 # ---- the optimizer -------------------------------------------------------------
 
-# The C dsopt_step_info (56 bytes); struct_size tells dsopt which fields exist.
+# The C dsopt_step_info (64 bytes); struct_size tells dsopt which fields exist.
 struct CStepInfo
     struct_size::UInt32
     skipped::Int32
@@ -276,6 +277,8 @@ struct CStepInfo
     grad_norm::Float64
     bytes_sent::UInt64
     consecutive_skips::Int64
+    phase::Int32
+    reserved2::Int32
 end
 
 """
@@ -284,7 +287,10 @@ on some rank) or `compressed` (1-bit communication), the number of updates
 applied so far (`step`), the `loss_scale` for the next backward pass,
 `grad_norm` (`nothing` when not computed), the `bytes_sent` by this rank and
 `consecutive_skips` (steps skipped in a row, this one included; 0 when this
-step applied).
+step applied) and the `phase`: `PHASE_SKIPPED`, `PHASE_FULL` (full-precision
+averaged gradients), `PHASE_COMPRESSED` (1-bit communication), `PHASE_LOCAL`
+(a 0/1 Adam local step, no communication) or `PHASE_SYNC` (a 0/1 Adam local
+step followed by the 1-bit sync).
 """
 struct StepInfo
     skipped::Bool
@@ -294,7 +300,15 @@ struct StepInfo
     grad_norm::Union{Float64,Nothing}
     bytes_sent::UInt64
     consecutive_skips::Int64
+    phase::Int32
 end
+
+# StepInfo.phase (DSOPT_PHASE_* of dsopt.h).
+const PHASE_SKIPPED = Int32(0)
+const PHASE_FULL = Int32(1)
+const PHASE_COMPRESSED = Int32(2)
+const PHASE_LOCAL = Int32(3)
+const PHASE_SYNC = Int32(4)
 
 """
     Optimizer(config::String, params::Vector, comm=nothing; groups=nothing)
@@ -388,7 +402,7 @@ with code `Dsopt.DSOPT_ENONFINITE`; the next `step!` may continue.
 """
 function step!(opt::Optimizer, grads::AbstractVector)
     tensors = CTensor[ctensor(g, "grads[$i]", 0) for (i, g) in enumerate(grads)]
-    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0))
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
     GC.@preserve grads tensors begin
         @check ccall((:dsopt_step, libdsopt), Cint,
                      (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
@@ -397,7 +411,7 @@ function step!(opt::Optimizer, grads::AbstractVector)
     i = info[]
     return StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
                     i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent,
-                    i.consecutive_skips)
+                    i.consecutive_skips, i.phase)
 end
 
 "Sets the learning rate of every parameter group."

@@ -51,7 +51,9 @@ mod tensor;
 pub use comm::Communicator;
 pub use dsopt_sys as sys;
 pub use error::{Error, ErrorKind, Result};
-pub use optimizer::{Optimizer, StepInfo};
+pub use optimizer::{
+    Optimizer, StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED, PHASE_SYNC,
+};
 pub use tensor::{DType, GradSlice, ParamSlice};
 
 /// Version of the loaded library as (major, minor, patch).

@@ -27,7 +27,20 @@ pub struct StepInfo {
     pub bytes_sent: u64,
     /// Steps skipped in a row, this one included; 0 when this step applied.
     pub consecutive_skips: i64,
+    /// What the step did: one of the `PHASE_*` constants (`DSOPT_PHASE_*`).
+    pub phase: i32,
 }
+
+/// [`StepInfo::phase`]: the step was skipped, nothing applied.
+pub const PHASE_SKIPPED: i32 = sys::DSOPT_PHASE_SKIPPED as i32;
+/// Full-precision averaged gradients (Adam, 1-bit Adam's warmup, 0/1 Adam's variance steps).
+pub const PHASE_FULL: i32 = sys::DSOPT_PHASE_FULL as i32;
+/// 1-bit compressed communication (1-bit Adam's compression stage, 0/1 Adam's 1-bit steps).
+pub const PHASE_COMPRESSED: i32 = sys::DSOPT_PHASE_COMPRESSED as i32;
+/// 0/1 Adam local step: no communication of gradients or momenta.
+pub const PHASE_LOCAL: i32 = sys::DSOPT_PHASE_LOCAL as i32;
+/// 0/1 Adam local step followed by the 1-bit sync of the accumulator.
+pub const PHASE_SYNC: i32 = sys::DSOPT_PHASE_SYNC as i32;
 
 impl StepInfo {
     fn from_c(info: &sys::dsopt_step_info) -> StepInfo {
@@ -39,6 +52,7 @@ impl StepInfo {
             grad_norm: (info.grad_norm >= 0.0).then_some(info.grad_norm),
             bytes_sent: info.bytes_sent,
             consecutive_skips: info.consecutive_skips,
+            phase: info.phase,
         }
     }
 }

@@ -180,6 +180,23 @@ fn onebit_adam_compresses_from_freeze_step() {
 }
 
 #[test]
+fn zero_one_adam_reports_the_phase_of_every_step() {
+    let config = r#"{"optimizer": {"type": "ZeroOneAdam", "params": {"lr": 0.01,
+        "var_freeze_step": 3, "var_update_scaler": 1, "local_step_scaler": 1,
+        "local_step_clipper": 4}}}"#;
+    let mut w = vec![0.5f32; 64];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let phases: Vec<i32> = (0..7)
+        .map(|s| opt.step(&[GradSlice::f32(&grads(s, 64))]).unwrap().phase)
+        .collect();
+    use dsopt::{PHASE_COMPRESSED as C, PHASE_FULL as F, PHASE_LOCAL as L, PHASE_SYNC as S};
+    assert_eq!(phases, [F, C, F, S, S, L, S]);
+    let blob = opt.state_save().unwrap();
+    opt.state_load(&blob).unwrap();
+}
+
+#[test]
 fn momentum_masks_belong_to_one_bit_optimizers() {
     let mut w = vec![0.5f32; 8];
     let mut comm = Communicator::local().unwrap();

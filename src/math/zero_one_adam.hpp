@@ -1,0 +1,63 @@
+// The 0/1 Adam element rules (spec zero-one-adam.md section 4, DECISIONS
+// Z1, S1), written once for every backend. Full steps are 1-bit Adam's
+// warmup rule (onebit_warmup); these are the other kinds of step.
+#pragma once
+#include "math/stabilized_momentum.hpp"
+#include "math/onebit_adam.hpp"
+
+namespace dsopt {
+DSOPT_ISA_BEGIN
+
+// 1-bit step: g is the decompressed average of the ranks' gradients (or the
+// local gradient with one rank, Z2), masked; v is left alone.
+template <class Ops>
+DSOPT_HD void zoadam_gradient(typename Ops::F& p, typename Ops::F& m, typename Ops::F v,
+                              typename Ops::F g, const AdamConsts& c) {
+  onebit_momentum<Ops>(m, g, c);
+  onebit_apply<Ops>(p, m, v, c);
+}
+
+// Local step: p = p - lr u, acc = acc - lr u with u = m / d + wd p
+// (DeepSpeed: the accumulator holds the whole update); with
+// decoupled_sync the accumulator gets only -lr m / d.
+template <class Ops>
+DSOPT_HD void zoadam_local(typename Ops::F& p, typename Ops::F& m, typename Ops::F v,
+                           typename Ops::F& acc, typename Ops::F g, const AdamConsts& c) {
+  using F = typename Ops::F;
+  onebit_momentum<Ops>(m, g, c);
+  const F q = onebit_direction<Ops>(m, v, c);
+  const F u = onebit_with_decay<Ops>(q, p, c);
+  const F step = Ops::set1(c.step_size);
+  acc = Ops::fma(step, c.decoupled_sync ? q : u, acc);
+  p = Ops::fma(step, u, p);
+}
+
+// Sync, before the compressed allreduce: acc = acc * (sqrt(v) + eps), the
+// accumulated update turned back into a sum of lr-weighted momenta.
+template <class Ops>
+DSOPT_HD void zoadam_sync_prepare(typename Ops::F& acc, typename Ops::F v, const AdamConsts& c) {
+  acc = Ops::mul(acc, Ops::add(Ops::sqrt(v), Ops::set1(c.eps)));
+}
+
+// Sync, after it (acc is the average, identical on every rank, masked):
+// m = -(acc / lrs); p = anchor + acc / (sqrt(v) + eps), from the parameters
+// of the last sync rather than by undoing this rank's own accumulator, so
+// every rank ends with the same bits. With c.momentum_limit > 0 (the
+// stabilized rule, then fl(L * lrs)) the acc of the correction is clamped
+// to +-momentum_limit * sqrt(v): no coordinate moves further than lrs times
+// its own bound. decoupled_sync: the anchor first decays by anchor_decay.
+// lrs = 0 (lr 0 over the whole interval, so acc = 0): m is kept, where
+// DeepSpeed's 0 / 0 would make it NaN.
+template <class Ops>
+DSOPT_HD void zoadam_sync_apply(typename Ops::F& p, typename Ops::F& m, typename Ops::F v,
+                                typename Ops::F acc, typename Ops::F anchor, const AdamConsts& c) {
+  using F = typename Ops::F;
+  if (c.lrs != 0.0f) m = Ops::mul(Ops::div(acc, Ops::set1(c.lrs)), Ops::set1(-1.0f));
+  const F root = Ops::sqrt(v);
+  acc = stabilized_momentum<Ops>(acc, root, c.momentum_limit);
+  if (c.decoupled_sync) anchor = Ops::mul(anchor, Ops::set1(c.anchor_decay));
+  p = Ops::add(anchor, Ops::div(acc, Ops::add(root, Ops::set1(c.eps))));
+}
+
+DSOPT_ISA_END
+}  // namespace dsopt

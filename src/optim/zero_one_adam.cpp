@@ -1,0 +1,249 @@
+#include "optim/zero_one_adam.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/error.hpp"
+#include "math/onebit_adam.hpp"
+
+namespace dsopt {
+namespace {
+const char* kSchedule = "zoadam.schedule";
+const char* kInterval = "zoadam.interval";  // per group: lrs and decay since the last sync
+const char* kAccumulator = "zoadam.accumulator";
+const char* kAnchor = "zoadam.anchor";
+constexpr uint64_t kScheduleBytes = 4 + 5 * 8 + 4;  // Schedule, world of the errors
+
+std::vector<int64_t> all_sizes(const dsopt_tensor* params, int64_t count) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < count; ++i) sizes.push_back(params[i].numel);
+  return sizes;
+}
+}  // namespace
+
+ZeroOneAdam::ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+                         const dsopt_tensor* params, int64_t count)
+    : Optimizer(cfg, comm, std::move(kernels), params, count),
+      moments_(this->params(), this->kernels(), "zoadam"),
+      masks_(count),
+      errors_("zoadam", all_sizes(params, count)) {
+  const size_t bytes = size_t(this->params().total_numel()) * 4;
+  acc_ = DeviceBuffer(this->kernels(), bytes);
+  anchor_ = DeviceBuffer(this->kernels(), bytes);
+  this->kernels().fill_zero(acc_.get(), bytes);
+  this->kernels().fill_zero(anchor_.get(), bytes);
+  reset_interval();
+  if (comm.size() > 1)
+    car_ = std::make_unique<CompressedAllreduce>(comm, this->kernels(), mem(), all_sizes(params, count));
+}
+
+void ZeroOneAdam::reset_interval() {
+  lrs_.assign(size_t(num_groups()), 0.0);
+  decay_.assign(size_t(num_groups()), 1.0);
+}
+
+// Full steps fall on k mod var_interval == 0 (k of the coming update, G2);
+// only they average gradients at full precision.
+bool ZeroOneAdam::averaged(int64_t) const {
+  const int64_t k = group_step(0) + 2;
+  return !sched_.frozen && k % sched_.var_interval == 0;
+}
+
+std::vector<AdamConsts> ZeroOneAdam::consts(bool clamp) const {
+  std::vector<AdamConsts> c;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    c.push_back(onebit_consts(group(g)));
+    c.back().decoupled_sync = config().decoupled_sync_weight_decay;
+    if (clamp && config().stabilize)
+      c.back().momentum_limit =
+          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, sched_.variance_updates);
+  }
+  return c;
+}
+
+std::vector<AdamSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
+  std::vector<AdamSlot> s = moments_.slots(params(), grads, {}, masks_.pointers());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const int64_t offset = params().params()[i].offset;
+    s[i].acc = acc_.floats() + offset;
+    s[i].anchor = anchor_.floats() + offset;
+  }
+  return s;
+}
+
+std::string ZeroOneAdam::divergence_hint() const {
+  if (!config().stabilize)
+    return "\"stabilize\" is off: DeepSpeed's 1-bit steps diverge where the variance is near "
+           "zero; set \"stabilize\": true (the default), or a lower lr or later var_freeze_step";
+  return "try a lower lr, \"gradient_clipping\" or a later var_freeze_step";
+}
+
+bool ZeroOneAdam::update(const PreparedGrads& grads) {
+  const int64_t k = group_step(0) + 1;  // DeepSpeed's counter (G2)
+  if (sched_.frozen) local_phase_step(grads, k);
+  else variance_phase_step(grads, k);
+  return phase_ != DSOPT_PHASE_FULL && phase_ != DSOPT_PHASE_LOCAL;
+}
+
+void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
+  if (k % sched_.var_interval == 0) {
+    // Full step: the gradients arrived averaged; v and m as in 1-bit Adam's
+    // warmup. Once a 1-bit step has fed m a decompressed gradient, m can be
+    // +-scale where v ~ 0, so from then on full steps clamp too (with v's
+    // count after this update).
+    const bool compressed_before = sched_.variance_updates < group_step(0) - 1;
+    ++sched_.variance_updates;
+    const std::vector<AdamConsts> c = consts(compressed_before);
+    const std::vector<AdamSlot> s = slots(&grads);
+    kernels().update(UpdateRule::OneBitWarmup, s.data(), int64_t(s.size()), c.data(), num_groups(),
+                     grads.mul1, grads.mul2);
+    if (++sched_.var_counter == config().var_update_scaler) {
+      sched_.var_counter = 0;
+      sched_.var_interval *= 2;
+    }
+    phase_ = DSOPT_PHASE_FULL;
+  } else {
+    // 1-bit step: the gradient itself goes through the compressed allreduce
+    // (error feedback on gradients), staged in the accumulator's memory so
+    // caller buffers are never written (G1). One rank: the local gradient (Z2).
+    const std::vector<AdamConsts> c = consts(true);
+    std::vector<AdamSlot> s = slots(&grads);
+    float mul1 = grads.mul1, mul2 = grads.mul2;
+    if (car_) {
+      kernels().transform(grads.grads.data(), int64_t(grads.grads.size()), mul1, acc_.floats(), nullptr);
+      if (mul2 != 1.0f) {
+        const TensorRef whole{acc_.floats(), params().total_numel(), DType::F32};
+        kernels().transform(&whole, 1, mul2, acc_.floats(), nullptr);
+      }
+      std::vector<float*> x;
+      for (AdamSlot& slot : s) {
+        x.push_back(slot.acc);
+        slot.grad = slot.acc;
+        slot.grad_dtype = DType::F32;
+      }
+      car_->run(x.data());
+      mul1 = mul2 = 1.0f;
+    }
+    kernels().update(UpdateRule::ZeroOneGradient, s.data(), int64_t(s.size()), c.data(), num_groups(),
+                     mul1, mul2);
+    phase_ = DSOPT_PHASE_COMPRESSED;
+  }
+  if (k > config().var_freeze_step) freeze();
+}
+
+void ZeroOneAdam::freeze() {
+  // The errors carried gradient errors; from now on they carry accumulator
+  // errors (spec section 3). Phase 2 starts from the current parameters.
+  sched_.frozen = 1;
+  if (car_) car_->reset_errors();
+  kernels().fill_zero(acc_.get(), acc_.bytes());
+  for (const Param& p : params().params())
+    kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
+  reset_interval();
+}
+
+void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    lrs_[size_t(g)] += group(g).lr;
+    decay_[size_t(g)] *= 1.0 - group(g).lr * group(g).weight_decay;
+  }
+  const std::vector<AdamConsts> c = consts(true);
+  const std::vector<AdamSlot> s = slots(&grads);
+  kernels().update(UpdateRule::ZeroOneLocal, s.data(), int64_t(s.size()), c.data(), num_groups(),
+                   grads.mul1, grads.mul2);
+  const bool is_sync = k % sched_.local_interval == 0;
+  if (is_sync) sync(s);
+  if (++sched_.local_counter == config().local_step_scaler) {
+    sched_.local_counter = 0;
+    sched_.local_interval = std::min(config().local_step_clipper, 2 * sched_.local_interval);
+  }
+  phase_ = is_sync ? DSOPT_PHASE_SYNC : DSOPT_PHASE_LOCAL;
+}
+
+void ZeroOneAdam::sync(const std::vector<AdamSlot>& s) {
+  std::vector<AdamConsts> c = consts(true);
+  kernels().update(UpdateRule::ZeroOneSyncPrepare, s.data(), int64_t(s.size()), c.data(),
+                   num_groups(), 1.0f, 1.0f);
+  if (car_) {
+    std::vector<float*> x;
+    for (const AdamSlot& slot : s) x.push_back(slot.acc);
+    car_->run(x.data());
+  }
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    AdamConsts& cg = c[size_t(g)];
+    cg.lrs = float(lrs_[size_t(g)]);
+    cg.anchor_decay = float(decay_[size_t(g)]);
+    // The accumulator sums lrs worth of momenta: its bound is lrs times the
+    // local steps' bound.
+    if (cg.momentum_limit > 0.0f) cg.momentum_limit = cg.momentum_limit * cg.lrs;
+  }
+  kernels().update(UpdateRule::ZeroOneSyncApply, s.data(), int64_t(s.size()), c.data(),
+                   num_groups(), 1.0f, 1.0f);
+  reset_interval();
+}
+
+void ZeroOneAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
+  masks_.set(kernels(), params(), i, mask);
+}
+
+void ZeroOneAdam::save_sections(BlobWriter& w) const {
+  moments_.save(w);
+  FieldWriter f;
+  f.add(sched_.frozen).add(sched_.var_interval).add(sched_.var_counter).add(sched_.local_interval)
+      .add(sched_.local_counter).add(sched_.variance_updates).add(CarErrors::world_of(car_.get()));
+  w.section(kSchedule, f.bytes().data(), f.bytes().size());
+  std::vector<double> interval = lrs_;
+  interval.insert(interval.end(), decay_.begin(), decay_.end());
+  w.section(kInterval, interval.data(), interval.size() * 8);
+  w.section_from_device(kAccumulator, acc_.get(), acc_.bytes(), kernels());
+  w.section_from_device(kAnchor, anchor_.get(), anchor_.bytes(), kernels());
+  errors_.save(w, car_.get(), kernels());
+}
+
+void ZeroOneAdam::check_sections(const BlobReader& r) const {
+  moments_.check(r);
+  FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
+  const int32_t frozen = f.get<int32_t>();
+  const int64_t var_interval = f.get<int64_t>(), var_counter = f.get<int64_t>();
+  const int64_t local_interval = f.get<int64_t>(), local_counter = f.get<int64_t>();
+  const int64_t variance_updates = f.get<int64_t>();
+  if ((frozen != 0 && frozen != 1) || var_interval < 1 || var_counter < 0 || local_interval < 1 ||
+      local_counter < 0 || variance_updates < 0)
+    fail(DSOPT_ECORRUPT, "state blob: invalid 0/1 Adam schedule");
+  errors_.check(r, f.get<int32_t>());
+  r.section(kInterval, uint64_t(num_groups()) * 16);
+  r.section(kAccumulator, acc_.bytes());
+  r.section(kAnchor, anchor_.bytes());
+}
+
+void ZeroOneAdam::restore_sections(const BlobReader& r) {
+  moments_.restore(r);
+  FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
+  sched_.frozen = f.get<int32_t>();
+  sched_.var_interval = f.get<int64_t>();
+  sched_.var_counter = f.get<int64_t>();
+  sched_.local_interval = f.get<int64_t>();
+  sched_.local_counter = f.get<int64_t>();
+  sched_.variance_updates = f.get<int64_t>();
+  const int32_t error_world = f.get<int32_t>();
+  const bool same_world = error_world == CarErrors::world_of(car_.get());
+  if (car_) car_->reset_errors();
+  errors_.restore(r, error_world, car_.get(), kernels());
+  if (same_world) {
+    const uint8_t* interval = r.section(kInterval, uint64_t(num_groups()) * 16);
+    std::memcpy(lrs_.data(), interval, lrs_.size() * 8);
+    std::memcpy(decay_.data(), interval + lrs_.size() * 8, decay_.size() * 8);
+    kernels().copy_from_host(acc_.get(), r.section(kAccumulator, acc_.bytes()), acc_.bytes());
+    kernels().copy_from_host(anchor_.get(), r.section(kAnchor, anchor_.bytes()), anchor_.bytes());
+    return;
+  }
+  // Another world size (K2): the rank-local accumulator starts over from the
+  // saved parameters, as if a sync had just happened there; m, v and the
+  // schedules stay.
+  reset_interval();
+  kernels().fill_zero(acc_.get(), acc_.bytes());
+  for (const Param& p : params().params())
+    kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
+}
+
+}  // namespace dsopt
