@@ -1,5 +1,6 @@
-"""dsopt's main demo: data-parallel training of a digits MLP with AdamW and
-with 1-bit Adam on every rank of MPI_COMM_WORLD (or one process).
+"""dsopt's main demo: data-parallel training of a digits MLP with AdamW,
+1-bit Adam, 1-bit LAMB and 0/1 Adam on every rank of MPI_COMM_WORLD (or one
+process).
 
 The model and data come from small_models.py: a ReLU MLP 64-128-128-10
 (26,122 parameters, plain numpy forward and backward) on scikit-learn's
@@ -7,7 +8,7 @@ bundled 8x8 digits (80/20 split). Every run uses lr 1e-3, weight_decay 0.01
 and a global batch of 64 split evenly over the ranks; each rank passes the
 mean gradient of its share; dsopt averages the gradients (AdamW, 1-bit
 Adam's warmup) or exchanges the momentum 1-bit compressed (1-bit Adam from
-freeze_step = 15% of the steps on) and updates the parameters in place. Four runs:
+freeze_step = 15% of the steps on) and updates the parameters in place. Five runs:
 
 - AdamW;
 - 1-bit Adam with dsopt's defaults ("stabilize": true);
@@ -18,6 +19,8 @@ freeze_step = 15% of the steps on) and updates the parameters in place. Four run
   dsopt.NonFiniteError; the demo reports "diverged at step N: ..." and goes
   on. On one process it blows up too (the loss spikes and goes
   non-finite, without skipped steps) and ends at chance level;
+- 1-bit LAMB with dsopt's defaults, freeze_step = 15% of the steps and lr
+  1e-2 (the trust ratio scales every tensor's step);
 - 0/1 Adam with dsopt's defaults and var_freeze_step = 15% of the steps
   (variance updates at growing intervals, 1-bit gradient steps between
   them, then local steps with 1-bit syncs every 1, 2, 4, ... 16 steps).
@@ -54,6 +57,7 @@ except ImportError:  # one process with the local communicator
 
 NonFiniteError = getattr(dsopt, "NonFiniteError", dsopt.DsoptError)
 LR, WEIGHT_DECAY = 1e-3, 0.01
+LAMB_LR = 1e-2  # LAMB's trust ratio scales each tensor's step: it takes a larger lr
 
 
 def runs(steps):
@@ -65,6 +69,7 @@ def runs(steps):
         ("1-bit Adam", {"optimizer": {"type": "OneBitAdam", "params": dict(onebit)}}),
         ("1-bit Adam, stabilize=false",
          {"optimizer": {"type": "OneBitAdam", "params": dict(onebit, stabilize=False)}}),
+        ("1-bit LAMB", {"optimizer": {"type": "OneBitLamb", "params": dict(onebit, lr=LAMB_LR)}}),
         ("0/1 Adam", {"optimizer": {"type": "ZeroOneAdam", "params": {
             "lr": LR, "weight_decay": WEIGHT_DECAY, "var_freeze_step": freeze, "local_step_scaler": 10}}}),
     ]
@@ -153,11 +158,12 @@ def plot(rows, histories, path, world):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = ["tab:blue", "tab:green", "tab:red", "tab:purple"]
-    fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.6))
+    colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:orange", "tab:brown"]
+    fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.8))
     freeze = None
-    styles = ["-", "-", (0, (3, 2)), "-"]  # dashed: coincides with 1-bit Adam during warmup
-    for row, hist, color, style in zip(rows, histories, colors, styles):
+    for row, hist, color in zip(rows, histories, colors):
+        # dashed: DeepSpeed's rule coincides with 1-bit Adam during warmup
+        style = (0, (3, 2)) if "stabilize=false" in row["name"] else "-"
         loss = np.array(hist["loss"], dtype=float)
         steps = np.arange(1, len(loss) + 1)
         finite = np.isfinite(loss)

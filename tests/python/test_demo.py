@@ -1,9 +1,9 @@
 """The main demo (examples/python/demo.py), shortened to 150 steps, on one
-process and on 4 MPI ranks: AdamW and 1-bit Adam (default, stabilized) train
-the digits MLP, 1-bit Adam with "stabilize": false is reported (skipped
+process and on 4 MPI ranks: AdamW, 1-bit Adam (default, stabilized), 1-bit
+LAMB and 0/1 Adam train the digits MLP, 1-bit Adam with "stabilize": false is reported (skipped
 steps / diverged) without ending the demo, the plot and the summary are
-written, and on 4 ranks 1-bit Adam puts fewer bytes on the wire than AdamW;
-0/1 Adam trains too, with fewer bytes than 1-bit Adam."""
+written, and on 4 ranks the 1-bit optimizers put fewer bytes on the wire
+than AdamW (0/1 Adam fewer than 1-bit Adam)."""
 import json
 import os
 import shutil
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEMO = os.path.join(ROOT, "examples", "python", "demo.py")
-NAMES = ["AdamW", "1-bit Adam", "1-bit Adam, stabilize=false", "0/1 Adam"]
+NAMES = ["AdamW", "1-bit Adam", "1-bit Adam, stabilize=false", "1-bit LAMB", "0/1 Adam"]
 
 
 def run_demo(tmp_path, launcher):
@@ -33,9 +33,9 @@ def run_demo(tmp_path, launcher):
     return proc.stdout, summary
 
 
-def check_the_three_that_train(summary):
-    adamw, onebit, _, zoadam = summary["results"]
-    for r in (adamw, onebit, zoadam):
+def check_the_four_that_train(summary):
+    adamw, onebit, _, lamb, zoadam = summary["results"]
+    for r in (adamw, onebit, lamb, zoadam):
         assert r["error"] == "" and r["diverged_at"] is None and r["skipped_steps"] == 0, r
         assert r["steps_run"] == 150, r
         assert r["final_loss"] < 0.2 * r["initial_loss"], r
@@ -48,7 +48,7 @@ def check_the_three_that_train(summary):
 def test_demo_on_one_process(tmp_path):
     stdout, summary = run_demo(tmp_path, [])
     assert summary["world"] == 1
-    check_the_three_that_train(summary)
+    check_the_four_that_train(summary)
     # DeepSpeed's rule: on one process it blows up without skipping steps (the
     # loss ends near chance); the demo only has to report it and go on.
     unstable = summary["results"][2]
@@ -62,9 +62,10 @@ def test_demo_on_four_ranks(tmp_path):
     pytest.importorskip("mpi4py", reason="the multi-rank demo needs mpi4py")
     stdout, summary = run_demo(tmp_path, ["mpirun", "-np", "4", "--oversubscribe"])
     assert summary["world"] == 4
-    check_the_three_that_train(summary)
-    adamw, onebit, unstable, zoadam = summary["results"]
+    check_the_four_that_train(summary)
+    adamw, onebit, unstable, lamb, zoadam = summary["results"]
     assert onebit["total_bytes"] < adamw["total_bytes"] / 2
+    assert lamb["total_bytes"] < adamw["total_bytes"] / 2
     assert zoadam["total_bytes"] < onebit["total_bytes"]
     assert "compressed" in stdout
     # DeepSpeed's rule diverges: steps skipped, then NonFiniteError, reported
