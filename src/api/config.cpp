@@ -106,7 +106,13 @@ void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
   require_fp32(h.weight_decay, sub(path, "weight_decay"), false);
 }
 
-// The keys 1-bit Adam and 1-bit LAMB share.
+// stabilize_limit's default per optimizer, measured (docs/design/stable-1bit.md):
+// the bound the argument gives (1) for 1-bit Adam; 4 for 1-bit LAMB and 0/1
+// Adam, the smallest of 1, 2, 4 at which their stabilized runs match
+// DeepSpeed's where DeepSpeed's rule is healthy.
+double default_stabilize_limit(const std::string& type) { return type == "OneBitAdam" ? 1.0 : 4.0; }
+
+// The keys the 1-bit optimizers share.
 void read_onebit(const json& params, const std::string& path, OptimizerConfig& cfg) {
   if (params.contains("max_grad_norm"))
     bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
@@ -120,7 +126,7 @@ void read_onebit(const json& params, const std::string& path, OptimizerConfig& c
   cfg.defaults.decoupled = true;
   cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
   cfg.stabilize = boolean(params, path, "stabilize", true);
-  cfg.stabilize_limit = number(params, path, "stabilize_limit", 1.0);
+  cfg.stabilize_limit = number(params, path, "stabilize_limit", default_stabilize_limit(cfg.type));
   require(cfg.stabilize_limit > 0, sub(path, "stabilize_limit"),
           "must be > 0, got " + std::to_string(cfg.stabilize_limit));
   require_fp32(cfg.stabilize_limit, sub(path, "stabilize_limit"), true);

@@ -52,7 +52,7 @@ class OneBitLambReference:
         self.world = world
         self.freeze_step = int(p.get("freeze_step", 100000))
         self.stabilize = bool(p.get("stabilize", True))
-        self.stabilize_limit = float(p.get("stabilize_limit", 1.0))
+        self.stabilize_limit = float(p.get("stabilize_limit", 4.0))  # the library's default for this type
         self.k = {key: float(p.get(key, d)) for key, d in COEFF_DEFAULTS.items()}
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))

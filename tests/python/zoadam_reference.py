@@ -37,7 +37,7 @@ class ZeroOneAdamReference:
         self.local_step_clipper = int(p.get("local_step_clipper", 16))
         self.decoupled = bool(p.get("decoupled_sync_weight_decay", False))
         self.stabilize = bool(p.get("stabilize", True))
-        self.stabilize_limit = float(p.get("stabilize_limit", 1.0))
+        self.stabilize_limit = float(p.get("stabilize_limit", 4.0))  # the library's default for this type
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))
         self.loss_scale = float(loss_scale)

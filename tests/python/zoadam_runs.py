@@ -52,6 +52,8 @@ SCENARIOS = [
     Scenario("stable_weight_decay", with_top(zoadam_config(weight_decay=0.01), param_groups=TWO_GROUPS,
                                              gradient_clipping=3.0),
              SIZES, groups=[0, 1, 0, 1, 1], steps=STEPS, seed=10, cold={0: 40, 3: 100}),
+    # the default limit (4) rarely binds on these short runs; a tight one does
+    Scenario("stable_tight_limit", zoadam_config(stabilize_limit=0.5), SIZES, steps=STEPS, seed=11, cold={0: 40}),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}
 # Saved after 2 (phase 1), 5 (phase 1, interval 2), 8 (the phase change just
