@@ -8,25 +8,14 @@ fresh optimizer, run to the end), load (the blob after 6 updates of
 
 import os
 import sys
-import traceback
 
 import lamb_runs
 import onebit_runs as runs
-from mpi_world import world
-
-
-def out_path(name):
-    return os.path.join(os.environ["DSOPT_TEST_RESULTS"], name)
+from mpi_phases import main, out_path, run_scenarios
 
 
 def phase_scenarios(comm, rank, size):
-    for sc in lamb_runs.SCENARIOS:
-        save_after = lamb_runs.SAVE_AFTER if sc.name in lamb_runs.RESUME else ()
-        params, infos, blob, saved = runs.run_dsopt(sc, comm, rank, size, save_after=save_after)
-        runs.save_npz(out_path(f"{sc.name}_r{rank}.npz"), params, infos, blob=blob)
-        for s, (b, p) in saved.items():
-            runs.save_npz(out_path(f"{sc.name}_saved{s}_r{rank}.npz"), p, [], blob=b)
-    return len(lamb_runs.SCENARIOS)
+    return run_scenarios(lamb_runs, comm, rank, size, runs.run_dsopt, runs.save_npz)
 
 
 def phase_resume(comm, rank, size):
@@ -52,25 +41,5 @@ def phase_load(comm, rank, size):
 PHASES = {"scenarios": phase_scenarios, "resume": phase_resume, "load": phase_load}
 
 
-def main():
-    comm, rank, size, finalize, abort, how = world()
-    results = open(out_path(f"rank{rank}.txt"), "w")
-    results.write(f"MPI via {how}\n")
-    for name in os.environ.get("DSOPT_ONEBIT_PHASES", "scenarios").split(","):
-        try:
-            result = PHASES[name](comm, rank, size)
-        except BaseException:
-            traceback.print_exc()
-            print(f"RANK {rank} {name} FAILED", flush=True)
-            abort(1)
-            return 1
-        results.write(f"{name} OK {result}\n")
-        results.flush()
-    results.close()
-    comm.close()
-    finalize()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(PHASES, "DSOPT_ONEBIT_PHASES"))

@@ -15,26 +15,15 @@ the phases that finished. Phases (``$DSOPT_ONEBIT_PHASES``, comma-separated):
 
 import os
 import sys
-import traceback
 
 import numpy as np
 
 import onebit_runs as runs
-from mpi_world import world
-
-
-def out_path(name):
-    return os.path.join(os.environ["DSOPT_TEST_RESULTS"], name)
+from mpi_phases import main, out_path, run_scenarios
 
 
 def phase_scenarios(comm, rank, size):
-    for sc in runs.SCENARIOS:
-        save_after = runs.SAVE_AFTER if sc.name in runs.RESUME else ()
-        params, infos, blob, saved = runs.run_dsopt(sc, comm, rank, size, save_after=save_after)
-        runs.save_npz(out_path(f"{sc.name}_r{rank}.npz"), params, infos, blob=blob)
-        for s, (b, p) in saved.items():
-            runs.save_npz(out_path(f"{sc.name}_saved{s}_r{rank}.npz"), p, [], blob=b)
-    return len(runs.SCENARIOS)
+    return run_scenarios(runs, comm, rank, size)
 
 
 def phase_resume(comm, rank, size):
@@ -85,26 +74,5 @@ PHASES = {
 }
 
 
-def main():
-    comm, rank, size, finalize, abort, how = world()
-    results = open(out_path(f"rank{rank}.txt"), "w")
-    results.write(f"MPI via {how}\n")
-    for name in os.environ.get("DSOPT_ONEBIT_PHASES", "scenarios").split(","):
-        try:
-            result = PHASES[name](comm, rank, size)
-        except BaseException:
-            traceback.print_exc()
-            print(f"RANK {rank} {name} FAILED", flush=True)
-            sys.stdout.flush()
-            abort(1)
-            return 1
-        results.write(f"{name} OK {result}\n")
-        results.flush()
-    results.close()
-    comm.close()
-    finalize()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(PHASES, "DSOPT_ONEBIT_PHASES"))
