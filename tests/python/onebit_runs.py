@@ -135,13 +135,14 @@ def warmup_steps(sc: Scenario) -> int:
     return max(sc.config["optimizer"]["params"]["freeze_step"], 2) - 1
 
 
-def grads_for(sc: Scenario, step: int, rank: int, world: int = 1):
+def grads_for(sc: Scenario, step: int, rank: int, world: int = 1, *, warmup=warmup_steps, salt=()):
     """This rank's gradients of a step, times the (static) loss scale; zero
-    on the cold elements in warmup; a NaN or Inf where the scenario poisons
-    the step on this rank."""
-    g = grid_grads(np.random.default_rng([sc.seed, step, rank]), sc.sizes)
+    on the cold elements during the first ``warmup(sc)`` steps; a NaN or Inf
+    where the scenario poisons the step on this rank. ``salt`` varies the
+    data between optimizers' scenario sets."""
+    g = grid_grads(np.random.default_rng([sc.seed, step, rank, *salt]), sc.sizes)
     g = [(x * np.float32(loss_scale_of(sc))).astype(np.float32) for x in g]
-    if step < warmup_steps(sc):
+    if step < warmup(sc):
         for i, n in sc.cold.items():
             g[i][:n] = 0
     if step in sc.poison and sc.poison[step] % world == rank:

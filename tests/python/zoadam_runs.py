@@ -4,8 +4,6 @@ every kind of step (full, 1-bit, local, sync) in 20 updates, their data, and
 helpers that drive a dsopt.Optimizer and the reference. Scenario, blobs,
 masks and initial parameters are onebit_runs'."""
 
-import copy
-import dataclasses
 import struct
 
 import numpy as np
@@ -13,7 +11,7 @@ import numpy as np
 import dsopt
 import onebit_runs as ob
 from onebit_runs import Scenario, as_dsopt_params, initial_params, loss_scale_of, make_mask, with_top
-from onebit_reference import grid_grads, padded_length
+from onebit_reference import padded_length
 from zoadam_reference import ZeroOneAdamReference
 
 # Updates 1-8 (k = 2..9): full at k = 2, 3, 4, 6, 8, 1-bit at 5, 7, 9; then
@@ -65,14 +63,8 @@ SAVE_AFTER = (2, 5, 8, 13)
 def grads_for(sc, step, rank, world=1):
     """This rank's gradients of a step (times the static loss scale); zero
     on the cold elements before var_freeze_step; a NaN/Inf where poisoned."""
-    g = grid_grads(np.random.default_rng([sc.seed, step, rank, 7]), sc.sizes)
-    g = [(x * np.float32(loss_scale_of(sc))).astype(np.float32) for x in g]
-    if step < sc.config["optimizer"]["params"]["var_freeze_step"]:
-        for i, n in sc.cold.items():
-            g[i][:n] = 0
-    if step in sc.poison and sc.poison[step] % world == rank:
-        g[step % len(g)][3 % g[step % len(g)].size] = np.nan if step % 2 else np.inf
-    return g
+    return ob.grads_for(sc, step, rank, world, salt=(7,),
+                        warmup=lambda s: s.config["optimizer"]["params"]["var_freeze_step"])
 
 
 def reference_for(sc, world):
