@@ -24,7 +24,7 @@ import mpi_runner
 import onebit_convergence
 import onebit_runs as runs
 from dsopt_testing import build_feature
-from onebit_reference import F32, OneBitAdamReference, fma32, groups_from_config, padded_length
+from onebit_reference import F32, fma32, groups_from_config, padded_length
 
 SCRIPT = Path(__file__).with_name("mpi_onebit.py")
 WORLDS = [1, 2, 4]
