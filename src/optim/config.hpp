@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "math/adam.hpp"
+#include "math/stabilized_momentum.hpp"
 #include "math/onebit_lamb.hpp"
 
 namespace dsopt {
@@ -41,6 +42,12 @@ struct OptimizerConfig {
   int64_t freeze_step = 100000;   // 1-bit optimizers: see README
   bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
   double stabilize_limit = 1.0;   // its momentum limit (math/stabilized_momentum.hpp)
+
+  // AdamConsts::momentum_limit of a group with `beta2` whose v has had
+  // `variance_updates` updates: 0 (not clamped) when stabilize is off.
+  float momentum_limit(double beta2, int64_t variance_updates) const {
+    return stabilize ? onebit_momentum_limit(stabilize_limit, beta2, variance_updates) : 0.0f;
+  }
   LambCoeffConfig lamb;           // 1-bit LAMB's trust-ratio and factor settings
   // 0/1 Adam (spec zero-one-adam.md section 1; README "0/1 Adam").
   int64_t var_freeze_step = 100000;

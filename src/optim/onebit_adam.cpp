@@ -34,9 +34,9 @@ std::vector<AdamConsts> OneBitAdam::consts() const {
   std::vector<AdamConsts> c;
   for (int32_t g = 0; g < num_groups(); ++g) {
     c.push_back(onebit_consts(group(g)));
-    if (stage_.compressing && config().stabilize)
-      c.back().momentum_limit =
-          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, stage_.frozen_after);
+    // non_freeze groups keep warmup math: their momentum is never compressed.
+    if (stage_.compressing && !config().non_freeze[size_t(g)])
+      c.back().momentum_limit = config().momentum_limit(group(g).beta2, stage_.frozen_after);
   }
   return c;
 }
@@ -68,11 +68,8 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
     return false;
   }
   if (!full_.empty()) {
-    // non_freeze groups keep warmup math: their momentum is never compressed.
-    std::vector<AdamConsts> warmup = c;
-    for (AdamConsts& k : warmup) k.momentum_limit = 0.0f;
     const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, full_);
-    kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), warmup.data(),
+    kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
   }
   if (!compressed_.empty()) {

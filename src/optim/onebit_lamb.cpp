@@ -67,8 +67,7 @@ std::vector<AdamConsts> OneBitLamb::consts() const {
     c.push_back(onebit_consts(h));
     if (!stage_.compressing) continue;
     c.back().tensor_scale = float(scaling_[i]);
-    if (config().stabilize)
-      c.back().momentum_limit = onebit_momentum_limit(config().stabilize_limit, h.beta2, stage_.frozen_after);
+    c.back().momentum_limit = config().momentum_limit(h.beta2, stage_.frozen_after);
   }
   return c;
 }

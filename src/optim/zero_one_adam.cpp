@@ -54,9 +54,7 @@ std::vector<AdamConsts> ZeroOneAdam::consts(bool clamp) const {
   for (int32_t g = 0; g < num_groups(); ++g) {
     c.push_back(onebit_consts(group(g)));
     c.back().decoupled_sync = config().decoupled_sync_weight_decay;
-    if (clamp && config().stabilize)
-      c.back().momentum_limit =
-          onebit_momentum_limit(config().stabilize_limit, group(g).beta2, sched_.variance_updates);
+    if (clamp) c.back().momentum_limit = config().momentum_limit(group(g).beta2, sched_.variance_updates);
   }
   return c;
 }
