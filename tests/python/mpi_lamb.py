@@ -1,7 +1,7 @@
 """Run under ``mpirun -np P``: 1-bit LAMB on P ranks (test_onebit_lamb.py).
 Writes each rank's results to ``$DSOPT_TEST_RESULTS`` as npz files
 (onebit_runs.save_npz); ``rank<r>.txt`` lists the phases that finished.
-Phases (``$DSOPT_ONEBIT_PHASES``): scenarios (saving blobs of the RESUME
+Phases (``$DSOPT_TEST_PHASES``): scenarios (saving blobs of the RESUME
 scenarios after SAVE_AFTER updates), resume (each saved blob loaded into a
 fresh optimizer, run to the end), load (the blob after 6 updates of
 ``$DSOPT_ONEBIT_LOAD_WORLD`` ranks in ``$DSOPT_ONEBIT_LOAD_FROM``)."""
@@ -42,4 +42,4 @@ PHASES = {"scenarios": phase_scenarios, "resume": phase_resume, "load": phase_lo
 
 
 if __name__ == "__main__":
-    sys.exit(main(PHASES, "DSOPT_ONEBIT_PHASES"))
+    sys.exit(main(PHASES))

@@ -1,7 +1,7 @@
 """Run under ``mpirun -np P``: 1-bit Adam on P ranks. Writes each rank's
 results to ``$DSOPT_TEST_RESULTS`` (npz files, see onebit_runs.py) for
 test_onebit_adam.py to compare against the reference; ``rank<r>.txt`` lists
-the phases that finished. Phases (``$DSOPT_ONEBIT_PHASES``, comma-separated):
+the phases that finished. Phases (``$DSOPT_TEST_PHASES``, comma-separated):
 
 * scenarios: every scenario of onebit_runs.SCENARIOS, saving blobs of the
   RESUME scenarios after SAVE_AFTER updates;
@@ -75,4 +75,4 @@ PHASES = {
 
 
 if __name__ == "__main__":
-    sys.exit(main(PHASES, "DSOPT_ONEBIT_PHASES"))
+    sys.exit(main(PHASES))

@@ -29,14 +29,14 @@ def run_scenarios(runs, comm, rank, size, run_dsopt=None, save_npz=None):
     return len(runs.SCENARIOS)
 
 
-def main(phases, env_var):
-    """Runs the comma-separated phases of ``$env_var`` (default
+def main(phases):
+    """Runs the comma-separated phases of ``$DSOPT_TEST_PHASES`` (default
     "scenarios"), each ``phases[name](comm, rank, size)``; a failing phase
     aborts every rank so that none waits."""
     comm, rank, size, finalize, abort, how = world()
     results = open(out_path(f"rank{rank}.txt"), "w")
     results.write(f"MPI via {how}\n")
-    for name in os.environ.get(env_var, "scenarios").split(","):
+    for name in os.environ.get("DSOPT_TEST_PHASES", "scenarios").split(","):
         try:
             result = phases[name](comm, rank, size)
         except BaseException:

@@ -1,4 +1,4 @@
-"""``mpirun -np P`` of a phase script (mpi_onebit.py, mpi_lamb.py): the
+"""``mpirun -np P`` of a phase script (mpi_onebit.py, mpi_lamb.py, mpi_zoadam.py): the
 script writes rank<r>.txt into the results folder, one line per finished
 phase; a rank that did not finish every phase fails the test with the
 output of the run."""
@@ -14,7 +14,7 @@ import conftest
 
 def mpirun(script: Path, world: int, results: Path, phases, extra_env=None, timeout=240):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", DSOPT_TEST_RESULTS=str(results), DSOPT_ONEBIT_PHASES=",".join(phases),
+               OMP_NUM_THREADS="1", DSOPT_TEST_RESULTS=str(results), DSOPT_TEST_PHASES=",".join(phases),
                PYTHONPATH=os.pathsep.join([str(conftest.BINDING_DIR), str(conftest.HERE)]))
     env.update(extra_env or {})
     cmd = [shutil.which("mpirun"), "-np", str(world), "--oversubscribe", sys.executable, str(script)]

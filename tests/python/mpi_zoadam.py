@@ -1,6 +1,6 @@
 """Run under ``mpirun -np P``: 0/1 Adam on P ranks (zoadam_runs.SCENARIOS),
 each rank's results written to ``$DSOPT_TEST_RESULTS`` for
-test_zero_one_adam.py. Phases (``$DSOPT_ZOADAM_PHASES``): scenarios (saving
+test_zero_one_adam.py. Phases (``$DSOPT_TEST_PHASES``): scenarios (saving
 the RESUME scenarios' blobs after SAVE_AFTER updates), resume (each saved
 blob into a fresh optimizer, run to the end), load (rank 0's blobs of
 ``$DSOPT_ZOADAM_LOAD_FROM``, another world size, loaded on every rank)."""
@@ -35,4 +35,4 @@ PHASES = {"scenarios": phase_scenarios, "resume": phase_resume, "load": phase_lo
 
 
 if __name__ == "__main__":
-    sys.exit(main(PHASES, "DSOPT_ZOADAM_PHASES"))
+    sys.exit(main(PHASES))

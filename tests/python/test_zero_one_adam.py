@@ -11,17 +11,14 @@ The multi-rank runs are ``mpirun`` of mpi_zoadam.py: 2 ranks, 4 ranks
 (which also load rank 0's 2-rank blobs), then 2 ranks loading rank 0's
 4-rank blobs."""
 
-import os
 import shutil
-import subprocess
-import sys
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import conftest
+import mpi_runner
 import dsopt
 import zoadam_runs as runs
 from dsopt_testing import build_feature
@@ -33,20 +30,8 @@ WORLDS = [1, 2, 4]
 
 
 def mpirun(world, results, phases, load_from=None):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", DSOPT_TEST_RESULTS=str(results), DSOPT_ZOADAM_PHASES=",".join(phases),
-               PYTHONPATH=os.pathsep.join([str(conftest.BINDING_DIR), str(conftest.HERE)]))
-    if load_from is not None:
-        env["DSOPT_ZOADAM_LOAD_FROM"] = str(load_from)
-    cmd = [shutil.which("mpirun"), "-np", str(world), "--oversubscribe", sys.executable, "-W", "ignore",
-           str(SCRIPT)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    for r in range(world):
-        path = results / f"rank{r}.txt"
-        got = [line.split()[0] for line in path.read_text().splitlines()[1:]] if path.exists() else []
-        assert got == list(phases), \
-            f"mpirun -np {world} {phases}: rank {r} finished {got} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
-    return results
+    env = {} if load_from is None else {"DSOPT_ZOADAM_LOAD_FROM": str(load_from)}
+    return mpi_runner.mpirun(SCRIPT, world, results, phases, env)
 
 
 @pytest.fixture(scope="module")
