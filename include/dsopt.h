@@ -219,6 +219,26 @@ DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t c
  * config), DSOPT_ECUDA. */
 DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t size);
 
+/* Restores the state of a run saved at any world size, from the blobs its
+ * ranks wrote: every rank passes all `num_blobs` blobs in old-rank order
+ * (blobs[i] from old rank i, sizes[i] bytes). All of them are validated
+ * before anything changes: same algorithm and parameter shapes, one save of
+ * one run (same run, step counters, learning rates and loss scaler), each
+ * rank exactly once. Adam/AdamW at any ZeRO stage reshard: the ZeRO shards
+ * (or the replicated state of a stage-0 run) are cut by interval
+ * intersection in parameter order into this rank's shard, so 2 -> 4, 4 -> 3
+ * or stage 0 -> stage 2 continue as an uninterrupted run at the new size
+ * would from the same state. The other optimizers have replicated state:
+ * this rank's own blob at the same world size, else blobs[0], as
+ * dsopt_state_load would. A single blob (one replica of replicated state, or
+ * the blob of a one-rank run) is a complete set. Collective.
+ * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointers, num_blobs < 1),
+ * DSOPT_ECORRUPT, DSOPT_EMISMATCH (another algorithm or shapes, a missing,
+ * duplicated or misordered blob, blobs of different runs or steps),
+ * DSOPT_ECUDA. */
+DSOPT_API int dsopt_state_load_shards(dsopt_optimizer *opt, const void *const *blobs,
+                                      const uint64_t *sizes, int64_t num_blobs);
+
 /* Releases the optimizer and its state; the borrowed parameters and the
  * communicator are left alone. NULL is fine. Collective. */
 DSOPT_API void dsopt_destroy(dsopt_optimizer *opt);
@@ -254,6 +274,14 @@ DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr)
 /* Loss scale the caller multiplies its loss by for the next backward pass
  * (1.0 when loss scaling is off). Returns DSOPT_OK or DSOPT_EINVAL. */
 DSOPT_API int dsopt_get_loss_scale(const dsopt_optimizer *opt, double *out_scale);
+
+/* Bytes of the buffers dsopt holds for this optimizer on this rank: state
+ * (moments, fp32 masters, ZeRO shards), gradient and communication buffers,
+ * in host memory and in device memory. The caller's parameters and
+ * gradients are not counted. Either pointer may be NULL (not both).
+ * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
+DSOPT_API int dsopt_memory_usage(const dsopt_optimizer *opt, uint64_t *host_bytes,
+                                 uint64_t *device_bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -255,6 +255,44 @@ void read_precision(const json& root, OptimizerConfig& cfg) {
   if (bf16 && ls.enabled) bad("bf16.enabled", "fp16 and bf16 cannot both be enabled");
 }
 
+// zero_optimization: stage 1/2 shard the Adam/AdamW state (README "ZeRO").
+void read_zero(const json& z, OptimizerConfig& cfg) {
+  const std::string path = "zero_optimization";
+  check_keys(z, path,
+             {"stage", "reduce_bucket_size", "allgather_bucket_size", "reduce_scatter",
+              "contiguous_gradients", "round_robin_gradients", "offload_optimizer"},
+             {"overlap_comm", "allgather_partitions", "use_multi_rank_bucket_allreduce",
+              "elastic_checkpoint", "load_from_fp32_weights", "ignore_unused_parameters"});
+  ZeroConfig& zc = cfg.zero;
+  const int64_t stage = integer(z, path, "stage", 0, 0, 3);
+  if (stage == 3) bad(path + ".stage", "ZeRO stage 3 is not part of dsopt (use 0, 1 or 2)");
+  zc.stage = int(stage);
+  const int64_t max_bucket = int64_t(1) << 40;
+  zc.reduce_bucket_size = integer(z, path, "reduce_bucket_size", zc.reduce_bucket_size, 1, max_bucket);
+  zc.allgather_bucket_size =
+      integer(z, path, "allgather_bucket_size", zc.allgather_bucket_size, 1, max_bucket);
+  zc.reduce_scatter = boolean(z, path, "reduce_scatter", true);
+  if (!boolean(z, path, "contiguous_gradients", true))
+    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".contiguous_gradients: dsopt always packs "
+                             "gradients into contiguous buckets (true is the only setting)");
+  if (boolean(z, path, "round_robin_gradients", false))
+    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".round_robin_gradients: not supported (false is "
+                             "the only setting; dsopt's shards are balanced without it)");
+  if (z.contains("offload_optimizer")) {
+    const json& o = z.at("offload_optimizer");
+    check_keys(o, path + ".offload_optimizer", {"device", "pin_memory"},
+               {"buffer_count", "fast_init", "ratio"});
+    if (o.contains("device") && !(o.at("device").is_string() && o.at("device") == "none"))
+      fail(DSOPT_EUNSUPPORTED, "config: " + path + ".offload_optimizer.device: CPU offload is not "
+                               "available in this version of dsopt (use \"none\")");
+    boolean(o, path + ".offload_optimizer", "pin_memory", false);
+  }
+  if (zc.stage > 0 && cfg.type != "Adam" && cfg.type != "AdamW")
+    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".stage " + std::to_string(zc.stage) + " with " +
+                             cfg.type + ": ZeRO stage 1/2 exist for Adam and AdamW (the 1-bit "
+                             "optimizers run with stage 0)");
+}
+
 }  // namespace
 
 OptimizerConfig parse_config(const char* json_text) {
@@ -290,15 +328,7 @@ OptimizerConfig parse_config(const char* json_text) {
   p.max_consecutive_skips = integer(root, "", "max_consecutive_skips", 50, 0, int64_t(1) << 62);
   cfg.threads = int(integer(root, "", "threads", 0, 0, kMaxThreads));
   if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
-  if (root.contains("zero_optimization")) {
-    const json& z = root.at("zero_optimization");
-    check_keys(z, "zero_optimization", {"stage"});
-    const int64_t stage = integer(z, "zero_optimization", "stage", 0, 0, 3);
-    if (stage == 1 || stage == 2)
-      fail(DSOPT_EUNSUPPORTED, "config: zero_optimization.stage: ZeRO stage " + std::to_string(stage) +
-                                   " is not available in this version of dsopt (use 0)");
-    if (stage == 3) bad("zero_optimization.stage", "ZeRO stage 3 is not part of dsopt (use 0, 1 or 2)");
-  }
+  if (root.contains("zero_optimization")) read_zero(root.at("zero_optimization"), cfg);
   cfg.canonical = root.dump();
   return cfg;
 }

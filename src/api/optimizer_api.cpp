@@ -1,8 +1,10 @@
 // dsopt_create / step / state / lr entry points.
 #include <zlib.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "api/config.hpp"
@@ -32,27 +34,37 @@ uint64_t shapes_hash(const dsopt_tensor* params, int64_t count) {
   return hash64(s.data(), s.size());
 }
 
+// A fresh identifier for a run (rank 0's is everyone's).
+uint64_t new_run_id() {
+  std::random_device rd;
+  const uint64_t t = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  return (uint64_t(rd()) << 32 | rd()) ^ t;
+}
+
 // Every rank tells every other whether it built its optimizer and what
 // config and shapes it has; any failure or difference fails every rank.
-void agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash) {
+// Returns rank 0's run id.
+uint64_t agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash) {
   const int world = comm.size();
-  if (world == 1) return;
-  int64_t mine[3] = {local_ok ? 1 : 0, int64_t(cfg_hash), int64_t(shape_hash)};
-  std::vector<int64_t> all(size_t(3 * world));
+  const uint64_t run_id = new_run_id();
+  if (world == 1) return run_id;
+  int64_t mine[4] = {local_ok ? 1 : 0, int64_t(cfg_hash), int64_t(shape_hash), int64_t(run_id)};
+  std::vector<int64_t> all(size_t(4 * world));
   auto host = make_cpu_kernels(1);
-  comm.allgather(mine, all.data(), 3, Elem::I64, Mem{host.get(), false});
+  comm.allgather(mine, all.data(), 4, Elem::I64, Mem{host.get(), false});
   for (int r = 0; r < world; ++r)
-    if (all[size_t(3 * r)] == 0)
+    if (all[size_t(4 * r)] == 0)
       fail(DSOPT_EMISMATCH, "dsopt_create: rank " + std::to_string(r) +
                                 " could not create its optimizer (see that rank's error)");
   for (int r = 1; r < world; ++r) {
-    if (all[size_t(3 * r + 1)] != all[1])
+    if (all[size_t(4 * r + 1)] != all[1])
       fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the config (rank 0 and rank " +
                                 std::to_string(r) + " passed different settings)");
-    if (all[size_t(3 * r + 2)] != all[2])
+    if (all[size_t(4 * r + 2)] != all[2])
       fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the parameters (rank 0 and rank " +
                                 std::to_string(r) + " passed different numel, dtype or group)");
   }
+  return uint64_t(all[3]);
 }
 
 const dsopt::Optimizer& impl(const dsopt_optimizer* opt) {
@@ -95,12 +107,14 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
       error = "out of host memory";
     }
     const uint64_t shapes = status == DSOPT_OK ? shapes_hash(params, num_params) : 0;
+    uint64_t run_id = 0;
     try {
-      agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes);
+      run_id = agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes);
     } catch (const Error&) {
       if (status == DSOPT_OK) throw;
     }
     if (status != DSOPT_OK) fail(status, error);  // this rank's own problem comes first
+    opt->impl->set_run_id(run_id);
     *out = opt.release();
   });
 }
@@ -204,6 +218,22 @@ DSOPT_API int dsopt_set_momentum_mask(dsopt_optimizer* opt, int64_t param_index,
 
 DSOPT_API int dsopt_state_load(dsopt_optimizer* opt, const void* src, uint64_t size) {
   return guarded([&] { impl(opt).load(src, size); });
+}
+
+DSOPT_API int dsopt_state_load_shards(dsopt_optimizer* opt, const void* const* blobs,
+                                      const uint64_t* sizes, int64_t num_blobs) {
+  return guarded([&] { impl(opt).load_shards(blobs, sizes, num_blobs); });
+}
+
+DSOPT_API int dsopt_memory_usage(const dsopt_optimizer* opt, uint64_t* host_bytes,
+                                 uint64_t* device_bytes) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    if (!host_bytes && !device_bytes) fail(DSOPT_EINVAL, "host_bytes and device_bytes are both NULL");
+    const dsopt::Optimizer::MemoryUsage m = o.memory_usage();
+    if (host_bytes) *host_bytes = m.host;
+    if (device_bytes) *device_bytes = m.device;
+  });
 }
 
 DSOPT_API void dsopt_destroy(dsopt_optimizer* opt) { delete opt; }

@@ -10,7 +10,9 @@ namespace dsopt {
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Kernels& k, size_t bytes) : k_(&k), p_(k.alloc(bytes)), bytes_(bytes) {}
+  DeviceBuffer(Kernels& k, size_t bytes) : k_(&k), p_(k.alloc(bytes)), bytes_(bytes) {
+    k.buffer_bytes_ += bytes;
+  }
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
@@ -32,6 +34,7 @@ class DeviceBuffer {
  private:
   void reset() {
     if (p_) k_->release(p_);
+    if (k_) k_->buffer_bytes_ -= bytes_;
     p_ = nullptr;
     bytes_ = 0;
   }

@@ -92,6 +92,10 @@ struct AdamSlot {
 class Kernels {
  public:
   virtual ~Kernels() = default;
+  // Bytes held by the live DeviceBuffers allocated through this object
+  // (dsopt_memory_usage).
+  size_t buffer_bytes() const { return buffer_bytes_; }
+
   virtual Device device() const = 0;
   virtual const char* name() const = 0;  // e.g. "avx512", "cuda"
 
@@ -161,6 +165,10 @@ class Kernels {
   // of chunk j at gathered + j * msg_bytes + chunk_offset.
   virtual void car_decode(const CarTensor* t, int64_t count, int world, const uint8_t* gathered,
                           int64_t msg_bytes, const float* scales_host) = 0;
+
+ private:
+  friend class DeviceBuffer;
+  size_t buffer_bytes_ = 0;
 };
 
 // The CPU kernels for this machine's best instruction set, using `threads`

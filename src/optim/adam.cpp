@@ -1,5 +1,8 @@
 #include "optim/adam.hpp"
 
+#include "base/error.hpp"
+#include "zero/adam_shards.hpp"
+
 namespace dsopt {
 
 Adam::Adam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
@@ -17,6 +20,29 @@ bool Adam::update(const PreparedGrads& grads) {
   kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), consts.data(),
                    num_groups(), grads.mul1, grads.mul2);
   return false;
+}
+
+}  // namespace dsopt
+
+namespace dsopt {
+
+void Adam::check_sections(const BlobReader& r) const {
+  if (r.has(kZeroLayoutSection))
+    fail(DSOPT_EMISMATCH, "the blob is one rank's ZeRO shard: load all blobs of that run with "
+                          "dsopt_state_load_shards");
+  moments_.check(r);
+}
+
+std::function<void()> Adam::reshard(const Blobs& blobs) {
+  auto state = std::make_shared<HostAdamState>(
+      assemble_adam_state(blobs, params().shapes(), replicated_state_layout(params().shapes())));
+  std::shared_ptr<const BlobReader> first = blobs[0];
+  return [this, state, first] {
+    restore_common(*first);
+    restore_masters(state->masters.data());
+    kernels().copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
+    kernels().copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
+  };
 }
 
 }  // namespace dsopt

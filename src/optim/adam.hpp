@@ -16,8 +16,9 @@ class Adam final : public Optimizer {
   bool update(const PreparedGrads& grads) override;
   uint32_t section_count() const override { return 2; }
   void save_sections(BlobWriter& w) const override { moments_.save(w); }
-  void check_sections(const BlobReader& r) const override { moments_.check(r); }
+  void check_sections(const BlobReader& r) const override;
   void restore_sections(const BlobReader& r) override { moments_.restore(r); }
+  std::function<void()> reshard(const Blobs& blobs) override;
 
  private:
   bool decoupled_;

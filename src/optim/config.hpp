@@ -31,6 +31,14 @@ struct PipelineConfig {
   int64_t max_consecutive_skips = 50;
 };
 
+// zero_optimization (spec zero.md section 2; README "ZeRO").
+struct ZeroConfig {
+  int stage = 0;                           // 0: replicated state; 1, 2: sharded (ZeroAdam)
+  int64_t reduce_bucket_size = 500000000;  // elements per gradient reduce-scatter
+  int64_t allgather_bucket_size = 500000000;  // elements gathered per parameter allgather
+  bool reduce_scatter = true;              // false: allreduce each bucket (2x the traffic)
+};
+
 struct OptimizerConfig {
   std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"
   bool cuda = false;
@@ -56,6 +64,7 @@ struct OptimizerConfig {
   int64_t local_step_clipper = 16;
   bool decoupled_sync_weight_decay = false;  // DECISIONS Z1
   PipelineConfig pipeline;
+  ZeroConfig zero;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
 };
 

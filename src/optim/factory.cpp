@@ -7,6 +7,7 @@
 #include "optim/onebit_adam.hpp"
 #include "optim/zero_one_adam.hpp"
 #include "optim/onebit_lamb.hpp"
+#include "zero/zero_adam.hpp"
 
 namespace dsopt {
 
@@ -16,6 +17,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, Comm& comm
     fail(DSOPT_EUNSUPPORTED, "an NCCL communicator works on device memory: set \"device\": \"cuda\"");
   std::unique_ptr<Kernels> kernels =
       cfg.cuda ? make_cuda_kernels(comm.cuda_stream()) : make_cpu_kernels(cfg.threads);
+  if ((cfg.type == "Adam" || cfg.type == "AdamW") && cfg.zero.stage > 0)
+    return std::make_unique<ZeroAdam>(cfg, comm, std::move(kernels), params, count);
   if (cfg.type == "Adam" || cfg.type == "AdamW")
     return std::make_unique<Adam>(cfg, comm, std::move(kernels), params, count);
   if (cfg.type == "OneBitAdam")

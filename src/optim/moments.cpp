@@ -10,6 +10,14 @@ Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix, i
   kernels_.fill_zero(v_.get(), bytes_);
 }
 
+Moments::Moments(int64_t numel, Kernels& kernels, std::string prefix)
+    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(numel) * 4) {
+  m_ = DeviceBuffer(kernels_, bytes_);
+  v_ = DeviceBuffer(kernels_, bytes_);
+  kernels_.fill_zero(m_.get(), bytes_);
+  kernels_.fill_zero(v_.get(), bytes_);
+}
+
 std::vector<AdamSlot> Moments::slots(const ParamSet& params, const PreparedGrads* grads,
                                      const std::vector<int64_t>& indices,
                                      const std::vector<const float*>& masks) const {

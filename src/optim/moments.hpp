@@ -18,6 +18,9 @@ class Moments {
   // momenta in the same buffer (1-bit LAMB's padding, DECISIONS L4); they
   // are not part of these sections.
   Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail = 0);
+  // Zero moments of `numel` elements (a ZeRO shard).
+  Moments(int64_t numel, Kernels& kernels, std::string prefix);
+  int64_t numel() const { return int64_t(bytes_ / 4); }
 
   float* exp_avg() const { return m_.floats(); }
   float* exp_avg_sq() const { return v_.floats(); }

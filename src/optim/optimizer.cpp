@@ -12,7 +12,8 @@ const char* kStepsSection = "common.steps";
 const char* kLrSection = "common.lr";
 const char* kScalerSection = "common.loss_scaler";
 const char* kMastersSection = "common.masters";
-constexpr uint32_t kCommonSections = 4;
+const char* kRunSection = "common.run";
+constexpr uint32_t kCommonSections = 5;
 constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
 
 std::string describe(const BlobParam& p) {
@@ -39,17 +40,21 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
       comm_(comm),
       kernels_(std::move(kernels)),
       host_(make_cpu_kernels(cfg.threads)),
-      params_(params, count, int32_t(cfg.groups.size()), *kernels_),
+      params_(params, count, int32_t(cfg.groups.size()), *kernels_, cfg.zero.stage == 0),
       pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, *host_, params_),
       groups_(cfg.groups),
       steps_(cfg.groups.size(), 0) {}
 
 Optimizer::~Optimizer() = default;
 
-StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
+PreparedGrads Optimizer::prepare(const dsopt_tensor* grads, int64_t count) {
   std::vector<uint8_t> average(size_t(params_.count()));
   for (int64_t i = 0; i < params_.count(); ++i) average[size_t(i)] = averaged(i) ? 1 : 0;
-  const PreparedGrads prepared = pipeline_.prepare(grads, count, average);
+  return pipeline_.prepare(grads, count, average);
+}
+
+StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
+  const PreparedGrads prepared = prepare(grads, count);
   bool compressed = false;
   if (!prepared.skip) {
     for (int64_t& s : steps_) ++s;
@@ -108,6 +113,13 @@ void Optimizer::set_momentum_mask(int64_t, const dsopt_tensor*) {
                                " has no momentum mask (only the 1-bit optimizers do)");
 }
 
+Optimizer::MemoryUsage Optimizer::memory_usage() const {
+  MemoryUsage m;
+  (cfg_.cuda ? m.device : m.host) += kernels_->buffer_bytes();
+  m.host += host_->buffer_bytes();
+  return m;
+}
+
 uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   BlobWriter w(dst, capacity);
   w.header(BlobHeader{algorithm(), uint32_t(comm_.size()), uint32_t(comm_.rank()), params_.shapes()});
@@ -120,48 +132,126 @@ uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   FieldWriter f;
   f.add(s.scale).add(s.iter).add(s.last_overflow_iter).add(s.hysteresis_left);
   w.section(kScalerSection, f.bytes().data(), f.bytes().size());
+  w.section(kRunSection, &run_id_, 8);
   w.section_from_device(kMastersSection, params_.masters(), uint64_t(params_.master_numel()) * 4,
                         *kernels_);
   save_sections(w);
   return w.finish();
 }
 
-void Optimizer::load(const void* src, uint64_t size) {
-  // Validate everything first; every rank learns whether every rank can load.
+std::unique_ptr<const BlobReader> Optimizer::read_blob(const void* src, uint64_t size) const {
+  if (!src) fail(DSOPT_EINVAL, "the blob pointer is NULL");
+  auto reader = std::make_unique<const BlobReader>(src, size);
+  const BlobHeader& h = reader->header();
+  if (h.algorithm != algorithm())
+    fail(DSOPT_EMISMATCH, "state blob is from a " + h.algorithm + " optimizer, this one is " + algorithm());
+  check_shapes(h.params, params_.shapes());
+  if (reader->has(kStepsSection)) {
+    const uint64_t saved_groups = reader->section_size(kStepsSection) / 8;
+    if (saved_groups != steps_.size())
+      fail(DSOPT_EMISMATCH, "state blob has " + std::to_string(saved_groups) +
+                                " parameter groups, this optimizer has " + std::to_string(steps_.size()));
+  }
+  reader->section(kStepsSection, steps_.size() * 8);
+  reader->section(kLrSection, groups_.size() * 8);
+  reader->section(kScalerSection, kScalerBytes);
+  if (reader->has(kRunSection)) reader->section(kRunSection, 8);
+  return reader;
+}
+
+Optimizer::Blobs Optimizer::read_blob_set(const void* const* blobs, const uint64_t* sizes,
+                                          int64_t count) const {
+  if (!blobs) fail(DSOPT_EINVAL, "blobs is NULL");
+  if (!sizes) fail(DSOPT_EINVAL, "sizes is NULL");
+  if (count < 1) fail(DSOPT_EINVAL, "num_blobs must be >= 1, got " + std::to_string(count));
+  Blobs set;
+  for (int64_t i = 0; i < count; ++i) {
+    try {
+      set.push_back(read_blob(blobs[i], sizes[i]));
+    } catch (const Error& e) {
+      fail(e.status(), "blobs[" + std::to_string(i) + "]: " + e.what());
+    }
+  }
+  if (count == 1) return set;  // one replica, or the only shard of a one-rank run
+  const auto run = [](const BlobReader& r) {
+    uint64_t id = 0;
+    if (r.has(kRunSection)) std::memcpy(&id, r.section(kRunSection, 8), 8);
+    return id;
+  };
+  const auto same = [&](const BlobReader& a, const BlobReader& b, const char* name) {
+    const uint64_t n = a.section_size(name);
+    return b.section_size(name) == n && std::memcmp(a.section(name, n), b.section(name, n), n) == 0;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const BlobHeader& h = set[size_t(i)]->header();
+    const std::string who = "blobs[" + std::to_string(i) + "]";
+    if (h.world_size != uint64_t(count))
+      fail(DSOPT_EMISMATCH, who + " was saved by a run of " + std::to_string(h.world_size) +
+                                " ranks, but " + std::to_string(count) +
+                                " blobs were given (pass all blobs of that run, or one)");
+    if (h.rank != uint64_t(i))
+      fail(DSOPT_EMISMATCH, who + " is the blob of rank " + std::to_string(h.rank) +
+                                " (pass the blobs in rank order, each once)");
+    const BlobReader& first = *set[0];
+    if (run(*set[size_t(i)]) != run(first))
+      fail(DSOPT_EMISMATCH, who + " and blobs[0] were saved by different runs");
+    if (!same(*set[size_t(i)], first, kStepsSection) || !same(*set[size_t(i)], first, kScalerSection) ||
+        !same(*set[size_t(i)], first, kLrSection))
+      fail(DSOPT_EMISMATCH, who + " and blobs[0] were saved at different steps (their step "
+                                  "counters, learning rates or loss scalers differ)");
+  }
+  return set;
+}
+
+void Optimizer::load_collectively(const std::string& call,
+                                  const std::function<std::function<void()>()>& validate) {
+  std::function<void()> restore_fn;
   std::string error;
   int status = DSOPT_OK;
-  std::unique_ptr<BlobReader> reader;
   try {
-    if (!src) fail(DSOPT_EINVAL, "src is NULL");
-    reader = std::make_unique<BlobReader>(src, size);
-    const BlobHeader& h = reader->header();
-    if (h.algorithm != algorithm())
-      fail(DSOPT_EMISMATCH, "state blob is from a " + h.algorithm + " optimizer, this one is " + algorithm());
-    check_shapes(h.params, params_.shapes());
-    if (reader->has(kStepsSection)) {
-      const uint64_t saved_groups = reader->section_size(kStepsSection) / 8;
-      if (saved_groups != steps_.size())
-        fail(DSOPT_EMISMATCH, "state blob has " + std::to_string(saved_groups) +
-                                  " parameter groups, this optimizer has " + std::to_string(steps_.size()));
-    }
-    reader->section(kStepsSection, steps_.size() * 8);
-    reader->section(kLrSection, groups_.size() * 8);
-    reader->section(kScalerSection, kScalerBytes);
-    reader->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
-    check_sections(*reader);
+    restore_fn = validate();
   } catch (const Error& e) {
     status = e.status();
     error = e.what();
+  } catch (const std::bad_alloc&) {
+    status = DSOPT_ENOMEM;
+    error = "out of host memory";
   }
   if (comm_.size() > 1) {
     int64_t failed = status == DSOPT_OK ? 0 : 1;
     comm_.allreduce(&failed, &failed, 1, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
     if (failed && status == DSOPT_OK)
-      fail(DSOPT_EMISMATCH, "dsopt_state_load: another rank could not load its blob; no rank changed anything");
+      fail(DSOPT_EMISMATCH, call + ": another rank could not load its blob; no rank changed anything");
   }
-  if (status != DSOPT_OK) fail(status, error);
+  if (status != DSOPT_OK) fail(status, call + ": " + error);
+  restore_fn();
+  kernels_->synchronize();
+}
 
-  const BlobReader& r = *reader;
+void Optimizer::load(const void* src, uint64_t size) {
+  load_collectively("dsopt_state_load", [&]() -> std::function<void()> {
+    if (!src) fail(DSOPT_EINVAL, "src is NULL");
+    std::shared_ptr<const BlobReader> r = read_blob(src, size);
+    r->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
+    check_sections(*r);
+    return [this, r] { restore(*r); };
+  });
+}
+
+void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count) {
+  load_collectively("dsopt_state_load_shards", [&]() -> std::function<void()> {
+    const Blobs set = read_blob_set(blobs, sizes, count);
+    if (std::function<void()> fn = reshard(set)) return fn;
+    // Replicated state: this rank's own blob at the same size, else the first.
+    const bool own = count == comm_.size() && comm_.size() > 1;
+    std::shared_ptr<const BlobReader> r = set[own ? size_t(comm_.rank()) : 0];
+    r->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
+    check_sections(*r);
+    return [this, r] { restore(*r); };
+  });
+}
+
+void Optimizer::restore_common(const BlobReader& r) {
   std::memcpy(steps_.data(), r.section(kStepsSection, steps_.size() * 8), steps_.size() * 8);
   const uint8_t* lrs = r.section(kLrSection, groups_.size() * 8);
   for (size_t g = 0; g < groups_.size(); ++g) std::memcpy(&groups_[g].lr, lrs + 8 * g, 8);
@@ -172,11 +262,19 @@ void Optimizer::load(const void* src, uint64_t size) {
   s.last_overflow_iter = f.get<int64_t>();
   s.hysteresis_left = f.get<int32_t>();
   pipeline_.scaler().set_state(s);
-  const uint64_t master_bytes = uint64_t(params_.master_numel()) * 4;
-  kernels_->copy_from_host(params_.masters(), r.section(kMastersSection, master_bytes), master_bytes);
+  if (r.has(kRunSection)) std::memcpy(&run_id_, r.section(kRunSection, 8), 8);
+}
+
+void Optimizer::restore_masters(const float* host) {
+  kernels_->copy_from_host(params_.masters(), host, uint64_t(params_.master_numel()) * 4);
   params_.write_back();
+}
+
+void Optimizer::restore(const BlobReader& r) {
+  restore_common(r);
+  restore_masters(reinterpret_cast<const float*>(
+      r.section(kMastersSection, uint64_t(params_.master_numel()) * 4)));
   restore_sections(r);
-  kernels_->synchronize();
 }
 
 }  // namespace dsopt

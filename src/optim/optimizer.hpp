@@ -3,6 +3,7 @@
 // step counters (G8), and the common sections of the state blob.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,22 @@ class Optimizer {
   uint64_t save(void* dst, uint64_t capacity) const;
   // Validates the whole blob, then restores it. Collective.
   void load(const void* src, uint64_t size);
+  // Validates every blob of a saved run (all ranks' blobs in rank order, or
+  // one replica of replicated state), then restores this rank's state from
+  // them: resharded where the algorithm supports it, else the blob of this
+  // rank (same world size) or the first one. Collective.
+  void load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count);
+
+  // The identifier of this run, the same on every rank; blobs carry it so
+  // that blobs of different runs are not mixed. Set after creation.
+  void set_run_id(uint64_t id) { run_id_ = id; }
+
+  // Bytes of the buffers dsopt holds for this optimizer, in host and in
+  // device memory (the caller's parameters are not counted).
+  struct MemoryUsage {
+    uint64_t host = 0, device = 0;
+  };
+  MemoryUsage memory_usage() const;
 
   // The momentum mask of a parameter (1-bit optimizers); nullptr clears it.
   // Throws Error(DSOPT_EUNSUPPORTED) where the algorithm has none.
@@ -60,6 +77,9 @@ class Optimizer {
   // Whether parameter i's gradient is averaged over ranks in the coming step
   // (else it stays this rank's own).
   virtual bool averaged(int64_t param_index) const { (void)param_index; return true; }
+  // Checks, averages, unscales and clips the gradients (the step pipeline);
+  // ZeRO reduce-scatters them into its shard instead. Collective.
+  virtual PreparedGrads prepare(const dsopt_tensor* grads, int64_t count);
   // Applies one update with prepared gradients; step counters are already
   // incremented. Returns whether the step used compressed communication.
   virtual bool update(const PreparedGrads& grads) = 0;
@@ -77,6 +97,21 @@ class Optimizer {
   virtual void save_sections(BlobWriter& w) const = 0;
   virtual void check_sections(const BlobReader& r) const = 0;
   virtual void restore_sections(const BlobReader& r) = 0;
+  // Resharding for load_shards: validates `blobs` (a checked set, see
+  // read_blob_set) and returns what restores this rank's state from them, or
+  // nullptr when the algorithm does not reshard (load_shards then restores
+  // one blob). Throws, changing nothing, when they cannot be loaded.
+  using Blobs = std::vector<std::shared_ptr<const BlobReader>>;
+  virtual std::function<void()> reshard(const Blobs& blobs) {
+    (void)blobs;
+    return nullptr;
+  }
+  // Restores steps, learning rates, the loss scaler and the run id (what
+  // every blob shares); for reshard's restore functions.
+  void restore_common(const BlobReader& r);
+  // Sets the fp32 masters of the 16-bit parameters (host values, parameter
+  // order) and rounds them into the caller's parameters.
+  void restore_masters(const float* host);
 
   const ParamSet& params() const { return params_; }
   Kernels& kernels() const { return *kernels_; }
@@ -84,9 +119,21 @@ class Optimizer {
   const AdamHyper& group(int32_t g) const { return groups_[size_t(g)]; }
   const OptimizerConfig& config() const { return cfg_; }
   const Mem mem() const { return Mem{kernels_.get(), cfg_.cuda_aware}; }
+  StepPipeline& pipeline() { return pipeline_; }
+  Kernels& host_kernels() const { return *host_; }
 
  private:
   std::string alarm(bool stuck_at_min_scale, double scale_used) const;
+  // Parses a blob and checks what every blob of this optimizer has:
+  // algorithm, parameters, groups, the common sections.
+  std::unique_ptr<const BlobReader> read_blob(const void* src, uint64_t size) const;
+  // read_blob of each, and checks that they form one save of one run.
+  Blobs read_blob_set(const void* const* blobs, const uint64_t* sizes, int64_t count) const;
+  // Runs `validate` (which returns the restore), agrees across ranks that
+  // every rank validated, then restores; on any failure nothing changes.
+  void load_collectively(const std::string& call, const std::function<std::function<void()>()>& validate);
+  // Restores everything from one blob of this optimizer's own layout.
+  void restore(const BlobReader& r);
 
   OptimizerConfig cfg_;
   Comm& comm_;
@@ -97,6 +144,7 @@ class Optimizer {
   std::vector<AdamHyper> groups_;
   std::vector<int64_t> steps_;
   int64_t consecutive_skips_ = 0;
+  uint64_t run_id_ = 0;
 };
 
 }  // namespace dsopt

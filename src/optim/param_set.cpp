@@ -5,7 +5,7 @@
 namespace dsopt {
 
 ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups,
-                   Kernels& kernels)
+                   Kernels& kernels, bool with_masters)
     : kernels_(kernels) {
   if (count <= 0) fail(DSOPT_EINVAL, "num_params must be > 0, got " + std::to_string(count));
   if (!params) fail(DSOPT_EINVAL, "params is NULL");
@@ -22,14 +22,14 @@ ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups
                              std::to_string(num_groups) + " parameter group(s)");
     params_.push_back(Param{t.data, t.numel, DType(t.dtype), t.group, total_numel_, nullptr});
     total_numel_ += t.numel;
-    if (DType(t.dtype) != DType::F32) master_numel_ += t.numel;
+    if (with_masters && DType(t.dtype) != DType::F32) master_numel_ += t.numel;
   }
   masters_ = DeviceBuffer(kernels_, size_t(master_numel_) * 4);
   int64_t m = 0;
   for (Param& p : params_) {
     if (p.dtype == DType::F32) {
       p.master = static_cast<float*>(p.data);
-    } else {
+    } else if (with_masters) {
       p.master = masters_.floats() + m;
       m += p.numel;
       kernels_.to_float(TensorRef{p.data, p.numel, p.dtype}, p.master);
@@ -45,7 +45,7 @@ std::vector<BlobParam> ParamSet::shapes() const {
 
 void ParamSet::write_back() {
   for (const Param& p : params_)
-    if (p.dtype != DType::F32) kernels_.from_float(p.master, p.data, p.dtype, p.numel);
+    if (p.dtype != DType::F32 && p.master) kernels_.from_float(p.master, p.data, p.dtype, p.numel);
 }
 
 std::string ParamSet::check_grads(const dsopt_tensor* grads, int64_t count) const {

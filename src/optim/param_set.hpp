@@ -25,8 +25,11 @@ struct Param {
 class ParamSet {
  public:
   // Validates the descriptors (throws Error(DSOPT_EINVAL) naming the
-  // parameter) and copies 16-bit parameters into fp32 masters.
-  ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups, Kernels& kernels);
+  // parameter) and copies 16-bit parameters into fp32 masters, unless
+  // `with_masters` is false (ZeRO keeps the masters of its shard only; then
+  // master is nullptr for 16-bit parameters).
+  ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups, Kernels& kernels,
+           bool with_masters = true);
 
   const std::vector<Param>& params() const { return params_; }
   int64_t count() const { return int64_t(params_.size()); }

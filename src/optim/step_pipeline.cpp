@@ -9,7 +9,7 @@ namespace dsopt {
 namespace {
 // Status flag carried next to the gradients: 1 per rank with a non-finite
 // gradient, kInvalid per rank whose arguments were rejected.
-constexpr float kInvalid = 65536.0f;
+constexpr float kInvalid = StepPipeline::kInvalidStatus;
 }  // namespace
 
 StepPipeline::StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels,

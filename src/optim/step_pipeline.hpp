@@ -38,12 +38,21 @@ class StepPipeline {
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }
 
- private:
-  std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
+  // Pieces for optimizers that prepare gradients their own way (ZeRO).
+  const PipelineConfig& config() const { return cfg_; }
+  // Whether the step computes the global gradient norm.
   bool wants_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
+  // out.grad_norm and out.mul2 (unscale and clip) from the global sum of
+  // squares of the averaged, still scaled gradients.
   void set_multipliers(PreparedGrads& out, double sumsq) const;
   // Fails the step on every rank, naming the ranks whose arguments were bad.
   [[noreturn]] void fail_step(const std::string& local_error);
+  // The status value a rank whose arguments were rejected contributes to
+  // the summed status of a step (a non-finite gradient contributes 1).
+  static constexpr float kInvalidStatus = 65536.0f;
+
+ private:
+  std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
 
   PipelineConfig cfg_;
   Comm& comm_;

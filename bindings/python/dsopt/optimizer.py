@@ -267,6 +267,37 @@ class Optimizer:
                 f"state blob must be bytes-like, got {type(blob).__name__}") from None
         check(lib.dsopt_state_load(handle, data, len(data)))
 
+    def load_state_dict_shards(self, blobs) -> None:
+        """Restores a run saved at any world size from the blobs all its
+        ranks wrote, in old-rank order (collective; every rank passes all of
+        them). Adam/AdamW reshard ZeRO shards or stage-0 state into this
+        rank's layout; everything is validated before anything changes."""
+        handle = self._live()
+        blobs = list(blobs)
+        if not blobs:
+            raise InvalidArgumentType("load_state_dict_shards needs at least one blob")
+        views = []
+        for i, blob in enumerate(blobs):
+            try:
+                views.append(ffi.from_buffer(blob))
+            except TypeError:
+                raise InvalidArgumentType(
+                    f"blobs[{i}] must be bytes-like, got {type(blob).__name__}") from None
+        pointers = ffi.new("void *[]", [ffi.cast("void *", v) for v in views])
+        sizes = ffi.new("uint64_t[]", [len(v) for v in views])
+        check(lib.dsopt_state_load_shards(handle, ffi.cast("const void *const *", pointers),
+                                          sizes, len(views)))
+
+    def memory_usage(self) -> dict:
+        """Bytes dsopt holds for this optimizer on this rank:
+        ``{"host": ..., "device": ...}`` (state, shards, buffers; not the
+        caller's parameters or gradients)."""
+        handle = self._live()
+        host = ffi.new("uint64_t *")
+        device = ffi.new("uint64_t *")
+        check(lib.dsopt_memory_usage(handle, host, device))
+        return {"host": int(host[0]), "device": int(device[0])}
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._params)} params"
         return f"<dsopt.Optimizer {state}>"

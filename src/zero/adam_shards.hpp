@@ -1,0 +1,67 @@
+// Adam/AdamW state as pieces of parameters, whatever layout saved it
+// (spec zero.md section 11.6): a stage-0 blob holds every parameter's
+// moments (and the fp32 masters of 16-bit parameters); a ZeRO blob holds
+// its shard of them, described by its zero.layout section. Resharding
+// copies, for each piece of the new layout, the intersecting pieces of the
+// old blobs, by interval intersection in parameter order.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "state/blob.hpp"
+#include "zero/shard_layout.hpp"
+
+namespace dsopt {
+
+// Blob section names shared by Adam (stage 0) and ZeroAdam.
+constexpr const char* kAdamMomentsPrefix = "adam";
+constexpr const char* kZeroLayoutSection = "zero.layout";
+constexpr const char* kZeroMastersSection = "zero.masters";
+constexpr const char* kStageMastersSection = "common.masters";
+
+// What a ZeRO blob records about its layout.
+struct ZeroLayoutRecord {
+  int32_t stage;
+  uint32_t world, rank;
+  int64_t bucket_elems;   // B of the layout
+  int64_t shard_numel;    // S
+  int64_t master_numel;   // fp32 masters kept (16-bit parameters' elements in the shard)
+};
+std::vector<uint8_t> encode(const ZeroLayoutRecord& r);
+// Throws Error(DSOPT_ECORRUPT) when the section is malformed.
+ZeroLayoutRecord decode_zero_layout(const BlobReader& r);
+
+// A run of one parameter's state: numel elements from param_offset on.
+struct StatePiece {
+  int64_t param, param_offset, numel;
+  int64_t state_offset;   // in the moment arrays
+  int64_t master_offset;  // in the master array; -1 for fp32 parameters (no master)
+};
+
+// The pieces a rank's state arrays hold, with their lengths.
+struct StateLayout {
+  std::vector<StatePiece> pieces;
+  int64_t state_numel = 0;
+  int64_t master_numel = 0;
+};
+// Stage 0: every parameter whole, moments in parameter order, masters of
+// the 16-bit parameters back to back.
+StateLayout replicated_state_layout(const std::vector<BlobParam>& params);
+// ZeRO: rank's fragments; masters of its 16-bit fragments back to back.
+StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
+                                 const std::vector<BlobParam>& params);
+
+// Host copies of resharded state, laid out as a StateLayout says.
+struct HostAdamState {
+  std::vector<float> m, v, masters;
+};
+
+// Validates that `blobs` (already checked to be one save of one run, in
+// rank order) hold Adam state of one kind, all stage 0 or one complete set
+// of ZeRO shards, and assembles `target` from them. Throws, changing
+// nothing, otherwise.
+HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
+                                  const std::vector<BlobParam>& params, const StateLayout& target);
+
+}  // namespace dsopt

@@ -1,0 +1,70 @@
+#include "zero/param_gatherer.hpp"
+
+#include <algorithm>
+
+namespace dsopt {
+
+ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm,
+                             Kernels& kernels, const Mem& mem, const ParamSet& params)
+    : comm_(comm), kernels_(kernels), mem_(mem), params_(params), world_(layout.world()),
+      rank_(comm.rank()) {
+  if (world_ == 1) return;  // the update already wrote every element
+  bool all16 = true;
+  for (const Param& p : params_.params()) all16 &= p.dtype != DType::F32;
+  wire_ = all16 ? 2 : 4;
+  const int64_t shard = layout.shard_numel();
+  const int64_t per_rank = std::min(shard, std::max<int64_t>(1, chunk_elems / world_));
+  for (int64_t begin = 0; begin < shard; begin += per_rank) {
+    Chunk c{begin, std::min(shard, begin + per_rank), {}};
+    for (int r = 0; r < world_; ++r) c.by_rank.push_back(layout.fragments(r, c.begin, c.end));
+    chunks_.push_back(std::move(c));
+  }
+  send_ = DeviceBuffer(kernels_, size_t(per_rank) * wire_);
+  recv_ = DeviceBuffer(kernels_, size_t(per_rank) * wire_ * size_t(world_));
+}
+
+void* ParamGatherer::element(const ShardFragment& f) const {
+  const Param& p = params_.params()[size_t(f.param)];
+  return static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
+}
+
+void ParamGatherer::gather() {
+  if (world_ == 1) return;
+  auto* send = static_cast<uint8_t*>(send_.get());
+  auto* recv = static_cast<uint8_t*>(recv_.get());
+  for (const Chunk& c : chunks_) {
+    const int64_t len = c.end - c.begin;
+    int64_t covered = 0;
+    for (const ShardFragment& f : c.by_rank[size_t(rank_)]) {
+      uint8_t* dst = send + size_t(f.shard_offset - c.begin) * wire_;
+      const DType dt = params_.params()[size_t(f.param)].dtype;
+      if (dtype_size(dt) == wire_)
+        kernels_.copy(dst, element(f), size_t(f.numel) * wire_);
+      else
+        kernels_.to_float(TensorRef{element(f), f.numel, dt}, reinterpret_cast<float*>(dst));
+      covered += f.numel;
+    }
+    if (covered < len) {  // padding: zeros, so that every rank sends defined bytes
+      const int64_t tail = c.by_rank[size_t(rank_)].empty()
+                               ? 0
+                               : c.by_rank[size_t(rank_)].back().shard_offset +
+                                     c.by_rank[size_t(rank_)].back().numel - c.begin;
+      kernels_.fill_zero(send + size_t(tail) * wire_, size_t(len - tail) * wire_);
+    }
+    comm_.allgather(send, recv, size_t(len) * wire_, Elem::U8, mem_);
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      const uint8_t* from = recv + size_t(r) * size_t(len) * wire_;
+      for (const ShardFragment& f : c.by_rank[size_t(r)]) {
+        const uint8_t* src = from + size_t(f.shard_offset - c.begin) * wire_;
+        const DType dt = params_.params()[size_t(f.param)].dtype;
+        if (dtype_size(dt) == wire_)
+          kernels_.copy(element(f), src, size_t(f.numel) * wire_);
+        else
+          kernels_.from_float(reinterpret_cast<const float*>(src), element(f), dt, f.numel);
+      }
+    }
+  }
+}
+
+}  // namespace dsopt

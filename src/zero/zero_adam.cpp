@@ -1,0 +1,111 @@
+#include "zero/zero_adam.hpp"
+
+#include "base/error.hpp"
+
+namespace dsopt {
+namespace {
+
+std::vector<int64_t> numels(const ParamSet& params) {
+  std::vector<int64_t> n;
+  for (const Param& p : params.params()) n.push_back(p.numel);
+  return n;
+}
+
+}  // namespace
+
+ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+                   const dsopt_tensor* params, int64_t count)
+    : Optimizer(cfg, comm, std::move(kernels), params, count),
+      decoupled_(cfg.defaults.decoupled),
+      layout_(numels(this->params()), comm.size(), cfg.zero.reduce_bucket_size),
+      state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes())),
+      masters_(this->kernels(), size_t(state_.master_numel) * 4),
+      moments_(layout_.shard_numel(), this->kernels(), kAdamMomentsPrefix),
+      reducer_(layout_, cfg.zero.reduce_scatter, comm, this->kernels(), mem(), host_kernels(),
+               this->params(), pipeline()),
+      gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params()) {
+  for (const StatePiece& f : state_.pieces) {
+    const Param& p = this->params().params()[size_t(f.param)];
+    const bool half = p.dtype != DType::F32;
+    auto* data = static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
+    float* master = half ? masters_.floats() + f.master_offset : reinterpret_cast<float*>(data);
+    if (half) this->kernels().to_float(TensorRef{data, f.numel, p.dtype}, master);
+    slots_.push_back(AdamSlot{master, half ? data : nullptr, p.dtype,
+                              reducer_.shard() + f.state_offset, DType::F32,
+                              moments_.exp_avg() + f.state_offset,
+                              moments_.exp_avg_sq() + f.state_offset, f.numel, p.group});
+  }
+}
+
+std::string ZeroAdam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
+
+PreparedGrads ZeroAdam::prepare(const dsopt_tensor* grads, int64_t count) {
+  return reducer_.reduce(grads, count);
+}
+
+bool ZeroAdam::update(const PreparedGrads& grads) {
+  std::vector<AdamConsts> consts;
+  for (int32_t g = 0; g < num_groups(); ++g) consts.push_back(adam_consts(group(g), group_step(g)));
+  kernels().update(UpdateRule::Adam, slots_.data(), int64_t(slots_.size()), consts.data(),
+                   num_groups(), grads.mul1, grads.mul2);
+  gatherer_.gather();
+  return false;
+}
+
+ZeroLayoutRecord ZeroAdam::record() const {
+  return ZeroLayoutRecord{config().zero.stage, uint32_t(comm().size()), uint32_t(comm().rank()),
+                          layout_.bucket_elems(), layout_.shard_numel(), state_.master_numel};
+}
+
+void ZeroAdam::save_sections(BlobWriter& w) const {
+  const std::vector<uint8_t> rec = encode(record());
+  w.section(kZeroLayoutSection, rec.data(), rec.size());
+  w.section_from_device(kZeroMastersSection, masters_.get(), uint64_t(state_.master_numel) * 4,
+                        kernels());
+  moments_.save(w);
+}
+
+void ZeroAdam::check_sections(const BlobReader& r) const {
+  if (!r.has(kZeroLayoutSection))
+    fail(DSOPT_EMISMATCH, "the blob is from a run without ZeRO (stage 0): load it with "
+                          "dsopt_state_load_shards");
+  const ZeroLayoutRecord saved = decode_zero_layout(r), live = record();
+  if (saved.world != live.world || saved.rank != live.rank ||
+      saved.bucket_elems != live.bucket_elems || saved.shard_numel != live.shard_numel ||
+      saved.master_numel != live.master_numel)
+    fail(DSOPT_EMISMATCH,
+         "the blob is the ZeRO shard of rank " + std::to_string(saved.rank) + " of " +
+             std::to_string(saved.world) + " (reduce bucket " + std::to_string(saved.bucket_elems) +
+             "), this optimizer is rank " + std::to_string(live.rank) + " of " +
+             std::to_string(live.world) + " (reduce bucket " + std::to_string(live.bucket_elems) +
+             "): load all blobs of that run with dsopt_state_load_shards");
+  r.section(kZeroMastersSection, uint64_t(state_.master_numel) * 4);
+  moments_.check(r);
+}
+
+void ZeroAdam::restore_sections(const BlobReader& r) {
+  const uint64_t bytes = uint64_t(state_.master_numel) * 4;
+  kernels().copy_from_host(masters_.get(), r.section(kZeroMastersSection, bytes), bytes);
+  moments_.restore(r);
+  publish_parameters();
+}
+
+std::function<void()> ZeroAdam::reshard(const Blobs& blobs) {
+  auto state = std::make_shared<HostAdamState>(assemble_adam_state(blobs, params().shapes(), state_));
+  std::shared_ptr<const BlobReader> first = blobs[0];
+  return [this, state, first] {
+    restore_common(*first);
+    kernels().copy_from_host(masters_.get(), state->masters.data(), state->masters.size() * 4);
+    kernels().copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
+    kernels().copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
+    publish_parameters();
+  };
+}
+
+void ZeroAdam::publish_parameters() {
+  for (const AdamSlot& s : slots_)
+    if (s.param16) kernels().from_float(s.master, s.param16, s.param16_dtype, s.numel);
+  gatherer_.gather();
+}
+
+}  // namespace dsopt

@@ -1,0 +1,52 @@
+// ZeRO stage 1 and 2 with the Adam/AdamW update (spec zero.md; README
+// "ZeRO"): this rank keeps the moments, and fp32 masters of 16-bit
+// parameters, for its shard only; gradients are reduce-scattered into the
+// shard, the update runs on it, and the parameters are allgathered back
+// into the caller's buffers. The caller passes all its gradients to
+// dsopt_step, so both stages hold the same buffers here; they differ once
+// gradients are handed over during backward.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "optim/moments.hpp"
+#include "optim/optimizer.hpp"
+#include "zero/adam_shards.hpp"
+#include "zero/gradient_reducer.hpp"
+#include "zero/param_gatherer.hpp"
+#include "zero/shard_layout.hpp"
+
+namespace dsopt {
+
+class ZeroAdam final : public Optimizer {
+ public:
+  ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+           const dsopt_tensor* params, int64_t count);
+
+ protected:
+  std::string algorithm() const override;
+  PreparedGrads prepare(const dsopt_tensor* grads, int64_t count) override;
+  bool update(const PreparedGrads& grads) override;
+  uint32_t section_count() const override { return 4; }
+  void save_sections(BlobWriter& w) const override;
+  void check_sections(const BlobReader& r) const override;
+  void restore_sections(const BlobReader& r) override;
+  std::function<void()> reshard(const Blobs& blobs) override;
+
+ private:
+  ZeroLayoutRecord record() const;
+  // Rounds the masters of this rank's 16-bit fragments into the caller's
+  // buffers and gathers every rank's; after a load.
+  void publish_parameters();
+
+  bool decoupled_;
+  ShardLayout layout_;
+  StateLayout state_;         // this rank's fragments, with master offsets
+  DeviceBuffer masters_;      // fp32 masters of the shard's 16-bit elements
+  Moments moments_;           // over the shard (S elements)
+  GradientReducer reducer_;
+  ParamGatherer gatherer_;
+  std::vector<AdamSlot> slots_;  // one per fragment; fixed pointers
+};
+
+}  // namespace dsopt

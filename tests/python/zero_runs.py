@@ -1,0 +1,109 @@
+"""ZeRO stage 1/2 scenarios for mpi_zero.py and test_zero.py: the model
+(odd sizes, so that shards split tensors and padding is exercised), the
+config, and a driver that steps one dsopt.Optimizer with rank-dependent
+gradients.
+
+"exact" gradients are multiples of 1/256 in [-1/4, 1/4] (times the loss
+scale): their sums over ranks are exact in fp32 in any order, so ZeRO and
+stage 0 must agree bit for bit at every world size. "random" gradients are
+normal floats: their sums depend on the reduction order, which MPI chooses
+differently for allreduce (stage 0) and reduce-scatter (ZeRO) from three
+ranks on."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import dsopt
+from halfprec import to_bf16_bits
+
+
+@dataclass
+class Scenario:
+    name: str
+    sizes: tuple = (37, 1000, 3, 513, 64)
+    kinds: tuple = ("fp32",) * 5
+    groups: tuple = (0, 1, 0, 1, 0)
+    grads: str = "exact"           # or "random"
+    steps: int = 6
+    top: dict = field(default_factory=dict)    # top-level config keys
+    zero: dict = field(default_factory=lambda: {"reduce_bucket_size": 96,
+                                                "allgather_bucket_size": 200})
+    overflow: tuple = ()          # (step, rank): that rank's gradient is Inf then
+    seed: int = 7
+
+
+SCENARIOS = [
+    Scenario("fp32"),
+    Scenario("fp32_random", grads="random"),
+    Scenario("one_bucket", zero={}),          # DeepSpeed's contiguous shards
+    Scenario("allreduce_buckets", zero={"reduce_bucket_size": 96, "reduce_scatter": False}),
+    Scenario("fp16_dynamic", kinds=("fp16",) * 5, overflow=(3, 1),
+             top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
+    Scenario("bf16", kinds=("bf16",) * 5, top={"bf16": {"enabled": True}}),
+    Scenario("mixed_dtypes", kinds=("fp32", "bf16", "fp16", "fp32", "bf16")),
+    Scenario("clipping", top={"gradient_clipping": 0.5}),
+    Scenario("tiny", sizes=(1, 2, 3), groups=(0, 1, 0), kinds=("fp32", "bf16", "fp32"),
+             zero={"reduce_bucket_size": 1, "allgather_bucket_size": 1}),
+]
+BY_NAME = {sc.name: sc for sc in SCENARIOS}
+
+
+def config(sc: Scenario, stage: int) -> dict:
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01,
+                                                       "betas": [0.8, 0.99]}},
+           "param_groups": [{}, {"lr": 0.02, "weight_decay": 0.0}],
+           "report_grad_norm": True}
+    cfg.update(sc.top)
+    if stage:
+        cfg["zero_optimization"] = dict(sc.zero, stage=stage)
+    return cfg
+
+
+def initial_params(sc: Scenario):
+    rng = np.random.default_rng([sc.seed, 1])
+    out = []
+    for n, kind in zip(sc.sizes, sc.kinds):
+        x = rng.standard_normal(n).astype(np.float32)
+        out.append({"fp16": lambda: x.astype(np.float16), "bf16": lambda: to_bf16_bits(x)}
+                   .get(kind, lambda: x)())
+    return out
+
+
+def as_dsopt(params, kinds):
+    return [dsopt.bf16(p) if k == "bf16" else p for p, k in zip(params, kinds)]
+
+
+def gradients(sc: Scenario, step: int, rank: int, scale: float):
+    out = []
+    for i, n in enumerate(sc.sizes):
+        rng = np.random.default_rng([sc.seed, step, rank, i])
+        if sc.grads == "exact":
+            g = rng.integers(-64, 65, n).astype(np.float32) / 256
+        else:
+            g = (rng.standard_normal(n) * (0.5 + i % 3)).astype(np.float32)
+        out.append((g * np.float32(scale)).astype(np.float32))
+    if sc.overflow and sc.overflow == (step, rank):
+        out[-1][0] = np.inf
+    return out
+
+
+def step_all(opt, sc, rank, first, count, history=None):
+    """Steps ``count`` times from step index ``first``; returns the infos,
+    appending a copy of the parameters after each step to ``history``."""
+    infos = []
+    for k in range(first, first + count):
+        infos.append(opt.step(gradients(sc, k, rank, opt.loss_scale)))
+        if history is not None:
+            history.append([p.copy() for p in opt_params(opt)])
+    return infos
+
+
+def opt_params(opt):
+    return [p.array if hasattr(p, "array") else p for p in opt.params]
+
+
+def make(sc, stage, comm, params=None):
+    params = initial_params(sc) if params is None else params
+    return dsopt.Optimizer(config(sc, stage), as_dsopt(params, sc.kinds), comm=comm,
+                           groups=list(sc.groups)), params
