@@ -1,10 +1,8 @@
 // dsopt_create / step / state / lr entry points.
 #include <zlib.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 
 #include "api/config.hpp"
@@ -34,19 +32,12 @@ uint64_t shapes_hash(const dsopt_tensor* params, int64_t count) {
   return hash64(s.data(), s.size());
 }
 
-// A fresh identifier for a run (rank 0's is everyone's).
-uint64_t new_run_id() {
-  std::random_device rd;
-  const uint64_t t = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
-  return (uint64_t(rd()) << 32 | rd()) ^ t;
-}
-
 // Every rank tells every other whether it built its optimizer and what
 // config and shapes it has; any failure or difference fails every rank.
 // Returns rank 0's run id.
-uint64_t agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash) {
+uint64_t agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash,
+                            uint64_t run_id) {
   const int world = comm.size();
-  const uint64_t run_id = new_run_id();
   if (world == 1) return run_id;
   int64_t mine[4] = {local_ok ? 1 : 0, int64_t(cfg_hash), int64_t(shape_hash), int64_t(run_id)};
   std::vector<int64_t> all(size_t(4 * world));
@@ -107,9 +98,12 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
       error = "out of host memory";
     }
     const uint64_t shapes = status == DSOPT_OK ? shapes_hash(params, num_params) : 0;
+    // A run is named by its config, shapes and initial parameters: blobs
+    // stay byte-reproducible, and those of differently seeded runs differ.
     uint64_t run_id = 0;
+    if (status == DSOPT_OK) run_id = cfg_hash ^ (shapes * 0x9E3779B97F4A7C15ull) ^ opt->impl->params_fingerprint();
     try {
-      run_id = agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes);
+      run_id = agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes, run_id);
     } catch (const Error&) {
       if (status == DSOPT_OK) throw;
     }

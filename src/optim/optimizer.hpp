@@ -57,6 +57,8 @@ class Optimizer {
   // The identifier of this run, the same on every rank; blobs carry it so
   // that blobs of different runs are not mixed. Set after creation.
   void set_run_id(uint64_t id) { run_id_ = id; }
+  // A hash of samples of the parameters' current values.
+  uint64_t params_fingerprint() const { return params_.fingerprint(); }
 
   // Bytes of the buffers dsopt holds for this optimizer, in host and in
   // device memory (the caller's parameters are not counted).

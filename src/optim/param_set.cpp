@@ -1,5 +1,7 @@
 #include "optim/param_set.hpp"
 
+#include <algorithm>
+
 #include "base/error.hpp"
 
 namespace dsopt {
@@ -41,6 +43,24 @@ std::vector<BlobParam> ParamSet::shapes() const {
   std::vector<BlobParam> s;
   for (const Param& p : params_) s.push_back(BlobParam{p.numel, int32_t(p.dtype), p.group});
   return s;
+}
+
+uint64_t ParamSet::fingerprint() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  std::vector<uint8_t> sample;
+  const auto mix = [&](const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  for (const Param& p : params_) {
+    const size_t bytes = size_t(p.numel) * dtype_size(p.dtype);
+    const size_t n = std::min<size_t>(bytes, 1024);
+    sample.resize(n);
+    kernels_.copy_to_host(sample.data(), p.data, n);
+    mix(sample.data(), n);
+    kernels_.copy_to_host(sample.data(), static_cast<const uint8_t*>(p.data) + (bytes - n), n);
+    mix(sample.data(), n);
+  }
+  return h;
 }
 
 void ParamSet::write_back() {

@@ -39,6 +39,9 @@ class ParamSet {
   // fp32 masters of the 16-bit parameters, back to back in parameter order.
   float* masters() const { return masters_.floats(); }
   int64_t master_numel() const { return master_numel_; }
+  // A hash of the first and last elements (up to 1 KiB) of every
+  // parameter's current values.
+  uint64_t fingerprint() const;
   // Rounds every master into its 16-bit parameter.
   void write_back();
 

@@ -15,9 +15,11 @@ themselves; a failing check aborts the run with its traceback. Phases
   from stage-0 blobs) and into stage 0 (from stage-2 blobs), and continues:
   bit-identical to the stage-0 run of the same old world size loaded with
   dsopt_state_load (replicated state loads as is) and continued here;
+* memory: dsopt_memory_usage equals the accounting of the layout rule;
 * bad_blobs: missing, duplicated, misordered, corrupted, foreign and
   other-run blobs are rejected on every rank and change nothing."""
 
+import dataclasses
 import glob
 import os
 import sys
@@ -170,7 +172,8 @@ def expect_error(fn, error, pattern, what):
 def phase_bad_blobs(comm, rank, size):
     sc = zr.BY_NAME["mixed_dtypes"]
     blobs = MPI_WORLD.allgather(save_blobs(sc, 2, comm, rank)[0])
-    other_run = MPI_WORLD.allgather(save_blobs(sc, 2, comm, rank)[0])
+    # Same model and config, other initial values: another run.
+    other_run = MPI_WORLD.allgather(save_blobs(dataclasses.replace(sc, seed=8), 2, comm, rank)[0])
     foreign = MPI_WORLD.allgather(save_blobs(zr.BY_NAME["tiny"], 2, comm, rank)[0])
     corrupt = bytearray(blobs[-1])
     corrupt[len(corrupt) // 2] ^= 1
@@ -199,7 +202,19 @@ def phase_bad_blobs(comm, rank, size):
         zr.step_all(opt, sc, rank, 2, 1)  # still steps
 
 
-PHASES = {"equivalence": phase_equivalence, "resume": phase_resume, "save": phase_save,
+def phase_memory(comm, rank, size):
+    sc = zr.MEMORY
+    want = zr.expected_host_bytes(sc, size)
+    for stage in (0, 1, 2):
+        opt, _ = zr.make(sc, stage, comm)
+        with opt:
+            zr.step_all(opt, sc, rank, 0, 1)
+            got = opt.memory_usage()
+        assert got == {"host": want[stage], "device": 0}, (stage, got, want)
+    return want[2]
+
+
+PHASES = {"memory": phase_memory, "equivalence": phase_equivalence, "resume": phase_resume, "save": phase_save,
           "reshard": phase_reshard, "bad_blobs": phase_bad_blobs}
 
 

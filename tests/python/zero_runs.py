@@ -107,3 +107,23 @@ def make(sc, stage, comm, params=None):
     params = initial_params(sc) if params is None else params
     return dsopt.Optimizer(config(sc, stage), as_dsopt(params, sc.kinds), comm=comm,
                            groups=list(sc.groups)), params
+
+
+# An all-bf16 model whose 1440 elements need no padding for P = 1..4.
+MEMORY = Scenario("memory", sizes=(1001, 437, 2), kinds=("bf16",) * 3, groups=(0, 1, 0),
+                  top={"bf16": {"enabled": True}})
+
+
+def expected_host_bytes(sc: Scenario, world: int) -> dict:
+    """dsopt's accounting for MEMORY, from the layout rule (README "ZeRO"):
+    stage 0 keeps masters and moments of every element (and, from the first
+    step at P > 1, the averaged-gradient buffer with its status element);
+    ZeRO keeps masters, moments and the averaged gradient of its shard,
+    plus one reduce bucket and the allgather buffers at P > 1."""
+    n = sum(sc.sizes)
+    assert n % (2 * world) == 0
+    shard = n // world
+    bucket = min(n, sc.zero["reduce_bucket_size"] // (2 * world) * (2 * world))
+    chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
+    comm = 4 * bucket + 2 * chunk * (world + 1) if world > 1 else 0
+    return {0: 12 * n + (4 * (n + 1) if world > 1 else 0), 1: 16 * shard + comm, 2: 16 * shard + comm}
