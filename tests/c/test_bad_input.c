@@ -165,6 +165,8 @@ static void create_rejects_unsupported_choices(void) {
   CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"Adamax\"}}", DSOPT_EINVAL, "Adamax");
   CHECK_CONFIG_REJECTED("{\"optimizer\": {\"params\": {\"lr\": 0.01}}}", DSOPT_EINVAL, "type");
   CHECK_CONFIG_REJECTED("{\"device\": \"cpu\"}", DSOPT_EINVAL, "optimizer");
+  CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"OneBitAdam\"}, \"zero_optimization\": {\"stage\": 1}}",
+                        DSOPT_EUNSUPPORTED, "Adam and AdamW");
   CHECK_CONFIG_REJECTED("{" GOOD_OPTIMIZER ", \"device\": \"tpu\"}", DSOPT_EINVAL, "device");
   CHECK_CONFIG_REJECTED("{" GOOD_OPTIMIZER ", \"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}",
                         DSOPT_EINVAL, "bf16|fp16");
@@ -405,6 +407,31 @@ static void state_load_rejects_truncated_blobs(void) {
   twin_close(&t);
 }
 
+static void state_load_shards_and_memory_usage_reject_bad_arguments(void) {
+  twin t;
+  if (twin_open(&t, good_config)) {
+    uint64_t size;
+    unsigned char *blob = state_blob(t.a, &size);
+    const void *blobs[2] = {blob, NULL};
+    const uint64_t sizes[2] = {size, size};
+    CHECK_REJECTED(&t, dsopt_state_load_shards(NULL, blobs, sizes, 1), DSOPT_EINVAL, "opt|handle|null");
+    CHECK_REJECTED(&t, dsopt_state_load_shards(t.a, NULL, sizes, 1), DSOPT_EINVAL, "blobs");
+    CHECK_REJECTED(&t, dsopt_state_load_shards(t.a, blobs, NULL, 1), DSOPT_EINVAL, "sizes");
+    CHECK_REJECTED(&t, dsopt_state_load_shards(t.a, blobs, sizes, 0), DSOPT_EINVAL, "num_blobs");
+    CHECK_REJECTED(&t, dsopt_state_load_shards(t.a, blobs, sizes, -1), DSOPT_EINVAL, "num_blobs");
+    CHECK_REJECTED(&t, dsopt_state_load_shards(t.a, blobs, sizes, 2), DSOPT_EINVAL, "blobs[1]");
+    uint64_t host = 0, device = 0;
+    CHECK_STATUS(dsopt_memory_usage(NULL, &host, &device), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_memory_usage(t.a, NULL, NULL), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_memory_usage(t.a, &host, NULL), DSOPT_OK);
+    CHECK(host > 0);
+    CHECK_STATUS(dsopt_memory_usage(t.a, NULL, &device), DSOPT_OK);
+    CHECK(device == 0);
+    free(blob);
+  }
+  twin_close(&t);
+}
+
 static void state_load_rejects_flipped_bytes(void) {
   twin t;
   if (twin_open(&t, good_config)) {
@@ -546,6 +573,7 @@ int main(void) {
   RUN_TEST(state_save_into_small_buffer_reports_needed_size);
   RUN_TEST(state_load_rejects_truncated_blobs);
   RUN_TEST(state_load_rejects_flipped_bytes);
+  RUN_TEST(state_load_shards_and_memory_usage_reject_bad_arguments);
   RUN_TEST(state_load_rejects_blobs_of_other_optimizers);
   RUN_TEST(comm_create_rejects_null_out);
   RUN_TEST(mpi_comm_needs_mpi);
