@@ -1,6 +1,6 @@
 """dsopt's main demo: data-parallel training of a digits MLP with AdamW,
-1-bit Adam, 1-bit LAMB and 0/1 Adam on every rank of MPI_COMM_WORLD (or one
-process).
+AdamW under ZeRO stage 2, 1-bit Adam, 1-bit LAMB and 0/1 Adam on every rank
+of MPI_COMM_WORLD (or one process).
 
 The model and data come from small_models.py: a ReLU MLP 64-128-128-10
 (26,122 parameters, plain numpy forward and backward) on scikit-learn's
@@ -8,9 +8,15 @@ bundled 8x8 digits (80/20 split). Every run uses lr 1e-3, weight_decay 0.01
 and a global batch of 64 split evenly over the ranks; each rank passes the
 mean gradient of its share; dsopt averages the gradients (AdamW, 1-bit
 Adam's warmup) or exchanges the momentum 1-bit compressed (1-bit Adam from
-freeze_step = 15% of the steps on) and updates the parameters in place. Five runs:
+freeze_step = 15% of the steps on) and updates the parameters in place. Six runs:
 
 - AdamW;
+- AdamW with "zero_optimization": {"stage": 2}: each rank keeps the moments
+  of its 1/N shard only; gradients are reduce-scattered and the parameters
+  allgathered, in buckets of 8,192 elements. It follows the AdamW run (bit
+  for bit on one or two ranks, within fp32 rounding on more, where MPI sums
+  in another order) with less optimizer memory per rank from two ranks on
+  (on one rank it holds more: the fp32 gradient copy);
 - 1-bit Adam with dsopt's defaults ("stabilize": true);
 - 1-bit Adam with "stabilize": false, DeepSpeed's rule, to show what the
   default avoids. On 4 ranks it blows up a few steps after freeze_step: the
@@ -26,7 +32,8 @@ freeze_step = 15% of the steps on) and updates the parameters in place. Five run
   them, then local steps with 1-bit syncs every 1, 2, 4, ... 16 steps).
 
 Rank 0 prints the loss (mean over the ranks), the stage and the bytes on the
-wire (all ranks) every --log-every steps, then a summary table, and writes
+wire (all ranks) every --log-every steps, then a summary table (with the
+memory dsopt holds for the optimizer on each rank), and writes
 OUT/demo.png (loss per step, log scale, and cumulative bytes) and
 OUT/summary.json.
 
@@ -58,6 +65,9 @@ except ImportError:  # one process with the local communicator
 NonFiniteError = getattr(dsopt, "NonFiniteError", dsopt.DsoptError)
 LR, WEIGHT_DECAY = 1e-3, 0.01
 LAMB_LR = 1e-2  # LAMB's trust ratio scales each tensor's step: it takes a larger lr
+# ZeRO's buckets, in elements: a fraction of this small model, as DeepSpeed's
+# default 5e8 is of a model with billions of parameters.
+ZERO_BUCKET = 8192
 
 
 def runs(steps):
@@ -66,6 +76,9 @@ def runs(steps):
     onebit = {"lr": LR, "weight_decay": WEIGHT_DECAY, "freeze_step": freeze}
     return [
         ("AdamW", {"optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}}}),
+        ("AdamW, ZeRO-2", {"optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WEIGHT_DECAY}},
+                           "zero_optimization": {"stage": 2, "reduce_bucket_size": ZERO_BUCKET,
+                                                 "allgather_bucket_size": ZERO_BUCKET}}),
         ("1-bit Adam", {"optimizer": {"type": "OneBitAdam", "params": dict(onebit)}}),
         ("1-bit Adam, stabilize=false",
          {"optimizer": {"type": "OneBitAdam", "params": dict(onebit, stabilize=False)}}),
@@ -132,6 +145,7 @@ def run_one(name, config, model, data, comm, mpi, world, rank, steps, batch, log
         "diverged_at": diverged_at,
         "error": error.splitlines()[0] if error else "",
         "total_bytes": int(sum(history["bytes"])),
+        "memory_per_rank": int(result.memory_bytes) if result is not None else 0,
         "seconds": elapsed,
     }
     first = history["compressed"].index(True) + 1 if any(history["compressed"]) else None
@@ -158,12 +172,14 @@ def plot(rows, histories, path, world):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:orange", "tab:brown"]
+    colors = ["tab:blue", "tab:cyan", "tab:green", "tab:red", "tab:purple", "tab:orange"]
     fig, (ax_loss, ax_bytes) = plt.subplots(1, 2, figsize=(12, 4.8))
     freeze = None
     for row, hist, color in zip(rows, histories, colors):
         # dashed: DeepSpeed's rule coincides with 1-bit Adam during warmup
         style = (0, (3, 2)) if "stabilize=false" in row["name"] else "-"
+        if "ZeRO" in row["name"]:  # on top of AdamW's curve
+            style = (0, (1, 2))
         loss = np.array(hist["loss"], dtype=float)
         steps = np.arange(1, len(loss) + 1)
         finite = np.isfinite(loss)
@@ -231,11 +247,12 @@ def main():
         raise SystemExit(f"--batch {args.batch} must be a multiple of the {world} ranks")
     model, data = MLP(), load_digits_split()
     plan = runs(args.steps)
+    onebit_params = next(c for n, c in plan if n == "1-bit Adam")["optimizer"]["params"]
     if rank == 0:
         print(f"dsopt demo: digits MLP {'-'.join(map(str, model.sizes))} ({model.num_params():,} parameters), "
               f"{len(data.y_train)} train / {len(data.y_test)} test images, {world} rank(s), "
               f"global batch {args.batch}, {args.steps} steps, lr {LR:g}, weight_decay {WEIGHT_DECAY:g}, "
-              f"1-bit Adam freeze_step {plan[1][1]['optimizer']['params']['freeze_step']}", flush=True)
+              f"1-bit Adam freeze_step {onebit_params['freeze_step']}", flush=True)
 
     rows, histories = [], []
     for name, config in plan:
@@ -248,17 +265,22 @@ def main():
     if rank != 0:
         return
 
-    header = "{:<28} {:>10} {:>9} {:>8} {:>18} {:>7}".format(
-        "optimizer", "train loss", "test acc", "skipped", "bytes on the wire", "time")
+    header = "{:<28} {:>10} {:>9} {:>8} {:>18} {:>13} {:>7}".format(
+        "optimizer", "train loss", "test acc", "skipped", "bytes on the wire", "memory/rank", "time")
     print("\n" + header)
     for r in rows:
         loss = f"{r['final_loss']:.4f}" if math.isfinite(r["final_loss"]) else "nan"
-        print("{:<28} {:>10} {:>9.3f} {:>8d} {:>18,d} {:>6.1f}s".format(
-            r["name"], loss, r["test_accuracy"], r["skipped_steps"], r["total_bytes"], r["seconds"]))
+        print("{:<28} {:>10} {:>9.3f} {:>8d} {:>18,d} {:>13,d} {:>6.1f}s".format(
+            r["name"], loss, r["test_accuracy"], r["skipped_steps"], r["total_bytes"],
+            r["memory_per_rank"], r["seconds"]))
     for r in rows:
         if r["diverged_at"]:
             print(f"{r['name']}: diverged at step {r['diverged_at']} (dsopt.NonFiniteError, message above)")
-    adamw, onebit = rows[0], rows[1]
+    adamw, zero2, onebit = rows[0], rows[1], rows[2]
+    print(f"\nAdamW, ZeRO-2: dsopt holds {zero2['memory_per_rank']:,} bytes per rank for the optimizer, "
+          f"{adamw['memory_per_rank'] / zero2['memory_per_rank']:.1f}x less than AdamW's "
+          f"{adamw['memory_per_rank']:,} on {world} rank(s) (moments and gradient shard of 1/{world} "
+          f"of the parameters, plus buffers); train loss {zero2['final_loss']:.4f} vs {adamw['final_loss']:.4f}.")
     if world > 1 and onebit["total_bytes"]:
         per = onebit.get("bytes_per_step", {})
         if per.get("compressed"):

@@ -30,6 +30,7 @@ class RunResult:
     error: str = ""              # the dsopt error that ended the run early, if any
     error_step: int = 0          # the step (counted from 1) that raised it
     bytes_sent: int = 0          # this rank's bytes through the communicator
+    memory_bytes: int = 0        # what dsopt holds for the optimizer on this rank (host + device)
     losses: list = field(default_factory=list)  # this rank's batch loss per step
 
 
@@ -63,6 +64,7 @@ def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, o
             result.losses.append(loss)
             if on_step is not None:
                 on_step(step, loss, info)
+        result.memory_bytes = sum(opt.memory_usage().values())
     if evaluate:
         result.train_loss, _ = model.evaluate(params, data.x_train, data.y_train)
         _, result.test_accuracy = model.evaluate(params, data.x_test, data.y_test)

@@ -8,16 +8,19 @@ namespace dsopt {
 
 GradientReducer::GradientReducer(const ShardLayout& layout, bool reduce_scatter, Comm& comm,
                                  Kernels& kernels, const Mem& mem, Kernels& host,
-                                 const ParamSet& params, StepPipeline& pipeline)
+                                 const ParamSet& params, StepPipeline& pipeline, void* scratch)
     : layout_(layout), reduce_scatter_(reduce_scatter), comm_(comm), kernels_(kernels), mem_(mem),
-      host_(host), params_(params), pipeline_(pipeline) {
-  int64_t largest = 0;
-  for (const ReduceBucket& b : layout_.buckets()) {
+      host_(host), params_(params), pipeline_(pipeline), send_(static_cast<float*>(scratch)) {
+  for (const ReduceBucket& b : layout_.buckets())
     bucket_runs_.push_back(layout_.runs(b.flat_start, b.flat_start + b.numel));
-    largest = std::max(largest, b.numel);
-  }
-  if (layout_.world() > 1) send_ = DeviceBuffer(kernels_, size_t(largest) * 4);
   shard_ = DeviceBuffer(kernels_, size_t(layout_.shard_numel()) * 4);
+}
+
+size_t GradientReducer::scratch_bytes(const ShardLayout& layout) {
+  if (layout.world() == 1) return 0;  // one rank packs straight into the shard
+  int64_t largest = 0;
+  for (const ReduceBucket& b : layout.buckets()) largest = std::max(largest, b.numel);
+  return size_t(largest) * 4;
 }
 
 PreparedGrads GradientReducer::reduce(const dsopt_tensor* grads, int64_t count) {
@@ -31,7 +34,7 @@ PreparedGrads GradientReducer::reduce(const dsopt_tensor* grads, int64_t count) 
   for (size_t k = 0; k < layout_.buckets().size(); ++k) {
     const ReduceBucket& b = layout_.buckets()[k];
     // One rank needs no reduction: the bucket is packed into the shard.
-    float* packed = world == 1 ? shard() + b.shard_offset : send_.floats();
+    float* packed = world == 1 ? shard() + b.shard_offset : send_;
     int64_t filled = 0;
     if (ok) {
       refs.clear();

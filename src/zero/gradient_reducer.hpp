@@ -20,9 +20,13 @@ namespace dsopt {
 class GradientReducer {
  public:
   // reduce_scatter false: each bucket is allreduced and the own piece kept
-  // (DeepSpeed's traffic, same sums).
+  // (DeepSpeed's traffic, same sums). `scratch` (device memory of at least
+  // scratch_bytes(layout)) holds a bucket during reduce(); it is free
+  // between calls.
   GradientReducer(const ShardLayout& layout, bool reduce_scatter, Comm& comm, Kernels& kernels,
-                  const Mem& mem, Kernels& host, const ParamSet& params, StepPipeline& pipeline);
+                  const Mem& mem, Kernels& host, const ParamSet& params, StepPipeline& pipeline,
+                  void* scratch);
+  static size_t scratch_bytes(const ShardLayout& layout);
 
   // Collective. Fills shard() with this rank's piece of the averaged
   // gradient and returns the step's status and multipliers (grads empty).
@@ -43,7 +47,7 @@ class GradientReducer {
   const ParamSet& params_;
   StepPipeline& pipeline_;
   std::vector<std::vector<FlatRun>> bucket_runs_;  // per reduce bucket
-  DeviceBuffer send_;   // one bucket, packed in flat order
+  float* send_;         // scratch: one bucket, packed in flat order
   DeviceBuffer shard_;  // S floats
 };
 

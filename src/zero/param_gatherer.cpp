@@ -4,23 +4,36 @@
 
 namespace dsopt {
 
+size_t ParamGatherer::wire_bytes(const ParamSet& params) {
+  for (const Param& p : params.params())
+    if (p.dtype == DType::F32) return 4;
+  return 2;
+}
+
+int64_t ParamGatherer::chunk_length(const ShardLayout& layout, int64_t chunk_elems) {
+  return std::min(layout.shard_numel(), std::max<int64_t>(1, chunk_elems / layout.world()));
+}
+
+size_t ParamGatherer::scratch_bytes(const ShardLayout& layout, int64_t chunk_elems,
+                                    const ParamSet& params) {
+  if (layout.world() == 1) return 0;  // the update already wrote every element
+  return size_t(chunk_length(layout, chunk_elems)) * wire_bytes(params) * size_t(layout.world() + 1);
+}
+
 ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm,
-                             Kernels& kernels, const Mem& mem, const ParamSet& params)
+                             Kernels& kernels, const Mem& mem, const ParamSet& params, void* scratch)
     : comm_(comm), kernels_(kernels), mem_(mem), params_(params), world_(layout.world()),
-      rank_(comm.rank()) {
-  if (world_ == 1) return;  // the update already wrote every element
-  bool all16 = true;
-  for (const Param& p : params_.params()) all16 &= p.dtype != DType::F32;
-  wire_ = all16 ? 2 : 4;
+      rank_(comm.rank()), wire_(wire_bytes(params)) {
+  if (world_ == 1) return;
   const int64_t shard = layout.shard_numel();
-  const int64_t per_rank = std::min(shard, std::max<int64_t>(1, chunk_elems / world_));
+  const int64_t per_rank = chunk_length(layout, chunk_elems);
   for (int64_t begin = 0; begin < shard; begin += per_rank) {
     Chunk c{begin, std::min(shard, begin + per_rank), {}};
     for (int r = 0; r < world_; ++r) c.by_rank.push_back(layout.fragments(r, c.begin, c.end));
     chunks_.push_back(std::move(c));
   }
-  send_ = DeviceBuffer(kernels_, size_t(per_rank) * wire_);
-  recv_ = DeviceBuffer(kernels_, size_t(per_rank) * wire_ * size_t(world_));
+  send_ = static_cast<uint8_t*>(scratch);
+  recv_ = send_ + size_t(per_rank) * wire_;
 }
 
 void* ParamGatherer::element(const ShardFragment& f) const {
@@ -30,8 +43,8 @@ void* ParamGatherer::element(const ShardFragment& f) const {
 
 void ParamGatherer::gather() {
   if (world_ == 1) return;
-  auto* send = static_cast<uint8_t*>(send_.get());
-  auto* recv = static_cast<uint8_t*>(recv_.get());
+  uint8_t* send = send_;
+  uint8_t* recv = recv_;
   for (const Chunk& c : chunks_) {
     const int64_t len = c.end - c.begin;
     int64_t covered = 0;

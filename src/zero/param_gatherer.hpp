@@ -17,8 +17,11 @@ namespace dsopt {
 
 class ParamGatherer {
  public:
+  // `scratch` (device memory of at least scratch_bytes(...)) holds a chunk
+  // during gather(); it is free between calls.
   ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm, Kernels& kernels,
-                const Mem& mem, const ParamSet& params);
+                const Mem& mem, const ParamSet& params, void* scratch);
+  static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params);
   // Collective: every rank's shard of the parameters into every rank's
   // buffers.
   void gather();
@@ -29,6 +32,8 @@ class ParamGatherer {
     std::vector<std::vector<ShardFragment>> by_rank;  // each rank's fragments in it
   };
   void* element(const ShardFragment& f) const;  // the caller's first element of f
+  static size_t wire_bytes(const ParamSet& params);
+  static int64_t chunk_length(const ShardLayout& layout, int64_t chunk_elems);
 
   Comm& comm_;
   Kernels& kernels_;
@@ -37,7 +42,8 @@ class ParamGatherer {
   int world_, rank_;
   size_t wire_ = 4;  // bytes per element on the wire
   std::vector<Chunk> chunks_;
-  DeviceBuffer send_, recv_;
+  uint8_t* send_;  // scratch: this rank's chunk, then every rank's
+  uint8_t* recv_;
 };
 
 }  // namespace dsopt

@@ -1,5 +1,7 @@
 #include "zero/zero_adam.hpp"
 
+#include <algorithm>
+
 #include "base/error.hpp"
 
 namespace dsopt {
@@ -21,9 +23,14 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
       state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes())),
       masters_(this->kernels(), size_t(state_.master_numel) * 4),
       moments_(layout_.shard_numel(), this->kernels(), kAdamMomentsPrefix),
+      scratch_(this->kernels(),
+               std::max(GradientReducer::scratch_bytes(layout_),
+                        ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
+                                                     this->params()))),
       reducer_(layout_, cfg.zero.reduce_scatter, comm, this->kernels(), mem(), host_kernels(),
-               this->params(), pipeline()),
-      gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params()) {
+               this->params(), pipeline(), scratch_.get()),
+      gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
+                scratch_.get()) {
   for (const StatePiece& f : state_.pieces) {
     const Param& p = this->params().params()[size_t(f.param)];
     const bool half = p.dtype != DType::F32;

@@ -44,6 +44,7 @@ class ZeroAdam final : public Optimizer {
   StateLayout state_;         // this rank's fragments, with master offsets
   DeviceBuffer masters_;      // fp32 masters of the shard's 16-bit elements
   Moments moments_;           // over the shard (S elements)
+  DeviceBuffer scratch_;      // the reducer's bucket, then the gatherer's chunk
   GradientReducer reducer_;
   ParamGatherer gatherer_;
   std::vector<AdamSlot> slots_;  // one per fragment; fixed pointers

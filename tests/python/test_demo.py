@@ -1,5 +1,6 @@
 """The main demo (examples/python/demo.py), shortened to 150 steps, on one
-process and on 4 MPI ranks: AdamW, 1-bit Adam (default, stabilized), 1-bit
+process and on 4 MPI ranks: AdamW, AdamW under ZeRO-2 (the same run with
+less memory per rank on 4 ranks), 1-bit Adam (default, stabilized), 1-bit
 LAMB and 0/1 Adam train the digits MLP, 1-bit Adam with "stabilize": false is reported (skipped
 steps / diverged) without ending the demo, the plot and the summary are
 written, and on 4 ranks the 1-bit optimizers put fewer bytes on the wire
@@ -14,7 +15,7 @@ import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEMO = os.path.join(ROOT, "examples", "python", "demo.py")
-NAMES = ["AdamW", "1-bit Adam", "1-bit Adam, stabilize=false", "1-bit LAMB", "0/1 Adam"]
+NAMES = ["AdamW", "AdamW, ZeRO-2", "1-bit Adam", "1-bit Adam, stabilize=false", "1-bit LAMB", "0/1 Adam"]
 
 
 def run_demo(tmp_path, launcher):
@@ -33,9 +34,9 @@ def run_demo(tmp_path, launcher):
     return proc.stdout, summary
 
 
-def check_the_four_that_train(summary):
-    adamw, onebit, _, lamb, zoadam = summary["results"]
-    for r in (adamw, onebit, lamb, zoadam):
+def check_the_five_that_train(summary):
+    adamw, zero2, onebit, _, lamb, zoadam = summary["results"]
+    for r in (adamw, zero2, onebit, lamb, zoadam):
         assert r["error"] == "" and r["diverged_at"] is None and r["skipped_steps"] == 0, r
         assert r["steps_run"] == 150, r
         assert r["final_loss"] < 0.2 * r["initial_loss"], r
@@ -43,15 +44,22 @@ def check_the_four_that_train(summary):
     freeze = onebit["config"]["optimizer"]["params"]["freeze_step"]
     assert freeze == int(0.15 * 150)
     assert onebit["first_compressed_step"] == freeze  # steps 1 .. freeze-1 are warmup
+    # ZeRO-2 is AdamW with sharded state: the same run up to fp32 rounding
+    # (MPI sums in another order from three ranks on).
+    assert abs(zero2["final_loss"] - adamw["final_loss"]) <= 1e-4 * adamw["final_loss"], (zero2, adamw)
+    assert zero2["memory_per_rank"] > 0 and adamw["memory_per_rank"] > 0
 
 
 def test_demo_on_one_process(tmp_path):
     stdout, summary = run_demo(tmp_path, [])
     assert summary["world"] == 1
-    check_the_four_that_train(summary)
+    check_the_five_that_train(summary)
     # DeepSpeed's rule: on one process it blows up without skipping steps (the
     # loss ends near chance); the demo only has to report it and go on.
-    unstable = summary["results"][2]
+    unstable = summary["results"][3]
+    adamw, zero2 = summary["results"][:2]
+    assert zero2["final_loss"] == adamw["final_loss"]  # one rank: bit for bit
+    assert zero2["memory_per_rank"] > adamw["memory_per_rank"]  # + the fp32 gradient copy
     assert unstable["final_loss"] is None or unstable["final_loss"] > unstable["initial_loss"] / 2, unstable
     assert "1-bit Adam, stabilize=false" in stdout
 
@@ -62,8 +70,10 @@ def test_demo_on_four_ranks(tmp_path):
     pytest.importorskip("mpi4py", reason="the multi-rank demo needs mpi4py")
     stdout, summary = run_demo(tmp_path, ["mpirun", "-np", "4", "--oversubscribe"])
     assert summary["world"] == 4
-    check_the_four_that_train(summary)
-    adamw, onebit, unstable, lamb, zoadam = summary["results"]
+    check_the_five_that_train(summary)
+    adamw, zero2, onebit, unstable, lamb, zoadam = summary["results"]
+    assert zero2["memory_per_rank"] < adamw["memory_per_rank"] / 2
+    assert "AdamW, ZeRO-2: dsopt holds" in stdout
     assert onebit["total_bytes"] < adamw["total_bytes"] / 2
     assert lamb["total_bytes"] < adamw["total_bytes"] / 2
     assert zoadam["total_bytes"] < onebit["total_bytes"]

@@ -119,11 +119,13 @@ def expected_host_bytes(sc: Scenario, world: int) -> dict:
     stage 0 keeps masters and moments of every element (and, from the first
     step at P > 1, the averaged-gradient buffer with its status element);
     ZeRO keeps masters, moments and the averaged gradient of its shard,
-    plus one reduce bucket and the allgather buffers at P > 1."""
+    plus, at P > 1, one scratch buffer for a reduce bucket (fp32) or an
+    allgather chunk (every rank's, in the parameters' 2 bytes)."""
     n = sum(sc.sizes)
     assert n % (2 * world) == 0
     shard = n // world
     bucket = min(n, sc.zero["reduce_bucket_size"] // (2 * world) * (2 * world))
     chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
-    comm = 4 * bucket + 2 * chunk * (world + 1) if world > 1 else 0
+    # One scratch buffer serves the reduce bucket, then the allgather chunk.
+    comm = max(4 * bucket, 2 * chunk * (world + 1)) if world > 1 else 0
     return {0: 12 * n + (4 * (n + 1) if world > 1 else 0), 1: 16 * shard + comm, 2: 16 * shard + comm}
