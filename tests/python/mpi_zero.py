@@ -90,10 +90,10 @@ def phase_equivalence(comm, rank, size):
     return checked
 
 
-def save_blobs(sc, stage, comm, rank):
+def save_blobs(sc, stage, comm, rank, steps=SAVE_AFTER):
     opt, _ = zr.make(sc, stage, comm)
     with opt:
-        zr.step_all(opt, sc, rank, 0, SAVE_AFTER)
+        zr.step_all(opt, sc, rank, 0, steps)
         return opt.state_dict(), [p.copy() for p in zr.opt_params(opt)]
 
 
@@ -175,6 +175,7 @@ def phase_bad_blobs(comm, rank, size):
     # Same model and config, other initial values: another run.
     other_run = MPI_WORLD.allgather(save_blobs(dataclasses.replace(sc, seed=8), 2, comm, rank)[0])
     foreign = MPI_WORLD.allgather(save_blobs(zr.BY_NAME["tiny"], 2, comm, rank)[0])
+    later = MPI_WORLD.allgather(save_blobs(sc, 2, comm, rank, SAVE_AFTER + 1)[0])
     corrupt = bytearray(blobs[-1])
     corrupt[len(corrupt) // 2] ^= 1
     cases = [
@@ -185,6 +186,7 @@ def phase_bad_blobs(comm, rank, size):
         (blobs[:-1] + [bytes(corrupt)], "corrupted", dsopt.CorruptState, "checksum"),
         (foreign, "another model", dsopt.Mismatch, "parameters"),
         (blobs[:-1] + other_run[-1:] if size > 1 else foreign, "two runs", dsopt.Mismatch, ""),
+        (blobs[:-1] + later[-1:] if size > 1 else foreign, "two steps", dsopt.Mismatch, ""),
     ]
     opt, _ = zr.make(sc, 2, comm)
     with opt:
