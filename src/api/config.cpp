@@ -330,6 +330,9 @@ OptimizerConfig parse_config(const char* json_text) {
   if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
   if (root.contains("zero_optimization")) read_zero(root.at("zero_optimization"), cfg);
   cfg.canonical = root.dump();
+  json run = root;
+  for (const char* key : {"device", "threads", "cuda_aware"}) run.erase(key);
+  cfg.run_canonical = run.dump();
   return cfg;
 }
 

@@ -82,12 +82,13 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
     require_nonnull(out, "out");
     require_nonnull(comm, "comm");
     std::unique_ptr<dsopt_optimizer> opt;
-    uint64_t cfg_hash = 0;
+    uint64_t cfg_hash = 0, run_cfg_hash = 0;
     int status = DSOPT_OK;
     std::string error;
     try {
       const OptimizerConfig cfg = parse_config(config_json);
       cfg_hash = hash64(cfg.canonical.data(), cfg.canonical.size());
+      run_cfg_hash = hash64(cfg.run_canonical.data(), cfg.run_canonical.size());
       opt = std::make_unique<dsopt_optimizer>();
       opt->impl = make_optimizer(cfg, *comm->impl, params, num_params);
     } catch (const Error& e) {
@@ -100,8 +101,11 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
     const uint64_t shapes = status == DSOPT_OK ? shapes_hash(params, num_params) : 0;
     // A run is named by its config, shapes and initial parameters: blobs
     // stay byte-reproducible, and those of differently seeded runs differ.
+    // (Where it runs is not part of a run's name: a blob saved on the CPU is
+    // byte-identical to the same run's on CUDA.)
     uint64_t run_id = 0;
-    if (status == DSOPT_OK) run_id = cfg_hash ^ (shapes * 0x9E3779B97F4A7C15ull) ^ opt->impl->params_fingerprint();
+    if (status == DSOPT_OK)
+      run_id = run_cfg_hash ^ (shapes * 0x9E3779B97F4A7C15ull) ^ opt->impl->params_fingerprint();
     try {
       run_id = agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes, run_id);
     } catch (const Error&) {

@@ -66,6 +66,7 @@ struct OptimizerConfig {
   PipelineConfig pipeline;
   ZeroConfig zero;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
+  std::string run_canonical;      // the same without where it runs (device, threads, cuda_aware): names a run
 };
 
 }  // namespace dsopt

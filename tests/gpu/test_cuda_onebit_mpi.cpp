@@ -34,6 +34,7 @@ struct Config {
   std::vector<int> masked;
   int clear_mask_step;
   int steps;
+  bool compresses = true;  // false: AdamW under ZeRO (no masks, no 1-bit steps)
 };
 
 const Config kConfigs[] = {
@@ -63,6 +64,18 @@ const Config kConfigs[] = {
      "\"decoupled_sync_weight_decay\": true, \"var_freeze_step\": 5, \"var_update_scaler\": 2, \"local_step_scaler\": 2, \"local_step_clipper\": 4}}, "
      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}",
      1, true, {1, 9}, {3}, -1, 16},
+    // ZeRO stage 2: reduce-scatter and allgather of device buffers staged
+    // through pinned memory, buckets smaller than a tensor.
+    {"zero2_wd_clipping_two_groups",
+     "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01}}, "
+     "\"param_groups\": [{}, {\"lr\": 5e-4}], \"gradient_clipping\": 1.0, "
+     "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000, \"allgather_bucket_size\": 30000}",
+     2, false, {}, {}, -1, 8, false},
+    {"zero1_fp16_overflow_on_one_rank",
+     "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 2e-3}}, "
+     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
+     "\"zero_optimization\": {\"stage\": 1}",
+     1, true, {1, 6}, {}, -1, 8, false},
 };
 
 // Exits with 77 on every rank when some rank has no usable CUDA device.
@@ -114,6 +127,7 @@ int main(int argc, char** argv) {
         c.clear_mask_step = cfg.clear_mask_step;
         c.steps = cfg.steps;
         c.seed = seed++;
+        c.expect_compressed = cfg.compresses;
         int last_applied = DSOPT_PHASE_FULL;
         run_onebit_pair(c, rank, comm, comm, nullptr, [&](TensorSet& cpu_params, int step, int phase) {
           // 0/1 Adam's local steps leave replicas apart until the next sync.

@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
     const char* body;
     bool loss_scaled;
     std::vector<int> inf_steps;
+    bool zero = false;  // AdamW under ZeRO-2: no masks, no 1-bit steps
   };
   const Variant variants[] = {
       {"fp32_wd_clipping", DSOPT_FLOAT32, DSOPT_FLOAT32,
@@ -118,6 +119,15 @@ int main(int argc, char** argv) {
        "\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01, "
        "\"freeze_step\": 3}}",
        false, {}},
+      {"zero2_bf16_params_small_buckets", DSOPT_BFLOAT16, DSOPT_FLOAT32,
+       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01}}, "
+       "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000, \"allgather_bucket_size\": 30000}",
+       false, {}, true},
+      {"zero2_fp16_loss_scaling", DSOPT_FLOAT16, DSOPT_FLOAT16,
+       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 2e-3}}, "
+       "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
+       "\"zero_optimization\": {\"stage\": 2}",
+       true, {6}, true},
   };
   uint64_t seed = 200;
   for (const Variant& v : variants) {
@@ -130,8 +140,9 @@ int main(int argc, char** argv) {
     c.loss_scaled = v.loss_scaled;
     c.inf_steps = v.inf_steps;
     c.inf_rank = 1;
-    c.masked = {2, 4};
-    c.clear_mask_step = 6;
+    c.masked = v.zero ? std::vector<int>{} : std::vector<int>{2, 4};
+    c.clear_mask_step = v.zero ? -1 : 6;
+    c.expect_compressed = !v.zero;
     c.steps = 10;
     c.seed = seed++;
     int last_applied = DSOPT_PHASE_FULL;
