@@ -227,3 +227,115 @@ def test_skipped_steps_warn_and_a_stalled_run_raises_non_finite_error():
         assert torch.equal(a, b)
     train(model, opt, 1)  # the run may continue
     assert opt.last_step_info.step == 2 and opt.last_step_info.consecutive_skips == 0
+
+
+# ---- ZeRO stage 2 (one process; the shard is the whole model) ------------------
+
+ADAMW = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}}}
+# Small buckets: the reduce-scatter and the allgather run in several pieces
+# that split the model's tensors.
+ZERO2 = dict(ADAMW, zero_optimization={"stage": 2, "reduce_bucket_size": 40,
+                                       "allgather_bucket_size": 24})
+
+
+def two_groups(model, lr=0.02):
+    return [{"params": model[0].parameters()},
+            {"params": model[2].parameters(), "lr": lr, "weight_decay": 0.0}]
+
+
+def assert_models_equal(a, b):
+    for x, y in zip(a.parameters(), b.parameters()):
+        assert torch.equal(x, y)
+
+
+def test_zero_stage_2_trains_bit_identically_to_stage_0_on_one_rank():
+    plain, sharded = make_model(), make_model()
+    losses0 = train(plain, dsopt.torch.Optimizer(two_groups(plain), ADAMW), 12)
+    opt = dsopt.torch.Optimizer(two_groups(sharded), ZERO2)
+    losses2 = train(sharded, opt, 12)
+    assert losses2 == losses0
+    assert_models_equal(sharded, plain)
+    assert opt.last_step_info.step == 12
+    usage = opt.memory_usage()
+    n = sum(p.numel() for p in sharded.parameters())
+    assert usage["host"] >= 8 * n and usage["device"] == 0, usage  # at least both moments
+
+
+def test_zero_stage_2_state_dict_round_trip_resumes_bit_identically():
+    straight = make_model()
+    train(straight, dsopt.torch.Optimizer(two_groups(straight), ZERO2), 6)
+
+    model = make_model()
+    opt = dsopt.torch.Optimizer(two_groups(model), ZERO2)
+    train(model, opt, 3)
+    saved_model, saved_opt = model.state_dict(), opt.state_dict()
+    opt.close()
+
+    resumed = make_model(seed=1)
+    resumed.load_state_dict(saved_model)
+    opt = dsopt.torch.Optimizer(two_groups(resumed), ZERO2)
+    opt.load_state_dict(saved_opt)
+    train(resumed, opt, 3, first=3)
+    assert_models_equal(resumed, straight)
+
+
+@pytest.mark.parametrize("saved_config,loaded_config", [(ZERO2, ZERO2), (ADAMW, ZERO2),
+                                                        (ZERO2, ADAMW)],
+                         ids=["stage2_to_stage2", "stage0_to_stage2", "stage2_to_stage0"])
+def test_load_state_dict_shards_continues_the_saved_run(saved_config, loaded_config):
+    straight = make_model()
+    train(straight, dsopt.torch.Optimizer(two_groups(straight), ADAMW), 6)
+
+    model = make_model()
+    opt = dsopt.torch.Optimizer(two_groups(model, lr=0.03), saved_config)
+    opt.param_groups[1]["lr"] = 0.02  # restored from the state dicts below
+    train(model, opt, 3)
+    saved_model, state_dicts = model.state_dict(), [opt.state_dict()]  # every rank's: one here
+    opt.close()
+
+    resumed = make_model(seed=1)
+    resumed.load_state_dict(saved_model)
+    opt = dsopt.torch.Optimizer(two_groups(resumed, lr=0.5), loaded_config)
+    opt.load_state_dict_shards(state_dicts)
+    assert opt.param_groups[1]["lr"] == 0.02
+    assert opt.dsopt.get_group_lr(1) == pytest.approx(0.02)
+    train(resumed, opt, 3, first=3)
+    assert opt.last_step_info.step == 6
+    assert_models_equal(resumed, straight)
+
+
+def test_load_state_dict_shards_rejects_bad_lists_and_changes_nothing():
+    model = make_model()
+    opt = dsopt.torch.Optimizer(two_groups(model), ZERO2)
+    train(model, opt, 2)
+    saved = opt.state_dict()
+    other = make_model()
+    onebit = dsopt.torch.Optimizer(
+        two_groups(other), {"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 2}}})
+    train(other, onebit, 1)
+    damaged = dict(saved, dsopt_state=saved["dsopt_state"][:-1] + bytes(
+        [saved["dsopt_state"][-1] ^ 0x5A]))
+    fewer_groups = dict(saved, param_groups=saved["param_groups"][:1])
+
+    fresh_model = make_model(seed=1)
+    fresh = dsopt.torch.Optimizer(two_groups(fresh_model, lr=0.5), ZERO2)
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match="at least one"):
+        fresh.load_state_dict_shards([])
+    with pytest.raises(TypeError, match="list of state dicts"):
+        fresh.load_state_dict_shards(saved)
+    with pytest.raises(ValueError, match="dsopt_state"):
+        fresh.load_state_dict_shards([{"state": {}, "param_groups": []}])
+    with pytest.raises(ValueError, match="parameter groups"):
+        fresh.load_state_dict_shards([fewer_groups])
+    with pytest.raises(dsopt.CorruptState):
+        fresh.load_state_dict_shards([damaged])
+    with pytest.raises(dsopt.Mismatch, match="1 ranks"):
+        fresh.load_state_dict_shards([saved, saved])  # a one-rank run wrote one
+    with pytest.raises(dsopt.Mismatch):
+        fresh.load_state_dict_shards([onebit.state_dict()])
+    assert fresh.state_dict() == before
+    assert [g["lr"] for g in fresh.param_groups] == [0.01, 0.5]
+
+    fresh.load_state_dict_shards([saved])
+    assert fresh.state_dict()["dsopt_state"] == saved["dsopt_state"]

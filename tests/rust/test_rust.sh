@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests the Rust binding (bindings/rust: dsopt-sys layout tests, the safe
-# crate's tests) and runs the Rust example (examples/rust: Adam, then 1-bit
-# Adam), offline, against <builddir>/libdsopt.so. Skips when cargo is absent.
+# crate's tests) and runs the Rust example (examples/rust: Adam, AdamW with
+# ZeRO stage 2, then 1-bit Adam; each reloads its state with the resharding
+# load), offline, against <builddir>/libdsopt.so. Skips when cargo is absent.
 #   tests/rust/test_rust.sh <builddir>
 set -euo pipefail
 

@@ -19,8 +19,16 @@
   without one steps with a zero gradient (dsopt takes one per parameter).
 * Learning rates: ``group["lr"]`` is read before every step and handed to
   dsopt when it changed, so LR schedulers work as with torch's optimizers.
-* ``state_dict()`` is torch's (the groups' settings) plus the dsopt state
-  blob under ``"dsopt_state"``; ``load_state_dict`` restores both.
+* ``state_dict()`` is torch's (the groups' settings) plus this rank's dsopt
+  state blob under ``"dsopt_state"``; ``load_state_dict`` restores both.
+* ZeRO (``"zero_optimization": {"stage": 1 or 2, ...}`` in the config, Adam
+  and AdamW): every rank keeps the optimizer state of its shard only, so
+  each rank saves its own ``state_dict()``. ``load_state_dict`` takes this
+  rank's own state dict back at the same world size;
+  ``load_state_dict_shards(state_dicts)`` takes the state dicts of all
+  ranks of the saved run, in rank order, and continues it at any world size
+  and ZeRO stage (stage 0 -> 2, 2 ranks -> 4, ...; collective, every rank
+  passes all of them). ``memory_usage()`` is the bytes dsopt holds here.
 * Skipped steps (Inf/NaN gradients on some rank) warn
   ``dsopt.SkippedStepWarning`` (rate-limited); when the run stops
   progressing ``step`` raises ``dsopt.NonFiniteError`` (its ``.info`` is
@@ -31,6 +39,7 @@
 """
 
 import json
+from collections.abc import Mapping
 
 import torch
 
@@ -133,20 +142,73 @@ class Optimizer(torch.optim.Optimizer):
         """Scale to multiply the next loss by (1.0 without fp16 loss scaling)."""
         return self.dsopt.loss_scale
 
+    def memory_usage(self) -> dict:
+        """Bytes dsopt holds for this optimizer on this rank,
+        ``{"host": ..., "device": ...}`` (moments, fp32 masters, ZeRO shards,
+        buffers; not the model's parameters or gradients)."""
+        return self.dsopt.memory_usage()
+
     def state_dict(self):
+        """torch's state dict (the groups' settings) plus this rank's dsopt
+        state blob under ``"dsopt_state"``. Under ZeRO the blob holds this
+        rank's shard only: save every rank's."""
         state = super().state_dict()
         state["dsopt_state"] = self.dsopt.state_dict()
         return state
 
-    def load_state_dict(self, state_dict):
-        """Restores the groups' settings and the dsopt state (collective)."""
-        state_dict = dict(state_dict)
-        blob = state_dict.pop("dsopt_state", None)
-        if blob is None:
-            raise ValueError("not a dsopt.torch.Optimizer state dict (no 'dsopt_state')")
-        super().load_state_dict(state_dict)
-        self.dsopt.load_state_dict(blob)
+    @staticmethod
+    def _split(state_dict, what="state dict"):
+        """(torch's part, the dsopt blob) of one of our state dicts."""
+        if not isinstance(state_dict, Mapping) or state_dict.get("dsopt_state") is None:
+            raise ValueError(f"{what} is not a dsopt.torch.Optimizer state dict "
+                             f"(no 'dsopt_state')")
+        torch_part = dict(state_dict)
+        return torch_part, torch_part.pop("dsopt_state")
+
+    def _check_groups(self, torch_part, what="state dict"):
+        """torch's own checks of load_state_dict, made before dsopt changes
+        anything, so a mismatch leaves both untouched."""
+        groups = torch_part.get("param_groups")
+        if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups):
+            raise ValueError(f"{what} has a different number of parameter groups")
+        for i, (saved, ours) in enumerate(zip(groups, self.param_groups)):
+            if len(saved.get("params", ())) != len(ours["params"]):
+                raise ValueError(f"{what}: parameter group {i} has a different number of "
+                                 f"parameters")
+
+    def _restore(self, torch_part, load_dsopt):
+        self._check_groups(torch_part)
+        load_dsopt()
+        super().load_state_dict(torch_part)
         self._dsopt_lrs = [self.dsopt.get_group_lr(i) for i in range(len(self.param_groups))]
+
+    def load_state_dict(self, state_dict):
+        """Restores the groups' settings and the dsopt state (collective):
+        this rank's own ``state_dict()`` of a run at the same world size
+        (see ``load_state_dict_shards`` for another world size or stage).
+        Everything is checked before anything changes."""
+        torch_part, blob = self._split(state_dict)
+        self._restore(torch_part, lambda: self.dsopt.load_state_dict(blob))
+
+    def load_state_dict_shards(self, state_dicts):
+        """Restores a run saved at any world size from the ``state_dict()``
+        of every one of its ranks, in rank order (collective: every rank
+        passes the whole list). Adam/AdamW reshard the ZeRO shards (or
+        stage-0 state) into this rank's shard at this optimizer's stage;
+        the other optimizers load replicated state. The groups' settings
+        come from ``state_dicts[0]``. A one-process run's single state dict
+        is a complete list. Everything is checked before anything changes:
+        dsopt rejects missing, duplicated or misordered shards and shards of
+        different runs or steps (``dsopt.Mismatch``)."""
+        if isinstance(state_dicts, Mapping):
+            raise TypeError("load_state_dict_shards takes a list of state dicts, one per "
+                            "rank of the saved run; for this rank's own use load_state_dict")
+        parts = [self._split(sd, f"state_dicts[{i}]") for i, sd in enumerate(state_dicts)]
+        if not parts:
+            raise ValueError("load_state_dict_shards needs at least one state dict "
+                             "(one per rank of the saved run)")
+        blobs = [blob for _, blob in parts]
+        self._restore(parts[0][0], lambda: self.dsopt.load_state_dict_shards(blobs))
 
     def close(self):
         """Destroys the dsopt optimizer (collective); idempotent."""

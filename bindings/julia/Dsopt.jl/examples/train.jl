@@ -1,6 +1,7 @@
 # Linear regression on generated data, trained with dsopt from Julia: first
-# with Adam, then with 1-bit Adam (a short warmup, then compressed momentum),
-# both on the local communicator. Prints the loss falling and exits non-zero
+# with Adam, then with AdamW under ZeRO stage 2, then with 1-bit Adam (a short
+# warmup, then compressed momentum), all on the local communicator. Each run
+# reports the memory dsopt holds and reloads its blob with state_load_shards!. Prints the loss falling and exits non-zero
 # unless each run ends below 5% of its initial loss.
 #
 # From the repository root, after building libdsopt into build/:
@@ -83,7 +84,14 @@ function train(name, config, x, y, steps)
                         "compressed $(Int(info.compressed))  bytes sent $(info.bytes_sent)")
             end
         end
-        println("state blob: $(length(state_save(opt))) bytes")
+        blob = state_save(opt)
+        usage = memory_usage(opt)
+        println("state blob: $(length(blob)) bytes; dsopt holds $(usage.host) host bytes, ",
+                "$(usage.device) device bytes")
+        # A one-rank run's single blob is a complete set for the resharding
+        # load (a run saved on P ranks passes its P blobs, in rank order).
+        state_load_shards!(opt, [blob])
+        state_save(opt) == blob || error("the state after state_load_shards! differs")
     finally
         close(opt)
     end
@@ -96,6 +104,7 @@ function main(args)
     x, y = generate(0x5eed)
     runs = [
         ("Adam", """{"optimizer": {"type": "Adam", "params": {"lr": 0.05}}}"""),
+        ("AdamW, ZeRO stage 2", """{"optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.0}}, "zero_optimization": {"stage": 2, "reduce_bucket_size": 16}}"""),
         ("1-bit Adam", """{"optimizer": {"type": "OneBitAdam", "params": {"lr": 0.05, "freeze_step": $(steps ÷ 5)}}}"""),
     ]
     ok = true

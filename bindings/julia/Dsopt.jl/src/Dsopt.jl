@@ -10,6 +10,8 @@ w, b = randn(Float32, 1000), zeros(Float32, 10)
 opt = Optimizer(\"\"\"{"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}\"\"\", [w, b])
 info = step!(opt, [gw, gb])        # w and b are updated in place
 blob = state_save(opt); state_load!(opt, blob)
+state_load_shards!(opt, [blob])    # all ranks' blobs of a run at any world size
+memory_usage(opt)                  # (host = bytes, device = bytes)
 close(opt)
 ```
 
@@ -26,7 +28,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        PHASE_SKIPPED, PHASE_FULL, PHASE_COMPRESSED, PHASE_LOCAL, PHASE_SYNC,
        mpi_communicator, nccl_communicator, comm_rank, comm_size,
        step!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
-       state_save, state_load!, set_momentum_mask!
+       state_save, state_load!, state_load_shards!, memory_usage, set_momentum_mask!
 
 # ---- the library ---------------------------------------------------------------
 
@@ -495,6 +497,63 @@ function state_load!(opt::Optimizer, blob::AbstractVector{UInt8})
     @check ccall((:dsopt_state_load, libdsopt), Cint, (Ptr{Cvoid}, Ptr{UInt8}, UInt64),
                  live(opt), bytes, length(bytes))
     return opt
+end
+
+"""
+    state_load_shards!(opt, blobs)
+
+Restores the state of a run saved at any world size from the blobs all of
+its ranks wrote with [`state_save`](@ref): `blobs[i]` is the blob of old
+rank `i - 1` (ranks are 0-based), and every rank passes all of them in the
+same order. Collective.
+
+Adam and AdamW at any ZeRO stage (`"zero_optimization": {"stage": 1 or 2}`)
+reshard: the old run's ZeRO shards, or its replicated stage-0 state, are cut
+into this rank's shard, so a run saved on 2 ranks continues on 4, or a
+stage-0 run continues at stage 2, as an uninterrupted run at the new size
+would. The other optimizers have replicated state and load as
+[`state_load!`](@ref) does. A single blob (the blob of a one-rank run, or
+one replica of replicated state) is a complete set.
+
+Every blob is validated before anything changes. An empty `blobs` throws
+`ArgumentError`; a damaged blob a [`DsoptError`](@ref) with code
+`Dsopt.DSOPT_ECORRUPT`; another algorithm or shapes, a missing, duplicated
+or misordered blob, or blobs of different runs or steps `Dsopt.DSOPT_EMISMATCH`.
+"""
+function state_load_shards!(opt::Optimizer, blobs::AbstractVector)
+    handle = live(opt)
+    isempty(blobs) &&
+        throw(ArgumentError("dsopt: state_load_shards! needs at least one blob " *
+                            "(one per rank of the saved run)"))
+    bytes = Vector{Vector{UInt8}}(undef, length(blobs))
+    for (i, blob) in enumerate(blobs)
+        blob isa AbstractVector{UInt8} ||
+            throw(ArgumentError("dsopt: blobs[$i] must be a vector of UInt8, got $(typeof(blob))"))
+        bytes[i] = blob isa Vector{UInt8} ? blob : Vector{UInt8}(blob)
+    end
+    GC.@preserve bytes begin
+        pointers = Ptr{Cvoid}[pointer(b) for b in bytes]
+        sizes = UInt64[length(b) for b in bytes]
+        @check ccall((:dsopt_state_load_shards, libdsopt), Cint,
+                     (Ptr{Cvoid}, Ptr{Ptr{Cvoid}}, Ptr{UInt64}, Int64),
+                     handle, pointers, sizes, length(bytes))
+    end
+    return opt
+end
+
+"""
+    memory_usage(opt) -> (host = bytes, device = bytes)
+
+Bytes of the buffers dsopt holds for this optimizer on this rank: state
+(moments, fp32 masters, ZeRO shards), gradient and communication buffers,
+in host memory and in device memory. The parameters and gradients passed
+in are not counted. Not collective.
+"""
+function memory_usage(opt::Optimizer)
+    host, device = Ref{UInt64}(0), Ref{UInt64}(0)
+    @check ccall((:dsopt_memory_usage, libdsopt), Cint, (Ptr{Cvoid}, Ref{UInt64}, Ref{UInt64}),
+                 live(opt), host, device)
+    return (host = Int(host[]), device = Int(device[]))
 end
 
 function Base.show(io::IO, opt::Optimizer)

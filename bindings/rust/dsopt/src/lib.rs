@@ -19,6 +19,16 @@
 //! Every failing call returns [`Error`], with the status code and the
 //! library's detail message. The raw C API is re-exported as [`sys`].
 //!
+//! # ZeRO
+//!
+//! With `"zero_optimization": {"stage": 1}` or `2` in the config, Adam and
+//! AdamW shard their state over the ranks: each rank's
+//! [`state_save`](Optimizer::state_save) holds its own shard.
+//! [`load_state_shards`](Optimizer::load_state_shards), given the blobs of
+//! every rank of a saved run in rank order, continues it at any world size
+//! and stage; [`memory_usage`](Optimizer::memory_usage) reports the bytes
+//! dsopt holds on this rank.
+//!
 //! # Ownership
 //!
 //! An optimizer borrows its parameter buffers and its communicator mutably
@@ -52,7 +62,8 @@ pub use comm::Communicator;
 pub use dsopt_sys as sys;
 pub use error::{Error, ErrorKind, Result};
 pub use optimizer::{
-    Optimizer, StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED, PHASE_SYNC,
+    MemoryUsage, Optimizer, StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED,
+    PHASE_SYNC,
 };
 pub use tensor::{DType, GradSlice, ParamSlice};
 

@@ -31,6 +31,16 @@ pub struct StepInfo {
     pub phase: i32,
 }
 
+/// What [`Optimizer::memory_usage`] reports: bytes dsopt holds for one
+/// optimizer on this rank, in host and in device (CUDA) memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MemoryUsage {
+    /// Bytes in host memory.
+    pub host: u64,
+    /// Bytes in device memory (0 for a CPU optimizer).
+    pub device: u64,
+}
+
 /// [`StepInfo::phase`]: the step was skipped, nothing applied.
 pub const PHASE_SKIPPED: i32 = sys::DSOPT_PHASE_SKIPPED as i32;
 /// Full-precision averaged gradients (Adam, 1-bit Adam's warmup, 0/1 Adam's variance steps).
@@ -237,6 +247,72 @@ impl<'a> Optimizer<'a> {
         check(unsafe {
             sys::dsopt_state_load(self.raw.as_ptr(), blob.as_ptr().cast(), blob.len() as u64)
         })
+    }
+
+    /// Restores the state of a run saved at any world size from the blobs
+    /// all of its ranks wrote with [`state_save`](Self::state_save):
+    /// `blobs[i]` is old rank `i`'s blob, and every rank of this optimizer
+    /// passes all of them, in the same order (`dsopt_state_load_shards`).
+    /// Collective.
+    ///
+    /// Adam and AdamW at any ZeRO stage reshard: the old run's ZeRO shards
+    /// (or its replicated stage-0 state) are cut into this rank's shard, so
+    /// a run saved on 2 ranks continues on 4, or a stage-0 run continues at
+    /// stage 2, as an uninterrupted run at the new size would. The other
+    /// optimizers have replicated state and load as
+    /// [`state_load`](Self::state_load) would. A single blob (the blob of a
+    /// one-rank run, or one replica of replicated state) is a complete set.
+    ///
+    /// Every blob is validated before anything changes. Errors:
+    /// [`ErrorKind::InvalidArgument`] for an empty `blobs` (checked here,
+    /// before the library is called), [`ErrorKind::CorruptState`] for a
+    /// truncated or damaged blob, [`ErrorKind::Mismatch`] for another
+    /// algorithm or shapes, or a missing, duplicated or misordered blob, or
+    /// blobs of different runs or steps.
+    ///
+    /// ```no_run
+    /// # fn main() -> dsopt::Result<()> {
+    /// # let mut w = vec![0.0f32; 16];
+    /// # let mut comm = dsopt::Communicator::local()?;
+    /// # let config = r#"{"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}}"#;
+    /// # let mut opt = dsopt::Optimizer::new(config, [dsopt::ParamSlice::f32(&mut w)], &mut comm)?;
+    /// // One blob per rank of the old run, read back from a checkpoint.
+    /// let old_blobs: Vec<Vec<u8>> = vec![opt.state_save()?];
+    /// opt.load_state_shards(&old_blobs)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn load_state_shards<B: AsRef<[u8]>>(&mut self, blobs: &[B]) -> Result<()> {
+        if blobs.is_empty() {
+            return Err(Error::invalid(
+                "load_state_shards needs at least one blob (one per rank of the saved run)",
+            ));
+        }
+        let pointers: Vec<*const std::ffi::c_void> =
+            blobs.iter().map(|b| b.as_ref().as_ptr().cast()).collect();
+        let sizes: Vec<u64> = blobs.iter().map(|b| b.as_ref().len() as u64).collect();
+        // Safety: the handle is live; `pointers[i]` is readable for
+        // `sizes[i]` bytes (borrowed from `blobs` for the whole call) and
+        // both arrays hold `blobs.len()` entries.
+        check(unsafe {
+            sys::dsopt_state_load_shards(
+                self.raw.as_ptr(),
+                pointers.as_ptr(),
+                sizes.as_ptr(),
+                pointers.len() as i64,
+            )
+        })
+    }
+
+    /// Bytes of the buffers dsopt holds for this optimizer on this rank
+    /// (`dsopt_memory_usage`): state (moments, fp32 masters, ZeRO shards),
+    /// gradient and communication buffers, in host and in device memory.
+    /// The caller's parameters and gradients are not counted. Not
+    /// collective.
+    pub fn memory_usage(&self) -> Result<MemoryUsage> {
+        let (mut host, mut device) = (0u64, 0u64);
+        // Safety: the handle is live; both are valid out pointers.
+        check(unsafe { sys::dsopt_memory_usage(self.raw.as_ptr(), &mut host, &mut device) })?;
+        Ok(MemoryUsage { host, device })
     }
 
     /// The parameters, as updated by the steps so far.

@@ -288,3 +288,130 @@ fn onebit_adam_accepts_the_stabilize_keys() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(err.message().contains("stabilize_limit"), "{err}");
 }
+
+const ADAMW: &str =
+    r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}}}"#;
+const ADAMW_ZERO2: &str = r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 96, "allgather_bucket_size": 200}}"#;
+
+/// Like `run`, with two parameters (one split across buckets) and the
+/// state loaded through `load_state_shards`.
+fn run_sharded(
+    config: &str,
+    params: (&mut [f32], &mut [f32]),
+    blobs: Option<&[Vec<u8>]>,
+    start: usize,
+    steps: usize,
+) -> Vec<u8> {
+    let mut comm = Communicator::local().unwrap();
+    let (a, b) = params;
+    let mut opt =
+        Optimizer::new(config, [ParamSlice::f32(a), ParamSlice::f32(b)], &mut comm).unwrap();
+    if let Some(blobs) = blobs {
+        opt.load_state_shards(blobs).unwrap();
+    }
+    let (na, nb) = (opt.params()[0].len(), opt.params()[1].len());
+    for s in start..start + steps {
+        let (ga, gb) = (grads(s, na), grads(s + 1, nb));
+        opt.step(&[GradSlice::f32(&ga), GradSlice::f32(&gb)])
+            .unwrap();
+    }
+    opt.state_save().unwrap()
+}
+
+#[test]
+fn zero_stage_2_on_one_rank_steps_like_stage_0() {
+    let (mut a0, mut b0) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let (mut a2, mut b2) = (a0.clone(), b0.clone());
+    run_sharded(ADAMW, (&mut a0, &mut b0), None, 0, 6);
+    run_sharded(ADAMW_ZERO2, (&mut a2, &mut b2), None, 0, 6);
+    assert_eq!((a0, b0), (a2, b2));
+}
+
+#[test]
+fn zero_stage_2_resumes_bit_identically_from_its_single_shard() {
+    let (mut a, mut b) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    run_sharded(ADAMW_ZERO2, (&mut a, &mut b), None, 0, 7);
+
+    let (mut ra, mut rb) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let blob = run_sharded(ADAMW_ZERO2, (&mut ra, &mut rb), None, 0, 4);
+    run_sharded(ADAMW_ZERO2, (&mut ra, &mut rb), Some(&[blob]), 4, 3);
+    assert_eq!((a, b), (ra, rb));
+}
+
+#[test]
+fn load_state_shards_reshards_a_stage_0_blob_into_stage_2() {
+    let (mut a, mut b) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    run_sharded(ADAMW, (&mut a, &mut b), None, 0, 7);
+
+    let (mut ra, mut rb) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let blob = run_sharded(ADAMW, (&mut ra, &mut rb), None, 0, 4);
+    run_sharded(ADAMW_ZERO2, (&mut ra, &mut rb), Some(&[blob]), 4, 3);
+    assert_eq!((a, b), (ra, rb));
+}
+
+#[test]
+fn load_state_shards_takes_borrowed_slices_and_rejects_bad_sets() {
+    let (mut a, mut b) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let blob = run_sharded(ADAMW_ZERO2, (&mut a, &mut b), None, 0, 2);
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(
+        ADAMW_ZERO2,
+        [ParamSlice::f32(&mut a), ParamSlice::f32(&mut b)],
+        &mut comm,
+    )
+    .unwrap();
+    opt.load_state_shards(&[blob.as_slice()]).unwrap();
+
+    let none: &[&[u8]] = &[];
+    let err = opt.load_state_shards(none).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.message().contains("at least one blob"), "{err}");
+
+    let mut damaged = blob.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0x5a;
+    let err = opt.load_state_shards(&[damaged]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CorruptState, "{err}");
+
+    // A one-rank run wrote one blob: the same blob twice is not its set.
+    let err = opt.load_state_shards(&[&blob[..], &blob[..]]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Mismatch, "{err}");
+
+    let mut w = vec![0.5f32; 8];
+    let onebit = run(
+        r#"{"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 2}}}"#,
+        &mut w,
+        None,
+        0,
+        1,
+    );
+    let err = opt.load_state_shards(&[onebit]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Mismatch, "{err}");
+
+    // Nothing changed: the optimizer still loads and steps.
+    opt.load_state_shards(&[blob]).unwrap();
+    let (ga, gb) = (grads(2, 301), grads(3, 37));
+    assert_eq!(
+        opt.step(&[GradSlice::f32(&ga), GradSlice::f32(&gb)])
+            .unwrap()
+            .step,
+        3
+    );
+}
+
+#[test]
+fn memory_usage_reports_the_state_dsopt_holds() {
+    let mut w = vec![0.5f32; 1000];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAMW_ZERO2, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let before = opt.memory_usage().unwrap();
+    opt.step(&[GradSlice::f32(&grads(0, 1000))]).unwrap();
+    let usage = opt.memory_usage().unwrap();
+    // At least the two fp32 moments of every element on one rank.
+    assert!(
+        usage.host >= 8 * 1000,
+        "{usage:?} (before the step: {before:?})"
+    );
+    assert_eq!(usage.device, 0, "a CPU optimizer holds no device memory");
+}
