@@ -5,7 +5,8 @@
 # OpenMP threads of the reference loops and "threads" of the dsopt config
 # alike). The MPI benchmarks run 4 ranks of 1 thread each.
 # DSOPT_BENCH_NETEM=0 leaves out the runs on the emulated 1 Gbit/s link
-# (bench/netem.sh; they need root and take about 8 minutes).
+# (bench/netem.sh; they need root and take about 16 minutes, the 0/1 Adam and
+# ZeRO runs included).
 # DSOPT_BENCH_LAMB=1 adds the 1-bit LAMB training run on that link (about
 # 12 more minutes).
 set -euo pipefail
@@ -29,7 +30,7 @@ build_targets() {
 # list of benchmarks (bench/benchmarks.txt, written when CMake configures).
 build_targets adam_cpu_bench
 mpi_benchmarks=()
-for name in compressed_allreduce_bench onebit_e2e_bench; do
+for name in compressed_allreduce_bench onebit_e2e_bench zero_e2e_bench; do
   if grep -qx "$name" "$build/bench/benchmarks.txt" 2>/dev/null; then mpi_benchmarks+=("$name"); fi
 done
 if [ ${#mpi_benchmarks[@]} -gt 0 ]; then build_targets "${mpi_benchmarks[@]}"; fi
@@ -52,12 +53,12 @@ fi
 
 if [ ${#mpi_benchmarks[@]} -eq 0 ]; then
   echo
-  echo "run_benchmarks: compressed_allreduce_bench and onebit_e2e_bench skipped (dsopt built without MPI)"
+  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench and zero_e2e_bench skipped (dsopt built without MPI)"
   exit 0
 fi
 if ! command -v mpirun >/dev/null 2>&1; then
   echo
-  echo "run_benchmarks: compressed_allreduce_bench and onebit_e2e_bench skipped (no mpirun;" \
+  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench and zero_e2e_bench skipped (no mpirun;" \
        "Debian: apt-get install openmpi-bin)"
   exit 0
 fi
@@ -120,6 +121,14 @@ for name in "${mpi_benchmarks[@]}"; do
       echo
       echo "== onebit_e2e_bench: training, 0/1 Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/onebit_e2e_bench" --onebit 0 --zoadam 1 --local-step-clipper 4
+      ;;
+    zero_e2e_bench)
+      echo
+      echo "== zero_e2e_bench: ZeRO-1/2 vs stage 0 AdamW, memory per rank (64M bf16) and step time (64M), $ranks ranks, loopback =="
+      loopback "$build/bench/zero_e2e_bench"
+      echo
+      echo "== zero_e2e_bench: ZeRO-2 vs stage 0 AdamW step time (16M), $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/zero_e2e_bench" --mem-numel 0 --numel 16777216 --warmup 1 --steps 8
       ;;
   esac
 done
