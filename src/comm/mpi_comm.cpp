@@ -39,6 +39,28 @@ void check_mpi(int rc, const char* call) {
   fail(DSOPT_ECOMM, std::string(call) + " failed: " + std::string(text, size_t(len)));
 }
 
+// dst[i] = op(a[i], b[i]), in that order.
+template <class T>
+void combine_as(void* dst, const void* a, const void* b, size_t n, ReduceOp op) {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  if (op == ReduceOp::Sum)
+    for (size_t i = 0; i < n; ++i) d[i] = x[i] + y[i];
+  else
+    for (size_t i = 0; i < n; ++i) d[i] = std::max(x[i], y[i]);
+}
+
+void combine(void* dst, const void* a, const void* b, size_t n, Elem e, ReduceOp op) {
+  switch (e) {
+    case Elem::F32: return combine_as<float>(dst, a, b, n, op);
+    case Elem::F64: return combine_as<double>(dst, a, b, n, op);
+    case Elem::I32: return combine_as<int32_t>(dst, a, b, n, op);
+    case Elem::I64: return combine_as<int64_t>(dst, a, b, n, op);
+    case Elem::U8: return combine_as<uint8_t>(dst, a, b, n, op);
+  }
+}
+
 int as_int_count(size_t n, const char* call) {
   if (n > size_t(INT_MAX))
     fail(DSOPT_EUNSUPPORTED, std::string(call) + ": more than 2^31-1 elements in one block");
@@ -76,11 +98,41 @@ class MpiComm final : public Comm {
                          const Mem& mem) override {
     const size_t es = elem_size(e);
     HostPair h = stage(mem, send, count * es * size_t(size_), recv, count * es);
-    check_mpi(MPI_Reduce_scatter_block(h.in, h.out, as_int_count(count, "reduce_scatter"),
-                                       mpi_type(e), mpi_op(op), comm_),
-              "MPI_Reduce_scatter_block");
+    if (count * es >= kRingBlockBytes && size_ > 1) {
+      ring_reduce_scatter(h.in, h.out, count, e, op);
+    } else {
+      check_mpi(MPI_Reduce_scatter_block(h.in, h.out, as_int_count(count, "reduce_scatter"),
+                                         mpi_type(e), mpi_op(op), comm_),
+                "MPI_Reduce_scatter_block");
+    }
     unstage(mem, h, recv, count * es);
   }
+
+  // From this block size on, reduce-scatter runs as a ring of P-1
+  // MPI_Sendrecv steps: each rank sends (P-1)/P of the data, evenly, where
+  // some MPI libraries (Open MPI 4.1 at 4 ranks) reduce every block on one
+  // rank and scatter it. Block b is summed in the fixed order
+  // x[b+1] + x[b+2] + ... + x[b] (ranks mod P).
+  static constexpr size_t kRingBlockBytes = 64 * 1024;
+
+  void ring_reduce_scatter(const void* in, void* out, size_t count, Elem e, ReduceOp op) {
+    const size_t bytes = count * elem_size(e);
+    const int n = as_int_count(count, "reduce_scatter");
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    const auto block = [&](int b) { return static_cast<const char*>(in) + size_t(b) * bytes; };
+    ring_buffers_.resize(2 * bytes);
+    char* acc = ring_buffers_.data();
+    char* incoming = acc + bytes;
+    for (int s = 0; s < size_ - 1; ++s) {
+      const void* outgoing = s == 0 ? block((rank_ + size_ - 1) % size_) : acc;
+      check_mpi(MPI_Sendrecv(outgoing, n, mpi_type(e), next, kRingTag, incoming, n, mpi_type(e), prev,
+                             kRingTag, comm_, MPI_STATUS_IGNORE),
+                "MPI_Sendrecv");
+      const int b = (rank_ + 2 * size_ - 2 - s) % size_;  // the block that came in
+      combine(s == size_ - 2 ? out : acc, incoming, block(b), count, e, op);
+    }
+  }
+  static constexpr int kRingTag = 0x5a52;  // "ZR"
 
   void do_allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) override {
     const size_t es = elem_size(e);
@@ -140,6 +192,7 @@ class MpiComm final : public Comm {
   }
 
   MPI_Comm comm_;
+  std::vector<char> ring_buffers_;  // reduce-scatter ring: partial sum, incoming block
   int rank_ = 0, size_ = 1;
 };
 

@@ -112,6 +112,39 @@ void run_all(Comm& comm, const Mem& mem, const std::string& label) {
     check(ok, "reduce_scatter" + at);
     expected_bytes += uint64_t(P - 1) * n * 4;
   }
+  {  // a large reduce_scatter runs as dsopt's ring: block b is summed as
+     // x[b+1] + x[b+2] + ... + x[b] (ranks mod P), with values whose sum
+     // depends on the order
+    const size_t big = 20011;  // 80 KB blocks
+    const auto odd = [](int s, int b, size_t i) {
+      return float(1.0 + 1e-3 * double((s * 7919 + b * 104729 + int64_t(i) * 1299709) % 100003)) *
+             (i % 3 ? 1e-4f : 3e3f);
+    };
+    std::vector<float> send(big * P), recv(big, -1.0f);
+    for (int b = 0; b < P; ++b)
+      for (size_t i = 0; i < big; ++i) send[b * big + i] = odd(r, b, i);
+    comm.reduce_scatter(send.data(), recv.data(), big, Elem::F32, ReduceOp::Sum, mem);
+    bool ok = true;
+    for (size_t i = 0; i < big; ++i) {
+      float want = odd((r + 1) % P, r, i);
+      for (int k = 2; k <= P; ++k) want += odd((r + k) % P, r, i);
+      ok &= recv[i] == want;
+    }
+    check(ok, "reduce_scatter ring order" + at);
+    expected_bytes += uint64_t(P - 1) * big * 4;
+    std::vector<int64_t> isend(big * P), irecv(big, 0);
+    for (size_t k = 0; k < big * size_t(P); ++k) isend[k] = int64_t((k * 31 + size_t(r) * 17) % 1009) - 500;
+    comm.reduce_scatter(isend.data(), irecv.data(), big, Elem::I64, ReduceOp::Max, mem);
+    ok = true;
+    for (size_t i = 0; i < big; ++i) {
+      int64_t want = INT64_MIN;
+      for (int s = 0; s < P; ++s)
+        want = std::max(want, int64_t(((size_t(r) * big + i) * 31 + size_t(s) * 17) % 1009) - 500);
+      ok &= irecv[i] == want;
+    }
+    check(ok, "reduce_scatter ring max i64" + at);
+    expected_bytes += uint64_t(P - 1) * big * 8;
+  }
   {  // allgather of doubles
     std::vector<double> send(n), recv(n * P, -1.0);
     for (size_t i = 0; i < n; ++i) send[i] = value(r, 0, i) * 0.5;

@@ -48,8 +48,11 @@ def assert_same(a, b, what, exact=True):
                 bad = np.flatnonzero(bits([x])[0] != bits([y])[0])
                 raise AssertionError(f"{what}: tensor {i} differs at {bad[:8]} ({len(bad)} elements): "
                                      f"{x.ravel()[bad[:4]]} vs {y.ravel()[bad[:4]]}")
-        else:
-            np.testing.assert_allclose(x.astype(np.float64), y.astype(np.float64), rtol=2e-5,
+        else:  # within a rounding of the parameter's own dtype (bf16 travels as uint16 bits)
+            values = [(a.astype(np.uint32) << 16).view(np.float32) if a.dtype == np.uint16 else a
+                      for a in (x, y)]
+            rtol = {np.dtype(np.float32): 2e-5, np.dtype(np.float16): 2e-3}.get(x.dtype, 1.6e-2)
+            np.testing.assert_allclose(*(v.astype(np.float64) for v in values), rtol=rtol,
                                        atol=1e-6, err_msg=what)
 
 

@@ -43,6 +43,9 @@ SCENARIOS = [
     Scenario("bf16", kinds=("bf16",) * 5, top={"bf16": {"enabled": True}}),
     Scenario("mixed_dtypes", kinds=("fp32", "bf16", "fp16", "fp32", "bf16")),
     Scenario("clipping", top={"gradient_clipping": 0.5}),
+    # Blocks of >= 64 KiB per rank: the MPI reduce-scatter runs as dsopt's ring.
+    Scenario("ring", sizes=(70001, 30011, 5), kinds=("fp32", "bf16", "fp32"), groups=(0, 1, 0),
+             grads="random", zero={"reduce_bucket_size": 80000, "allgather_bucket_size": 50000}),
     Scenario("tiny", sizes=(1, 2, 3), groups=(0, 1, 0), kinds=("fp32", "bf16", "fp32"),
              zero={"reduce_bucket_size": 1, "allgather_bucket_size": 1}),
 ]
