@@ -120,16 +120,16 @@ class MpiComm final : public Comm {
     const int n = as_int_count(count, "reduce_scatter");
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
     const auto block = [&](int b) { return static_cast<const char*>(in) + size_t(b) * bytes; };
-    ring_buffers_.resize(2 * bytes);
-    char* acc = ring_buffers_.data();
-    char* incoming = acc + bytes;
+    // The partial sum travels in `out`; one block of scratch for the
+    // incoming one, freed on return (like an MPI library's temporaries).
+    std::vector<char> incoming(bytes);
     for (int s = 0; s < size_ - 1; ++s) {
-      const void* outgoing = s == 0 ? block((rank_ + size_ - 1) % size_) : acc;
-      check_mpi(MPI_Sendrecv(outgoing, n, mpi_type(e), next, kRingTag, incoming, n, mpi_type(e), prev,
-                             kRingTag, comm_, MPI_STATUS_IGNORE),
+      const void* outgoing = s == 0 ? block((rank_ + size_ - 1) % size_) : out;
+      check_mpi(MPI_Sendrecv(outgoing, n, mpi_type(e), next, kRingTag, incoming.data(), n, mpi_type(e),
+                             prev, kRingTag, comm_, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv");
       const int b = (rank_ + 2 * size_ - 2 - s) % size_;  // the block that came in
-      combine(s == size_ - 2 ? out : acc, incoming, block(b), count, e, op);
+      combine(out, incoming.data(), block(b), count, e, op);
     }
   }
   static constexpr int kRingTag = 0x5a52;  // "ZR"
@@ -192,7 +192,6 @@ class MpiComm final : public Comm {
   }
 
   MPI_Comm comm_;
-  std::vector<char> ring_buffers_;  // reduce-scatter ring: partial sum, incoming block
   int rank_ = 0, size_ = 1;
 };
 
