@@ -490,8 +490,11 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
   for (int64_t s : sizes) n += s;
   const Layout L(n, P, o.bucket, o.ag_bucket);
   const int64_t w = half ? 2 : 4;
-  const uint64_t want0 = uint64_t(2 * (P - 1)) * uint64_t(n + 1) * 4 / uint64_t(P);
-  uint64_t want2 = uint64_t(2 * (P - 1)) * 16 / uint64_t(P);
+  // Every step starts with the 16-byte handshake allreduce (the ranks agree
+  // they are in the same dsopt call).
+  const uint64_t handshake = uint64_t(2 * (P - 1)) * 16 / uint64_t(P);
+  const uint64_t want0 = handshake + uint64_t(2 * (P - 1)) * uint64_t(n + 1) * 4 / uint64_t(P);
+  uint64_t want2 = handshake + uint64_t(2 * (P - 1)) * 16 / uint64_t(P);
   for (int64_t k = 0, start = 0; k < L.buckets; ++k, start += L.bucket)
     want2 += uint64_t(P - 1) * uint64_t(std::min(L.bucket, L.padded - start) / P) * 4;
   for (int64_t c = 0; c < L.ag_chunks; ++c)

@@ -81,6 +81,7 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
   return guarded([&] {
     require_nonnull(out, "out");
     require_nonnull(comm, "comm");
+    comm->impl->prepare();  // collective: every rank, before anything can fail
     std::unique_ptr<dsopt_optimizer> opt;
     uint64_t cfg_hash = 0, run_cfg_hash = 0;
     int status = DSOPT_OK;

@@ -36,6 +36,17 @@ class Comm {
   // The CUDA stream device work on this communicator runs on (a
   // cudaStream_t; nullptr: the legacy default stream).
   virtual void* cuda_stream() const { return nullptr; }
+  // Called by every rank at the start of every collective dsopt call
+  // (dsopt_create first): MPI duplicates the caller's communicator here.
+  virtual void prepare() {}
+  // Seconds a collective may wait before failing with DSOPT_ECOMM (0: no
+  // limit); set by each optimizer before its collectives (NCCL only).
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // Waits for the device work queued on this communicator, failing with
+  // DSOPT_ECOMM on an asynchronous error or after the timeout (NCCL; the
+  // others complete their collectives before returning).
+  virtual void wait() {}
+  double timeout() const { return timeout_s_; }
 
   // recv[i] = op over ranks of send[i], count elements. send may equal recv.
   void allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op, const Mem& mem);
@@ -74,6 +85,7 @@ class Comm {
 
  private:
   uint64_t bytes_sent_ = 0;
+  double timeout_s_ = 0.0;
 };
 
 std::unique_ptr<Comm> make_local_comm();

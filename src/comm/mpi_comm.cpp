@@ -69,10 +69,34 @@ int as_int_count(size_t n, const char* call) {
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(MPI_Comm comm) : comm_(comm) {
-    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
-    check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  // Collectives run on a duplicate of the caller's communicator (its own
+  // message space) whose error handler returns error codes, so a failing
+  // MPI call becomes DSOPT_ECOMM instead of aborting the caller's process;
+  // the caller's communicator and its error handler are left as they are.
+  // The duplicate is made by the first collective dsopt call (prepare()),
+  // so creating the dsopt_comm stays local.
+  explicit MpiComm(MPI_Comm caller) : caller_(caller), comm_(caller) {
+    check_mpi(MPI_Comm_rank(caller_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(caller_, &size_), "MPI_Comm_size");
   }
+  ~MpiComm() override {
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (comm_ != caller_ && !finalized) MPI_Comm_free(&comm_);  // MPI_Finalize freed it otherwise
+  }
+  void prepare() override {
+    if (comm_ != caller_) return;
+    MPI_Comm dup = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_dup(caller_, &dup), "MPI_Comm_dup");
+    const int rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+      MPI_Comm_free(&dup);
+      check_mpi(rc, "MPI_Comm_set_errhandler");
+    }
+    comm_ = dup;
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
@@ -191,7 +215,8 @@ class MpiComm final : public Comm {
     if (h.staged && out_bytes) mem.kernels->copy_from_host(out, h.out, out_bytes);
   }
 
-  MPI_Comm comm_;
+  MPI_Comm caller_;  // borrowed
+  MPI_Comm comm_;    // the duplicate once prepare() ran, the caller's before
   int rank_ = 0, size_ = 1;
 };
 

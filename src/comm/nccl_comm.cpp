@@ -7,8 +7,10 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "base/error.hpp"
 #include "comm/comm.hpp"
@@ -87,6 +89,10 @@ class NcclComm final : public Comm {
   int size() const override { return size_; }
   const char* backend() const override { return "nccl"; }
   void* cuda_stream() const override { return stream_; }
+  void wait() override {
+    DeviceScope scope(device_);
+    finish();
+  }
 
  protected:
   void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
@@ -251,7 +257,35 @@ class NcclComm final : public Comm {
     cuda_ok(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync");
   }
-  void finish() { cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  // Waits for the stream, polling NCCL for asynchronous errors (a peer
+  // that died, a network failure) and, with a timeout, for a collective
+  // that never completes (a rank that never joined). Either aborts the
+  // NCCL communicator (its queued work can never finish) and fails with
+  // DSOPT_ECOMM, instead of blocking for ever.
+  void finish() {
+    if (aborted_) fail(DSOPT_ECOMM, "the NCCL communicator was aborted by an earlier error or timeout: " + aborted_why_);
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) cuda_ok(q, "cudaStreamQuery");
+      ncclResult_t async = ncclSuccess;
+      check(api_.comm_get_async_error(comm_, &async), "ncclCommGetAsyncError");
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const bool timed_out = timeout() > 0 && waited > timeout();
+      if (async != ncclSuccess || timed_out) {
+        aborted_why_ = async != ncclSuccess
+                           ? std::string("asynchronous NCCL error: ") + api_.get_error_string(async)
+                           : "a collective did not complete within comm_timeout = " +
+                                 std::to_string(timeout()) + " s (a rank that never joined?)";
+        aborted_ = true;
+        (void)api_.comm_abort(comm_);
+        fail(DSOPT_ECOMM, aborted_why_ + "; the NCCL communicator was aborted: create a new one");
+      }
+      if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
   const NcclApi& api_;
   ncclComm_t comm_;
@@ -259,6 +293,8 @@ class NcclComm final : public Comm {
   int rank_ = 0, size_ = 0, device_ = 0;
   char* scratch_ = nullptr;
   size_t scratch_size_ = 0;
+  bool aborted_ = false;
+  std::string aborted_why_;
 };
 
 }  // namespace

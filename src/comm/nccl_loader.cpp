@@ -51,6 +51,8 @@ void load(Loaded& out) {
   bind(lib, "ncclCommCuDevice", a.comm_cu_device, e);
   bind(lib, "ncclGetErrorString", a.get_error_string, e);
   bind(lib, "ncclGetVersion", a.get_version, e);
+  bind(lib, "ncclCommGetAsyncError", a.comm_get_async_error, e);
+  bind(lib, "ncclCommAbort", a.comm_abort, e);
   a.get_last_error = reinterpret_cast<decltype(a.get_last_error)>(dlsym(lib, "ncclGetLastError"));
   if (!e.empty()) return;
   a.version = 0;

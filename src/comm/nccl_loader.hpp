@@ -21,6 +21,8 @@ struct NcclApi {
   decltype(&::ncclGetErrorString) get_error_string;
   decltype(&::ncclGetVersion) get_version;
   decltype(&::ncclGetLastError) get_last_error;  // nullptr in NCCL < 2.13
+  decltype(&::ncclCommGetAsyncError) comm_get_async_error;
+  decltype(&::ncclCommAbort) comm_abort;
   int version;  // NCCL_VERSION_CODE of the loaded library, e.g. 22809
 };
 

@@ -29,6 +29,9 @@ struct PipelineConfig {
   // dsopt_step returns DSOPT_ENONFINITE after this many skipped steps in a
   // row, and when fp16 loss scaling overflows at min_loss_scale; 0: never.
   int64_t max_consecutive_skips = 50;
+  // NCCL: seconds a collective may wait before the communicator is aborted
+  // and the call fails with DSOPT_ECOMM; 0: no limit.
+  double comm_timeout_s = 0.0;
 };
 
 // zero_optimization (spec zero.md section 2; README "ZeRO").
@@ -66,7 +69,7 @@ struct OptimizerConfig {
   PipelineConfig pipeline;
   ZeroConfig zero;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
-  std::string run_canonical;      // the same without where it runs (device, threads, cuda_aware): names a run
+  std::string run_canonical;      // the same without how it runs (device, threads, cuda_aware, comm_timeout): names a run
 };
 
 }  // namespace dsopt

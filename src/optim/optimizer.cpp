@@ -53,7 +53,29 @@ PreparedGrads Optimizer::prepare(const dsopt_tensor* grads, int64_t count) {
   return pipeline_.prepare(grads, count, average);
 }
 
+void Optimizer::enter_collective(Call call) {
+  comm_.prepare();
+  comm_.set_timeout(cfg_.pipeline.comm_timeout_s);
+  const int64_t mine = int64_t(call) << 48 | (calls_ & ((int64_t(1) << 48) - 1));
+  ++calls_;
+  if (comm_.size() == 1) return;
+  int64_t tags[2] = {mine, -mine};  // max and -min in one reduction
+  comm_.allreduce(tags, tags, 2, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
+  if (tags[0] == -tags[1]) return;
+  const auto describe = [](int64_t tag) {
+    static const char* const names[] = {"?", "dsopt_step", "dsopt_state_load", "dsopt_state_load_shards"};
+    const int64_t op = tag >> 48;
+    return std::string(op >= 1 && op <= 3 ? names[op] : "an unknown call") + " (collective call #" +
+           std::to_string((tag & ((int64_t(1) << 48) - 1)) + 1) + " of this optimizer)";
+  };
+  fail(DSOPT_EMISMATCH, "the ranks are not in the same dsopt call: this rank is in " + describe(mine) +
+                            ", and the ranks range from " + describe(-tags[1]) + " to " +
+                            describe(tags[0]) + "; every rank must make the same collective calls "
+                            "on an optimizer in the same order (nothing was changed)");
+}
+
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
+  enter_collective(Call::Step);
   const PreparedGrads prepared = prepare(grads, count);
   bool compressed = false;
   if (!prepared.skip) {
@@ -229,6 +251,7 @@ void Optimizer::load_collectively(const std::string& call,
 }
 
 void Optimizer::load(const void* src, uint64_t size) {
+  enter_collective(Call::Load);
   load_collectively("dsopt_state_load", [&]() -> std::function<void()> {
     if (!src) fail(DSOPT_EINVAL, "src is NULL");
     std::shared_ptr<const BlobReader> r = read_blob(src, size);
@@ -239,6 +262,7 @@ void Optimizer::load(const void* src, uint64_t size) {
 }
 
 void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count) {
+  enter_collective(Call::LoadShards);
   load_collectively("dsopt_state_load_shards", [&]() -> std::function<void()> {
     const Blobs set = read_blob_set(blobs, sizes, count);
     if (std::function<void()> fn = reshard(set)) return fn;

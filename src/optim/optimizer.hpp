@@ -126,6 +126,13 @@ class Optimizer {
 
  private:
   std::string alarm(bool stuck_at_min_scale, double scale_used) const;
+  // The collective dsopt calls, for the handshake that starts each one.
+  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3 };
+  // Every rank says which call it is in and how many collective calls this
+  // optimizer has made (one 16-byte allreduce); ranks that disagree all
+  // fail with DSOPT_EMISMATCH before any other collective, so they cannot
+  // block in mismatched ones. Also hands the config's timeout to the comm.
+  void enter_collective(Call call);
   // Parses a blob and checks what every blob of this optimizer has:
   // algorithm, parameters, groups, the common sections.
   std::unique_ptr<const BlobReader> read_blob(const void* src, uint64_t size) const;
@@ -147,6 +154,7 @@ class Optimizer {
   std::vector<int64_t> steps_;
   int64_t consecutive_skips_ = 0;
   uint64_t run_id_ = 0;
+  int64_t calls_ = 0;  // collective calls made (enter_collective)
 };
 
 }  // namespace dsopt

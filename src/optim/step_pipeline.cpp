@@ -99,6 +99,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     }
     kernels_.copy_from_host(buf + total, &flag, 4);
     comm_.allreduce(buf, buf, size_t(total + 1), Elem::F32, ReduceOp::Sum, mem_);
+    comm_.wait();  // NCCL: polls for errors and the timeout instead of blocking in the copy
     kernels_.copy_to_host(&flag, buf + total, 4);
     if (flag >= kInvalid) fail_step(local_error);
     nonfinite = flag > 0.0f;

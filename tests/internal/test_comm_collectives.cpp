@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.hpp"
 #include "comm/comm.hpp"
 #include "kernels/kernels.hpp"
 
@@ -223,6 +224,43 @@ int main(int argc, char** argv) {
   run_all(*mpi, Mem{&device, true}, "mpi cuda-aware");
   check(device.to_host == to_host && device.from_host == from_host,
         "cuda_aware passes device buffers to MPI without staging");
+
+  // After prepare() (what every collective dsopt call does first) MPI runs
+  // on a duplicate whose errors return: a message longer than its receive
+  // buffer (rank 0 expects 2 elements from rank 1, which sends 4) is
+  // DSOPT_ECOMM with MPI's message on rank 0, not an abort; MPI_COMM_WORLD
+  // keeps its handler.
+  mpi->prepare();
+  run_all(*mpi, Mem{cpu.get(), false}, "mpi host, duplicated");
+  if (mpi->size() > 1) {
+    const int P = mpi->size();
+    std::vector<float> send(size_t(4 * P), 1.0f), recv(size_t(4 * P), 0.0f);
+    std::vector<size_t> counts(size_t(P), 4);
+    std::vector<size_t> offsets(static_cast<size_t>(P), 0);
+    for (int j = 0; j < P; ++j) offsets[size_t(j)] = size_t(4 * j);
+    std::vector<size_t> recv_counts = counts;
+    if (my_rank == 0) recv_counts[1] = 2;
+    int status = DSOPT_OK;
+    std::string message;
+    try {
+      mpi->alltoallv(send.data(), counts.data(), offsets.data(), recv.data(), recv_counts.data(),
+                     offsets.data(), Elem::F32, Mem{cpu.get(), false});
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    if (my_rank == 0)
+      check(status == DSOPT_ECOMM && message.find("MPI_") != std::string::npos &&
+                message.find("failed: ") != std::string::npos,
+            "a failing MPI call is DSOPT_ECOMM with MPI's message (got " + std::to_string(status) +
+                ": " + message + ")");
+    else
+      check(status == DSOPT_OK || status == DSOPT_ECOMM, "the other ranks return (" + message + ")");
+  }
+  MPI_Errhandler world_handler;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world_handler);
+  check(world_handler == MPI_ERRORS_ARE_FATAL, "MPI_COMM_WORLD's error handler is untouched");
+  MPI_Errhandler_free(&world_handler);
 
   std::printf("rank %d: %d passed, %d failed\n", my_rank, passes, failures);
   int any = failures ? 1 : 0, all = 0;

@@ -262,10 +262,20 @@ def warmup_bytes(sc: Scenario, world: int) -> int:
     return 2 * (world - 1) * 4 * (n + 1) // world
 
 
+def handshake_bytes(world: int) -> int:
+    """The 16-byte allreduce that starts every collective dsopt call (the
+    ranks agree they are in the same call)."""
+    return 2 * (world - 1) * 16 // world
+
+
 def step_bytes(sc: Scenario, world: int, ref_info: dict) -> int:
-    """Bytes of one step as the reference ran it: a skipped step stops after
-    the collective that found the non-finite value (warmup: the gradient
-    allreduce; compression: the status allreduce)."""
+    """Bytes of one step as the reference ran it: the handshake, then (a
+    skipped step stops after the collective that found the non-finite value:
+    warmup, the gradient allreduce; compression, the status allreduce)."""
+    return handshake_bytes(world) + _step_bytes(sc, world, ref_info)
+
+
+def _step_bytes(sc: Scenario, world: int, ref_info: dict) -> int:
     if not ref_info["stage_compression"]:
         return warmup_bytes(sc, world)
     if ref_info["skipped"]:

@@ -145,16 +145,18 @@ def reference_state(ref, rank):
 
 
 def step_bytes(sc, world, info):
-    """Bytes of one step: full steps the fp32 gradient allreduce with the
+    """Bytes of one step: the 16-byte handshake allreduce that starts every
+    collective call, then full steps the fp32 gradient allreduce with the
     status float; every other step the 16-byte control allreduce (status,
     norm), plus the CAR of every tensor on 1-bit steps and syncs."""
     P = world
     if P == 1:
         return 0
     n = sum(sc.sizes)
+    handshake = 2 * (P - 1) * 16 // P
     if info["would_be_full"]:
-        return 2 * (P - 1) * 4 * (n + 1) // P
-    total = 2 * (P - 1) * 16 // P
+        return handshake + 2 * (P - 1) * 4 * (n + 1) // P
+    total = handshake + 2 * (P - 1) * 16 // P
     if info["phase"] in (2, 4):
         padded = sum(padded_length(x, P) for x in sc.sizes)
         total += (P - 1) * padded // (4 * P) + 8 * (P - 1) * len(sc.sizes)
