@@ -107,7 +107,12 @@ DSOPT_API int dsopt_comm_create_local(dsopt_comm **out);
  * borrowed until dsopt_comm_destroy and every optimizer created on it are
  * destroyed. Returns DSOPT_OK, DSOPT_EINVAL (out is NULL, MPI not
  * initialised, or the handle is not a communicator), DSOPT_EUNSUPPORTED (built
- * without MPI) or DSOPT_ENOMEM. Not collective. */
+ * without MPI) or DSOPT_ENOMEM. Not collective. dsopt's collectives run on a
+ * duplicate of the communicator (MPI_Comm_dup, made by the first collective
+ * dsopt call on it, usually dsopt_create) whose error handler is
+ * MPI_ERRORS_RETURN: a failing MPI call returns DSOPT_ECOMM with MPI's error
+ * text instead of aborting. The caller's communicator and its error handler
+ * are left as they are; dsopt_comm_destroy frees the duplicate. */
 DSOPT_API int dsopt_comm_create_mpi(dsopt_comm **out, int64_t mpi_comm_f);
 
 /* Wraps an NCCL communicator and the CUDA stream all of dsopt's device work
@@ -186,8 +191,12 @@ DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt
  * says what happened and what to try. That step was skipped exactly like
  * one that returns DSOPT_OK (info is written, the loss scaler saw the
  * overflow); the next dsopt_step may continue the run.
- * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM,
- * DSOPT_ENONFINITE. */
+ * Every collective call (dsopt_step, dsopt_state_load,
+ * dsopt_state_load_shards) starts with a 16-byte handshake: when the ranks
+ * are in different calls, every rank returns DSOPT_EMISMATCH and nothing
+ * changes.
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EMISMATCH, DSOPT_ECOMM, DSOPT_ECUDA,
+ * DSOPT_ENOMEM, DSOPT_ENONFINITE. */
 DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_t num_grads,
                          dsopt_step_info *info /* may be NULL */);
 

@@ -42,3 +42,17 @@ def test_a_killed_rank_does_not_leave_the_others_waiting(stage):
     assert elapsed < BOUND_S, f"{elapsed:.1f} s"
     for r in (0, 2):  # no survivor went on as if nothing happened
         assert f"rank {r} done" not in out, out
+
+
+def test_comm_timeout_is_a_config_key_that_does_not_name_the_run():
+    import numpy as np
+    import dsopt
+    base = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    with pytest.raises(dsopt.InvalidArgument, match="comm_timeout"):
+        dsopt.Optimizer(dict(base, comm_timeout=-1), [np.ones(3, np.float32)])
+    blobs = []
+    for extra in ({}, {"comm_timeout": 30}):
+        with dsopt.Optimizer(dict(base, **extra), [np.ones(3, np.float32)]) as opt:
+            opt.step([np.full(3, 0.5, np.float32)])
+            blobs.append(opt.state_dict())
+    assert blobs[0] == blobs[1]
