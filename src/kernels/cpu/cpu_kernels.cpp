@@ -135,7 +135,7 @@ class CpuKernels final : public Kernels {
     std::vector<int64_t> first(size_t(count) + 1, 0);
     for (int64_t i = 0; i < count; ++i)
       first[i + 1] = first[i] + (src[i].numel + kAdamChunk - 1) / kAdamChunk;
-    std::vector<float> chunk_max(size_t(first[size_t(count)]));
+    std::vector<float> chunk_max(static_cast<size_t>(first[size_t(count)]));
 #pragma omp parallel num_threads(threads_)
     {
       int64_t t = 0;
