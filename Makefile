@@ -2,11 +2,12 @@
 # they install what is missing first (scripts/ensure_deps.sh).
 BUILD ?= build
 NOCUDA_BUILD ?= build-nocuda
+FUZZ_BUILD ?= build-fuzz
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-rust test-install demo demo-c bench clean
+.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-rust test-install test-fuzz demo demo-c bench clean
 
 all: build
 
@@ -21,7 +22,7 @@ build: deps
 python: build
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) python3 bindings/python/dsopt/_ffi_build.py
 
-test: test-c test-nocuda test-python test-torch test-rust test-install
+test: test-c test-nocuda test-python test-torch test-rust test-install test-fuzz
 
 test-c: build
 	cd $(BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
@@ -50,6 +51,12 @@ test-rust: build
 test-install: build
 	tests/install/test_install.sh $(BUILD)
 
+# The libFuzzer targets (tests/fuzz) in $(FUZZ_BUILD), clang with ASan and
+# UBSan, 60 s each (FUZZ_SECONDS) on a copy of the checked-in corpus; fails on
+# any crash. Skips with a message when clang or libFuzzer is missing.
+test-fuzz: deps
+	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD)
+
 # PREFIX=/usr/local by default: header, library, CMake package, dsopt.pc.
 install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
@@ -65,4 +72,4 @@ bench: build
 	$(MPI_ENV) bench/run_benchmarks.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(NOCUDA_BUILD)
+	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD)
