@@ -293,14 +293,40 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
                              "optimizers run with stage 0)");
 }
 
+// Arrays and objects nested deeper than this are rejected before parsing:
+// dsopt's configs nest 4 levels, and nlohmann::json's dump() (error
+// messages, the canonical text) recurses once per level.
+constexpr int kMaxNesting = 64;
+
+void check_nesting(const char* text) {
+  int depth = 0;
+  bool in_string = false;
+  for (const char* p = text; *p; ++p) {
+    const char c = *p;
+    if (in_string) {
+      if (c == '\\' && p[1]) ++p;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxNesting)
+        fail(DSOPT_EINVAL, "config: nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
 }  // namespace
 
 OptimizerConfig parse_config(const char* json_text) {
   if (!json_text) fail(DSOPT_EINVAL, "config_json is NULL");
+  check_nesting(json_text);
   json root;
   try {
     root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for numbers beyond double (1e400).
     fail(DSOPT_EINVAL, std::string("config is not valid JSON: ") + e.what());
   }
   check_keys(root, "",

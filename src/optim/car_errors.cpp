@@ -17,9 +17,14 @@ void CarErrors::save(BlobWriter& w, const CompressedAllreduce* car, Kernels& ker
   w.section_from_device(prefix_ + ".server_error", car ? car->server_error() : nullptr, b.second, kernels);
 }
 
+void CarErrors::check_world(int32_t saved_world) {
+  if (saved_world < 0 || saved_world == 1 || saved_world > kMaxWorld)
+    fail(DSOPT_ECORRUPT, "state blob: invalid world size of the compression errors (" +
+                             std::to_string(saved_world) + ")");
+}
+
 void CarErrors::check(const BlobReader& r, int32_t saved_world) const {
-  if (saved_world < 0 || saved_world == 1)
-    fail(DSOPT_ECORRUPT, "state blob: invalid world size of the compression errors");
+  check_world(saved_world);
   const auto b = bytes(saved_world);
   r.section(prefix_ + ".worker_error", b.first);
   r.section(prefix_ + ".server_error", b.second);

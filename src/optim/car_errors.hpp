@@ -19,6 +19,13 @@ class CarErrors {
   CarErrors(std::string prefix, std::vector<int64_t> sizes)
       : prefix_(std::move(prefix)), sizes_(std::move(sizes)) {}
 
+  // The largest world size a blob may record for its errors: beyond it the
+  // padded lengths (8 P^2 elements per tensor at most) would overflow.
+  static constexpr int32_t kMaxWorld = int32_t(1) << 24;
+  // Throws Error(DSOPT_ECORRUPT) unless `saved_world` is 0 (no errors) or in
+  // [2, kMaxWorld].
+  static void check_world(int32_t saved_world);
+
   // Bytes of the worker and server errors at `world` ranks (0 for world <= 1).
   std::pair<uint64_t, uint64_t> bytes(int world) const;
   // The world size to record with the errors of `car` (0: none).

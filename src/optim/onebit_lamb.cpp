@@ -1,6 +1,7 @@
 #include "optim/onebit_lamb.hpp"
 
 #include "base/error.hpp"
+#include "optim/car_errors.hpp"
 #include "math/onebit_lamb.hpp"
 
 namespace dsopt {
@@ -190,7 +191,7 @@ void OneBitLamb::check_sections(const BlobReader& r) const {
   f.get<int64_t>();
   if (f.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
   const int32_t world = f.get<int32_t>();
-  if (world < 0 || world == 1) fail(DSOPT_ECORRUPT, "state blob: invalid world size of the compression errors");
+  CarErrors::check_world(world);
   r.section(kFresh, fresh_.bytes());
   r.section(kCoeffs, uint64_t(params().count()) * 24);
   const int64_t padded = world > 1 ? fused_length(params().total_numel(), world) : 0;

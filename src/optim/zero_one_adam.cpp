@@ -13,6 +13,12 @@ const char* kInterval = "zoadam.interval";  // per group: lrs and decay since th
 const char* kAccumulator = "zoadam.accumulator";
 const char* kAnchor = "zoadam.anchor";
 constexpr uint64_t kScheduleBytes = 4 + 5 * 8 + 4;  // Schedule, world of the errors
+// No schedule value exceeds the largest step count (configs cap
+// var_freeze_step and local_step_clipper at 2^62); blobs beyond it are corrupt.
+constexpr int64_t kMaxSchedule = int64_t(1) << 62;
+
+// min(limit, 2 x) without overflow (x >= 1, limit >= 1).
+int64_t doubled(int64_t x, int64_t limit) { return x >= limit - x ? limit : 2 * x; }
 
 std::vector<int64_t> all_sizes(const dsopt_tensor* params, int64_t count) {
   std::vector<int64_t> sizes;
@@ -97,7 +103,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
                      grads.mul1, grads.mul2);
     if (++sched_.var_counter == config().var_update_scaler) {
       sched_.var_counter = 0;
-      sched_.var_interval *= 2;
+      sched_.var_interval = doubled(sched_.var_interval, kMaxSchedule);
     }
     phase_ = DSOPT_PHASE_FULL;
   } else {
@@ -153,7 +159,7 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
   if (is_sync) sync(s);
   if (++sched_.local_counter == config().local_step_scaler) {
     sched_.local_counter = 0;
-    sched_.local_interval = std::min(config().local_step_clipper, 2 * sched_.local_interval);
+    sched_.local_interval = doubled(sched_.local_interval, config().local_step_clipper);
   }
   phase_ = is_sync ? DSOPT_PHASE_SYNC : DSOPT_PHASE_LOCAL;
 }
@@ -205,8 +211,9 @@ void ZeroOneAdam::check_sections(const BlobReader& r) const {
   const int64_t var_interval = f.get<int64_t>(), var_counter = f.get<int64_t>();
   const int64_t local_interval = f.get<int64_t>(), local_counter = f.get<int64_t>();
   const int64_t variance_updates = f.get<int64_t>();
-  if ((frozen != 0 && frozen != 1) || var_interval < 1 || var_counter < 0 || local_interval < 1 ||
-      local_counter < 0 || variance_updates < 0)
+  const auto in_range = [](int64_t x, int64_t lo) { return x >= lo && x <= kMaxSchedule; };
+  if ((frozen != 0 && frozen != 1) || !in_range(var_interval, 1) || !in_range(var_counter, 0) ||
+      !in_range(local_interval, 1) || !in_range(local_counter, 0) || !in_range(variance_updates, 0))
     fail(DSOPT_ECORRUPT, "state blob: invalid 0/1 Adam schedule");
   errors_.check(r, f.get<int32_t>());
   r.section(kInterval, uint64_t(num_groups()) * 16);
