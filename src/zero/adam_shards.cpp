@@ -1,6 +1,7 @@
 #include "zero/adam_shards.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -27,6 +28,8 @@ SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_
   const char* masters_section;
   if (r.has(kZeroLayoutSection)) {
     const ZeroLayoutRecord z = decode_zero_layout(r);
+    if (z.world != r.header().world_size || z.rank != r.header().rank)
+      fail(DSOPT_ECORRUPT, who + ": its zero.layout section does not describe its header");
     std::vector<int64_t> numels;
     for (const BlobParam& p : params) numels.push_back(p.numel);
     const ShardLayout layout(numels, int(z.world), z.bucket_elems);
@@ -78,7 +81,10 @@ ZeroLayoutRecord decode_zero_layout(const BlobReader& r) {
   std::memcpy(&z.bucket_elems, p + 12, 8);
   std::memcpy(&z.shard_numel, p + 20, 8);
   std::memcpy(&z.master_numel, p + 28, 8);
-  if ((z.stage != 1 && z.stage != 2) || z.world < 1 || z.rank >= z.world || z.bucket_elems < 1 ||
+  // world beyond INT32_MAX turned negative in ShardLayout (a zero bucket
+  // size there, and an endless loop of buckets).
+  if ((z.stage != 1 && z.stage != 2) || z.world < 1 || z.world > uint32_t(INT32_MAX) ||
+      z.rank >= z.world || z.bucket_elems < 1 ||
       z.shard_numel < 0 || z.master_numel < 0 || z.master_numel > z.shard_numel)
     fail(DSOPT_ECORRUPT, "the zero.layout section holds impossible values");
   return z;

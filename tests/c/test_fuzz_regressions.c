@@ -104,21 +104,32 @@ static void live_close(live *L) {
   free(L->blob);
 }
 
-/* A copy of the blob with `len` bytes at offset `off` of section `name`
- * replaced, CRC fixed; the load of it returns `expected`, and a rejected
- * load leaves the state and parameters as they were. */
-static void expect_load(live *L, const char *name, uint64_t off, const void *value, size_t len,
-                        int expected, const char *words) {
+/* One change to a blob: `len` bytes at offset `off` of section `name`. */
+typedef struct {
+  const char *name;
+  uint64_t off;
+  const void *value;
+  size_t len;
+} patch;
+
+/* A copy of the blob with the patches applied, CRC fixed; the load of it
+ * returns `expected`, and a rejected load leaves the state and parameters as
+ * they were. */
+static void expect_load_patched(live *L, const patch *patches, int npatches, int expected,
+                                const char *words) {
   uint8_t *b = malloc((size_t)L->size);
   memcpy(b, L->blob, (size_t)L->size);
-  uint64_t section_len = 0;
-  uint8_t *s = find_section(b, name, &section_len);
-  if (!CHECKF(s != NULL && off + len <= section_len, "section %s (%llu bytes) holds offset %llu", name,
-              (unsigned long long)section_len, (unsigned long long)off)) {
-    free(b);
-    return;
+  for (int i = 0; i < npatches; ++i) {
+    const patch *pt = &patches[i];
+    uint64_t section_len = 0;
+    uint8_t *s = find_section(b, pt->name, &section_len);
+    if (!CHECKF(s != NULL && pt->off + pt->len <= section_len, "section %s (%llu bytes) holds offset %llu",
+                pt->name, (unsigned long long)section_len, (unsigned long long)pt->off)) {
+      free(b);
+      return;
+    }
+    memcpy(s + pt->off, pt->value, pt->len);
   }
-  memcpy(s + off, value, len);
   fix_crc(b, L->size);
   float p0[6];
   uint16_t p1[5];
@@ -140,6 +151,12 @@ static void expect_load(live *L, const char *name, uint64_t off, const void *val
     CHECK_OK(dsopt_state_load(L->opt, L->blob, L->size)); /* back to the saved state */
   }
   free(b);
+}
+
+static void expect_load(live *L, const char *name, uint64_t off, const void *value, size_t len,
+                        int expected, const char *words) {
+  const patch p = {name, off, value, len};
+  expect_load_patched(L, &p, 1, expected, words);
 }
 
 /* ---- configs -------------------------------------------------------------- */
@@ -265,11 +282,30 @@ static void blob_impossible_common_values_are_ecorrupt(void) {
   live_close(&L);
 }
 
+/* A zero.layout world beyond INT32_MAX became a negative world in the
+ * layout built from it, a zero bucket size, and an endless loop allocating
+ * buckets (out of memory) in dsopt_state_load_shards. */
+static void blob_zero_layout_world_beyond_int32_is_ecorrupt(void) {
+  live L;
+  if (live_open(&L, "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 2, "
+                    "\"reduce_bucket_size\": 4}, \"threads\": 1}", 2)) {
+    /* zero.layout: i32 stage, u32 world, u32 rank, i64 bucket, i64 shard, i64 masters */
+    const uint32_t worlds[3] = {0xFFFFFFFFu, 0x80000000u, 0x80000001u};
+    const int64_t one = 1; /* bucket 1: rounded to 2P, which was <= 0 */
+    for (int i = 0; i < 3; ++i) {
+      const patch p[2] = {{"zero.layout", 4, &worlds[i], 4}, {"zero.layout", 12, &one, 8}};
+      expect_load_patched(&L, p, 2, DSOPT_ECORRUPT, "zero.layout");
+    }
+  }
+  live_close(&L);
+}
+
 int main(void) {
   RUN_TEST(config_numbers_beyond_double_are_einval);
   RUN_TEST(config_deep_nesting_is_einval);
   RUN_TEST(blob_error_world_overflow_is_ecorrupt);
   RUN_TEST(blob_zero_one_schedule_overflow);
   RUN_TEST(blob_impossible_common_values_are_ecorrupt);
+  RUN_TEST(blob_zero_layout_world_beyond_int32_is_ecorrupt);
   return check_finish();
 }
