@@ -3,11 +3,13 @@
 BUILD ?= build
 NOCUDA_BUILD ?= build-nocuda
 FUZZ_BUILD ?= build-fuzz
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-rust test-install test-fuzz demo demo-c bench clean
+.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-rust test-install test-fuzz test-sanitize demo demo-c bench clean
 
 all: build
 
@@ -22,7 +24,7 @@ build: deps
 python: build
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) python3 bindings/python/dsopt/_ffi_build.py
 
-test: test-c test-nocuda test-python test-torch test-rust test-install test-fuzz
+test: test-c test-nocuda test-python test-torch test-rust test-install test-fuzz test-sanitize
 
 test-c: build
 	cd $(BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
@@ -57,6 +59,14 @@ test-install: build
 test-fuzz: deps
 	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD)
 
+# The C tests under the sanitizers (tests/sanitize/run_sanitizers.sh), CUDA
+# off, GCC: ASan + UBSan + LeakSanitizer over every CTest test of
+# $(ASAN_BUILD) (mpirun runs included; tests/sanitize/lsan.supp holds Open
+# MPI's own leaks), and ThreadSanitizer over test_threads_many_handles in
+# $(TSAN_BUILD).
+test-sanitize: deps
+	JOBS=$(JOBS) tests/sanitize/run_sanitizers.sh $(ASAN_BUILD) $(TSAN_BUILD)
+
 # PREFIX=/usr/local by default: header, library, CMake package, dsopt.pc.
 install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
@@ -72,4 +82,4 @@ bench: build
 	$(MPI_ENV) bench/run_benchmarks.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
