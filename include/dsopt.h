@@ -112,7 +112,11 @@ DSOPT_API int dsopt_comm_create_local(dsopt_comm **out);
  * dsopt call on it, usually dsopt_create) whose error handler is
  * MPI_ERRORS_RETURN: a failing MPI call returns DSOPT_ECOMM with MPI's error
  * text instead of aborting. The caller's communicator and its error handler
- * are left as they are; dsopt_comm_destroy frees the duplicate. */
+ * are left as they are; dsopt_comm_destroy frees the duplicate. After
+ * DSOPT_ECOMM the dsopt_comm is not used again (every later call on it
+ * returns DSOPT_ECOMM): MPI may still have operations of the failed call
+ * posted, which can write into that call's buffers (the caller's parameters
+ * or gradients included) until MPI_Finalize; dsopt never frees its own. */
 DSOPT_API int dsopt_comm_create_mpi(dsopt_comm **out, int64_t mpi_comm_f);
 
 /* Wraps an NCCL communicator and the CUDA stream all of dsopt's device work

@@ -82,7 +82,9 @@ class MpiComm final : public Comm {
   ~MpiComm() override {
     int finalized = 1;
     MPI_Finalized(&finalized);
-    if (comm_ != caller_ && !finalized) MPI_Comm_free(&comm_);  // MPI_Finalize freed it otherwise
+    // Not after MPI_Finalize, nor after a failed call (operations of it
+    // may still be posted on the duplicate).
+    if (comm_ != caller_ && !finalized && !failed_) MPI_Comm_free(&comm_);
   }
   void prepare() override {
     if (comm_ != caller_) return;
@@ -104,6 +106,7 @@ class MpiComm final : public Comm {
  protected:
   void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                     const Mem& mem) override {
+    usable();
     const size_t es = elem_size(e), bytes = count * es;
     const bool in_place = send == recv;
     HostPair h = stage(mem, send, bytes, recv, in_place ? 0 : bytes);
@@ -113,19 +116,20 @@ class MpiComm final : public Comm {
       const size_t n = std::min(chunk, count - off);
       char* r = static_cast<char*>(h.out) + off * es;
       const void* s = in_place ? MPI_IN_PLACE : static_cast<const char*>(h.in) + off * es;
-      check_mpi(MPI_Allreduce(s, r, int(n), mpi_type(e), mpi_op(op), comm_), "MPI_Allreduce");
+      ok(MPI_Allreduce(s, r, int(n), mpi_type(e), mpi_op(op), comm_), "MPI_Allreduce");
     }
     unstage(mem, h, recv, bytes);
   }
 
   void do_reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                          const Mem& mem) override {
+    usable();
     const size_t es = elem_size(e);
     HostPair h = stage(mem, send, count * es * size_t(size_), recv, count * es);
     if (count * es >= kRingBlockBytes && size_ > 1) {
       ring_reduce_scatter(h.in, h.out, count, e, op);
     } else {
-      check_mpi(MPI_Reduce_scatter_block(h.in, h.out, as_int_count(count, "reduce_scatter"),
+      ok(MPI_Reduce_scatter_block(h.in, h.out, as_int_count(count, "reduce_scatter"),
                                          mpi_type(e), mpi_op(op), comm_),
                 "MPI_Reduce_scatter_block");
     }
@@ -149,9 +153,10 @@ class MpiComm final : public Comm {
     std::vector<char> incoming(bytes);
     for (int s = 0; s < size_ - 1; ++s) {
       const void* outgoing = s == 0 ? block((rank_ + size_ - 1) % size_) : out;
-      check_mpi(MPI_Sendrecv(outgoing, n, mpi_type(e), next, kRingTag, incoming.data(), n, mpi_type(e),
-                             prev, kRingTag, comm_, MPI_STATUS_IGNORE),
-                "MPI_Sendrecv");
+      const int rc = MPI_Sendrecv(outgoing, n, mpi_type(e), next, kRingTag, incoming.data(), n,
+                                  mpi_type(e), prev, kRingTag, comm_, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) quarantine_.push_back(std::move(incoming));  // MPI may still write it
+      ok(rc, "MPI_Sendrecv");
       const int b = (rank_ + 2 * size_ - 2 - s) % size_;  // the block that came in
       combine(out, incoming.data(), block(b), count, e, op);
     }
@@ -159,9 +164,10 @@ class MpiComm final : public Comm {
   static constexpr int kRingTag = 0x5a52;  // "ZR"
 
   void do_allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) override {
+    usable();
     const size_t es = elem_size(e);
     HostPair h = stage(mem, send, count * es, recv, count * es * size_t(size_));
-    check_mpi(MPI_Allgather(h.in, as_int_count(count, "allgather"), mpi_type(e), h.out,
+    ok(MPI_Allgather(h.in, as_int_count(count, "allgather"), mpi_type(e), h.out,
                             int(count), mpi_type(e), comm_),
               "MPI_Allgather");
     unstage(mem, h, recv, count * es * size_t(size_));
@@ -170,6 +176,7 @@ class MpiComm final : public Comm {
   void do_alltoallv(const void* send, const size_t* send_counts, const size_t* send_offsets,
                     void* recv, const size_t* recv_counts, const size_t* recv_offsets, Elem e,
                     const Mem& mem) override {
+    usable();
     const size_t es = elem_size(e);
     std::vector<int> sc(size_), so(size_), rc(size_), ro(size_);
     size_t send_extent = 0, recv_extent = 0;
@@ -182,16 +189,17 @@ class MpiComm final : public Comm {
       recv_extent = std::max(recv_extent, recv_offsets[j] + recv_counts[j]);
     }
     HostPair h = stage(mem, send, send_extent * es, recv, recv_extent * es);
-    check_mpi(MPI_Alltoallv(h.in, sc.data(), so.data(), mpi_type(e), h.out, rc.data(), ro.data(),
+    ok(MPI_Alltoallv(h.in, sc.data(), so.data(), mpi_type(e), h.out, rc.data(), ro.data(),
                             mpi_type(e), comm_),
               "MPI_Alltoallv");
     unstage(mem, h, recv, recv_extent * es);
   }
 
   void do_broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) override {
+    usable();
     const size_t bytes = count * elem_size(e);
     HostPair h = stage(mem, buf, bytes, buf, 0);
-    check_mpi(MPI_Bcast(h.in, as_int_count(count, "broadcast"), mpi_type(e), root, comm_),
+    ok(MPI_Bcast(h.in, as_int_count(count, "broadcast"), mpi_type(e), root, comm_),
               "MPI_Bcast");
     h.out = h.in;
     unstage(mem, h, buf, bytes);
@@ -214,6 +222,22 @@ class MpiComm final : public Comm {
   static void unstage(const Mem& mem, const HostPair& h, void* out, size_t out_bytes) {
     if (h.staged && out_bytes) mem.kernels->copy_from_host(out, h.out, out_bytes);
   }
+
+  // After a failed call MPI may still have operations of it posted (Open
+  // MPI returns a failed send with its receive still posted, and completes
+  // it during a later MPI call): the communicator is not used again, and
+  // dsopt's own buffers of that call are never freed.
+  void ok(int rc, const char* call) {
+    if (rc != MPI_SUCCESS) failed_ = true;
+    check_mpi(rc, call);
+  }
+  void usable() const {
+    if (failed_)
+      fail(DSOPT_ECOMM, "an earlier MPI call on this communicator failed (see its error); dsopt "
+                        "does not use it again: create a new communicator");
+  }
+  bool failed_ = false;
+  std::vector<std::vector<char>> quarantine_;
 
   MPI_Comm caller_;  // borrowed
   MPI_Comm comm_;    // the duplicate once prepare() ran, the caller's before

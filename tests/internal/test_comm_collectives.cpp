@@ -257,11 +257,25 @@ int main(int argc, char** argv) {
       status = e.status();
       message = e.what();
     }
-    if (my_rank == 0)
+    if (my_rank == 0) {
       check(status == DSOPT_ECOMM && message.find("MPI_") != std::string::npos &&
                 message.find("failed: ") != std::string::npos,
             "a failing MPI call is DSOPT_ECOMM with MPI's message (got " + std::to_string(status) +
                 ": " + message + ")");
+      // The failed communicator is not used again (MPI may still have
+      // operations of the failed call posted): the next call fails at once.
+      int again = DSOPT_OK;
+      std::string why;
+      try {
+        int64_t one = 1;
+        mpi->allreduce(&one, &one, 1, Elem::I64, ReduceOp::Sum, Mem{cpu.get(), false});
+      } catch (const Error& e) {
+        again = e.status();
+        why = e.what();
+      }
+      check(again == DSOPT_ECOMM && why.find("earlier MPI call") != std::string::npos,
+            "after a failed call the communicator refuses further calls (" + why + ")");
+    }
     else
       check(status == DSOPT_OK || status == DSOPT_ECOMM, "the other ranks return (" + message + ")");
   }
