@@ -76,6 +76,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "mpi_fail.hpp"
 
 namespace {
 
@@ -91,19 +92,12 @@ double kNoise = 0.5;
 constexpr int kEvalSamples = 512;
 const float kSqrt3 = std::sqrt(3.0f);
 
-[[noreturn]] void fail_all(const std::string& what) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "onebit_e2e_bench: rank %d: %s\n", g_rank, what.c_str());
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
-}
+[[noreturn]] void fail_all(const std::string& what) { bench::fail_all("onebit_e2e_bench", g_rank, what); }
 
-#define E2E_CHECK(call)                                                                 \
-  do {                                                                                  \
-    const int status_ = (call);                                                         \
-    if (status_ != DSOPT_OK)                                                            \
-      fail_all(std::string(#call) + " failed: " + dsopt_status_string(status_) + ": " + \
-               dsopt_last_error());                                                     \
+#define E2E_CHECK(call)                                                   \
+  do {                                                                  \
+    const std::string failure_ = bench::call_failure((call), #call);    \
+    if (!failure_.empty()) fail_all(failure_);                          \
   } while (0)
 
 // hidden > 0: the MLP (tensors W1, b1, W2, b2); hidden == 0: the linear

@@ -82,6 +82,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "mpi_fail.hpp"
 
 namespace {
 
@@ -89,19 +90,12 @@ int g_rank = 0, g_world = 1;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-[[noreturn]] void fail_all(const std::string& what) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "zero_e2e_bench: rank %d: %s\n", g_rank, what.c_str());
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
-}
+[[noreturn]] void fail_all(const std::string& what) { bench::fail_all("zero_e2e_bench", g_rank, what); }
 
-#define ZB_CHECK(call)                                                                  \
-  do {                                                                                  \
-    const int status_ = (call);                                                         \
-    if (status_ != DSOPT_OK)                                                            \
-      fail_all(std::string(#call) + " failed: " + dsopt_status_string(status_) + ": " + \
-               dsopt_last_error());                                                     \
+#define ZB_CHECK(call)                                                   \
+  do {                                                                  \
+    const std::string failure_ = bench::call_failure((call), #call);    \
+    if (!failure_.empty()) fail_all(failure_);                          \
   } while (0)
 
 // ---- the model ----------------------------------------------------------------
