@@ -192,6 +192,15 @@ class CudaKernels final : public Kernels {
 
   GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
                       double* sumsq_host) override {
+    return pass(src, count, mul, dst, false, sumsq_host);
+  }
+
+  GradStats accumulate(const TensorRef* src, int64_t count, float* dst) override {
+    return pass(src, count, 1.0f, dst, true, nullptr);
+  }
+
+  GradStats pass(const TensorRef* src, int64_t count, float mul, float* dst, bool add,
+                 double* sumsq_host) {
     GradStats stats;
     if (count <= 0) return stats;
     DeviceGuard guard(device_);
@@ -209,7 +218,7 @@ class CudaKernels final : public Kernels {
     int* flag_host = static_cast<int*>(flag_host_.get(sizeof(int)));
 
     DSOPT_CUDA_CHECK(cudaMemsetAsync(flag_dev, 0, sizeof(int), stream_));
-    cuda::launch_transform(stream_, src, count, mul, dst, sums_dev, flag_dev);
+    cuda::launch_transform(stream_, src, count, mul, dst, add, sums_dev, flag_dev);
     DSOPT_CUDA_CHECK(
         cudaMemcpyAsync(flag_host, flag_dev, sizeof(int), cudaMemcpyDeviceToHost, stream_));
     if (sums_dev != nullptr)

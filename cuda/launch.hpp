@@ -33,12 +33,12 @@ void launch_max_per_tensor(cudaStream_t stream, const TensorRef* src, int64_t co
 void launch_car(cudaStream_t stream, CarOp op, const CarArgs& args, int64_t blocks);
 
 // The transform pass. dst (may be nullptr) receives the y values of all
-// tensors back to back; block_sums_dev (may be nullptr) receives, for tensor
+// tensors back to back (with `add`, dst = fl(dst + y)); block_sums_dev (may be nullptr) receives, for tensor
 // i, sum_blocks(numel_i) block sums starting at the sum of sum_blocks() of
 // the tensors before it; *nonfinite_dev is set to 1 when some x is Inf/NaN
 // (the caller clears it first).
 void launch_transform(cudaStream_t stream, const TensorRef* src, int64_t count, float mul,
-                      float* dst, double* block_sums_dev, int* nonfinite_dev);
+                      float* dst, bool add, double* block_sums_dev, int* nonfinite_dev);
 
 void launch_to_float(cudaStream_t stream, const TensorRef& src, float* dst);
 void launch_from_float(cudaStream_t stream, const float* src, void* dst, DType dtype, int64_t n);

@@ -16,9 +16,10 @@ namespace {
 using TransformEntry = TensorListEntry<kTransformDepth>;
 
 template <DType Src>
-void run(cudaStream_t stream, const std::vector<TransformEntry>& list, float mul, int* flag) {
+void run(cudaStream_t stream, const std::vector<TransformEntry>& list, float mul, bool add,
+         int* flag) {
   if (list.empty()) return;
-  const TransformFunctor<Src> f{mul, flag};
+  const TransformFunctor<Src> f{mul, add, flag};
   multi_tensor_apply<kTransformDepth>(stream, kSumLanes, kSumBlock, list.data(),
                                       static_cast<int64_t>(list.size()), f);
 }
@@ -33,7 +34,7 @@ void convert(cudaStream_t stream, const void* src, void* dst, int64_t n) {
 }  // namespace
 
 void launch_transform(cudaStream_t stream, const TensorRef* src, int64_t count, float mul,
-                      float* dst, double* block_sums_dev, int* nonfinite_dev) {
+                      float* dst, bool add, double* block_sums_dev, int* nonfinite_dev) {
   std::vector<TransformEntry> lists[3];  // f32, f16, bf16
   int64_t dst_offset = 0, sums_offset = 0;
   for (int64_t i = 0; i < count; ++i) {
@@ -48,9 +49,9 @@ void launch_transform(cudaStream_t stream, const TensorRef* src, int64_t count, 
     sums_offset += sum_blocks(t.numel);
     lists[t.dtype == DType::F32 ? 0 : t.dtype == DType::F16 ? 1 : 2].push_back(e);
   }
-  run<DType::F32>(stream, lists[0], mul, nonfinite_dev);
-  run<DType::F16>(stream, lists[1], mul, nonfinite_dev);
-  run<DType::BF16>(stream, lists[2], mul, nonfinite_dev);
+  run<DType::F32>(stream, lists[0], mul, add, nonfinite_dev);
+  run<DType::F16>(stream, lists[1], mul, add, nonfinite_dev);
+  run<DType::BF16>(stream, lists[2], mul, add, nonfinite_dev);
 }
 
 void launch_to_float(cudaStream_t stream, const TensorRef& src, float* dst) {

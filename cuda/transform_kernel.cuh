@@ -24,6 +24,7 @@ enum TransformAddr { kSrc, kDst, kBlockSums, kTransformDepth };
 template <DType Src>
 struct TransformFunctor {
   float mul;
+  bool add;        // dst = fl(dst + y) instead of dst = y
   int* nonfinite;  // device flag, set to 1 when some x is Inf or NaN
 
   __device__ __forceinline__ void operator()(const TensorListMeta<kTransformDepth>& meta, int t,
@@ -42,7 +43,7 @@ struct TransformFunctor {
       const float x = load_float<Src>(src, i);
       bad |= is_nonfinite(x);
       const float y = ScalarOps::mul(x, mul);
-      if (dst != nullptr) dst[i] = y;
+      if (dst != nullptr) dst[i] = add ? ScalarOps::add(dst[i], y) : y;
       if (want_sums) acc = add_square(acc, y);
     }
     if (__syncthreads_or(bad) && lane == 0) *nonfinite = 1;

@@ -128,6 +128,10 @@ class Kernels {
   // Inf or NaN.
   virtual GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
                               double* sumsq_host) = 0;
+  // The same pass adding into dst: dst = fl(dst + float(x)) for the
+  // elements of all tensors back to back. Returns whether any x was Inf or
+  // NaN.
+  virtual GradStats accumulate(const TensorRef* src, int64_t count, float* dst) = 0;
 
   // `rule` over every slot; consts[slot.group] holds the slot's group
   // constants. Each gradient element is first multiplied by mul1 then by

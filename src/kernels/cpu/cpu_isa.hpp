@@ -14,11 +14,12 @@ struct CpuIsa {
   void (*update_range)(UpdateRule rule, const AdamSlot& slot, int64_t begin, int64_t end,
                        const AdamConsts& c, float mul1, float mul2);
   // One sum block [begin, end) of a tensor (end - begin <= kSumBlock):
-  // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null), the
-  // block's sum of y^2 into *block_sum (may be null). Returns true when some
-  // x is Inf or NaN.
+  // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null), or
+  // with `add` dst = fl(dst + y); the block's sum of the values written
+  // (y without `add`) squared into *block_sum (may be null). Returns true
+  // when some x is Inf or NaN.
   bool (*transform_block)(const TensorRef& src, int64_t begin, int64_t end, float mul, float* dst,
-                          double* block_sum);
+                          bool add, double* block_sum);
   // dst[i] = round(src[i]) to dtype, i in [begin, end).
   void (*from_float_range)(const float* src, void* dst, DType dtype, int64_t begin, int64_t end);
 

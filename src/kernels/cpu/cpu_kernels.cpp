@@ -88,6 +88,16 @@ class CpuKernels final : public Kernels {
 
   GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
                       double* sumsq_host) override {
+    return pass(src, count, mul, dst, false, sumsq_host);
+  }
+
+  GradStats accumulate(const TensorRef* src, int64_t count, float* dst) override {
+    return pass(src, count, 1.0f, dst, true, nullptr);
+  }
+
+ private:
+  GradStats pass(const TensorRef* src, int64_t count, float mul, float* dst, bool add,
+                 double* sumsq_host) {
     std::vector<int64_t> lengths, out_offset;
     int64_t offset = 0;
     for (int64_t i = 0; i < count; ++i) {
@@ -100,7 +110,8 @@ class CpuKernels final : public Kernels {
     BlockGrid(lengths).run(threads_, sumsq_host, [&](size_t t, int64_t begin, int64_t end, int64_t b) {
       double block_sum = 0.0;
       float* out = dst ? dst + out_offset[t] + begin : nullptr;
-      nonfinite[size_t(b)] = k.transform_block(src[t], begin, end, mul, out, sumsq_host ? &block_sum : nullptr);
+      nonfinite[size_t(b)] = k.transform_block(src[t], begin, end, mul, out, add,
+                                               sumsq_host ? &block_sum : nullptr);
       return block_sum;
     });
     GradStats st;
@@ -108,6 +119,7 @@ class CpuKernels final : public Kernels {
     return st;
   }
 
+ public:
   void update(UpdateRule rule, const AdamSlot* slots, int64_t count, const AdamConsts* consts,
               int32_t, float mul1, float mul2) override {
     std::vector<int64_t> first(size_t(count) + 1, 0);

@@ -200,7 +200,7 @@ inline double block_sum_squares(const float* y, int64_t n) {
 
 template <class V, DType T>
 bool transform_block_t(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
-                       double* block_sum) {
+                       bool add, double* block_sum) {
   using F = typename V::F;
   float scratch[kSumBlock];
   float* y = dst ? dst : scratch;
@@ -225,12 +225,15 @@ bool transform_block_t(const TensorRef& t, int64_t begin, int64_t end, float mul
   for (; i + V::W <= end; i += V::W) {
     const F x = load<V, T>(t.data, i);
     bad = V::add(bad, V::mul(x, zero));
-    if (write) V::store(y + (i - begin), V::mul(x, vmul));
+    if (write) {
+      const F v = V::mul(x, vmul);
+      V::store(y + (i - begin), add ? V::add(V::load(y + (i - begin)), v) : v);
+    }
   }
   for (; i < end; ++i) {
     const float x = load<VecScalar, T>(t.data, i);
     bad_tail = bad_tail + x * 0.0f;
-    if (write) y[i - begin] = x * mul;
+    if (write) y[i - begin] = add ? y[i - begin] + x * mul : x * mul;
   }
   if (block_sum) *block_sum = block_sum_squares(y, end - begin);
   return V::any_nan(bad) || bad_tail != bad_tail;
@@ -238,11 +241,11 @@ bool transform_block_t(const TensorRef& t, int64_t begin, int64_t end, float mul
 
 template <class V>
 bool transform_block(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
-                     double* block_sum) {
+                     bool add, double* block_sum) {
   switch (t.dtype) {
-    case DType::F32: return transform_block_t<V, DType::F32>(t, begin, end, mul, dst, block_sum);
-    case DType::F16: return transform_block_t<V, DType::F16>(t, begin, end, mul, dst, block_sum);
-    case DType::BF16: return transform_block_t<V, DType::BF16>(t, begin, end, mul, dst, block_sum);
+    case DType::F32: return transform_block_t<V, DType::F32>(t, begin, end, mul, dst, add, block_sum);
+    case DType::F16: return transform_block_t<V, DType::F16>(t, begin, end, mul, dst, add, block_sum);
+    case DType::BF16: return transform_block_t<V, DType::BF16>(t, begin, end, mul, dst, add, block_sum);
   }
   return false;
 }
