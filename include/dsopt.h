@@ -201,8 +201,65 @@ DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt
  * changes.
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EMISMATCH, DSOPT_ECOMM, DSOPT_ECUDA,
  * DSOPT_ENOMEM, DSOPT_ENONFINITE. */
+/* grads == NULL with num_grads == 0 completes a step whose gradients were
+ * handed over with dsopt_grad_ready (below). */
 DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_t num_grads,
                          dsopt_step_info *info /* may be NULL */);
+
+/* Hands over parameter `param_index`'s local gradient of one micro-batch
+ * while backward is still running, so that its reduction overlaps the rest
+ * of backward; dsopt_step(opt, NULL, 0, info) then completes the step. Works
+ * for every optimizer and ZeRO stage 0, 1 and 2.
+ *
+ * Buffer: `grad` (numel of the parameter, any float dtype, on the
+ * parameters' device) is read completely before the call returns: the caller
+ * may reuse or free it at once (one gradient buffer can serve every
+ * parameter). dsopt keeps the gradients in its own fp32 buffers: stage 0 and
+ * stage 1 one for all parameters; stage 2 a few reduce buckets
+ * ("reduce_bucket_size"), released as their reductions finish.
+ *
+ * Micro-batches: with "gradient_accumulation_steps" = G (default 1) each
+ * parameter is handed over G times per step, once per micro-batch, and the
+ * step uses the mean of the G gradients: stage 0 and 1 sum them locally in
+ * fp32 and reduce once, in the last micro-batch; stage 2 reduces every
+ * micro-batch into the shard and sums the reduced shards in fp32. The
+ * average over ranks and micro-batches is one multiplication by
+ * fl(1/(P*G)). A second hand-over of a parameter in the same micro-batch
+ * starts the next micro-batch.
+ *
+ * Order: any order, and it may differ between ranks. Gradients are packed
+ * into reduce buckets in parameter order; a bucket's reduction starts once
+ * the bucket is complete and every bucket after it has started, so buckets
+ * are reduced from the last to the first on every rank. Handing over in
+ * reverse parameter order (autograd's usual order) overlaps best.
+ *
+ * A parameter that gets no gradient in a micro-batch (not handed over before
+ * the next micro-batch starts or before dsopt_step) contributes zeros, like
+ * a rank without a gradient under data parallelism. Every rank must still
+ * call dsopt_step(opt, NULL, 0, ...) for the step.
+ *
+ * The non-finite check runs here, on each gradient as it is read; a
+ * non-finite gradient makes the step skipped on every rank, as in
+ * dsopt_step.
+ *
+ * Results are bit-identical to passing the same gradients (G = 1) to
+ * dsopt_step at once, at every stage: dsopt_step runs the same buckets.
+ *
+ * Threads: call it from one thread at a time per optimizer. Reductions run
+ * on a dsopt thread when the communicator allows concurrent calls (MPI
+ * initialised with MPI_THREAD_MULTIPLE, as mpi4py does by default);
+ * otherwise, and on NCCL, a bucket's reduction runs inside the call that
+ * completes it (correct, without overlap).
+ *
+ * Collective only through dsopt_step: the first hand-over of a step starts a
+ * 16-byte handshake (DSOPT_EMISMATCH from dsopt_step when the ranks are in
+ * different calls). Errors: DSOPT_EINVAL for a NULL handle or grad, an index
+ * out of range, a numel or dtype that does not fit, or a parameter handed over G times already in this step; nothing
+ * changes then. dsopt_step with gradients while gradients are handed over is
+ * DSOPT_EINVAL on that rank, changing nothing. A communication error of a
+ * reduction is returned by dsopt_step (DSOPT_ECOMM).
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM. */
+DSOPT_API int dsopt_grad_ready(dsopt_optimizer *opt, int64_t param_index, const dsopt_tensor *grad);
 
 /* Sets the learning rate of every parameter group (for LR schedules).
  * Returns DSOPT_OK or DSOPT_EINVAL (NULL handle, lr negative or not finite).

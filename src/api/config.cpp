@@ -332,9 +332,9 @@ OptimizerConfig parse_config(const char* json_text) {
   check_keys(root, "",
              {"device", "optimizer", "param_groups", "fp16", "bf16", "gradient_clipping",
               "skip_nonfinite", "report_grad_norm", "threads", "zero_optimization", "cuda_aware",
-              "max_consecutive_skips", "comm_timeout"},
-             {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-              "steps_per_print", "wall_clock_breakdown"});
+              "max_consecutive_skips", "comm_timeout", "gradient_accumulation_steps"},
+             {"train_batch_size", "train_micro_batch_size_per_gpu", "steps_per_print",
+              "wall_clock_breakdown"});
   OptimizerConfig cfg;
   if (root.contains("device")) {
     const json& d = root.at("device");
@@ -355,11 +355,14 @@ OptimizerConfig parse_config(const char* json_text) {
   p.comm_timeout_s = number(root, "", "comm_timeout", 0.0);
   require(p.comm_timeout_s >= 0, "comm_timeout", "must be >= 0 seconds (0 = no limit)");
   cfg.threads = int(integer(root, "", "threads", 0, 0, kMaxThreads));
+  cfg.micro_batches = int(integer(root, "", "gradient_accumulation_steps", 1, 1, 1 << 20));
   if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
   if (root.contains("zero_optimization")) read_zero(root.at("zero_optimization"), cfg);
   cfg.canonical = root.dump();
   json run = root;
-  for (const char* key : {"device", "threads", "cuda_aware", "comm_timeout"}) run.erase(key);
+  for (const char* key : {"device", "threads", "cuda_aware", "comm_timeout",
+                          "gradient_accumulation_steps"})
+    run.erase(key);
   cfg.run_canonical = run.dump();
   return cfg;
 }

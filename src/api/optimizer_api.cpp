@@ -124,7 +124,10 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
     dsopt::Optimizer& o = impl(opt);
     if (info && info->struct_size < sizeof(uint32_t))
       fail(DSOPT_EINVAL, "info->struct_size must be set to sizeof(dsopt_step_info)");
-    const uint64_t sent_before = o.comm().bytes_sent();
+    // Handed-over gradients: the step's traffic began with the first one.
+    const uint64_t sent_before = !grads && num_grads == 0 && o.handing_over()
+                                     ? o.handover_bytes_start()
+                                     : o.comm().bytes_sent();
     const StepResult r = o.step(grads, num_grads);
     if (info) {
       dsopt_step_info full;
@@ -143,6 +146,10 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
     }
     if (!r.alarm.empty()) fail(DSOPT_ENONFINITE, r.alarm);
   });
+}
+
+DSOPT_API int dsopt_grad_ready(dsopt_optimizer* opt, int64_t param_index, const dsopt_tensor* grad) {
+  return guarded([&] { impl(opt).grad_ready(param_index, grad); });
 }
 
 DSOPT_API int dsopt_set_lr(dsopt_optimizer* opt, double lr) {

@@ -47,6 +47,9 @@ class Comm {
   // others complete their collectives before returning).
   virtual void wait() {}
   double timeout() const { return timeout_s_; }
+  // Whether collectives may be called from a thread of dsopt's own while
+  // the caller's threads use the library too (MPI: MPI_THREAD_MULTIPLE).
+  virtual bool concurrent_calls() const { return false; }
 
   // recv[i] = op over ranks of send[i], count elements. send may equal recv.
   void allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op, const Mem& mem);

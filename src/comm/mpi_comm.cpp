@@ -103,6 +103,10 @@ class MpiComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
+  bool concurrent_calls() const override {
+    int provided = MPI_THREAD_SINGLE;
+    return MPI_Query_thread(&provided) == MPI_SUCCESS && provided == MPI_THREAD_MULTIPLE;
+  }
 
  protected:
   void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,

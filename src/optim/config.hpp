@@ -47,6 +47,9 @@ struct OptimizerConfig {
   bool cuda = false;
   bool cuda_aware = false;
   int threads = 0;
+  // gradient_accumulation_steps: hand-overs per parameter and step
+  // (dsopt_grad_ready); dsopt_step's gradients are a whole step's.
+  int micro_batches = 1;
   AdamHyper defaults;             // optimizer.params
   std::vector<AdamHyper> groups;  // one per group (defaults + param_groups overrides)
   std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed

@@ -41,16 +41,41 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
       kernels_(std::move(kernels)),
       host_(make_cpu_kernels(cfg.threads)),
       params_(params, count, int32_t(cfg.groups.size()), *kernels_, cfg.zero.stage == 0),
-      pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, *host_, params_),
+      pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, *host_, params_,
+                runner_, cfg.zero.reduce_bucket_size),
       groups_(cfg.groups),
       steps_(cfg.groups.size(), 0) {}
 
-Optimizer::~Optimizer() = default;
+Optimizer::~Optimizer() { stop_reductions(); }
 
 PreparedGrads Optimizer::prepare(const dsopt_tensor* grads, int64_t count) {
   std::vector<uint8_t> average(size_t(params_.count()));
   for (int64_t i = 0; i < params_.count(); ++i) average[size_t(i)] = averaged(i) ? 1 : 0;
   return pipeline_.prepare(grads, count, average);
+}
+
+void Optimizer::open_handover(int micro_batches) {
+  std::vector<uint8_t> average(size_t(params_.count()));
+  for (int64_t i = 0; i < params_.count(); ++i) average[size_t(i)] = averaged(i) ? 1 : 0;
+  pipeline_.open_handover(average, micro_batches);
+}
+
+void Optimizer::grad_ready(int64_t param_index, const dsopt_tensor* grad) {
+  if (!grad) fail(DSOPT_EINVAL, "dsopt_grad_ready: grad is NULL");
+  const std::string error = params_.check_grad(param_index, *grad, "grad");
+  if (!error.empty()) fail(DSOPT_EINVAL, "dsopt_grad_ready: " + error);
+  GradientHandover& h = handover();
+  if (!h.is_open()) {
+    runner_.set_threaded(comm_.size() > 1 && comm_.concurrent_calls());
+    handover_bytes_start_ = comm_.bytes_sent();
+    open_handover(cfg_.micro_batches);
+    if (comm_.size() > 1) runner_.post([this] { enter_collective(Call::GradReady); });
+  }
+  try {
+    h.hand_over(param_index, TensorRef{grad->data, grad->numel, DType(grad->dtype)});
+  } catch (const Error& e) {
+    fail(e.status(), std::string("dsopt_grad_ready: ") + e.what());
+  }
 }
 
 void Optimizer::enter_collective(Call call) {
@@ -63,9 +88,10 @@ void Optimizer::enter_collective(Call call) {
   comm_.allreduce(tags, tags, 2, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
   if (tags[0] == -tags[1]) return;
   const auto describe = [](int64_t tag) {
-    static const char* const names[] = {"?", "dsopt_step", "dsopt_state_load", "dsopt_state_load_shards"};
+    static const char* const names[] = {"?", "dsopt_step", "dsopt_state_load",
+                                        "dsopt_state_load_shards", "dsopt_grad_ready"};
     const int64_t op = tag >> 48;
-    return std::string(op >= 1 && op <= 3 ? names[op] : "an unknown call") + " (collective call #" +
+    return std::string(op >= 1 && op <= 4 ? names[op] : "an unknown call") + " (collective call #" +
            std::to_string((tag & ((int64_t(1) << 48) - 1)) + 1) + " of this optimizer)";
   };
   fail(DSOPT_EMISMATCH, "the ranks are not in the same dsopt call: this rank is in " + describe(mine) +
@@ -75,8 +101,35 @@ void Optimizer::enter_collective(Call call) {
 }
 
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
+  if (!grads && count == 0) return step_handed_over();
+  if (handover().is_open())
+    fail(DSOPT_EINVAL, "dsopt_step: gradients of this step were already handed over with "
+                       "dsopt_grad_ready; complete it with dsopt_step(opt, NULL, 0, info) "
+                       "(nothing was changed)");
   enter_collective(Call::Step);
-  const PreparedGrads prepared = prepare(grads, count);
+  return apply(prepare(grads, count));
+}
+
+StepResult Optimizer::step_handed_over() {
+  GradientHandover& h = handover();
+  if (!h.is_open())
+    fail(DSOPT_EINVAL, "dsopt_step: no gradients were passed (grads NULL, num_grads 0) and none "
+                       "were handed over with dsopt_grad_ready in this step");
+  PreparedGrads prepared;
+  try {
+    h.complete();
+    runner_.wait();
+    enter_collective(Call::Step);
+    prepared = prepare_handed_over();
+  } catch (...) {
+    runner_.wait_quietly();
+    h.close();
+    throw;
+  }
+  return apply(prepared);
+}
+
+StepResult Optimizer::apply(const PreparedGrads& prepared) {
   bool compressed = false;
   if (!prepared.skip) {
     for (int64_t& s : steps_) ++s;

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/comm_runner.hpp"
+#include "handover/gradient_handover.hpp"
 #include "kernels/kernels.hpp"
 #include "optim/config.hpp"
 #include "optim/param_set.hpp"
@@ -36,8 +38,17 @@ class Optimizer {
             const dsopt_tensor* params, int64_t count);
   virtual ~Optimizer();
 
-  // Collective.
+  // Collective. grads == nullptr with count 0 completes a step whose
+  // gradients were handed over with grad_ready.
   StepResult step(const dsopt_tensor* grads, int64_t count);
+  // Takes one parameter's gradient of one micro-batch (dsopt_grad_ready);
+  // the first of a step starts the handshake. Throws Error(DSOPT_EINVAL),
+  // changing nothing, on bad arguments.
+  void grad_ready(int64_t param_index, const dsopt_tensor* grad);
+  // Whether gradients of the coming step are being handed over, and the
+  // communicator's bytes_sent when the first one was.
+  bool handing_over() { return handover().is_open(); }
+  uint64_t handover_bytes_start() const { return handover_bytes_start_; }
 
   int32_t num_groups() const { return int32_t(groups_.size()); }
   double lr(int32_t group) const;
@@ -82,6 +93,16 @@ class Optimizer {
   // Checks, averages, unscales and clips the gradients (the step pipeline);
   // ZeRO reduce-scatters them into its shard instead. Collective.
   virtual PreparedGrads prepare(const dsopt_tensor* grads, int64_t count);
+  // The same for gradients handed over one by one: where they go, opening
+  // a window of G micro-batches, and (collective, after the window's
+  // reductions have finished) the prepared gradients.
+  virtual GradientHandover& handover() { return pipeline_.handover(); }
+  virtual void open_handover(int micro_batches);
+  virtual PreparedGrads prepare_handed_over() { return pipeline_.prepare_handed_over(); }
+  // Where the bucket reductions run; and stopping it, which a subclass
+  // whose buffers reductions use calls first in its destructor.
+  CommRunner& runner() { return runner_; }
+  void stop_reductions() { runner_.stop(); }
   // Applies one update with prepared gradients; step counters are already
   // incremented. Returns whether the step used compressed communication.
   virtual bool update(const PreparedGrads& grads) = 0;
@@ -127,7 +148,7 @@ class Optimizer {
  private:
   std::string alarm(bool stuck_at_min_scale, double scale_used) const;
   // The collective dsopt calls, for the handshake that starts each one.
-  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3 };
+  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4 };
   // Every rank says which call it is in and how many collective calls this
   // optimizer has made (one 16-byte allreduce); ranks that disagree all
   // fail with DSOPT_EMISMATCH before any other collective, so they cannot
@@ -143,18 +164,23 @@ class Optimizer {
   void load_collectively(const std::string& call, const std::function<std::function<void()>()>& validate);
   // Restores everything from one blob of this optimizer's own layout.
   void restore(const BlobReader& r);
+  StepResult step_handed_over();
+  // The update and what the step reports, once the gradients are prepared.
+  StepResult apply(const PreparedGrads& prepared);
 
   OptimizerConfig cfg_;
   Comm& comm_;
   std::unique_ptr<Kernels> kernels_;
   std::unique_ptr<Kernels> host_;
   ParamSet params_;
+  CommRunner runner_;
   StepPipeline pipeline_;
   std::vector<AdamHyper> groups_;
   std::vector<int64_t> steps_;
   int64_t consecutive_skips_ = 0;
   uint64_t run_id_ = 0;
   int64_t calls_ = 0;  // collective calls made (enter_collective)
+  uint64_t handover_bytes_start_ = 0;
 };
 
 }  // namespace dsopt

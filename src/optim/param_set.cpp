@@ -74,14 +74,22 @@ std::string ParamSet::check_grads(const dsopt_tensor* grads, int64_t count) cons
     return "num_grads is " + std::to_string(count) + " but the optimizer has " +
            std::to_string(params_.size()) + " parameters (one gradient per parameter)";
   for (size_t i = 0; i < params_.size(); ++i) {
-    const std::string who = "grads[" + std::to_string(i) + "]";
-    if (!grads[i].data) return who + ".data is NULL";
-    if (grads[i].numel != params_[i].numel)
-      return who + ".numel is " + std::to_string(grads[i].numel) + " but params[" +
-             std::to_string(i) + "] has " + std::to_string(params_[i].numel);
-    if (!is_valid_dtype(grads[i].dtype))
-      return who + ".dtype " + std::to_string(grads[i].dtype) + " is not a dtype";
+    const std::string error = check_grad(int64_t(i), grads[i], "grads[" + std::to_string(i) + "]");
+    if (!error.empty()) return error;
   }
+  return "";
+}
+
+std::string ParamSet::check_grad(int64_t index, const dsopt_tensor& grad, const std::string& who) const {
+  if (index < 0 || index >= count())
+    return "parameter index " + std::to_string(index) + " is out of range (the optimizer has " +
+           std::to_string(count()) + " parameters)";
+  if (!grad.data) return who + ".data is NULL";
+  if (grad.numel != params_[size_t(index)].numel)
+    return who + ".numel is " + std::to_string(grad.numel) + " but params[" +
+           std::to_string(index) + "] has " + std::to_string(params_[size_t(index)].numel);
+  if (!is_valid_dtype(grad.dtype))
+    return who + ".dtype " + std::to_string(grad.dtype) + " is not a dtype";
   return "";
 }
 

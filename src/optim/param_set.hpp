@@ -48,6 +48,9 @@ class ParamSet {
   // "" when `grads` fit these parameters (count, data, numel, dtype), else
   // what is wrong.
   std::string check_grads(const dsopt_tensor* grads, int64_t count) const;
+  // The same for one gradient of parameter `index`, called `who` in the
+  // message.
+  std::string check_grad(int64_t index, const dsopt_tensor& grad, const std::string& who) const;
 
  private:
   Kernels& kernels_;

@@ -13,9 +13,11 @@ constexpr float kInvalid = StepPipeline::kInvalidStatus;
 }  // namespace
 
 StepPipeline::StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels,
-                           const Mem& mem, Kernels& host, const ParamSet& params)
+                           const Mem& mem, Kernels& host, const ParamSet& params,
+                           CommRunner& runner, int64_t bucket_elems)
     : cfg_(cfg), comm_(comm), kernels_(kernels), mem_(mem), host_(host), params_(params),
-      scaler_(cfg.loss_scale) {}
+      scaler_(cfg.loss_scale), packed_(comm, kernels, mem, runner, params, bucket_elems),
+      runner_(runner) {}
 
 std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int64_t count) const {
   std::vector<TensorRef> refs;
@@ -58,22 +60,15 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
   const bool ok = local_error.empty();
 
   PreparedGrads out;
-  const int64_t n = params_.count();
   if (ok) {
     out.grads = caller_grads(grads, count);
   } else {  // sizes from the parameters, so this rank's collectives match the others'
     for (const Param& p : params_.params()) out.grads.push_back(TensorRef{nullptr, p.numel, DType::F32});
   }
-  std::vector<TensorRef> avg_refs, local_refs;
-  std::vector<int64_t> avg_index;
-  for (int64_t i = 0; i < n; ++i) {
-    if (world > 1 && averaged[size_t(i)]) {
-      avg_refs.push_back(out.grads[size_t(i)]);
-      avg_index.push_back(i);
-    } else {
-      local_refs.push_back(out.grads[size_t(i)]);
-    }
-  }
+  const GradientHandover::Plan plan = packed_.plan(averaged);
+  std::vector<TensorRef> local_refs;
+  for (size_t i = 0; i < out.grads.size(); ++i)
+    if (!plan.bucketed[i]) local_refs.push_back(out.grads[i]);
   bool nonfinite = false;
   double local_sumsq = 0.0, avg_sumsq = 0.0;
 
@@ -82,52 +77,100 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     std::vector<double> sums(local_refs.size(), 0.0);
     nonfinite = kernels_.transform(local_refs.data(), int64_t(local_refs.size()), 1.0f, nullptr,
                                    wants_norm() ? sums.data() : nullptr).nonfinite;
-    for (double s : sums) local_sumsq += s;
+    for (double v : sums) local_sumsq += v;
   }
 
-  if (!avg_refs.empty()) {
-    // Averaged gradients -> one fp32 buffer (checked on the way), the status
-    // flag in the element after them; one allreduce carries both.
-    int64_t total = 0;
-    for (const TensorRef& r : avg_refs) total += r.numel;
-    if (!averaged_.get()) averaged_ = DeviceBuffer(kernels_, size_t(params_.total_numel() + 1) * 4);
-    float* buf = averaged_.floats();
-    float flag = kInvalid;
-    if (ok) {
-      const bool bad = kernels_.transform(avg_refs.data(), int64_t(avg_refs.size()), 1.0f, buf, nullptr).nonfinite;
-      flag = (bad || nonfinite) ? 1.0f : 0.0f;
-    }
-    kernels_.copy_from_host(buf + total, &flag, 4);
-    comm_.allreduce(buf, buf, size_t(total + 1), Elem::F32, ReduceOp::Sum, mem_);
-    comm_.wait();  // NCCL: polls for errors and the timeout instead of blocking in the copy
-    kernels_.copy_to_host(&flag, buf + total, 4);
-    if (flag >= kInvalid) fail_step(local_error);
-    nonfinite = flag > 0.0f;
-    // a = fl(sum * fl(1/P)), in place; the sums are checked as well.
-    const TensorRef whole{buf, total, DType::F32};
-    const float inv_world = 1.0f / float(world);
-    nonfinite |= kernels_.transform(&whole, 1, inv_world, buf, wants_norm() ? &avg_sumsq : nullptr).nonfinite;
-    int64_t offset = 0;
-    for (int64_t i : avg_index) {
-      const int64_t numel = out.grads[size_t(i)].numel;
-      out.grads[size_t(i)] = TensorRef{buf + offset, numel, DType::F32};
-      offset += numel;
-    }
+  const bool any_averaged = !plan.bucket_ends.empty();
+  if (any_averaged) {
+    // Averaged gradients -> the packing (checked on the way), bucket by
+    // bucket, each bucket's allreduce started once it is packed; the status
+    // flag travels in the bucket reduced last.
+    packed_.open(plan, 1);
+    packed_.set_status(ok ? (nonfinite ? 1.0f : 0.0f) : kInvalid);
+    if (ok) packed_.hand_over_bucketed(out.grads.data());
+    packed_.complete();
+    packed_.close();
+    runner_.wait();
+    nonfinite = finish_averaged(out, 1.0f / float(world), local_error, &avg_sumsq);
   }
 
   // Ranks agree on status and on sqrt(mean_i ||g_i||^2) of the local part
   // through one small allreduce, unless the gradient allreduce said it all.
-  if (world > 1 && (avg_refs.empty() || (!local_refs.empty() && wants_norm()))) {
-    double control[2] = {ok ? (nonfinite ? 1.0 : 0.0) : double(kInvalid), local_sumsq};
-    comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});
-    if (control[0] >= double(kInvalid)) fail_step(local_error);
-    nonfinite |= control[0] > 0.0;
-    local_sumsq = control[1] / world;
-  }
+  if (world > 1 && (!any_averaged || (!local_refs.empty() && wants_norm())))
+    nonfinite = agree(ok, nonfinite, &local_sumsq, local_error);
 
   out.skip = nonfinite && cfg_.skip_nonfinite;
   set_multipliers(out, avg_sumsq + local_sumsq);
   return out;
+}
+
+void StepPipeline::open_handover(const std::vector<uint8_t>& averaged, int micro_batches) {
+  packed_.open(packed_.plan(averaged), micro_batches);
+  packed_.set_status(0.0f);
+}
+
+PreparedGrads StepPipeline::prepare_handed_over() {
+  const int world = comm_.size();
+  const GradientHandover::Plan& plan = packed_.plan_in_use();
+  const int micro_batches = packed_.micro_batches();
+  PreparedGrads out;
+  std::vector<size_t> local;
+  for (size_t i = 0; i < plan.pos.size(); ++i) {
+    out.grads.push_back(TensorRef{packed_.data() + plan.pos[i], plan.numel[i], DType::F32});
+    if (!plan.bucketed[i]) local.push_back(i);
+  }
+  bool nonfinite = packed_.nonfinite();
+  double local_sumsq = 0.0, avg_sumsq = 0.0;
+  // The local part: the mean over micro-batches in place (checked again:
+  // a sum of finite values can overflow), and its sums of squares, tensor
+  // by tensor as dsopt_step sums them.
+  if (!local.empty() && (micro_batches > 1 || wants_norm())) {
+    const float inv_micro = 1.0f / float(micro_batches);
+    for (size_t i : local) {
+      double sum = 0.0;
+      float* g = packed_.data() + plan.pos[i];
+      nonfinite |= kernels_.transform(&out.grads[i], 1, inv_micro, micro_batches > 1 ? g : nullptr,
+                                      wants_norm() ? &sum : nullptr).nonfinite;
+      local_sumsq += sum;
+    }
+  }
+  const bool any_averaged = !plan.bucket_ends.empty();
+  if (any_averaged)
+    nonfinite |= finish_averaged(out, 1.0f / (float(world) * float(micro_batches)), "", &avg_sumsq);
+  if (world > 1 && (!any_averaged || !local.empty()))
+    nonfinite = agree(true, nonfinite, &local_sumsq, "");
+  packed_.close();
+  out.skip = nonfinite && cfg_.skip_nonfinite;
+  set_multipliers(out, avg_sumsq + local_sumsq);
+  return out;
+}
+
+bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const std::string& local_error,
+                                   double* sumsq) {
+  const GradientHandover::Plan& plan = packed_.plan_in_use();
+  float* buf = packed_.data();
+  float flag = 0.0f;
+  kernels_.copy_to_host(&flag, buf, 4);
+  if (flag >= kInvalid) fail_step(local_error);
+  bool nonfinite = flag > 0.0f;
+  // a = fl(sum * mul), in place; the sums are checked as well.
+  int64_t total = 0;
+  for (size_t i = 0; i < plan.pos.size(); ++i)
+    if (plan.bucketed[i]) total += plan.numel[i];
+  const TensorRef whole{buf + 1, total, DType::F32};
+  nonfinite |= kernels_.transform(&whole, 1, mul, buf + 1, wants_norm() ? sumsq : nullptr).nonfinite;
+  for (size_t i = 0; i < plan.pos.size(); ++i)
+    if (plan.bucketed[i]) out.grads[i] = TensorRef{buf + plan.pos[i], plan.numel[i], DType::F32};
+  return nonfinite;
+}
+
+bool StepPipeline::agree(bool ok, bool nonfinite, double* local_sumsq, const std::string& local_error) {
+  const int world = comm_.size();
+  double control[2] = {ok ? (nonfinite ? 1.0 : 0.0) : double(kInvalid), *local_sumsq};
+  comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});
+  if (control[0] >= double(kInvalid)) fail_step(local_error);
+  *local_sumsq = control[1] / world;
+  return control[0] > 0.0;
 }
 
 }  // namespace dsopt

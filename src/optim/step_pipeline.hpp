@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/comm_runner.hpp"
+#include "handover/packed_allreduce.hpp"
 #include "kernels/device_buffer.hpp"
 #include "optim/config.hpp"
 #include "optim/loss_scaler.hpp"
@@ -22,8 +24,10 @@ struct PreparedGrads {
 
 class StepPipeline {
  public:
+  // Averaged gradients are reduced in buckets of bucket_elems elements,
+  // through `runner`.
   StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels, const Mem& mem,
-               Kernels& host, const ParamSet& params);
+               Kernels& host, const ParamSet& params, CommRunner& runner, int64_t bucket_elems);
 
   // Collective. averaged[i] says whether parameter i's gradient is averaged
   // over ranks (Adam; warmup stages) or stays this rank's own (compressed
@@ -31,6 +35,12 @@ class StepPipeline {
   // gradients do not fit the parameters; nothing has changed then.
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count,
                         const std::vector<uint8_t>& averaged);
+  // The same for gradients handed over (dsopt_grad_ready): open a window,
+  // hand gradients to handover(), complete it and wait for the runner, then
+  // prepare_handed_over() (collective).
+  void open_handover(const std::vector<uint8_t>& averaged, int micro_batches);
+  GradientHandover& handover() { return packed_; }
+  PreparedGrads prepare_handed_over();
   // Updates the loss scale with the step's outcome. Returns true when the
   // step overflowed with the dynamic scale already at its minimum.
   bool finish(const PreparedGrads& prepared) { return scaler_.update(prepared.skip); }
@@ -53,6 +63,16 @@ class StepPipeline {
 
  private:
   std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
+  // After the buckets' reductions: the status they carried (failing the
+  // step when some rank's arguments were bad), then the average
+  // fl(sum * mul) in place, checked, its sum of squares added to *sumsq; the
+  // averaged parameters' gradients in out.grads point into it. Returns
+  // whether some rank had a non-finite gradient or a sum is non-finite.
+  bool finish_averaged(PreparedGrads& out, float mul, const std::string& local_error,
+                       double* sumsq);
+  // One small allreduce that agrees on status and the mean over ranks of the
+  // local parts' sums of squares.
+  bool agree(bool ok, bool nonfinite, double* local_sumsq, const std::string& local_error);
 
   PipelineConfig cfg_;
   Comm& comm_;
@@ -61,7 +81,8 @@ class StepPipeline {
   Kernels& host_;
   const ParamSet& params_;
   LossScaler scaler_;
-  DeviceBuffer averaged_;  // averaged gradients, then one float carrying the status flag
+  PackedAllreduce packed_;  // the status flag and the averaged gradients
+  CommRunner& runner_;
 };
 
 }  // namespace dsopt

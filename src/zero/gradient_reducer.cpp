@@ -6,13 +6,13 @@
 
 namespace dsopt {
 
-GradientReducer::GradientReducer(const ShardLayout& layout, bool reduce_scatter, Comm& comm,
-                                 Kernels& kernels, const Mem& mem, Kernels& host,
-                                 const ParamSet& params, StepPipeline& pipeline, void* scratch)
-    : layout_(layout), reduce_scatter_(reduce_scatter), comm_(comm), kernels_(kernels), mem_(mem),
-      host_(host), params_(params), pipeline_(pipeline), send_(static_cast<float*>(scratch)) {
-  for (const ReduceBucket& b : layout_.buckets())
-    bucket_runs_.push_back(layout_.runs(b.flat_start, b.flat_start + b.numel));
+GradientReducer::GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter,
+                                 Comm& comm, Kernels& kernels, const Mem& mem, Kernels& host,
+                                 const ParamSet& params, StepPipeline& pipeline,
+                                 CommRunner& runner, void* scratch)
+    : GradientHandover(kernels), layout_(layout), stage_(stage), reduce_scatter_(reduce_scatter),
+      comm_(comm), mem_(mem), host_(host), params_(params), pipeline_(pipeline), runner_(runner),
+      scratch_(scratch) {
   shard_ = DeviceBuffer(kernels_, size_t(layout_.shard_numel()) * 4);
 }
 
@@ -23,52 +23,155 @@ size_t GradientReducer::scratch_bytes(const ShardLayout& layout) {
   return size_t(largest) * 4;
 }
 
-PreparedGrads GradientReducer::reduce(const dsopt_tensor* grads, int64_t count) {
+GradientHandover::Plan GradientReducer::flat_plan() const {
+  Plan p;
+  int64_t at = 0;
+  for (int64_t n : layout_.numels()) {
+    p.pos.push_back(at);
+    p.numel.push_back(n);
+    p.bucketed.push_back(1);
+    at += n;
+  }
+  for (const ReduceBucket& b : layout_.buckets()) p.bucket_ends.push_back(b.flat_start + b.numel);
+  return p;
+}
+
+bool GradientReducer::accumulates_locally() const {
+  return stage_ == 1 && micro_batches() > 1 && layout_.world() > 1;
+}
+
+bool GradientReducer::fresh(int m) const {
+  // One rank keeps the sum in the shard itself; stage 1 in its flat buffer.
+  if (layout_.world() == 1 || accumulates_locally()) return m == 0;
+  return true;  // every micro-batch packs into a fresh bucket buffer
+}
+
+bool GradientReducer::reduces(int m) const {
+  return accumulates_locally() ? m + 1 == micro_batches() : true;
+}
+
+float* GradientReducer::storage(int64_t k, int64_t pos) {
+  if (layout_.world() == 1) return shard() + pos;  // the shard is the flat range
+  if (accumulates_locally()) {
+    if (!local_sum_.get()) local_sum_ = DeviceBuffer(kernels_, size_t(layout_.padded_numel()) * 4);
+    return local_sum_.floats() + pos;
+  }
+  const ReduceBucket& b = layout_.buckets()[size_t(k)];
+  if (bucket_buffer_[size_t(k)] < 0) {
+    reclaim(false);
+    if (free_.empty()) {
+      Buffer fresh_buffer;
+      if (pool_.empty()) {
+        fresh_buffer.send = static_cast<float*>(scratch_);
+      } else {
+        fresh_buffer.own = DeviceBuffer(kernels_, scratch_bytes(layout_));
+        fresh_buffer.send = fresh_buffer.own.floats();
+      }
+      pool_.push_back(std::move(fresh_buffer));
+      free_.push_back(pool_.size() - 1);
+    }
+    bucket_buffer_[size_t(k)] = int64_t(free_.back());
+    free_.pop_back();
+  }
+  return pool_[size_t(bucket_buffer_[size_t(k)])].send + (pos - b.flat_start);
+}
+
+void GradientReducer::reduce(int64_t k, int m) {
+  const ReduceBucket& b = layout_.buckets()[size_t(k)];
+  float* packed = storage(k, b.flat_start);
+  // Padding past the last parameter is zero.
+  const int64_t used = std::min(b.numel, std::max<int64_t>(0, layout_.flat_numel() - b.flat_start));
+  if (used < b.numel) kernels_.fill_zero(packed + used, size_t(b.numel - used) * 4);
+  if (layout_.world() == 1) return;
+  const int64_t piece = b.numel / layout_.world();
+  // The first reduction of a window lands in the shard; later micro-batches'
+  // (stage 2) land aside and are added in reclaim().
+  const bool add = m > 0 && !accumulates_locally();
+  float* dest = shard() + b.shard_offset;
+  size_t buffer = 0;
+  if (!accumulates_locally()) {
+    buffer = size_t(bucket_buffer_[size_t(k)]);
+    bucket_buffer_[size_t(k)] = -1;
+    if (add) {
+      Buffer& buf = pool_[buffer];
+      if (!buf.received.get()) buf.received = DeviceBuffer(kernels_, scratch_bytes(layout_) / size_t(layout_.world()));
+      dest = buf.received.floats();
+    }
+  }
+  const int rank = comm_.rank();
+  const uint64_t ticket = runner_.post([this, packed, dest, piece, rank, b] {
+    if (reduce_scatter_) {
+      comm_.reduce_scatter(packed, dest, size_t(piece), Elem::F32, ReduceOp::Sum, mem_);
+    } else {
+      comm_.allreduce(packed, packed, size_t(b.numel), Elem::F32, ReduceOp::Sum, mem_);
+      kernels_.copy(dest, packed + rank * piece, size_t(piece) * 4);
+    }
+    comm_.wait();
+  });
+  if (!accumulates_locally()) in_flight_.push_back(InFlight{ticket, buffer, k, add});
+}
+
+void GradientReducer::reclaim(bool all) {
+  size_t done = 0;
+  for (; done < in_flight_.size(); ++done) {
+    const InFlight& f = in_flight_[done];
+    if (!all && !runner_.done(f.ticket)) break;  // they finish in order
+    if (f.add) {
+      const ReduceBucket& b = layout_.buckets()[size_t(f.bucket)];
+      const TensorRef piece{pool_[f.buffer].received.floats(), b.numel / layout_.world(), DType::F32};
+      kernels_.accumulate(&piece, 1, shard() + b.shard_offset);
+    }
+    free_.push_back(f.buffer);
+  }
+  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + std::ptrdiff_t(done));
+}
+
+void GradientReducer::open_handover(int micro_batches) {
+  bucket_buffer_.assign(layout_.buckets().size(), -1);
+  in_flight_.clear();
+  free_.clear();
+  for (size_t i = 0; i < pool_.size(); ++i) free_.push_back(i);
+  open(flat_plan(), micro_batches);
+}
+
+PreparedGrads GradientReducer::reduce_at_once(const dsopt_tensor* grads, int64_t count) {
   const int world = layout_.world();
   const std::string local_error = params_.check_grads(grads, count);
   if (world == 1 && !local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
   const bool ok = local_error.empty();
-
-  bool nonfinite = false;
-  std::vector<TensorRef> refs;
-  for (size_t k = 0; k < layout_.buckets().size(); ++k) {
-    const ReduceBucket& b = layout_.buckets()[k];
-    // One rank needs no reduction: the bucket is packed into the shard.
-    float* packed = world == 1 ? shard() + b.shard_offset : send_;
-    int64_t filled = 0;
-    if (ok) {
-      refs.clear();
-      for (const FlatRun& run : bucket_runs_[k]) {
-        const dsopt_tensor& g = grads[run.param];
-        const auto* base = static_cast<const uint8_t*>(g.data);
-        refs.push_back(TensorRef{base + run.param_offset * int64_t(dtype_size(DType(g.dtype))),
-                                 run.numel, DType(g.dtype)});
-        filled += run.numel;
-      }
-      if (!refs.empty())
-        nonfinite |= kernels_.transform(refs.data(), int64_t(refs.size()), 1.0f, packed, nullptr).nonfinite;
-    }
-    if (filled < b.numel) kernels_.fill_zero(packed + filled, size_t(b.numel - filled) * 4);
-    if (world == 1) continue;
-    const int64_t piece = b.numel / world;
-    if (reduce_scatter_) {
-      comm_.reduce_scatter(packed, shard() + b.shard_offset, size_t(piece), Elem::F32,
-                           ReduceOp::Sum, mem_);
-    } else {
-      comm_.allreduce(packed, packed, size_t(b.numel), Elem::F32, ReduceOp::Sum, mem_);
-      kernels_.copy(shard() + b.shard_offset, packed + comm_.rank() * piece, size_t(piece) * 4);
-    }
+  open_handover(1);
+  if (ok) {
+    std::vector<TensorRef> refs;
+    for (int64_t i = 0; i < count; ++i)
+      refs.push_back(TensorRef{grads[i].data, grads[i].numel, DType(grads[i].dtype)});
+    hand_over_bucketed(refs.data());
   }
+  complete();
+  runner_.wait();
+  reclaim(true);
+  const bool nonfinite = this->nonfinite();
+  close();
+  return finish(1.0f / float(world), nonfinite, local_error);
+}
 
-  // a = fl(sum * fl(1/P)) in place; the sums are checked and summed too.
+PreparedGrads GradientReducer::reduce_handed_over() {
+  reclaim(true);
+  const bool nonfinite = this->nonfinite();
+  const float mul = 1.0f / (float(layout_.world()) * float(micro_batches()));
+  close();
+  return finish(mul, nonfinite, "");
+}
+
+PreparedGrads GradientReducer::finish(float mul, bool nonfinite, const std::string& local_error) {
+  const int world = layout_.world();
+  const bool ok = local_error.empty();
+  // a = fl(sum * mul) in place; the sums are checked and summed too.
   const bool norm = pipeline_.wants_norm();
   double sumsq = 0.0;
   const TensorRef whole{shard(), layout_.shard_numel(), DType::F32};
-  if (world > 1 || norm) {
-    const float inv_world = 1.0f / float(world);
-    nonfinite |= kernels_.transform(&whole, 1, inv_world, world > 1 ? shard() : nullptr,
+  if (mul != 1.0f || norm)
+    nonfinite |= kernels_.transform(&whole, 1, mul, mul != 1.0f ? shard() : nullptr,
                                     norm ? &sumsq : nullptr).nonfinite;
-  }
   if (world > 1) {
     double control[2] = {ok ? (nonfinite ? 1.0 : 0.0) : double(StepPipeline::kInvalidStatus), sumsq};
     comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});

@@ -1,15 +1,26 @@
 // ZeRO's gradient path (spec zero.md section 5, recommended form): this
-// rank's local gradients are packed bucket by bucket into an fp32 buffer
-// (checked for Inf/NaN on the way), each bucket is reduce-scattered so that
-// every rank receives the sum of its own piece, and the shard is averaged
-// with fl(1/P) (DECISIONS G3). One scalar allreduce then agrees on the
-// status and the global norm.
+// rank's local gradients are packed bucket by bucket into fp32 (checked for
+// Inf/NaN on the way), each bucket is reduce-scattered as soon as it is
+// complete so that every rank receives the sum of its own piece, and the
+// shard is averaged with fl(1/(P*G)) (DECISIONS G3). One scalar allreduce
+// then agrees on the status and the global norm.
+//
+// Gradients come all at once (dsopt_step) or one by one (dsopt_grad_ready,
+// src/handover). Over G micro-batches stage 2 reduces every micro-batch and
+// adds the reduced pieces to the shard in fp32; stage 1 adds the local
+// gradients in one fp32 buffer of the whole model and reduces once, in the
+// last micro-batch. Bucket buffers come from a pool: the first is the
+// scratch shared with the parameter allgather, more are made only while
+// reductions run behind backward.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/comm_runner.hpp"
+#include "handover/gradient_handover.hpp"
 #include "kernels/device_buffer.hpp"
 #include "optim/param_set.hpp"
 #include "optim/step_pipeline.hpp"
@@ -17,38 +28,72 @@
 
 namespace dsopt {
 
-class GradientReducer {
+class GradientReducer final : public GradientHandover {
  public:
   // reduce_scatter false: each bucket is allreduced and the own piece kept
   // (DeepSpeed's traffic, same sums). `scratch` (device memory of at least
   // scratch_bytes(layout)) holds a bucket during reduce(); it is free
-  // between calls.
-  GradientReducer(const ShardLayout& layout, bool reduce_scatter, Comm& comm, Kernels& kernels,
-                  const Mem& mem, Kernels& host, const ParamSet& params, StepPipeline& pipeline,
-                  void* scratch);
+  // between steps.
+  GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter, Comm& comm,
+                  Kernels& kernels, const Mem& mem, Kernels& host, const ParamSet& params,
+                  StepPipeline& pipeline, CommRunner& runner, void* scratch);
   static size_t scratch_bytes(const ShardLayout& layout);
 
   // Collective. Fills shard() with this rank's piece of the averaged
   // gradient and returns the step's status and multipliers (grads empty).
   // Throws Error(DSOPT_EINVAL) on every rank when any rank's gradients do
   // not fit the parameters; nothing has changed then.
-  PreparedGrads reduce(const dsopt_tensor* grads, int64_t count);
+  PreparedGrads reduce_at_once(const dsopt_tensor* grads, int64_t count);
+  // Opens a window for gradients handed over one by one.
+  void open_handover(int micro_batches);
+  // Collective, after the window is complete and the runner has finished.
+  PreparedGrads reduce_handed_over();
 
   // The averaged fp32 gradient of this rank's shard (S elements).
   float* shard() const { return shard_.floats(); }
 
+ protected:
+  float* storage(int64_t k, int64_t pos) override;
+  bool fresh(int m) const override;
+  bool reduces(int m) const override;
+  void reduce(int64_t k, int m) override;
+
  private:
+  struct Buffer {
+    float* send = nullptr;  // one bucket, packed in flat order
+    DeviceBuffer own;       // send's memory, unless it is the scratch
+    DeviceBuffer received;  // a reduced piece to add to the shard
+  };
+  struct InFlight {
+    uint64_t ticket;
+    size_t buffer;
+    int64_t bucket;
+    bool add;  // the piece arrived in `received`: add it to the shard
+  };
+  Plan flat_plan() const;
+  bool accumulates_locally() const;  // stage 1 over several micro-batches
+  // Returns the buffers of finished reductions to the pool (all: wait for
+  // every one), adding received pieces to the shard in posting order.
+  void reclaim(bool all);
+  // Steps 2-4 once every reduction has finished: average, check, agree.
+  PreparedGrads finish(float mul, bool nonfinite, const std::string& local_error);
+
   const ShardLayout& layout_;
+  int stage_;
   bool reduce_scatter_;
   Comm& comm_;
-  Kernels& kernels_;
   Mem mem_;
   Kernels& host_;
   const ParamSet& params_;
   StepPipeline& pipeline_;
-  std::vector<std::vector<FlatRun>> bucket_runs_;  // per reduce bucket
-  float* send_;         // scratch: one bucket, packed in flat order
-  DeviceBuffer shard_;  // S floats
+  CommRunner& runner_;
+  void* scratch_;
+  std::vector<Buffer> pool_;
+  std::vector<size_t> free_;
+  std::vector<InFlight> in_flight_;
+  std::vector<int64_t> bucket_buffer_;  // per bucket: its pool buffer in this micro-batch, or -1
+  DeviceBuffer local_sum_;  // stage 1 over several micro-batches: the flat gradient
+  DeviceBuffer shard_;      // S floats
 };
 
 }  // namespace dsopt

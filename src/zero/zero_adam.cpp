@@ -27,8 +27,8 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
                std::max(GradientReducer::scratch_bytes(layout_),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
                                                      this->params()))),
-      reducer_(layout_, cfg.zero.reduce_scatter, comm, this->kernels(), mem(), host_kernels(),
-               this->params(), pipeline(), scratch_.get()),
+      reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, comm, this->kernels(), mem(),
+               host_kernels(), this->params(), pipeline(), runner(), scratch_.get()),
       gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {
   for (const StatePiece& f : state_.pieces) {
@@ -47,7 +47,7 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
 std::string ZeroAdam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
 
 PreparedGrads ZeroAdam::prepare(const dsopt_tensor* grads, int64_t count) {
-  return reducer_.reduce(grads, count);
+  return reducer_.reduce_at_once(grads, count);
 }
 
 bool ZeroAdam::update(const PreparedGrads& grads) {

@@ -22,10 +22,14 @@ class ZeroAdam final : public Optimizer {
  public:
   ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
            const dsopt_tensor* params, int64_t count);
+  ~ZeroAdam() override { stop_reductions(); }
 
  protected:
   std::string algorithm() const override;
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count) override;
+  GradientHandover& handover() override { return reducer_; }
+  void open_handover(int micro_batches) override { reducer_.open_handover(micro_batches); }
+  PreparedGrads prepare_handed_over() override { return reducer_.reduce_handed_over(); }
   bool update(const PreparedGrads& grads) override;
   uint32_t section_count() const override { return 4; }
   void save_sections(BlobWriter& w) const override;
