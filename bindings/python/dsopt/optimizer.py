@@ -48,6 +48,9 @@ class SkippedStepWarning(RuntimeWarning):
     not warn (the exception reports it)."""
 
 
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
 def _is_power_of_ten(n: int) -> bool:
     while n >= 10 and n % 10 == 0:
         n //= 10
@@ -91,6 +94,7 @@ class Optimizer:
             raise
         self._handle = out[0]
         self._info = ffi.new("dsopt_step_info *")
+        self._grad = ffi.new("dsopt_tensor *")  # grad_ready's descriptor, reused
         self._skip_reported = False
 
     # ---- life cycle ------------------------------------------------------
@@ -152,9 +156,12 @@ class Optimizer:
 
     # ---- stepping --------------------------------------------------------
 
-    def step(self, grads) -> StepInfo:
+    def step(self, grads=None) -> StepInfo:
         """One optimizer step with this rank's local gradients, one per
         parameter, in parameter order (read only, during the call).
+        ``grads=None`` completes a step whose gradients were handed over
+        with ``grad_ready`` (``dsopt_step(opt, NULL, 0, info)``); passing
+        gradients while some are handed over raises ``InvalidArgument``.
 
         A step with Inf/NaN gradients on some rank is skipped on every rank
         (``info.skipped``) and warns ``SkippedStepWarning`` (rate-limited,
@@ -163,10 +170,13 @@ class Optimizer:
         skipped step raises ``NonFiniteError`` with its ``StepInfo`` as
         ``.info``; the next step may continue."""
         handle = self._live()
-        grad_list = TensorList(grads, writable=False, kind="grads")
         c_info = self._info
         c_info.struct_size = ffi.sizeof("dsopt_step_info")
-        rc = lib.dsopt_step(handle, grad_list.c_array, len(grad_list), c_info)
+        if grads is None:
+            rc = lib.dsopt_step(handle, ffi.NULL, 0, c_info)
+        else:
+            grad_list = TensorList(grads, writable=False, kind="grads")
+            rc = lib.dsopt_step(handle, grad_list.c_array, len(grad_list), c_info)
         info = StepInfo._from_c(c_info)  # written on DSOPT_OK and DSOPT_ENONFINITE
         try:
             check(rc)
@@ -177,6 +187,38 @@ class Optimizer:
         if info.skipped:
             self._warn_skipped(info)
         return info
+
+    def grad_ready(self, index, grad) -> None:
+        """Hands over parameter ``index``'s local gradient of one micro-batch
+        (``dsopt_grad_ready``), typically from a backward hook, so that its
+        reduction overlaps the rest of backward; ``step()`` (no gradients)
+        then completes the step on every rank.
+
+        ``grad``: an array as ``step`` takes one (C-contiguous numpy float32
+        / float16, bf16 as ``dsopt.bf16(bits)`` or ``(bits, "bfloat16")``,
+        or a torch tensor on the parameters' device) with the parameter's
+        numel. It is read completely before the call returns, so the buffer
+        may be reused at once. Any order, which may differ between ranks.
+        With ``"gradient_accumulation_steps"`` = G each parameter is handed
+        over G times per step (once per micro-batch) and the step uses the
+        mean of the G gradients; a parameter not handed over in a
+        micro-batch contributes zeros. Not collective (``step`` is).
+
+        Raises ``InvalidArgument`` (nothing changes) for an index out of
+        range, a numel or dtype that does not fit, or a parameter already
+        handed over G times in this step; ``InvalidArgumentType`` for an
+        array the binding does not take."""
+        handle = self._live()
+        if type(index) is not int or not _INT64_MIN <= index <= _INT64_MAX:
+            index = as_int64(index, "index")
+        buf = describe(grad, writable=False, what="grad")
+        tensor = self._grad
+        tensor.data = ffi.cast("void *", buf.address)
+        tensor.numel = buf.numel
+        tensor.dtype = buf.dtype
+        rc = lib.dsopt_grad_ready(handle, index, tensor)
+        if rc:
+            check(rc)
 
     def _warn_skipped(self, info: StepInfo) -> None:
         """Warns on the first skip, then when a run reaches 10, 100, ... skips."""
