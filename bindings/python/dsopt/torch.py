@@ -36,9 +36,25 @@
 * ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, or None (one
   process). ``step`` is collective over it: with several ranks every rank
   steps with its local gradients and dsopt averages them.
+* ``overlap=True`` (torch >= 2.1): a hook on every parameter
+  (``register_post_accumulate_grad_hook``) hands its gradient to dsopt
+  (``dsopt_grad_ready``) as soon as backward has produced it, so that the
+  gradient reduction overlaps the rest of backward; ``step()`` completes
+  the step. The hook then sets ``p.grad = None``: after backward ``.grad``
+  is None, so code must not read or change ``.grad`` (clip with dsopt's
+  ``"gradient_clipping"``). With ``"gradient_accumulation_steps"`` = G in
+  the config, run G backward passes per ``step()``, each on its own
+  micro-batch's loss (not divided by G): dsopt sums the G gradients and
+  uses their mean. A parameter that gets no gradient in a backward pass
+  contributes zeros to that micro-batch (a ``step()`` after no backward at
+  all steps with zeros). With torch < 2.1 the constructor warns and
+  ``step()`` hands ``.grad`` over instead, then sets it to None (same
+  results, no overlap). ``close()`` removes the hooks.
 """
 
 import json
+import warnings
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -69,10 +85,50 @@ def _as_communicator(comm):
                     f"got {type(comm).__name__}")
 
 
-class Optimizer(torch.optim.Optimizer):
-    """``Optimizer(params, config, comm=None)``: see the module doc."""
+def _has_post_accumulate_grad_hooks() -> bool:
+    """torch >= 2.1: ``Tensor.register_post_accumulate_grad_hook``."""
+    return hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
-    def __init__(self, params, config, comm=None):
+
+def _on_side_stream(tensor) -> bool:
+    """Whether torch's current stream for ``tensor``'s GPU is not the
+    default stream (dsopt then has to wait for it)."""
+    if not tensor.is_cuda:
+        return False
+    return torch.cuda.current_stream(tensor.device).cuda_stream != \
+        torch.cuda.default_stream(tensor.device).cuda_stream
+
+
+def _hand_over_hook(owner_ref, index):
+    """The post-accumulate-grad hook of parameter ``index``: hands its
+    gradient to dsopt, then drops it (``p.grad = None``), so that the next
+    backward pass starts the next micro-batch from nothing. ``owner_ref`` is
+    a weak reference: the hooks do not keep the optimizer alive."""
+
+    def hook(p):
+        owner = owner_ref()
+        grad = p.grad
+        if owner is None or grad is None:
+            return
+        if grad.is_sparse:
+            raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
+        if not grad.is_contiguous():
+            grad = grad.contiguous()
+        if _on_side_stream(grad):
+            # dsopt reads on its communicator's stream: wait for torch's.
+            torch.cuda.current_stream(grad.device).synchronize()
+        owner.dsopt.grad_ready(index, grad)
+        owner._handed_over = True
+        p.grad = None
+
+    return hook
+
+
+class Optimizer(torch.optim.Optimizer):
+    """``Optimizer(params, config, comm=None, *, overlap=False)``: see the
+    module doc."""
+
+    def __init__(self, params, config, comm=None, *, overlap=False):
         config = _config_dict(config)
         lr = config.get("optimizer", {}).get("params", {}).get("lr", 1e-3)
         super().__init__(params, {"lr": lr})
@@ -87,6 +143,26 @@ class Optimizer(torch.optim.Optimizer):
         self.dsopt = _DsoptOptimizer(config, tensors, self._comm, groups=group_of)
         self._dsopt_lrs = [group["lr"] for group in self.param_groups]
         self.last_step_info = None
+        self._tensors = tensors  # dsopt's parameter order
+        self._hooks = []
+        self._hooked = False  # overlap through hooks (else, with overlap, at step)
+        self._handed_over = False  # some gradient of this step was handed over
+        self.overlap = bool(overlap)
+        if self.overlap:
+            if _has_post_accumulate_grad_hooks():
+                owner = weakref.ref(self)
+                # A frozen parameter gets no hook (torch allows none): it
+                # contributes zeros, as it would without overlap.
+                self._hooks = [p.register_post_accumulate_grad_hook(_hand_over_hook(owner, i))
+                               for i, p in enumerate(tensors) if p.requires_grad]
+                self._hooked = True
+            else:
+                warnings.warn(
+                    f"dsopt.torch.Optimizer(overlap=True) needs torch >= 2.1 "
+                    f"(Tensor.register_post_accumulate_grad_hook); this is torch "
+                    f"{torch.__version__}. Falling back to reading .grad in step(): the "
+                    f"results are the same, without overlapping the gradient reduction "
+                    f"with backward.", RuntimeWarning, stacklevel=2)
 
     def add_param_group(self, param_group):
         if hasattr(self, "dsopt"):
@@ -109,25 +185,57 @@ class Optimizer(torch.optim.Optimizer):
             raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
         return p.grad.contiguous()
 
+    def _hand_over_at_step(self):
+        """overlap=True without hooks (torch < 2.1): every ``.grad`` handed
+        over now, as the hooks would have at the end of backward (a
+        parameter without one contributes zeros), then dropped. With
+        gradient accumulation ``.grad`` holds the sum of the micro-batches,
+        handed over as the first micro-batch; the others contribute zeros,
+        so the step uses the same mean."""
+        for i, p in enumerate(self._tensors):
+            grad = p.grad
+            if grad is None:
+                continue
+            if grad.is_sparse:
+                raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
+            self.dsopt.grad_ready(i, grad.contiguous())
+            self._handed_over = True
+            p.grad = None
+
     @torch.no_grad()
     def step(self, closure=None):
-        """One dsopt step with the parameters' ``.grad`` (collective).
-        ``self.last_step_info`` holds what it did (a ``dsopt.StepInfo``).
-        Skipped steps warn and a run that stops progressing raises
-        ``dsopt.NonFiniteError``, as ``dsopt.Optimizer.step`` does."""
+        """One dsopt step with the parameters' ``.grad`` (collective), or
+        with ``overlap=True`` the completion of the step whose gradients
+        backward handed over. ``self.last_step_info`` holds what it did (a
+        ``dsopt.StepInfo``). Skipped steps warn and a run that stops
+        progressing raises ``dsopt.NonFiniteError``, as
+        ``dsopt.Optimizer.step`` does."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self._sync_learning_rates()
-        grads = [self._gradient(p) for group in self.param_groups for p in group["params"]]
-        on_side_stream = any(g.is_cuda for g in grads) and \
-            torch.cuda.current_stream().cuda_stream != torch.cuda.default_stream().cuda_stream
+        if self.overlap:
+            grads = None  # handed over by the hooks (or just below)
+            on_side_stream = any(p.is_cuda for p in self._tensors[:1]) and \
+                torch.cuda.current_stream().cuda_stream != torch.cuda.default_stream().cuda_stream
+        else:
+            grads = [self._gradient(p) for group in self.param_groups for p in group["params"]]
+            on_side_stream = any(g.is_cuda for g in grads) and \
+                torch.cuda.current_stream().cuda_stream != torch.cuda.default_stream().cuda_stream
         if on_side_stream:
             # dsopt works on its communicator's stream (the legacy default
             # stream for a local one): order it after torch's stream.
             torch.cuda.current_stream().synchronize()
+        if self.overlap:
+            if not self._hooked:
+                self._hand_over_at_step()
+            if not self._handed_over:
+                # No backward since the last step: zeros, as without overlap
+                # (dsopt_step(NULL) needs a hand-over to complete).
+                grads = [self._gradient(p) for p in self._tensors]
         try:
+            self._handed_over = False
             self.last_step_info = self.dsopt.step(grads)
         except NonFiniteError as error:
             self.last_step_info = error.info  # that step was skipped, like any other
@@ -211,7 +319,11 @@ class Optimizer(torch.optim.Optimizer):
         self._restore(parts[0][0], lambda: self.dsopt.load_state_dict_shards(blobs))
 
     def close(self):
-        """Destroys the dsopt optimizer (collective); idempotent."""
+        """Removes the overlap hooks and destroys the dsopt optimizer
+        (collective); idempotent."""
+        hooks, self._hooks = self._hooks, []
+        for handle in hooks:
+            handle.remove()
         self.dsopt.close()
         if self._owns_comm:
             self._comm.close()
