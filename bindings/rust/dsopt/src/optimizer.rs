@@ -143,20 +143,74 @@ impl<'a> Optimizer<'a> {
     /// [`Error::step_info`]; the next step may continue.
     pub fn step(&mut self, grads: &[GradSlice<'_>]) -> Result<StepInfo> {
         let tensors: Vec<sys::dsopt_tensor> = grads.iter().map(|g| g.to_c()).collect();
+        // Safety: `tensors` points to valid gradient buffers (borrowed from
+        // `grads` for the whole call) that are only read during the call.
+        unsafe { self.step_raw(tensors.as_ptr(), tensors.len() as i64) }
+    }
+
+    /// Hands over parameter `index`'s local gradient of one micro-batch
+    /// (`dsopt_grad_ready`), typically while backward is still producing
+    /// the others, so that its reduction overlaps the rest of backward;
+    /// [`complete_step`](Self::complete_step) then completes the step.
+    /// Not collective (`complete_step` is).
+    ///
+    /// `grad` has the parameter's length (any dtype) and is read completely
+    /// before the call returns: the buffer may be reused at once. Any order,
+    /// which may differ between ranks. With `"gradient_accumulation_steps"`
+    /// = G each parameter is handed over G times per step, once per
+    /// micro-batch, and the step uses the mean of the G gradients; a
+    /// parameter not handed over in a micro-batch contributes zeros.
+    ///
+    /// Errors ([`ErrorKind::InvalidArgument`], nothing changes): an index
+    /// out of range, a length or dtype that does not fit, or a parameter
+    /// already handed over G times in this step.
+    ///
+    /// ```no_run
+    /// # fn main() -> dsopt::Result<()> {
+    /// # let (mut w, mut b) = (vec![0.0f32; 8], vec![0.0f32; 1]);
+    /// # let mut comm = dsopt::Communicator::local()?;
+    /// # let config = r#"{"optimizer": {"type": "AdamW"}}"#;
+    /// let mut opt = dsopt::Optimizer::new(config,
+    ///     [dsopt::ParamSlice::f32(&mut w), dsopt::ParamSlice::f32(&mut b)], &mut comm)?;
+    /// // Backward produces the last parameter's gradient first.
+    /// opt.grad_ready(1, dsopt::GradSlice::f32(&[0.1]))?;
+    /// opt.grad_ready(0, dsopt::GradSlice::f32(&[0.5; 8]))?;
+    /// let info = opt.complete_step()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn grad_ready(&mut self, index: usize, grad: GradSlice<'_>) -> Result<()> {
+        let index =
+            i64::try_from(index).map_err(|_| Error::invalid("parameter index out of range"))?;
+        let tensor = grad.to_c();
+        // Safety: the handle is live; `tensor` describes a buffer that is
+        // borrowed for the call and only read (completely) during it.
+        check(unsafe { sys::dsopt_grad_ready(self.raw.as_ptr(), index, &tensor) })
+    }
+
+    /// Completes a step whose gradients were handed over with
+    /// [`grad_ready`](Self::grad_ready) (`dsopt_step(opt, NULL, 0, info)`).
+    /// Collective: every rank calls it, whatever it handed over. Reports and
+    /// fails like [`step`](Self::step); a reduction's communication error
+    /// surfaces here. Calling [`step`](Self::step) with gradients while
+    /// some are handed over is [`ErrorKind::InvalidArgument`].
+    pub fn complete_step(&mut self) -> Result<StepInfo> {
+        // Safety: NULL with 0 gradients is the completion call.
+        unsafe { self.step_raw(ptr::null(), 0) }
+    }
+
+    /// `dsopt_step` with `num` descriptors at `grads` (NULL and 0 to
+    /// complete a handed-over step).
+    ///
+    /// # Safety
+    /// `grads` is NULL with `num` 0, or points to `num` descriptors of valid
+    /// gradient buffers, readable for the call.
+    unsafe fn step_raw(&mut self, grads: *const sys::dsopt_tensor, num: i64) -> Result<StepInfo> {
         // Safety: an all-zero dsopt_step_info is a valid value (plain integers
         // and doubles); struct_size is set before the call.
         let mut info: sys::dsopt_step_info = unsafe { mem::zeroed() };
         info.struct_size = mem::size_of::<sys::dsopt_step_info>() as u32;
-        // Safety: the handle is live; `tensors` points to valid gradient
-        // buffers that are only read during the call.
-        let rc = unsafe {
-            sys::dsopt_step(
-                self.raw.as_ptr(),
-                tensors.as_ptr(),
-                tensors.len() as i64,
-                &mut info,
-            )
-        };
+        // Safety: the handle is live; the caller vouches for `grads`.
+        let rc = unsafe { sys::dsopt_step(self.raw.as_ptr(), grads, num, &mut info) };
         // `info` is written on DSOPT_OK and DSOPT_ENONFINITE.
         let step_info = StepInfo::from_c(&info);
         check(rc).map_err(|error| match error.kind() {

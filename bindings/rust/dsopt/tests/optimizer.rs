@@ -415,3 +415,151 @@ fn memory_usage_reports_the_state_dsopt_holds() {
     );
     assert_eq!(usage.device, 0, "a CPU optimizer holds no device memory");
 }
+
+// ---- gradients handed over one parameter at a time (grad_ready) -------------------
+
+const ADAMW_ZERO2_SMALL: &str = r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 64, "allgather_bucket_size": 48}}"#;
+const ADAMW_ACCUMULATE2: &str = r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 64, "allgather_bucket_size": 48},
+    "gradient_accumulation_steps": 2}"#;
+
+/// `steps` steps over two parameters (301 and 37 elements), gradients from
+/// `grads`; `hand_over` hands them over in reverse order through one
+/// scratch buffer, then completes the step, instead of `step`.
+fn run_handed_over(config: &str, hand_over: bool, steps: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut a, mut b) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(
+        config,
+        [ParamSlice::f32(&mut a), ParamSlice::f32(&mut b)],
+        &mut comm,
+    )
+    .unwrap();
+    let mut scratch = vec![f32::NAN; 301];
+    for s in 0..steps {
+        let (ga, gb) = (grads(s, 301), grads(s + 1, 37));
+        let info = if hand_over {
+            scratch[..37].copy_from_slice(&gb);
+            opt.grad_ready(1, GradSlice::f32(&scratch[..37])).unwrap();
+            scratch.copy_from_slice(&ga); // dsopt has read the previous gradient
+            opt.grad_ready(0, GradSlice::f32(&scratch)).unwrap();
+            scratch.fill(f32::NAN);
+            opt.complete_step().unwrap()
+        } else {
+            opt.step(&[GradSlice::f32(&ga), GradSlice::f32(&gb)])
+                .unwrap()
+        };
+        assert_eq!((info.step, info.skipped), (s as i64 + 1, false));
+    }
+    drop(opt);
+    (a, b)
+}
+
+#[test]
+fn handed_over_gradients_step_bit_identically_to_step() {
+    for config in [ADAMW, ADAMW_ZERO2_SMALL] {
+        let want = run_handed_over(config, false, 5);
+        assert_eq!(run_handed_over(config, true, 5), want, "{config}");
+    }
+}
+
+#[test]
+fn accumulated_micro_batches_step_with_their_mean() {
+    // Two micro-batches per step, handed over as they come; the reference
+    // steps with their mean (exact: a sum of two fp32 values halved).
+    let (mut a, mut b) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let (mut ra, mut rb) = (a.clone(), b.clone());
+    let mut comm = Communicator::local().unwrap();
+    let mut ref_comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(
+        ADAMW_ACCUMULATE2,
+        [ParamSlice::f32(&mut a), ParamSlice::f32(&mut b)],
+        &mut comm,
+    )
+    .unwrap();
+    let mut reference = Optimizer::new(
+        ADAMW_ZERO2_SMALL,
+        [ParamSlice::f32(&mut ra), ParamSlice::f32(&mut rb)],
+        &mut ref_comm,
+    )
+    .unwrap();
+    for s in 0..4 {
+        let micro = [
+            (grads(2 * s, 301), grads(2 * s + 5, 37)),
+            (grads(2 * s + 1, 301), grads(2 * s + 6, 37)),
+        ];
+        for (ga, gb) in &micro {
+            opt.grad_ready(1, GradSlice::f32(gb)).unwrap();
+            opt.grad_ready(0, GradSlice::f32(ga)).unwrap();
+        }
+        let mean = |x: &[f32], y: &[f32]| -> Vec<f32> {
+            x.iter().zip(y).map(|(p, q)| (p + q) * 0.5).collect()
+        };
+        let ma = mean(&micro[0].0, &micro[1].0);
+        let mb = mean(&micro[0].1, &micro[1].1);
+        let info = opt.complete_step().unwrap();
+        let want = reference
+            .step(&[GradSlice::f32(&ma), GradSlice::f32(&mb)])
+            .unwrap();
+        assert_eq!((info.step, info.skipped), (want.step, want.skipped));
+        assert_eq!(opt.params()[0].as_f32(), reference.params()[0].as_f32());
+        assert_eq!(opt.params()[1].as_f32(), reference.params()[1].as_f32());
+    }
+}
+
+#[test]
+fn misused_grad_ready_is_invalid_argument_and_changes_nothing() {
+    let (mut a, mut b) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(
+        ADAMW_ACCUMULATE2,
+        [ParamSlice::f32(&mut a), ParamSlice::f32(&mut b)],
+        &mut comm,
+    )
+    .unwrap();
+    let (ga, gb) = (grads(0, 301), grads(1, 37));
+    let invalid = |r: dsopt::Result<()>, what: &str| {
+        let err = r.expect_err(what);
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{what}: {err}");
+    };
+    invalid(opt.grad_ready(2, GradSlice::f32(&gb)), "index out of range");
+    invalid(
+        opt.grad_ready(usize::MAX, GradSlice::f32(&gb)),
+        "index beyond i64",
+    );
+    invalid(opt.grad_ready(0, GradSlice::f32(&gb)), "wrong length");
+    opt.grad_ready(1, GradSlice::f32(&gb)).unwrap();
+    let err = opt
+        .step(&[GradSlice::f32(&ga), GradSlice::f32(&gb)])
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::InvalidArgument,
+        "step while handed over: {err}"
+    );
+    opt.grad_ready(0, GradSlice::f32(&ga)).unwrap();
+    opt.grad_ready(1, GradSlice::f32(&gb)).unwrap();
+    opt.grad_ready(0, GradSlice::f32(&ga)).unwrap();
+    invalid(
+        opt.grad_ready(0, GradSlice::f32(&ga)),
+        "a third hand-over (G = 2)",
+    );
+    assert_eq!(opt.complete_step().unwrap().step, 1);
+    let after = opt.params()[0].as_f32().unwrap().to_vec();
+    drop(opt);
+
+    // The same step without the mistakes: the mean of two equal gradients.
+    let (mut ra, mut rb) = (vec![0.5f32; 301], vec![-0.25f32; 37]);
+    let mut comm = Communicator::local().unwrap();
+    let mut reference = Optimizer::new(
+        ADAMW_ZERO2_SMALL,
+        [ParamSlice::f32(&mut ra), ParamSlice::f32(&mut rb)],
+        &mut comm,
+    )
+    .unwrap();
+    reference
+        .step(&[GradSlice::f32(&ga), GradSlice::f32(&gb)])
+        .unwrap();
+    assert_eq!(reference.params()[0].as_f32().unwrap(), &after[..]);
+}
