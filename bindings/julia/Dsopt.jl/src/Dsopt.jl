@@ -9,6 +9,7 @@ using Dsopt
 w, b = randn(Float32, 1000), zeros(Float32, 10)
 opt = Optimizer(\"\"\"{"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}\"\"\", [w, b])
 info = step!(opt, [gw, gb])        # w and b are updated in place
+grad_ready!(opt, 2, gb); grad_ready!(opt, 1, gw); info = step!(opt)  # handed over during backward
 blob = state_save(opt); state_load!(opt, blob)
 state_load_shards!(opt, [blob])    # all ranks' blobs of a run at any world size
 memory_usage(opt)                  # (host = bytes, device = bytes)
@@ -27,7 +28,7 @@ using Libdl
 export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        PHASE_SKIPPED, PHASE_FULL, PHASE_COMPRESSED, PHASE_LOCAL, PHASE_SYNC,
        mpi_communicator, nccl_communicator, comm_rank, comm_size,
-       step!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
+       step!, grad_ready!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
        state_save, state_load!, state_load_shards!, memory_usage, set_momentum_mask!
 
 # ---- the library ---------------------------------------------------------------
@@ -410,10 +411,59 @@ function step!(opt::Optimizer, grads::AbstractVector)
                      (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
                      live(opt), tensors, length(tensors), info)
     end
-    i = info[]
-    return StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
-                    i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent,
-                    i.consecutive_skips, i.phase)
+    return step_info(info[])
+end
+
+"""
+    step!(opt) -> StepInfo
+
+Completes a step whose gradients were handed over with
+[`grad_ready!`](@ref) (`dsopt_step(opt, NULL, 0, info)`). Collective: every
+rank calls it, whatever it handed over. Reports and throws like
+`step!(opt, grads)`; a reduction's communication error surfaces here.
+`step!(opt, grads)` while gradients are handed over throws a
+[`DsoptError`](@ref) with code `Dsopt.DSOPT_EINVAL`.
+"""
+function step!(opt::Optimizer)
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
+    @check ccall((:dsopt_step, libdsopt), Cint,
+                 (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
+                 live(opt), C_NULL, 0, info)
+    return step_info(info[])
+end
+
+step_info(i::CStepInfo) =
+    StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
+             i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent,
+             i.consecutive_skips, i.phase)
+
+"""
+    grad_ready!(opt, index, grad)
+
+Hands over parameter `index`'s (1-based) local gradient of one micro-batch
+(`dsopt_grad_ready`), typically while backward is still producing the
+others, so that its reduction overlaps the rest of backward; `step!(opt)`
+then completes the step. Not collective (`step!` is).
+
+`grad` is an array as `step!` takes one, with the parameter's length (any
+dtype), and is read completely before the call returns: the buffer may be
+reused at once. Any order, which may differ between ranks. With
+`"gradient_accumulation_steps"` = G each parameter is handed over G times per
+step, once per micro-batch, and the step uses the mean of the G gradients; a
+parameter not handed over in a micro-batch contributes zeros.
+
+Throws a [`DsoptError`](@ref) with code `Dsopt.DSOPT_EINVAL` (nothing
+changes) for an index out of range, a length or dtype that does not fit, or
+a parameter already handed over G times in this step.
+"""
+function grad_ready!(opt::Optimizer, index::Integer, grad)
+    handle = live(opt)
+    tensor = Ref(ctensor(grad, "grad", 0))
+    GC.@preserve grad begin
+        @check ccall((:dsopt_grad_ready, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ref{CTensor}),
+                     handle, index - 1, tensor)
+    end
+    return opt
 end
 
 "Sets the learning rate of every parameter group."
