@@ -123,6 +123,8 @@ class CudaKernels final : public Kernels {
     for (Workspace* w : {&sums_dev_, &sums_host_, &flag_dev_, &flag_host_, &max_dev_, &max_host_,
                        &staging_host_})
       w->release();
+    for (cudaEvent_t e : lane_done_)
+      if (e != nullptr) (void)cudaEventDestroy(e);
   }
 
   Device device() const override { return Device::Cuda; }
@@ -167,6 +169,34 @@ class CudaKernels final : public Kernels {
     DeviceGuard guard(device_);
     DSOPT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, stream_));
     DSOPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void pin(void* host, size_t bytes) override {
+    if (host == nullptr || bytes == 0) return;
+    DeviceGuard guard(device_);
+    DSOPT_CUDA_CHECK(cudaHostRegister(host, bytes, cudaHostRegisterDefault));
+  }
+
+  void unpin(void* host) override {
+    if (host == nullptr) return;
+    DeviceGuardNoThrow guard(device_);
+    (void)cudaHostUnregister(host);
+  }
+
+  void copy_from_host_async(void* dst, const void* src_host, size_t bytes, int lane) override {
+    if (bytes == 0) return;
+    DeviceGuard guard(device_);
+    cudaEvent_t& done = lane_done_[lane & 1];
+    if (done == nullptr) DSOPT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    DSOPT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, stream_));
+    DSOPT_CUDA_CHECK(cudaEventRecord(done, stream_));
+  }
+
+  void wait_lane(int lane) override {
+    cudaEvent_t done = lane_done_[lane & 1];
+    if (done == nullptr) return;
+    DeviceGuard guard(device_);
+    DSOPT_CUDA_CHECK(cudaEventSynchronize(done));
   }
 
   void fill_zero(void* dst, size_t bytes) override {
@@ -357,6 +387,7 @@ class CudaKernels final : public Kernels {
   Workspace flag_dev_, flag_host_;
   Workspace max_dev_, max_host_;  // max_per_tensor
   Workspace staging_host_;  // MPI staging of device buffers
+  cudaEvent_t lane_done_[2] = {nullptr, nullptr};  // copy_from_host_async's lanes
 };
 
 std::string runtime_version_text() {

@@ -282,10 +282,18 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
     const json& o = z.at("offload_optimizer");
     check_keys(o, path + ".offload_optimizer", {"device", "pin_memory"},
                {"buffer_count", "fast_init", "ratio"});
-    if (o.contains("device") && !(o.at("device").is_string() && o.at("device") == "none"))
-      fail(DSOPT_EUNSUPPORTED, "config: " + path + ".offload_optimizer.device: CPU offload is not "
-                               "available in this version of dsopt (use \"none\")");
-    boolean(o, path + ".offload_optimizer", "pin_memory", false);
+    if (o.contains("device")) {
+      const json& d = o.at("device");
+      if (d.is_string() && d == "nvme")
+        fail(DSOPT_EUNSUPPORTED, "config: " + path + ".offload_optimizer.device: NVMe offload is "
+                                 "not part of dsopt (use \"cpu\" or \"none\")");
+      if (!d.is_string() || (d != "cpu" && d != "none"))
+        bad(path + ".offload_optimizer.device", "must be \"cpu\" or \"none\", got " + d.dump());
+      zc.offload_cpu = d == "cpu";
+    }
+    zc.pin_memory = boolean(o, path + ".offload_optimizer", "pin_memory", false);
+    if (zc.offload_cpu && zc.stage == 0)
+      bad(path + ".offload_optimizer", "CPU offload of the optimizer state needs ZeRO stage 1 or 2");
   }
   if (zc.stage > 0 && cfg.type != "Adam" && cfg.type != "AdamW")
     fail(DSOPT_EUNSUPPORTED, "config: " + path + ".stage " + std::to_string(zc.stage) + " with " +
@@ -363,6 +371,9 @@ OptimizerConfig parse_config(const char* json_text) {
   for (const char* key : {"device", "threads", "cuda_aware", "comm_timeout",
                           "gradient_accumulation_steps"})
     run.erase(key);
+  // Where the state lives does not change it: offloaded and device blobs mix.
+  if (run.contains("zero_optimization") && run["zero_optimization"].is_object())
+    run["zero_optimization"].erase("offload_optimizer");
   cfg.run_canonical = run.dump();
   return cfg;
 }

@@ -112,6 +112,18 @@ class Kernels {
   virtual void copy_to_host(void* dst_host, const void* src, size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src_host, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Uploads for ZeRO-Offload: host memory made fast to copy from (page-
+  // locked for CUDA; nothing for the CPU) until unpin; and copies queued
+  // without waiting, on one of two lanes: wait_lane(lane) returns once every
+  // copy queued on that lane so far has finished reading its source. The
+  // defaults copy at once.
+  virtual void pin(void* host, size_t bytes) { (void)host; (void)bytes; }
+  virtual void unpin(void* host) { (void)host; }
+  virtual void copy_from_host_async(void* dst, const void* src_host, size_t bytes, int lane) {
+    (void)lane;
+    copy_from_host(dst, src_host, bytes);
+  }
+  virtual void wait_lane(int lane) { (void)lane; }
   // Waits until all work queued by this object has finished.
   virtual void synchronize() = 0;
 

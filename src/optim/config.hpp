@@ -40,6 +40,12 @@ struct ZeroConfig {
   int64_t reduce_bucket_size = 500000000;  // elements per gradient reduce-scatter
   int64_t allgather_bucket_size = 500000000;  // elements gathered per parameter allgather
   bool reduce_scatter = true;              // false: allreduce each bucket (2x the traffic)
+  // offload_optimizer.device "cpu": a CUDA optimizer keeps the shard's
+  // masters and moments in host memory (pinned with pin_memory) and updates
+  // them with the CPU kernels. Nothing changes on a CPU optimizer.
+  bool offload_cpu = false;
+  bool pin_memory = false;
+  int64_t offload_tile = int64_t(1) << 20;  // elements updated between uploads (not a config key)
 };
 
 struct OptimizerConfig {

@@ -19,10 +19,11 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
                    const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       decoupled_(cfg.defaults.decoupled),
+      offload_(cfg.zero.offload_cpu && this->kernels().device() == Device::Cuda),
       layout_(numels(this->params()), comm.size(), cfg.zero.reduce_bucket_size),
       state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes())),
-      masters_(this->kernels(), size_t(state_.master_numel) * 4),
-      moments_(layout_.shard_numel(), this->kernels(), kAdamMomentsPrefix),
+      masters_(state_kernels(), size_t(state_.master_numel) * 4),
+      moments_(layout_.shard_numel(), state_kernels(), kAdamMomentsPrefix),
       scratch_(this->kernels(),
                std::max(GradientReducer::scratch_bytes(layout_),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
@@ -31,6 +32,15 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
                host_kernels(), this->params(), pipeline(), runner(), scratch_.get()),
       gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {
+  if (offload_) {
+    offloaded_ = std::make_unique<OffloadedUpdate>(state_, this->params(), this->kernels(),
+                                                   host_kernels(), cfg.zero.pin_memory,
+                                                   cfg.zero.offload_tile,
+                                                   masters_.floats(), moments_.exp_avg(),
+                                                   moments_.exp_avg_sq());
+    offloaded_->read_masters(true);
+    return;
+  }
   for (const StatePiece& f : state_.pieces) {
     const Param& p = this->params().params()[size_t(f.param)];
     const bool half = p.dtype != DType::F32;
@@ -53,8 +63,11 @@ PreparedGrads ZeroAdam::prepare(const dsopt_tensor* grads, int64_t count) {
 bool ZeroAdam::update(const PreparedGrads& grads) {
   std::vector<AdamConsts> consts;
   for (int32_t g = 0; g < num_groups(); ++g) consts.push_back(adam_consts(group(g), group_step(g)));
-  kernels().update(UpdateRule::Adam, slots_.data(), int64_t(slots_.size()), consts.data(),
-                   num_groups(), grads.mul1, grads.mul2);
+  if (offloaded_)
+    offloaded_->run(reducer_.shard(), consts.data(), num_groups(), grads.mul1, grads.mul2);
+  else
+    kernels().update(UpdateRule::Adam, slots_.data(), int64_t(slots_.size()), consts.data(),
+                     num_groups(), grads.mul1, grads.mul2);
   gatherer_.gather();
   return false;
 }
@@ -68,7 +81,7 @@ void ZeroAdam::save_sections(BlobWriter& w) const {
   const std::vector<uint8_t> rec = encode(record());
   w.section(kZeroLayoutSection, rec.data(), rec.size());
   w.section_from_device(kZeroMastersSection, masters_.get(), uint64_t(state_.master_numel) * 4,
-                        kernels());
+                        state_kernels());
   moments_.save(w);
 }
 
@@ -92,7 +105,7 @@ void ZeroAdam::check_sections(const BlobReader& r) const {
 
 void ZeroAdam::restore_sections(const BlobReader& r) {
   const uint64_t bytes = uint64_t(state_.master_numel) * 4;
-  kernels().copy_from_host(masters_.get(), r.section(kZeroMastersSection, bytes), bytes);
+  state_kernels().copy_from_host(masters_.get(), r.section(kZeroMastersSection, bytes), bytes);
   moments_.restore(r);
   publish_parameters();
 }
@@ -102,14 +115,19 @@ std::function<void()> ZeroAdam::reshard(const Blobs& blobs) {
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {
     restore_common(*first);
-    kernels().copy_from_host(masters_.get(), state->masters.data(), state->masters.size() * 4);
-    kernels().copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
-    kernels().copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
+    Kernels& k = state_kernels();
+    k.copy_from_host(masters_.get(), state->masters.data(), state->masters.size() * 4);
+    k.copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
+    k.copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
     publish_parameters();
   };
 }
 
 void ZeroAdam::publish_parameters() {
+  if (offloaded_) {
+    offloaded_->read_masters(false);  // fp32 parameters are the caller's values
+    offloaded_->publish();
+  }
   for (const AdamSlot& s : slots_)
     if (s.param16) kernels().from_float(s.master, s.param16, s.param16_dtype, s.numel);
   gatherer_.gather();

@@ -12,6 +12,7 @@
 #include "optim/moments.hpp"
 #include "optim/optimizer.hpp"
 #include "zero/adam_shards.hpp"
+#include "zero/offloaded_update.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/param_gatherer.hpp"
 #include "zero/shard_layout.hpp"
@@ -43,7 +44,11 @@ class ZeroAdam final : public Optimizer {
   // buffers and gathers every rank's; after a load.
   void publish_parameters();
 
+  // Where masters and moments live: the host with CPU offload.
+  Kernels& state_kernels() const { return offload_ ? host_kernels() : kernels(); }
+
   bool decoupled_;
+  bool offload_;
   ShardLayout layout_;
   StateLayout state_;         // this rank's fragments, with master offsets
   DeviceBuffer masters_;      // fp32 masters of the shard's 16-bit elements
@@ -51,7 +56,8 @@ class ZeroAdam final : public Optimizer {
   DeviceBuffer scratch_;      // the reducer's bucket, then the gatherer's chunk
   GradientReducer reducer_;
   ParamGatherer gatherer_;
-  std::vector<AdamSlot> slots_;  // one per fragment; fixed pointers
+  std::vector<AdamSlot> slots_;  // one per fragment; fixed pointers (not with offload)
+  std::unique_ptr<OffloadedUpdate> offloaded_;  // with offload; unpins before the buffers go
 };
 
 }  // namespace dsopt

@@ -76,6 +76,18 @@ const Config kConfigs[] = {
      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
      "\"zero_optimization\": {\"stage\": 1}",
      1, true, {1, 6}, {}, -1, 8, false},
+    // ZeRO-Offload: the CUDA optimizer keeps masters and moments on the host
+    // (the CPU optimizer ignores the key), several upload tiles per shard.
+    {"zero2_offload_pinned_clipping",
+     "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01}}, "
+     "\"gradient_clipping\": 1.0, \"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000, "
+     "\"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}}",
+     1, false, {}, {}, -1, 6, false},
+    {"zero1_offload_fp16_overflow_on_one_rank",
+     "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 2e-3}}, "
+     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
+     "\"zero_optimization\": {\"stage\": 1, \"offload_optimizer\": {\"device\": \"cpu\"}}",
+     1, true, {1, 4}, {}, -1, 6, false},
 };
 
 // Exits with 77 on every rank when some rank has no usable CUDA device.

@@ -75,7 +75,9 @@ def test_zero_with_a_one_bit_optimizer_is_unsupported(opt_type):
     ({"stage": 2, "reduce_scatter": 1}, dsopt.InvalidArgument, "true or false"),
     ({"stage": 2, "contiguous_gradients": False}, dsopt.Unsupported, "contiguous"),
     ({"stage": 2, "round_robin_gradients": True}, dsopt.Unsupported, "round_robin"),
-    ({"stage": 2, "offload_optimizer": {"device": "cpu"}}, dsopt.Unsupported, "offload"),
+    ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, dsopt.Unsupported, "NVMe"),
+    ({"stage": 2, "offload_optimizer": {"device": "gpu"}}, dsopt.InvalidArgument, "cpu"),
+    ({"stage": 0, "offload_optimizer": {"device": "cpu"}}, dsopt.InvalidArgument, "stage 1 or 2"),
     ({"stage": 2, "offload_optimiser": {}}, dsopt.InvalidArgument, "unknown key"),
     ({"stage": 2, "offload_param": {"device": "cpu"}}, dsopt.InvalidArgument, "unknown key"),
 ])
@@ -92,6 +94,23 @@ def test_deepspeed_keys_that_do_not_apply_are_accepted():
             "offload_optimizer": {"device": "none", "pin_memory": True}}
     opt, _ = make(zero)
     opt.close()
+
+
+def test_cpu_offload_on_a_cpu_optimizer_changes_nothing():
+    # The state already lives in host memory: same results, same memory.
+    plain, p0 = make({"stage": 2, "reduce_bucket_size": 4}, sizes=(7, 5))
+    offload, p1 = make({"stage": 2, "reduce_bucket_size": 4,
+                        "offload_optimizer": {"device": "cpu", "pin_memory": True}}, sizes=(7, 5))
+    rng = np.random.default_rng(5)
+    with plain, offload:
+        for _ in range(3):
+            grads = [rng.standard_normal(n).astype(np.float32) for n in (7, 5)]
+            plain.step(grads)
+            offload.step(grads)
+        for x, y in zip(p0, p1):
+            assert np.array_equal(x, y)
+        assert plain.memory_usage() == offload.memory_usage()
+        assert plain.state_dict() == offload.state_dict()
 
 
 def test_one_rank_zero_is_stage_0_and_reports_its_memory():

@@ -1,0 +1,170 @@
+// ZeRO-Offload's update path (src/zero/offloaded_update.cpp) without a GPU:
+// ZeroAdam on a stand-in device whose memory is host memory but which the
+// optimizer treats as CUDA, so "offload_optimizer": {"device": "cpu"} moves
+// masters and moments to the host kernels, uploads through the async lanes
+// and pins through the device. Offloaded and device-resident optimizers
+// must give bit-identical parameters after every step (fp32, bf16 and fp16
+// parameters, tiles smaller than the shard, clipping), identical state
+// blobs, blobs that load across the two, and the memory split the README
+// states. Runs under mpirun at 1, 2 and 4 ranks.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/config.hpp"
+#include "base/error.hpp"
+#include "comm/comm.hpp"
+#include "fake_device_kernels.hpp"
+#include "zero/zero_adam.hpp"
+
+using namespace dsopt;
+
+namespace {
+
+int passes = 0, failures = 0, my_rank = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) ++passes;
+  else if (++failures <= 20) std::printf("rank %d: FAIL %s\n", my_rank, what.c_str());
+}
+
+struct Model {
+  std::vector<std::vector<uint8_t>> params, grads;
+  std::vector<dsopt_tensor> param_desc, grad_desc;
+};
+
+const int64_t kNumels[] = {1500, 77, 2049, 6, 900};
+const int32_t kParamTypes[] = {DSOPT_FLOAT32, DSOPT_BFLOAT16, DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16};
+
+Model make_model(uint32_t seed) {
+  Model m;
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t t = 0; t < sizeof kNumels / sizeof *kNumels; ++t) {
+    const int64_t n = kNumels[t];
+    const DType d = DType(kParamTypes[t]);
+    std::vector<float> values(static_cast<size_t>(n));
+    for (float& v : values) v = normal(gen);
+    std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(d));
+    auto cpu = make_cpu_kernels(1);
+    cpu->from_float(values.data(), bytes.data(), d, n);
+    m.params.push_back(bytes);
+    m.grads.emplace_back(size_t(n) * 4);
+  }
+  for (size_t t = 0; t < m.params.size(); ++t) {
+    m.param_desc.push_back(dsopt_tensor{m.params[t].data(), kNumels[t], kParamTypes[t], 0});
+    m.grad_desc.push_back(dsopt_tensor{m.grads[t].data(), kNumels[t], DSOPT_FLOAT32, 0});
+  }
+  return m;
+}
+
+void random_grads(Model& a, Model& b, std::mt19937& gen) {
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  for (size_t t = 0; t < a.grads.size(); ++t) {
+    auto* g = reinterpret_cast<float*>(a.grads[t].data());
+    for (int64_t i = 0; i < kNumels[t]; ++i) g[i] = normal(gen);
+    b.grads[t] = a.grads[t];
+  }
+}
+
+bool same_params(const Model& a, const Model& b) { return a.params == b.params; }
+
+std::vector<uint8_t> blob(const Optimizer& o) {
+  std::vector<uint8_t> out(o.save(nullptr, 0));
+  o.save(out.data(), out.size());
+  return out;
+}
+
+struct Run {
+  FakeDeviceKernels* device;
+  std::unique_ptr<Optimizer> opt;
+};
+
+Run make(const OptimizerConfig& cfg, Comm& comm, Model& m) {
+  auto kernels = std::make_unique<FakeDeviceKernels>();
+  FakeDeviceKernels* device = kernels.get();
+  Run r{device, std::make_unique<ZeroAdam>(cfg, comm, std::move(kernels), m.param_desc.data(),
+                                           int64_t(m.param_desc.size()))};
+  r.opt->set_run_id(42);
+  return r;
+}
+
+void offloaded_equals_resident(Comm& comm, int stage, bool pin) {
+  const std::string label = "stage " + std::to_string(stage) + (pin ? ", pinned" : "");
+  const std::string json =
+      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.05}}, "
+      "\"threads\": 1, \"gradient_clipping\": 1.0, \"zero_optimization\": {\"stage\": " +
+      std::to_string(stage) + ", \"reduce_bucket_size\": 512, \"offload_optimizer\": "
+      "{\"device\": \"cpu\", \"pin_memory\": " + (pin ? "true" : "false") + "}}}";
+  OptimizerConfig offload = parse_config(json.c_str());
+  offload.cuda = true;           // the stand-in device counts as device memory
+  offload.zero.offload_tile = 333;  // several tiles per shard, both lanes
+  OptimizerConfig resident = offload;
+  resident.zero.offload_cpu = false;
+
+  Model ma = make_model(7), mb = make_model(7);
+  Run a = make(resident, comm, ma), b = make(offload, comm, mb);
+  check(pin ? b.device->pins >= 3 : b.device->pins == 0,
+        label + ": pinned regions " + std::to_string(b.device->pins));
+  std::mt19937 gen(100 + unsigned(comm.rank()));
+  for (int s = 1; s <= 4; ++s) {
+    random_grads(ma, mb, gen);
+    const StepResult ra = a.opt->step(ma.grad_desc.data(), int64_t(ma.grad_desc.size()));
+    const StepResult rb = b.opt->step(mb.grad_desc.data(), int64_t(mb.grad_desc.size()));
+    check(same_params(ma, mb), label + ": step " + std::to_string(s) + ": parameters bit-identical");
+    check(ra.grad_norm == rb.grad_norm && ra.skipped == rb.skipped, label + ": same step report");
+  }
+  check(b.device->async_uploads[0] > 0 && b.device->async_uploads[1] > 0,
+        label + ": uploads on both lanes");
+  check(blob(*a.opt) == blob(*b.opt), label + ": identical state blobs");
+
+  // Memory: the moments and masters moved to the host.
+  const Optimizer::MemoryUsage ua = a.opt->memory_usage(), ub = b.opt->memory_usage();
+  check(ub.device < ua.device && ub.host > ua.host, label + ": device " + std::to_string(ub.device) +
+                                                         " < " + std::to_string(ua.device) + ", host " +
+                                                         std::to_string(ub.host));
+
+  // Blobs load across the two, and the runs go on identically.
+  const std::vector<uint8_t> saved = blob(*a.opt);
+  Model mc = make_model(9);
+  Run c = make(offload, comm, mc);
+  // fp32 parameters are the caller's: give c the same values as a.
+  for (size_t t = 0; t < ma.params.size(); ++t)
+    if (kParamTypes[t] == DSOPT_FLOAT32) mc.params[t] = ma.params[t];
+  c.opt->load(saved.data(), saved.size());
+  check(same_params(ma, mc), label + ": parameters after a load into the offloaded optimizer");
+  random_grads(ma, mc, gen);
+  a.opt->step(ma.grad_desc.data(), int64_t(ma.grad_desc.size()));
+  c.opt->step(mc.grad_desc.data(), int64_t(mc.grad_desc.size()));
+  check(same_params(ma, mc), label + ": the step after the load is bit-identical");
+  c.opt.reset();
+  b.opt.reset();
+  check(b.device->unpins == b.device->pins, label + ": every pinned region unpinned");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+  try {
+    std::unique_ptr<Comm> comm = make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
+    for (int stage = 1; stage <= 2; ++stage)
+      for (bool pin : {false, true}) offloaded_equals_resident(*comm, stage, pin);
+  } catch (const Error& e) {
+    check(false, std::string("error: ") + e.what());
+  }
+  std::printf("rank %d: %d passed, %d failed\n", my_rank, passes, failures);
+  int ok = failures == 0, all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return all ? 0 : 1;
+}
