@@ -104,3 +104,13 @@ echo "== sanitize: test_threads_many_handles under TSan ($tsan_build)"
   DSOPT_TEST_KERNEL_THREADS=1 \
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --output-on-failure --timeout 600 -R '^test_threads_many_handles$')
+
+# dsopt_grad_ready's reductions on dsopt's own thread (CommRunner) while the
+# caller's thread packs the next buckets: two ranks under MPI_THREAD_MULTIPLE.
+# tsan.supp silences one lock-order report inside Open MPI's own start-up
+# (mca_btl_tcp_add_procs), which is not dsopt's.
+echo "== sanitize: test_grad_ready (2 ranks, MPI_THREAD_MULTIPLE) under TSan ($tsan_build)"
+cmake --build "$tsan_build" -j"$jobs" --target test_grad_ready
+(cd "$tsan_build" &&
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp" \
+  mpirun -np 2 --oversubscribe tests/test_grad_ready multiple)
