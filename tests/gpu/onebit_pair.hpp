@@ -31,6 +31,7 @@ struct OneBitCase {
   int steps = 10;
   uint64_t seed = 1;
   bool expect_compressed = true;    // some step must use 1-bit communication (not Adam/ZeRO)
+  bool hand_over = false;           // the CUDA optimizer gets its gradients by dsopt_grad_ready
 };
 
 inline dsopt_step_info new_info() {
@@ -183,9 +184,24 @@ inline bool run_onebit_pair(const OneBitCase& c, int rank, dsopt_comm* cpu_comm,
     dsopt_step_info a = new_info(), b = new_info();
     CHECKF(dsopt_step(cpu, gh.data(), int64_t(gh.size()), &a) == DSOPT_OK, "%s step %d: CPU step",
            c.label.c_str(), s);
-    CHECKF(dsopt_step(cuda, gd.data(), int64_t(gd.size()), &b) == DSOPT_OK, "%s step %d: CUDA step",
-           c.label.c_str(), s);
+    if (c.hand_over) {  // in backward's order, then the step completes them
+      for (size_t i = gd.size(); i-- > 0;)
+        CHECKF(dsopt_grad_ready(cuda, int64_t(i), &gd[i]) == DSOPT_OK, "%s step %d: grad_ready %zu",
+               c.label.c_str(), s, i);
+      CHECKF(dsopt_step(cuda, nullptr, 0, &b) == DSOPT_OK, "%s step %d: CUDA step", c.label.c_str(), s);
+    } else {
+      CHECKF(dsopt_step(cuda, gd.data(), int64_t(gd.size()), &b) == DSOPT_OK, "%s step %d: CUDA step",
+             c.label.c_str(), s);
+    }
     if (cuda_stream) cuda_or_die(cudaStreamSynchronize(cuda_stream), "cudaStreamSynchronize");
+    if (c.hand_over) {  // the same traffic plus the 16-byte handshake of the first hand-over
+      const int world = dsopt_comm_size(cuda_comm);
+      const uint64_t handshake = world > 1 ? uint64_t(2 * (world - 1) * 16 / world) : 0;
+      CHECKF(b.bytes_sent == a.bytes_sent + handshake, "%s step %d: bytes_sent %llu, expected %llu",
+             c.label.c_str(), s, (unsigned long long)b.bytes_sent,
+             (unsigned long long)(a.bytes_sent + handshake));
+      b.bytes_sent = a.bytes_sent;
+    }
     info_match(c.label, s, a, b);
     compressed_seen |= a.compressed != 0 && a.skipped == 0;
     params_match(c.label, "after step " + std::to_string(s), cpu_params, cuda_params);

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
     bool loss_scaled;
     std::vector<int> inf_steps;
     bool zero = false;  // AdamW under ZeRO-2: no masks, no 1-bit steps
+    bool hand_over = false;  // gradients by dsopt_grad_ready on the NCCL side
   };
   const Variant variants[] = {
       {"fp32_wd_clipping", DSOPT_FLOAT32, DSOPT_FLOAT32,
@@ -128,6 +129,14 @@ int main(int argc, char** argv) {
        "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
        "\"zero_optimization\": {\"stage\": 2}",
        true, {6}, true},
+      {"zero2_bf16_grad_ready", DSOPT_BFLOAT16, DSOPT_FLOAT32,
+       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}, "
+       "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000}",
+       false, {}, true, true},
+      {"onebit_fp32_grad_ready", DSOPT_FLOAT32, DSOPT_FLOAT32,
+       "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 1e-3, \"freeze_step\": 3}}, "
+       "\"zero_optimization\": {\"reduce_bucket_size\": 100000}",
+       false, {}, false, true},
   };
   uint64_t seed = 200;
   for (const Variant& v : variants) {
@@ -143,6 +152,7 @@ int main(int argc, char** argv) {
     c.masked = v.zero ? std::vector<int>{} : std::vector<int>{2, 4};
     c.clear_mask_step = v.zero ? -1 : 6;
     c.expect_compressed = !v.zero;
+    c.hand_over = v.hand_over;
     c.steps = 10;
     c.seed = seed++;
     int last_applied = DSOPT_PHASE_FULL;
