@@ -255,8 +255,9 @@ DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_
  * 16-byte handshake (DSOPT_EMISMATCH from dsopt_step when the ranks are in
  * different calls). Errors: DSOPT_EINVAL for a NULL handle or grad, an index
  * out of range, a numel or dtype that does not fit, or a parameter handed over G times already in this step; nothing
- * changes then. dsopt_step with gradients while gradients are handed over is
- * DSOPT_EINVAL on that rank, changing nothing. A communication error of a
+ * changes then. dsopt_step with gradients, dsopt_state_load or
+ * dsopt_state_load_shards while gradients are handed over is DSOPT_EINVAL on
+ * that rank, changing nothing. A communication error of a
  * reduction is returned by dsopt_step (DSOPT_ECOMM).
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM. */
 DSOPT_API int dsopt_grad_ready(dsopt_optimizer *opt, int64_t param_index, const dsopt_tensor *grad);

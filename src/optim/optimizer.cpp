@@ -303,7 +303,15 @@ void Optimizer::load_collectively(const std::string& call,
   kernels_->synchronize();
 }
 
+void Optimizer::refuse_while_handing_over(const char* call) {
+  if (handover().is_open())
+    fail(DSOPT_EINVAL, std::string(call) + ": gradients of a step are being handed over with "
+                       "dsopt_grad_ready; complete the step with dsopt_step(opt, NULL, 0, info) first "
+                       "(nothing was changed)");
+}
+
 void Optimizer::load(const void* src, uint64_t size) {
+  refuse_while_handing_over("dsopt_state_load");
   enter_collective(Call::Load);
   load_collectively("dsopt_state_load", [&]() -> std::function<void()> {
     if (!src) fail(DSOPT_EINVAL, "src is NULL");
@@ -315,6 +323,7 @@ void Optimizer::load(const void* src, uint64_t size) {
 }
 
 void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count) {
+  refuse_while_handing_over("dsopt_state_load_shards");
   enter_collective(Call::LoadShards);
   load_collectively("dsopt_state_load_shards", [&]() -> std::function<void()> {
     const Blobs set = read_blob_set(blobs, sizes, count);

@@ -165,6 +165,9 @@ class Optimizer {
   // Restores everything from one blob of this optimizer's own layout.
   void restore(const BlobReader& r);
   StepResult step_handed_over();
+  // Fails with DSOPT_EINVAL while a step's gradients are being handed over
+  // (another collective call would race with the reductions).
+  void refuse_while_handing_over(const char* call);
   // The update and what the step reports, once the gradients are prepared.
   StepResult apply(const PreparedGrads& prepared);
 

@@ -314,6 +314,8 @@ static void misuse_is_rejected(void) {
   CHECK(strstr(dsopt_last_error(), "already handed over 1 times") != NULL);
   CHECK_STATUS(dsopt_step(opt, m.grads, m.count, NULL), DSOPT_EINVAL);
   CHECK(strstr(dsopt_last_error(), "complete it with dsopt_step(opt, NULL, 0") != NULL);
+  CHECK_STATUS(dsopt_state_load(opt, before, n0), DSOPT_EINVAL);
+  CHECK(strstr(dsopt_last_error(), "complete the step") != NULL);
   CHECK(model_matches_snapshot(&m, params_before, np));
   for (int t = 0; t < 4; ++t) CHECK_OK(dsopt_grad_ready(opt, t, &m.grads[t]));
   dsopt_step_info info;
