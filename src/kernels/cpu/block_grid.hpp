@@ -15,6 +15,8 @@ namespace dsopt {
 
 class BlockGrid {
  public:
+  static constexpr int64_t kParallelBlocks = 8;
+
   explicit BlockGrid(const std::vector<int64_t>& lengths) : lengths_(lengths), first_(lengths.size() + 1, 0) {
     for (size_t t = 0; t < lengths.size(); ++t) first_[t + 1] = first_[t] + sum_blocks(lengths[t]);
   }
@@ -27,7 +29,9 @@ class BlockGrid {
   void run(int threads, double* sums, Fn fn) const {
     const int64_t n = blocks();
     std::vector<double> block_sums(sums ? size_t(n) : 0);
-#pragma omp parallel num_threads(threads)
+    // A few blocks (one small gradient handed over) run on the calling
+    // thread: starting a team would cost more than the work.
+#pragma omp parallel num_threads(threads) if (n >= kParallelBlocks)
     {
       size_t t = 0;
 #pragma omp for schedule(static)
