@@ -236,7 +236,8 @@ DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_
  * A parameter that gets no gradient in a micro-batch (not handed over before
  * the next micro-batch starts or before dsopt_step) contributes zeros, like
  * a rank without a gradient under data parallelism. Every rank must still
- * call dsopt_step(opt, NULL, 0, ...) for the step.
+ * call dsopt_step(opt, NULL, 0, ...) for the step; on a rank that handed
+ * nothing over it steps with zero gradients from that rank.
  *
  * The non-finite check runs here, on each gradient as it is read; a
  * non-finite gradient makes the step skipped on every rank, as in

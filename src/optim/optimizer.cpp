@@ -60,17 +60,19 @@ void Optimizer::open_handover(int micro_batches) {
   pipeline_.open_handover(average, micro_batches);
 }
 
+void Optimizer::open_window() {
+  runner_.set_threaded(comm_.size() > 1 && comm_.concurrent_calls());
+  handover_bytes_start_ = comm_.bytes_sent();
+  open_handover(cfg_.micro_batches);
+  if (comm_.size() > 1) runner_.post([this] { enter_collective(Call::GradReady); });
+}
+
 void Optimizer::grad_ready(int64_t param_index, const dsopt_tensor* grad) {
   if (!grad) fail(DSOPT_EINVAL, "dsopt_grad_ready: grad is NULL");
   const std::string error = params_.check_grad(param_index, *grad, "grad");
   if (!error.empty()) fail(DSOPT_EINVAL, "dsopt_grad_ready: " + error);
   GradientHandover& h = handover();
-  if (!h.is_open()) {
-    runner_.set_threaded(comm_.size() > 1 && comm_.concurrent_calls());
-    handover_bytes_start_ = comm_.bytes_sent();
-    open_handover(cfg_.micro_batches);
-    if (comm_.size() > 1) runner_.post([this] { enter_collective(Call::GradReady); });
-  }
+  if (!h.is_open()) open_window();
   try {
     h.hand_over(param_index, TensorRef{grad->data, grad->numel, DType(grad->dtype)});
   } catch (const Error& e) {
@@ -111,10 +113,10 @@ StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
 }
 
 StepResult Optimizer::step_handed_over() {
+  // A rank that handed nothing over contributes zeros, like one that missed
+  // some parameters: its collectives match the other ranks'.
   GradientHandover& h = handover();
-  if (!h.is_open())
-    fail(DSOPT_EINVAL, "dsopt_step: no gradients were passed (grads NULL, num_grads 0) and none "
-                       "were handed over with dsopt_grad_ready in this step");
+  if (!h.is_open()) open_window();
   PreparedGrads prepared;
   try {
     h.complete();

@@ -165,6 +165,8 @@ class Optimizer {
   // Restores everything from one blob of this optimizer's own layout.
   void restore(const BlobReader& r);
   StepResult step_handed_over();
+  // Opens a step's hand-over window (and posts its handshake).
+  void open_window();
   // Fails with DSOPT_EINVAL while a step's gradients are being handed over
   // (another collective call would race with the reductions).
   void refuse_while_handing_over(const char* call);

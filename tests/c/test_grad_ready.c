@@ -240,7 +240,8 @@ static void gradient_accumulation(void) {
   for (int stage = 0; stage <= 2; ++stage) model_free(&per_stage[stage]);
 }
 
-/* Rank 0 never hands over tensor 2: the same as passing zeros for it. */
+/* Rank 0 never hands over tensor 2: the same as passing zeros for it. In
+ * the third step the last rank hands over nothing at all: zeros from it. */
 static void missing_gradient_is_zero(void) {
   for (int stage = 0; stage <= 2; stage += 2) {
     check_current_test = stage ? "missing gradient, stage 2" : "missing gradient, stage 0";
@@ -257,13 +258,15 @@ static void missing_gradient_is_zero(void) {
     CHECK_OK(dsopt_create(&oa, config, comm, a.params, a.count));
     CHECK_OK(dsopt_create(&ob, config, comm, b.params, b.count));
     rng r = rng_for(41, (uint64_t)world_rank(), 0);
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < 3; ++s) {
       model_random_grads(&a, &r, 1.0, 1.0);
       copy_grads(&b, &a);
-      if (world_rank() == 0)
-        for (int64_t i = 0; i < specs[2].numel; ++i) model_set_grad(&a, 2, i, 0.0);
+      const int silent = s == 2 && world_rank() == world_size() - 1;
+      for (int t = 0; t < NUM_TENSORS; ++t)
+        if (silent || (world_rank() == 0 && t == 2))
+          for (int64_t i = 0; i < specs[t].numel; ++i) model_set_grad(&a, t, i, 0.0);
       CHECK_OK(dsopt_step(oa, a.grads, a.count, NULL));
-      hand_over(ob, &b, REVERSE, &r, world_rank() == 0 ? 2 : -1);
+      if (!silent) hand_over(ob, &b, REVERSE, &r, world_rank() == 0 ? 2 : -1);
       CHECK_OK(dsopt_step(ob, NULL, 0, NULL));
       CHECKF(model_params_identical(&a, &b), "step %d", s);
     }
@@ -287,8 +290,6 @@ static void misuse_is_rejected(void) {
   uint64_t n0 = 0, np = 0;
   unsigned char *before = state_blob(opt, &n0);
   unsigned char *params_before = model_snapshot(&m, &np);
-  CHECK_STATUS(dsopt_step(opt, NULL, 0, NULL), DSOPT_EINVAL);
-  CHECK(strstr(dsopt_last_error(), "dsopt_grad_ready") != NULL);
   CHECK_STATUS(dsopt_grad_ready(NULL, 0, &m.grads[0]), DSOPT_EINVAL);
   CHECK_STATUS(dsopt_grad_ready(opt, 0, NULL), DSOPT_EINVAL);
   CHECK_STATUS(dsopt_grad_ready(opt, -1, &m.grads[0]), DSOPT_EINVAL);
@@ -303,7 +304,6 @@ static void misuse_is_rejected(void) {
   bad.data = NULL;
   CHECK_STATUS(dsopt_grad_ready(opt, 0, &bad), DSOPT_EINVAL);
   /* Nothing was handed over, nothing changed. */
-  CHECK_STATUS(dsopt_step(opt, NULL, 0, NULL), DSOPT_EINVAL);
   uint64_t n1 = 0;
   unsigned char *after = state_blob(opt, &n1);
   CHECK(same_bytes(before, n0, after, n1));
