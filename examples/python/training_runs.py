@@ -45,14 +45,29 @@ def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, o
 
     params = model.init_params(seed)
     local = batch // world
+    # With gradient accumulation the local batch is split into G equal
+    # micro-batches whose gradients are handed over one by one, last tensor
+    # first as backward produces them; the step uses their mean, which is
+    # the gradient of the whole local batch.
+    micro = int(config.get("gradient_accumulation_steps", 1))
     draw = np.random.RandomState(seed + 1000)
     result = RunResult(float("nan"), 0.0, 0)
     with dsopt.Optimizer(config, params, comm=comm) as opt:
         for step in range(steps):
             idx = draw.choice(len(data.y_train), batch, replace=False)[rank * local:(rank + 1) * local]
-            loss, grads = model.loss_and_grads(params, data.x_train[idx], data.y_train[idx])
             try:
-                info = opt.step([g.ravel() for g in grads])
+                if micro > 1:
+                    losses = []
+                    for part in np.array_split(idx, micro):
+                        part_loss, grads = model.loss_and_grads(params, data.x_train[part], data.y_train[part])
+                        losses.append(part_loss)
+                        for i in reversed(range(len(grads))):
+                            opt.grad_ready(i, grads[i].ravel())
+                    loss = float(np.mean(losses))
+                    info = opt.step()
+                else:
+                    loss, grads = model.loss_and_grads(params, data.x_train[idx], data.y_train[idx])
+                    info = opt.step([g.ravel() for g in grads])
             except dsopt.NonFiniteError as e:
                 result.error, result.error_step = str(e), step + 1
                 result.skipped += 1

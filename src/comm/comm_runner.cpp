@@ -48,6 +48,11 @@ bool CommRunner::done(uint64_t ticket) {
   return finished_ >= ticket;
 }
 
+void CommRunner::wait_for(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this, ticket] { return finished_ >= ticket; });
+}
+
 void CommRunner::wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return finished_ == posted_; });

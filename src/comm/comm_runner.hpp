@@ -32,6 +32,8 @@ class CommRunner {
   uint64_t post(std::function<void()> task);
   // Whether the task with this ticket has finished (or was dropped).
   bool done(uint64_t ticket);
+  // Waits until it has (its error, if any, comes from wait()).
+  void wait_for(uint64_t ticket);
   // Waits until every posted task has finished; rethrows the first error
   // (once) after all of them are done or dropped.
   void wait();

@@ -59,6 +59,13 @@ float* GradientReducer::storage(int64_t k, int64_t pos) {
   const ReduceBucket& b = layout_.buckets()[size_t(k)];
   if (bucket_buffer_[size_t(k)] < 0) {
     reclaim(false);
+    // At most kBuffers while reductions run: wait for the oldest one (it was
+    // posted, so it finishes once every rank has posted it). Buffers held
+    // by buckets still filling cannot be waited for: then one more is made.
+    if (free_.empty() && pool_.size() >= kBuffers && !in_flight_.empty()) {
+      runner_.wait_for(in_flight_.front().ticket);
+      reclaim(false);
+    }
     if (free_.empty()) {
       Buffer fresh_buffer;
       if (pool_.empty()) {

@@ -64,6 +64,9 @@ class GradientReducer final : public GradientHandover {
     DeviceBuffer own;       // send's memory, unless it is the scratch
     DeviceBuffer received;  // a reduced piece to add to the shard
   };
+  // Bucket buffers kept while reductions run behind backward: one filling,
+  // two being reduced.
+  static constexpr size_t kBuffers = 3;
   struct InFlight {
     uint64_t ticket;
     size_t buffer;
