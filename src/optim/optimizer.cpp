@@ -48,16 +48,18 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
 
 Optimizer::~Optimizer() { stop_reductions(); }
 
-PreparedGrads Optimizer::prepare(const dsopt_tensor* grads, int64_t count) {
+std::vector<uint8_t> Optimizer::averaged_flags() const {
   std::vector<uint8_t> average(size_t(params_.count()));
   for (int64_t i = 0; i < params_.count(); ++i) average[size_t(i)] = averaged(i) ? 1 : 0;
-  return pipeline_.prepare(grads, count, average);
+  return average;
+}
+
+PreparedGrads Optimizer::prepare(const dsopt_tensor* grads, int64_t count) {
+  return pipeline_.prepare(grads, count, averaged_flags());
 }
 
 void Optimizer::open_handover(int micro_batches) {
-  std::vector<uint8_t> average(size_t(params_.count()));
-  for (int64_t i = 0; i < params_.count(); ++i) average[size_t(i)] = averaged(i) ? 1 : 0;
-  pipeline_.open_handover(average, micro_batches);
+  pipeline_.open_handover(averaged_flags(), micro_batches);
 }
 
 void Optimizer::open_window() {

@@ -167,6 +167,8 @@ class Optimizer {
   StepResult step_handed_over();
   // Opens a step's hand-over window (and posts its handshake).
   void open_window();
+  // averaged(i) of every parameter, for the step pipeline.
+  std::vector<uint8_t> averaged_flags() const;
   // Fails with DSOPT_EINVAL while a step's gradients are being handed over
   // (another collective call would race with the reductions).
   void refuse_while_handing_over(const char* call);
