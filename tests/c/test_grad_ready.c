@@ -1,8 +1,8 @@
 /* dsopt_grad_ready under mpirun: gradients handed over one by one, in any
  * order, give parameters, step reports and state bit-identical to the same
  * gradients passed to dsopt_step at once, for ZeRO stage 0, 1 and 2 (several
- * reduce buckets), mixed dtypes, 1-bit Adam through its warmup and
- * compression stages, and fp16 loss scaling with an overflow on one rank.
+ * reduce buckets), mixed dtypes, 1-bit Adam, 1-bit LAMB and 0/1 Adam through
+ * their warmup, compression and local stages, and fp16 loss scaling with an overflow on one rank.
  * Gradient accumulation: with dyadic gradients (every sum exact) G = 2 and 4
  * equal a step with the exact mean, and G = 3 gives the same parameters at
  * stage 0, 1 and 2. A parameter without a gradient contributes zeros. The
@@ -147,12 +147,22 @@ static void every_stage_and_order(void) {
     }
 }
 
-static void onebit_adam_warmup_and_compression(void) {
+static void onebit_family_every_stage(void) {
   compare_at_once("OneBitAdam",
                   "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 0.001, "
                   "\"freeze_step\": 2}}, \"threads\": 1, \"zero_optimization\": "
                   "{\"reduce_bucket_size\": 300}}",
                   REVERSE, 5, -1, 0);
+  compare_at_once("OneBitLamb",
+                  "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 0.001, "
+                  "\"freeze_step\": 2}}, \"threads\": 1}",
+                  RANDOM, 5, -1, 0);
+  compare_at_once("ZeroOneAdam",
+                  "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 0.001, "
+                  "\"var_freeze_step\": 2, \"var_update_scaler\": 1, \"local_step_scaler\": 2, "
+                  "\"local_step_clipper\": 2}}, \"threads\": 1, \"zero_optimization\": "
+                  "{\"reduce_bucket_size\": 300}}",
+                  REVERSE, 8, -1, 0);
 }
 
 static void fp16_overflow_on_one_rank(void) {
@@ -367,7 +377,7 @@ int main(int argc, char **argv) {
   snprintf(check_prefix, sizeof check_prefix, "rank %d: ", world_rank());
   if (world_rank() == 0) printf("MPI thread level %d (%s)\n", provided, serialized ? "serialized" : "multiple");
   RUN_TEST(every_stage_and_order);
-  RUN_TEST(onebit_adam_warmup_and_compression);
+  RUN_TEST(onebit_family_every_stage);
   RUN_TEST(fp16_overflow_on_one_rank);
   RUN_TEST(gradient_accumulation);
   RUN_TEST(missing_gradient_is_zero);
