@@ -46,8 +46,13 @@ class FakeDeviceKernels : public Kernels {
   void car_decode(const CarTensor* t, int64_t c, int w, const uint8_t* g, int64_t m, const float* s) override {
     cpu_->car_decode(t, c, w, g, m, s);
   }
-  void pin(void* p, size_t b) override { ++pins; cpu_->pin(p, b); }
-  void unpin(void* p) override { ++unpins; cpu_->unpin(p); }
+  void pin(void* p, size_t b) override { ++pins; ++pinned_now(); cpu_->pin(p, b); }
+  void unpin(void* p) override { ++unpins; --pinned_now(); cpu_->unpin(p); }
+  // Regions pinned and not yet unpinned, over every object (it outlives them).
+  static int& pinned_now() {
+    static int n = 0;
+    return n;
+  }
   void copy_from_host_async(void* d, const void* s, size_t b, int lane) override {
     ++async_uploads[lane & 1];
     cpu_->copy(d, s, b);
