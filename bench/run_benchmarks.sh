@@ -5,8 +5,8 @@
 # OpenMP threads of the reference loops and "threads" of the dsopt config
 # alike). The MPI benchmarks run 4 ranks of 1 thread each.
 # DSOPT_BENCH_NETEM=0 leaves out the runs on the emulated 1 Gbit/s link
-# (bench/netem.sh; they need root and take about 16 minutes, the 0/1 Adam and
-# ZeRO runs included).
+# (bench/netem.sh; they need root and take about 32 minutes, the 0/1 Adam,
+# ZeRO and overlap runs included).
 # DSOPT_BENCH_LAMB=1 adds the 1-bit LAMB training run on that link (about
 # 12 more minutes).
 set -euo pipefail
@@ -30,7 +30,7 @@ build_targets() {
 # list of benchmarks (bench/benchmarks.txt, written when CMake configures).
 build_targets adam_cpu_bench
 mpi_benchmarks=()
-for name in compressed_allreduce_bench onebit_e2e_bench zero_e2e_bench; do
+for name in compressed_allreduce_bench onebit_e2e_bench zero_e2e_bench overlap_e2e_bench; do
   if grep -qx "$name" "$build/bench/benchmarks.txt" 2>/dev/null; then mpi_benchmarks+=("$name"); fi
 done
 if [ ${#mpi_benchmarks[@]} -gt 0 ]; then build_targets "${mpi_benchmarks[@]}"; fi
@@ -53,13 +53,14 @@ fi
 
 if [ ${#mpi_benchmarks[@]} -eq 0 ]; then
   echo
-  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench and zero_e2e_bench skipped (dsopt built without MPI)"
+  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench, zero_e2e_bench and overlap_e2e_bench skipped" \
+       "(dsopt built without MPI)"
   exit 0
 fi
 if ! command -v mpirun >/dev/null 2>&1; then
   echo
-  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench and zero_e2e_bench skipped (no mpirun;" \
-       "Debian: apt-get install openmpi-bin)"
+  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench, zero_e2e_bench and overlap_e2e_bench" \
+       "skipped (no mpirun; Debian: apt-get install openmpi-bin)"
   exit 0
 fi
 
@@ -129,6 +130,14 @@ for name in "${mpi_benchmarks[@]}"; do
       echo
       echo "== zero_e2e_bench: ZeRO-2 vs stage 0 AdamW step time (16M), $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/zero_e2e_bench" --mem-numel 0 --numel 16777216 --warmup 1 --steps 8
+      ;;
+    overlap_e2e_bench)
+      echo
+      echo "== overlap_e2e_bench: dsopt_grad_ready during backward vs dsopt_step at once, stage 0 and ZeRO-2, $ranks ranks, loopback =="
+      loopback "$build/bench/overlap_e2e_bench"
+      echo
+      echo "== overlap_e2e_bench: dsopt_grad_ready during backward vs dsopt_step at once, $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/overlap_e2e_bench"
       ;;
   esac
 done
