@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "base/error.hpp"
 
@@ -65,7 +66,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
   } else {  // sizes from the parameters, so this rank's collectives match the others'
     for (const Param& p : params_.params()) out.grads.push_back(TensorRef{nullptr, p.numel, DType::F32});
   }
-  const GradientHandover::Plan plan = packed_.plan(averaged);
+  GradientHandover::Plan plan = packed_.plan(averaged);
   std::vector<TensorRef> local_refs;
   for (size_t i = 0; i < out.grads.size(); ++i)
     if (!plan.bucketed[i]) local_refs.push_back(out.grads[i]);
@@ -85,7 +86,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     // Averaged gradients -> the packing (checked on the way), bucket by
     // bucket, each bucket's allreduce started once it is packed; the status
     // flag travels in the bucket reduced last.
-    packed_.open(plan, 1);
+    packed_.open(std::move(plan), 1);  // not used here after this
     packed_.set_status(ok ? (nonfinite ? 1.0f : 0.0f) : kInvalid);
     if (ok) packed_.hand_over_bucketed(out.grads.data());
     packed_.complete();
@@ -153,11 +154,9 @@ bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const std::str
   kernels_.copy_to_host(&flag, buf, 4);
   if (flag >= kInvalid) fail_step(local_error);
   bool nonfinite = flag > 0.0f;
-  // a = fl(sum * mul), in place; the sums are checked as well.
-  int64_t total = 0;
-  for (size_t i = 0; i < plan.pos.size(); ++i)
-    if (plan.bucketed[i]) total += plan.numel[i];
-  const TensorRef whole{buf + 1, total, DType::F32};
+  // a = fl(sum * mul), in place; the sums are checked as well. The
+  // averaged gradients follow the status slot up to the last bucket's end.
+  const TensorRef whole{buf + 1, plan.bucket_ends.back() - 1, DType::F32};
   nonfinite |= kernels_.transform(&whole, 1, mul, buf + 1, wants_norm() ? sumsq : nullptr).nonfinite;
   for (size_t i = 0; i < plan.pos.size(); ++i)
     if (plan.bucketed[i]) out.grads[i] = TensorRef{buf + plan.pos[i], plan.numel[i], DType::F32};
