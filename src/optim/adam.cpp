@@ -16,7 +16,7 @@ std::string Adam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
 bool Adam::update(const PreparedGrads& grads) {
   std::vector<AdamConsts> consts;
   for (int32_t g = 0; g < num_groups(); ++g) consts.push_back(adam_consts(group(g), group_step(g)));
-  const std::vector<AdamSlot> slots = moments_.slots(params(), &grads);
+  const std::vector<AdamSlot>& slots = moments_.all_slots(params(), grads);
   kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), consts.data(),
                    num_groups(), grads.mul1, grads.mul2);
   return false;

@@ -31,6 +31,11 @@ class Moments {
                               const std::vector<int64_t>& indices = {},
                               const std::vector<const float*>& masks = {}) const;
 
+  // The slots of every parameter, without masks, with this step's
+  // gradients: built on first use and then only their gradients refreshed,
+  // so a step over many tensors does no per-tensor allocation.
+  const std::vector<AdamSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
+
   void save(BlobWriter& w) const;
   void check(const BlobReader& r) const;
   void restore(const BlobReader& r);
@@ -40,6 +45,7 @@ class Moments {
   std::string prefix_;
   size_t bytes_;  // of each moment over the parameters
   DeviceBuffer m_, v_;
+  std::vector<AdamSlot> all_slots_;
 };
 
 }  // namespace dsopt

@@ -60,7 +60,7 @@ void OneBitAdam::enter_compression(int64_t warmup_updates) {
 bool OneBitAdam::update(const PreparedGrads& grads) {
   const std::vector<AdamConsts> c = consts();
   if (!stage_.compressing) {
-    const std::vector<AdamSlot> slots = moments_.slots(params(), &grads);
+    const std::vector<AdamSlot>& slots = moments_.all_slots(params(), grads);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     // DeepSpeed's counter k = updates + 1 (DECISIONS G2).

@@ -73,11 +73,13 @@ std::string ParamSet::check_grads(const dsopt_tensor* grads, int64_t count) cons
   if (count != int64_t(params_.size()))
     return "num_grads is " + std::to_string(count) + " but the optimizer has " +
            std::to_string(params_.size()) + " parameters (one gradient per parameter)";
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const std::string error = check_grad(int64_t(i), grads[i], "grads[" + std::to_string(i) + "]");
-    if (!error.empty()) return error;
-  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!fits(i, grads[i])) return check_grad(int64_t(i), grads[i], "grads[" + std::to_string(i) + "]");
   return "";
+}
+
+bool ParamSet::fits(size_t index, const dsopt_tensor& grad) const {
+  return grad.data && grad.numel == params_[index].numel && is_valid_dtype(grad.dtype);
 }
 
 std::string ParamSet::check_grad(int64_t index, const dsopt_tensor& grad, const std::string& who) const {

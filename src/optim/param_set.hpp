@@ -58,6 +58,10 @@ class ParamSet {
   int64_t total_numel_ = 0;
   int64_t master_numel_ = 0;
   DeviceBuffer masters_;
+
+  // Whether `grad` fits parameter `index` (what check_grad checks, without
+  // building a message).
+  bool fits(size_t index, const dsopt_tensor& grad) const;
 };
 
 }  // namespace dsopt

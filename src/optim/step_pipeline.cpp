@@ -22,6 +22,7 @@ StepPipeline::StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kerne
 
 std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int64_t count) const {
   std::vector<TensorRef> refs;
+  refs.reserve(size_t(count));
   for (int64_t i = 0; i < count; ++i)
     refs.push_back(TensorRef{grads[i].data, grads[i].numel, DType(grads[i].dtype)});
   return refs;
@@ -64,10 +65,12 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
   if (ok) {
     out.grads = caller_grads(grads, count);
   } else {  // sizes from the parameters, so this rank's collectives match the others'
+    out.grads.reserve(params_.params().size());
     for (const Param& p : params_.params()) out.grads.push_back(TensorRef{nullptr, p.numel, DType::F32});
   }
   GradientHandover::Plan plan = packed_.plan(averaged);
   std::vector<TensorRef> local_refs;
+  local_refs.reserve(out.grads.size());
   for (size_t i = 0; i < out.grads.size(); ++i)
     if (!plan.bucketed[i]) local_refs.push_back(out.grads[i]);
   bool nonfinite = false;

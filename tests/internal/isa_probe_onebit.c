@@ -1,7 +1,8 @@
-/* 1-bit Adam on several MPI ranks across the warmup/compression boundary
- * (odd sizes, a mask, a non_freeze group, fp16 parameters); prints a
- * checksum of the parameters and the state blob per rank. Run under each
- * DSOPT_CPU_ISA by check_isa_identity.sh: the SIMD and scalar compressed
+/* 1-bit Adam, 1-bit LAMB and 0/1 Adam on several MPI ranks across their
+ * phase boundaries (odd sizes, so every update rule runs its tails; a mask,
+ * a non_freeze group); prints a checksum of the parameters and the state
+ * blob per optimizer and rank. Run under each DSOPT_CPU_ISA by
+ * check_isa_identity.sh: the SIMD and scalar update rules and compressed
  * allreduce kernels must give the same bits. */
 #include <mpi.h>
 #include <stdint.h>
@@ -24,11 +25,10 @@ static uint64_t fnv(uint64_t h, const void* p, size_t n) {
   return h;
 }
 #define NP 5
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const int64_t sizes[NP] = {1, 7, 77, 4099, 70001};
+static const int64_t sizes[NP] = {1, 7, 77, 4099, 70001};
+
+/* The checksum of one optimizer's run (collective). */
+static int run(const char* cfg, int rank, uint64_t* out) {
   dsopt_tensor params[NP], grads[NP];
   rng_state = 777u;
   for (int i = 0; i < NP; ++i) {
@@ -37,10 +37,6 @@ int main(int argc, char** argv) {
     params[i] = (dsopt_tensor){p, sizes[i], DSOPT_FLOAT32, i == 1 ? 1 : 0};
     grads[i] = (dsopt_tensor){malloc(sizeof(float) * sizes[i]), sizes[i], DSOPT_FLOAT32, 0};
   }
-  const char* cfg =
-      "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 0.01, \"freeze_step\": 3, "
-      "\"weight_decay\": 0.01}}, \"param_groups\": [{}, {\"non_freeze\": true}], "
-      "\"gradient_clipping\": 5.0}";
   dsopt_comm* comm = NULL;
   dsopt_optimizer* opt = NULL;
   if (dsopt_comm_create_mpi(&comm, MPI_Comm_c2f(MPI_COMM_WORLD)) || dsopt_create(&opt, cfg, comm, params, NP)) {
@@ -55,7 +51,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   rng_state = 1000u + (uint32_t)rank;
-  for (int step = 0; step < 7; ++step) {
+  for (int step = 0; step < 9; ++step) {
     for (int i = 0; i < NP; ++i)
       for (int64_t k = 0; k < sizes[i]; ++k) ((float*)grads[i].data)[k] = uniform();
     dsopt_step_info info = {sizeof info};
@@ -69,14 +65,7 @@ int main(int argc, char** argv) {
   dsopt_state_size(opt, &size);
   void* blob = malloc(size);
   dsopt_state_save(opt, blob, size, NULL);
-  h = fnv(h, blob, size);
-  /* rank 0 prints every rank's checksum, in rank order */
-  uint64_t all[64];
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Gather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  if (rank == 0)
-    for (int r = 0; r < world; ++r) printf("rank %d %016llx\n", r, (unsigned long long)all[r]);
+  *out = fnv(h, blob, size);
   /* Everything is released: `make test-sanitize` runs this under
    * LeakSanitizer. */
   free(blob);
@@ -87,6 +76,32 @@ int main(int argc, char** argv) {
   }
   dsopt_destroy(opt);
   dsopt_comm_destroy(comm);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, world;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  static const char* const configs[] = {
+      "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 0.01, \"freeze_step\": 3, "
+      "\"weight_decay\": 0.01}}, \"param_groups\": [{}, {\"non_freeze\": true}], "
+      "\"gradient_clipping\": 5.0}",
+      "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": 0.01, \"freeze_step\": 3, "
+      "\"weight_decay\": 0.01}}, \"param_groups\": [{}, {}], \"gradient_clipping\": 5.0}",
+      "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 0.01, \"var_freeze_step\": 3, "
+      "\"var_update_scaler\": 1, \"local_step_scaler\": 2, \"local_step_clipper\": 2, "
+      "\"weight_decay\": 0.01}}, \"param_groups\": [{}, {}]}",
+  };
+  for (int c = 0; c < 3; ++c) {
+    uint64_t h = 0, all[64];
+    if (run(configs[c], rank, &h)) return 1;
+    /* rank 0 prints every rank's checksum, in rank order */
+    MPI_Gather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    if (rank == 0)
+      for (int r = 0; r < world; ++r) printf("optimizer %d rank %d %016llx\n", c, r, (unsigned long long)all[r]);
+  }
   MPI_Finalize();
   return 0;
 }

@@ -44,8 +44,11 @@ const CpuIsa& isa() {
   return chosen;
 }
 
-// Elements per unit of parallel work in the Adam update.
+// Elements per unit of parallel work in conversions and maxima.
 constexpr int64_t kAdamChunk = 1 << 16;
+// Fewer elements than this are updated on the calling thread: starting a
+// team would cost more than the work.
+constexpr int64_t kParallelElems = 1 << 14;
 
 class CpuKernels final : public Kernels {
  public:
@@ -122,23 +125,29 @@ class CpuKernels final : public Kernels {
  public:
   void update(UpdateRule rule, const AdamSlot* slots, int64_t count, const AdamConsts* consts,
               int32_t, float mul1, float mul2) override {
+    // Elements are independent: the elements of all slots, back to back,
+    // are split evenly over the threads in one parallel region, whatever the
+    // sizes of the tensors.
     std::vector<int64_t> first(size_t(count) + 1, 0);
-    for (int64_t i = 0; i < count; ++i)
-      first[i + 1] = first[i] + (slots[i].numel + kAdamChunk - 1) / kAdamChunk;
-    const int64_t chunks = first[size_t(count)];
+    for (int64_t i = 0; i < count; ++i) first[size_t(i) + 1] = first[size_t(i)] + slots[i].numel;
+    const int64_t total = first[size_t(count)];
     const CpuIsa& k = isa();
-#pragma omp parallel num_threads(threads_)
-    {
-      int64_t t = 0;
-#pragma omp for schedule(static)
-      for (int64_t c = 0; c < chunks; ++c) {
-        while (c >= first[t + 1]) ++t;
-        while (c < first[t]) --t;
-        const AdamSlot& s = slots[t];
-        const int64_t begin = (c - first[t]) * kAdamChunk;
-        k.update_range(rule, s, begin, std::min(s.numel, begin + kAdamChunk), consts[s.group],
-                       mul1, mul2);
+    const auto run = [&](int64_t begin, int64_t end) {
+      size_t t = size_t(std::upper_bound(first.begin(), first.end(), begin) - first.begin()) - 1;
+      for (; begin < end; ++t) {
+        const int64_t stop = std::min(end, first[t + 1]);
+        if (stop > begin)
+          k.update_range(rule, slots[t], begin - first[t], stop - first[t], consts[slots[t].group],
+                         mul1, mul2);
+        begin = stop;
       }
+    };
+#pragma omp parallel num_threads(threads_) if (total >= kParallelElems)
+    {
+      const int64_t r = omp_get_thread_num(), n = omp_get_num_threads();
+      // Boundaries on whole cache lines of fp32 values.
+      const auto bound = [&](int64_t j) { return j == n ? total : total / n * j / 16 * 16; };
+      run(bound(r), bound(r + 1));
     }
   }
 

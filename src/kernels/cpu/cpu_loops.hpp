@@ -136,11 +136,61 @@ inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename 
   if constexpr (P16 != DType::F32) store<V, P16>(s.param16, i, p);
 }
 
+// Copies n elements and zero-fills the rest of a W-element stage.
+template <int W, class T>
+inline T* stage_in(T* stage, const T* src, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) stage[k] = src[k];
+  for (int64_t k = n; k < W; ++k) stage[k] = T(0);
+  return stage;
+}
+template <class T>
+inline void stage_out(T* dst, const T* stage, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) dst[k] = stage[k];
+}
+
+// The last n < V::W elements of a range, starting at element i, through
+// one full vector: every stream of the slot staged into a W-element buffer
+// (zeros past n), the rule applied there, the slot's writable streams copied
+// back. Vector lanes compute what VecScalar computes, so the bits are those
+// of an element-by-element loop, at a fraction of its cost (tensors of a
+// few hundred elements spend much of their time in their tails otherwise).
+template <UpdateRule R, class V, DType G, DType P16>
+void rule_tail(const AdamSlot& s, int64_t i, int64_t n, const AdamConsts& c, typename V::F vm1,
+               typename V::F vm2) {
+  constexpr int W = V::W;
+  alignas(64) float stage[11][W];
+  alignas(64) uint16_t stage16[W], grad16[W];
+  AdamSlot t = s;
+  int used = 0;
+  float** writable[] = {&t.master, &t.m, &t.v, &t.vf, &t.u, &t.aux, &t.ratio, &t.acc, &t.anchor};
+  for (float** field : writable)
+    if (*field) *field = stage_in<W>(stage[used++], *field + i, n);
+  if (s.mask) t.mask = stage_in<W>(stage[used++], s.mask + i, n);
+  if (reads_grad(R) && s.grad) {
+    if constexpr (G == DType::F32)
+      t.grad = stage_in<W>(stage[used++], static_cast<const float*>(s.grad) + i, n);
+    else
+      t.grad = stage_in<W>(grad16, static_cast<const uint16_t*>(s.grad) + i, n);
+  }
+  if constexpr (P16 != DType::F32) t.param16 = stage16;
+  rule_at<R, V, G, P16>(t, 0, c, vm1, vm2);
+  int k = 0;
+  float* const originals[] = {s.master, s.m, s.v, s.vf, s.u, s.aux, s.ratio, s.acc, s.anchor};
+  for (float* ptr : originals)
+    if (ptr) stage_out(ptr + i, stage[k++], n);
+  if constexpr (P16 != DType::F32) stage_out(static_cast<uint16_t*>(s.param16) + i, stage16, n);
+}
+
 template <UpdateRule R, class V, DType G, DType P16>
 void rule_range(const AdamSlot& s, int64_t i, int64_t end, const AdamConsts& c, float mul1,
                 float mul2) {
   const typename V::F vm1 = V::set1(mul1), vm2 = V::set1(mul2);
   for (; i + V::W <= end; i += V::W) rule_at<R, V, G, P16>(s, i, c, vm1, vm2);
+  // A short tail is cheaper element by element than staged.
+  if (end - i >= V::W / 4) {
+    rule_tail<R, V, G, P16>(s, i, end - i, c, vm1, vm2);
+    return;
+  }
   for (; i < end; ++i) rule_at<R, VecScalar, G, P16>(s, i, c, mul1, mul2);
 }
 
