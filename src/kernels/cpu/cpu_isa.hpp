@@ -20,6 +20,8 @@ struct CpuIsa {
   // when some x is Inf or NaN.
   bool (*transform_block)(const TensorRef& src, int64_t begin, int64_t end, float mul, float* dst,
                           bool add, double* block_sum);
+  // Whether elements [begin, end) of a tensor hold an Inf or NaN.
+  bool (*check_range)(const TensorRef& src, int64_t begin, int64_t end);
   // dst[i] = round(src[i]) to dtype, i in [begin, end).
   void (*from_float_range)(const float* src, void* dst, DType dtype, int64_t begin, int64_t end);
 

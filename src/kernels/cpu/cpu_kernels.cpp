@@ -13,6 +13,7 @@
 #include "kernels/cpu/block_grid.hpp"
 #include "kernels/cpu/cpu_car.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
+#include "kernels/cpu/element_split.hpp"
 #include "kernels/kernels.hpp"
 #include "math/sum_squares.hpp"
 
@@ -46,9 +47,8 @@ const CpuIsa& isa() {
 
 // Elements per unit of parallel work in conversions and maxima.
 constexpr int64_t kAdamChunk = 1 << 16;
-// Fewer elements than this are updated on the calling thread: starting a
-// team would cost more than the work.
-constexpr int64_t kParallelElems = 1 << 14;
+// Threads of the non-finite check (more are not used by it).
+constexpr int kMaxThreads = 256;
 
 class CpuKernels final : public Kernels {
  public:
@@ -91,6 +91,7 @@ class CpuKernels final : public Kernels {
 
   GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
                       double* sumsq_host) override {
+    if (!dst && !sumsq_host) return check(src, count);
     return pass(src, count, mul, dst, false, sumsq_host);
   }
 
@@ -99,6 +100,19 @@ class CpuKernels final : public Kernels {
   }
 
  private:
+  // Only looks for Inf/NaN: no fixed blocks needed, the even split serves.
+  GradStats check(const TensorRef* src, int64_t count) {
+    const CpuIsa& k = isa();
+    int found[kMaxThreads] = {};
+    ElementSplit(count, [src](int64_t i) { return src[i].numel; })
+        .run(std::min(threads_, kMaxThreads), [&](size_t t, int64_t b, int64_t e, int thread) {
+          found[thread] |= k.check_range(src[t], b, e) ? 1 : 0;
+        });
+    GradStats st;
+    for (int f : found) st.nonfinite |= f != 0;
+    return st;
+  }
+
   GradStats pass(const TensorRef* src, int64_t count, float mul, float* dst, bool add,
                  double* sumsq_host) {
     std::vector<int64_t> lengths, out_offset;
@@ -125,30 +139,11 @@ class CpuKernels final : public Kernels {
  public:
   void update(UpdateRule rule, const AdamSlot* slots, int64_t count, const AdamConsts* consts,
               int32_t, float mul1, float mul2) override {
-    // Elements are independent: the elements of all slots, back to back,
-    // are split evenly over the threads in one parallel region, whatever the
-    // sizes of the tensors.
-    std::vector<int64_t> first(size_t(count) + 1, 0);
-    for (int64_t i = 0; i < count; ++i) first[size_t(i) + 1] = first[size_t(i)] + slots[i].numel;
-    const int64_t total = first[size_t(count)];
     const CpuIsa& k = isa();
-    const auto run = [&](int64_t begin, int64_t end) {
-      size_t t = size_t(std::upper_bound(first.begin(), first.end(), begin) - first.begin()) - 1;
-      for (; begin < end; ++t) {
-        const int64_t stop = std::min(end, first[t + 1]);
-        if (stop > begin)
-          k.update_range(rule, slots[t], begin - first[t], stop - first[t], consts[slots[t].group],
-                         mul1, mul2);
-        begin = stop;
-      }
-    };
-#pragma omp parallel num_threads(threads_) if (total >= kParallelElems)
-    {
-      const int64_t r = omp_get_thread_num(), n = omp_get_num_threads();
-      // Boundaries on whole cache lines of fp32 values.
-      const auto bound = [&](int64_t j) { return j == n ? total : total / n * j / 16 * 16; };
-      run(bound(r), bound(r + 1));
-    }
+    ElementSplit(count, [slots](int64_t i) { return slots[i].numel; })
+        .run(threads_, [&](size_t t, int64_t b, int64_t e, int) {
+          k.update_range(rule, slots[t], b, e, consts[slots[t].group], mul1, mul2);
+        });
   }
 
   void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) override {

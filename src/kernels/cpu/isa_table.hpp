@@ -13,6 +13,7 @@ CpuIsa make_isa() {
   return CpuIsa{V::name(),
                 &update_range<V>,
                 &transform_block<V>,
+                &check_range<V>,
                 &from_float_range<V>,
                 &car_worker_sumsq_block<V>,
                 &car_worker_pack_block<V>,
