@@ -78,7 +78,7 @@ demo: python
 demo-c: build
 	$(MPI_ENV) examples/run_demo.sh $(BUILD)
 
-bench: build
+bench: python
 	$(MPI_ENV) bench/run_benchmarks.sh $(BUILD)
 
 clean:

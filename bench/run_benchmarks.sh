@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs the dsopt benchmarks (what `make bench` does), building them first.
 #   bench/run_benchmarks.sh <builddir> [arguments for adam_cpu_bench]
-# DSOPT_BENCH_THREADS sets the thread count of adam_cpu_bench (default 2:
-# OpenMP threads of the reference loops and "threads" of the dsopt config
-# alike). The MPI benchmarks run 4 ranks of 1 thread each.
+# DSOPT_BENCH_THREADS sets the thread count of adam_cpu_bench and
+# adam_cpu_peers.py (default 2: OpenMP threads of the reference loops, torch
+# and DeepSpeed, and "threads" of the dsopt config alike); DSOPT_BENCH_PYTHON
+# the interpreter of adam_cpu_peers.py (default python3). The MPI benchmarks
+# run 4 ranks of 1 thread each.
 # DSOPT_BENCH_NETEM=0 leaves out the runs on the emulated 1 Gbit/s link
 # (bench/netem.sh; they need root and take about 32 minutes, the 0/1 Adam,
 # ZeRO and overlap runs included).
@@ -37,6 +39,24 @@ if [ ${#mpi_benchmarks[@]} -gt 0 ]; then build_targets "${mpi_benchmarks[@]}"; f
 
 echo "== adam_cpu_bench: AdamW step throughput on the CPU =="
 OMP_NUM_THREADS=$threads "$build/bench/adam_cpu_bench" --threads "$threads" "$@"
+
+# dsopt against torch's and DeepSpeed's CPU AdamW in one Python process.
+# DSOPT_BENCH_PYTHON names the interpreter (one with torch, and DeepSpeed if
+# it is to be compared; a missing contender is skipped with a message); the
+# dsopt binding must be built (`make bench` builds it).
+build_targets dsopt_bench_probe
+python=${DSOPT_BENCH_PYTHON:-python3}
+with_build() {
+  LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONPATH="$here/../bindings/python" "$@"
+}
+echo
+echo "== adam_cpu_peers.py: dsopt's CPU AdamW against torch and DeepSpeed, one process =="
+if with_build "$python" -c "import dsopt" 2>/dev/null; then
+  OMP_NUM_THREADS=$threads DSOPT_BENCH_THREADS=$threads with_build "$python" "$here/adam_cpu_peers.py" \
+    --probe-lib "$build/bench/libdsopt_bench_probe.so"
+else
+  echo "run_benchmarks: adam_cpu_peers.py skipped ($python cannot import the dsopt binding; make python)"
+fi
 
 # The CUDA benchmark is in builds with CUDA; without a device it says so.
 if grep -qx adam_cuda_bench "$build/bench/benchmarks.txt" 2>/dev/null; then
