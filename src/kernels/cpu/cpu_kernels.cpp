@@ -106,7 +106,7 @@ class CpuKernels final : public Kernels {
     int found[kMaxThreads] = {};
     ElementSplit(count, [src](int64_t i) { return src[i].numel; })
         .run(std::min(threads_, kMaxThreads), [&](size_t t, int64_t b, int64_t e, int thread) {
-          found[thread] |= k.check_range(src[t], b, e) ? 1 : 0;
+          if (k.check_range(src[t], b, e)) found[thread] = 1;  // written only then: no sharing
         });
     GradStats st;
     for (int f : found) st.nonfinite |= f != 0;
