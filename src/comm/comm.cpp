@@ -6,6 +6,16 @@
 #include "base/error.hpp"
 
 namespace dsopt {
+namespace {
+
+// What a blocking collective started as a request returns.
+class Done final : public CommRequest {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
+}  // namespace
 
 size_t elem_size(Elem e) {
   switch (e) {
@@ -61,6 +71,36 @@ void Comm::broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) 
   if (count == 0 || size() == 1) return;
   do_broadcast(buf, count, e, root, mem);
   if (rank() == root) bytes_sent_ += count * elem_size(e);
+}
+
+std::unique_ptr<CommRequest> Comm::start_alltoall(const void* send, void* recv, size_t count,
+                                                  Elem e, const Mem& mem) {
+  std::unique_ptr<CommRequest> r = count > 0 ? do_start_alltoall(send, recv, count, e, mem) : nullptr;
+  if (!r) {
+    alltoall(send, recv, count, e, mem);
+    return std::make_unique<Done>();
+  }
+  bytes_sent_ += uint64_t(size() - 1) * count * elem_size(e);
+  return r;
+}
+
+std::unique_ptr<CommRequest> Comm::start_allgather(const void* send, void* recv, size_t count,
+                                                   Elem e, const Mem& mem) {
+  std::unique_ptr<CommRequest> r = count > 0 ? do_start_allgather(send, recv, count, e, mem) : nullptr;
+  if (!r) {
+    allgather(send, recv, count, e, mem);
+    return std::make_unique<Done>();
+  }
+  bytes_sent_ += uint64_t(size() - 1) * count * elem_size(e);
+  return r;
+}
+
+std::unique_ptr<CommRequest> Comm::do_start_alltoall(const void*, void*, size_t, Elem, const Mem&) {
+  return nullptr;
+}
+
+std::unique_ptr<CommRequest> Comm::do_start_allgather(const void*, void*, size_t, Elem, const Mem&) {
+  return nullptr;
 }
 
 }  // namespace dsopt

@@ -27,6 +27,18 @@ struct Mem {
   bool cuda_aware = false;
 };
 
+// A collective started by Comm::start_alltoall or start_allgather. It is
+// complete once test() has returned true or wait() has returned; until then
+// its buffers must stay as they are. MPI moves bytes only inside MPI calls,
+// so a caller computing meanwhile calls test() every millisecond or so.
+// Destroying a request that is not complete waits for it.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual bool test() = 0;
+  virtual void wait() = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -68,6 +80,17 @@ class Comm {
                  const Mem& mem);
   void broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem);
 
+  // alltoall and allgather started without waiting for them (bytes counted
+  // when they start). Backends without such collectives for `mem` (local,
+  // NCCL, MPI with staged device buffers) finish them before returning.
+  std::unique_ptr<CommRequest> start_alltoall(const void* send, void* recv, size_t count, Elem e,
+                                              const Mem& mem);
+  std::unique_ptr<CommRequest> start_allgather(const void* send, void* recv, size_t count, Elem e,
+                                               const Mem& mem);
+  // Whether the start_* calls on buffers in `mem` return before the
+  // transfer completes, so that work between test() calls overlaps it.
+  virtual bool overlaps(const Mem& mem) const { (void)mem; return false; }
+
   // Bytes this rank has sent so far, counted as a ring/pairwise
   // implementation sends them (compressed-allreduce.md section 7):
   // allreduce 2(P-1)/P * n, reduce_scatter and alltoall (P-1)/P * total,
@@ -85,6 +108,11 @@ class Comm {
                             const size_t* send_offsets, void* recv, const size_t* recv_counts,
                             const size_t* recv_offsets, Elem e, const Mem& mem) = 0;
   virtual void do_broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) = 0;
+  // The nonblocking forms where overlaps(mem); nullptr: run the blocking one.
+  virtual std::unique_ptr<CommRequest> do_start_alltoall(const void* send, void* recv, size_t count,
+                                                         Elem e, const Mem& mem);
+  virtual std::unique_ptr<CommRequest> do_start_allgather(const void* send, void* recv,
+                                                          size_t count, Elem e, const Mem& mem);
 
  private:
   uint64_t bytes_sent_ = 0;

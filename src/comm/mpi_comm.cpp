@@ -68,7 +68,28 @@ int as_int_count(size_t n, const char* call) {
   return int(n);
 }
 
+class MpiComm;
+
+// MPI_Ialltoall / MPI_Iallgather in flight (MpiComm::do_start_*).
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(MpiComm& comm, const char* call) : comm_(comm), call_(call) {}
+  ~MpiRequest() override;
+  MpiRequest(const MpiRequest&) = delete;
+  MpiRequest& operator=(const MpiRequest&) = delete;
+  MPI_Request* handle() { return &request_; }
+  bool test() override;
+  void wait() override;
+
+ private:
+  MpiComm& comm_;
+  const char* call_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
 class MpiComm final : public Comm {
+  friend class MpiRequest;
+
  public:
   // Collectives run on a duplicate of the caller's communicator (its own
   // message space) whose error handler returns error codes, so a failing
@@ -103,6 +124,9 @@ class MpiComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
+  bool overlaps(const Mem& mem) const override {
+    return mem.kernels->device() != Device::Cuda || mem.cuda_aware;
+  }
   bool concurrent_calls() const override {
     int provided = MPI_THREAD_SINGLE;
     return MPI_Query_thread(&provided) == MPI_SUCCESS && provided == MPI_THREAD_MULTIPLE;
@@ -210,6 +234,26 @@ class MpiComm final : public Comm {
     unstage(mem, h, buf, bytes);
   }
 
+  std::unique_ptr<CommRequest> do_start_alltoall(const void* send, void* recv, size_t count, Elem e,
+                                                 const Mem& mem) override {
+    if (!overlaps(mem)) return nullptr;
+    usable();
+    auto r = std::make_unique<MpiRequest>(*this, "MPI_Ialltoall");
+    const int n = as_int_count(count, "alltoall");
+    ok(MPI_Ialltoall(send, n, mpi_type(e), recv, n, mpi_type(e), comm_, r->handle()), "MPI_Ialltoall");
+    return r;
+  }
+
+  std::unique_ptr<CommRequest> do_start_allgather(const void* send, void* recv, size_t count,
+                                                  Elem e, const Mem& mem) override {
+    if (!overlaps(mem)) return nullptr;
+    usable();
+    auto r = std::make_unique<MpiRequest>(*this, "MPI_Iallgather");
+    const int n = as_int_count(count, "allgather");
+    ok(MPI_Iallgather(send, n, mpi_type(e), recv, n, mpi_type(e), comm_, r->handle()), "MPI_Iallgather");
+    return r;
+  }
+
  private:
   // Host pointers MPI works on: the buffers themselves, or regions of the
   // staging memory (input copied in) when they live on a device.
@@ -255,6 +299,24 @@ class MpiComm final : public Comm {
   MPI_Comm comm_;    // the duplicate once prepare() ran, the caller's before
   int rank_ = 0, size_ = 1;
 };
+
+bool MpiRequest::test() {
+  if (request_ == MPI_REQUEST_NULL) return true;
+  int done = 0;
+  comm_.ok(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), call_);
+  return done != 0;
+}
+
+void MpiRequest::wait() {
+  if (request_ != MPI_REQUEST_NULL) comm_.ok(MPI_Wait(&request_, MPI_STATUS_IGNORE), call_);
+}
+
+// Unwinding past a request in flight (another call failed): it still uses
+// its buffers, so wait for it unless the communicator already failed (then
+// nothing completes it; MPI may still write the buffers, see ok()).
+MpiRequest::~MpiRequest() {
+  if (request_ != MPI_REQUEST_NULL && !comm_.failed_) (void)MPI_Wait(&request_, MPI_STATUS_IGNORE);
+}
 
 }  // namespace
 
