@@ -1,13 +1,16 @@
 // The error-compensated 1-bit compressed allreduce (spec
 // compressed-allreduce.md, DECISIONS C1-C5), built once on Comm and Kernels.
 // Each tensor keeps its own padding, scales and error buffers; all tensors
-// of a call travel together: one all-to-all of signs and one all-gather of
-// scales per phase, whatever their number.
+// of a call travel together: one all-gather of scales per phase, and the
+// signs in pieces (car_pieces.hpp): while one piece is on the wire the next
+// is compressed, or the last one that arrived is averaged or decoded. The
+// results do not depend on the cut.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "comm/car_pieces.hpp"
 #include "comm/comm.hpp"
 #include "kernels/device_buffer.hpp"
 #include "kernels/kernels.hpp"
@@ -20,14 +23,18 @@ class CompressedAllreduce {
   static int64_t padded_length(int64_t n, int world);
 
   // Tensors of the given sizes on `comm`; buffers in mem.kernels' memory.
-  // Error buffers start at zero.
-  CompressedAllreduce(Comm& comm, Kernels& kernels, const Mem& mem, std::vector<int64_t> sizes);
+  // Error buffers start at zero. Pieces of `piece_blocks` sum blocks of the
+  // message (0: chosen here; one piece when comm cannot overlap transfers
+  // on mem).
+  CompressedAllreduce(Comm& comm, Kernels& kernels, const Mem& mem, std::vector<int64_t> sizes,
+                      int64_t piece_blocks = 0);
 
   // Collective: x[t] (sizes[t] fp32 values each) becomes the compressed
   // average over ranks, identical on every rank. P == 1: unchanged.
   void run(float* const* x);
 
   int world() const { return world_; }
+  int64_t pieces() const { return int64_t(pieces_.size()); }
   int64_t count() const { return int64_t(tensors_.size()); }
   // All tensors' worker errors back to back (n' each), and server errors (c each).
   float* worker_error() const { return worker_error_.floats(); }
@@ -37,6 +44,8 @@ class CompressedAllreduce {
   void reset_errors();
 
  private:
+  class Call;
+
   Comm& comm_;
   Kernels& kernels_;
   Mem mem_;
@@ -45,6 +54,7 @@ class CompressedAllreduce {
   std::vector<CarTensor> tensors_;
   int64_t worker_numel_ = 0;
   int64_t msg_bytes_ = 0;  // one rank's chunk of every tensor, in bytes
+  std::vector<CarPiece> pieces_;
   DeviceBuffer worker_error_, server_error_;
   DeviceBuffer send_, recv_, server_bits_;
 };

@@ -21,7 +21,8 @@
 // server error after the call (n'/P). The MPI calls made inside run() are
 // intercepted (PMPI): OUTDIR/NAME/r<r>_wire.bin holds the bytes each of them
 // sent (alltoallv: every destination's block in rank order; allgather,
-// allreduce, bcast: the send buffer) and r<r>_wire.txt one line per call:
+// allreduce, bcast: the send buffer; MPI_Ialltoall and MPI_Iallgather as
+// alltoall and allgather) and r<r>_wire.txt one line per call:
 //   <call> <function> <element size> <element count> <offset in wire.bin>
 // and r<r>_bytes.txt the Comm's bytes_sent counter growth per call.
 // $DSOPT_CAR_THREADS sets the kernels' CPU threads (default 1).
@@ -113,6 +114,23 @@ int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, voi
                   MPI_Datatype recvtype, MPI_Comm comm) {
   record("allgather", sendbuf, type_size(sendtype), sendcount);
   return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+}
+
+// The nonblocking forms record under the blocking names: the same bytes.
+int MPI_Ialltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
+                  MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
+  if (g_capture) {
+    int size = 0;
+    PMPI_Comm_size(comm, &size);
+    record("alltoall", sendbuf, type_size(sendtype), int64_t(sendcount) * size);
+  }
+  return PMPI_Ialltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request);
+}
+
+int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
+                   MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
+  record("allgather", sendbuf, type_size(sendtype), sendcount);
+  return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request);
 }
 
 int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op,

@@ -258,11 +258,19 @@ def test_errors_follow_the_formulas_and_carry_over_between_calls(run):
                     f"tensor {t} rank {r}: call 1 ignored call 0's worker error"
 
 
+def messages(record, P):
+    """The messages of one call's pieces put back together: the all-to-all
+    (or all-gather) of piece p carries P blocks of equal length, block j for
+    rank j (car_pieces.hpp); message j is block j of every piece in turn."""
+    return [b"".join(w[4][j * (len(w[4]) // P):(j + 1) * (len(w[4]) // P)] for w in record) for j in range(P)]
+
+
 def test_bit_order_msb_first_and_the_wire_layout(run, reference):
-    """The all-to-all carries, to rank j, every tensor's chunk-j bytes back to
-    back (MSB first: [+,-,-,-,-,-,-,+] is 0x81); then one all-gather of the
-    worker scales, one of this rank's server bytes (tensors back to back) and
-    one of the server scales; the byte counter says (P-1)/P N'/4 + 8(P-1)T."""
+    """The all-to-alls carry, to rank j, every tensor's chunk-j bytes back to
+    back (MSB first: [+,-,-,-,-,-,-,+] is 0x81), in pieces; then one
+    all-gather of the worker scales, the all-gathers of this rank's server
+    bytes (tensors back to back, in the same pieces) and one of the server
+    scales; the byte counter says (P-1)/P N'/4 + 8(P-1)T."""
     P = run.world
     if P == 1:
         pytest.skip("no wire with one rank")
@@ -285,19 +293,18 @@ def test_bit_order_msb_first_and_the_wire_layout(run, reference):
             f"rank {r}: bytes_sent per call"
         for k in range(CALLS):
             calls = [w for w in wire if w[0] == k]
-            fns = sorted(w[1] for w in calls)
-            assert fns in (["allgather"] * 3 + ["alltoallv"], ["allgather"] * 3 + ["alltoall"]), \
-                f"call {k}: MPI calls {fns}"
-            a2a = next(w for w in calls if w[1].startswith("alltoall"))[4]
-            assert len(a2a) == P * msg
-            expected = b"".join(
-                bytes(reference[t][k][3].worker_bytes[r][j * (padded[t] // P // 8):(j + 1) * (padded[t] // P // 8)])
-                for j in range(P) for t in range(T))
-            assert a2a == expected, f"rank {r} call {k}: all-to-all payload"
+            a2a = [w for w in calls if w[1].startswith("alltoall")]
             gathers = [w for w in calls if w[1] == "allgather"]
-            server = [w[4] for w in gathers if w[2] * w[3] == msg]
+            server = [w for w in gathers if w[2] == 1]
+            assert len(a2a) == len(server) and len(a2a) + len(gathers) == len(calls), \
+                f"call {k}: MPI calls {[w[1] for w in calls]}"
+            assert sum(len(w[4]) for w in a2a) == P * msg
+            expected = [b"".join(
+                bytes(reference[t][k][3].worker_bytes[r][j * (padded[t] // P // 8):(j + 1) * (padded[t] // P // 8)])
+                for t in range(T)) for j in range(P)]
+            assert messages(a2a, P) == expected, f"rank {r} call {k}: all-to-all payload"
             scales = [np.frombuffer(w[4], np.float32) for w in gathers if w[2] == 4 and w[3] == T]
-            assert server == [b"".join(bytes(reference[t][k][3].server_bytes[r]) for t in range(T))], \
+            assert b"".join(w[4] for w in server) == b"".join(bytes(reference[t][k][3].server_bytes[r]) for t in range(T)), \
                 f"rank {r} call {k}: server bytes"
             assert len(scales) == 2, f"rank {r} call {k}: scale all-gathers {[(w[2], w[3]) for w in gathers]}"
             assert_bits_equal(scales[0], [reference[t][k][3].worker_scales[r] for t in range(T)],
@@ -307,8 +314,10 @@ def test_bit_order_msb_first_and_the_wire_layout(run, reference):
 
     single = run["single"]
     for r in range(P):
-        counts = [sum(1 for w in single.wire(r) if w[0] == k) for k in range(CALLS)]
-        assert counts == [4 * T] * CALLS, "one tensor per call: four MPI calls per tensor"
+        for k in range(CALLS):
+            calls = [w for w in single.wire(r) if w[0] == k]
+            assert sum(1 for w in calls if w[2] == 4) == 2 * T, "one tensor per call: two scale all-gathers each"
+            assert sum(len(w[4]) for w in calls if w[1].startswith("alltoall")) == P * msg
 
 
 def test_bit_order_output(run):
