@@ -39,8 +39,10 @@
 //
 //   compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I]
 //                              [--large-iters L] [--warmup W] [--threads T]
+//                              [--fp32 0|1]
 // Sizes outside [--min-numel, --max-numel] are left out; --iters timed
-// rounds for sizes below 32M floats, --large-iters for larger ones.
+// rounds for sizes below 32M floats, --large-iters for larger ones;
+// --fp32 0 times the CAR alone (no fp32 rounds, no speedup).
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include "comm/compressed_allreduce.hpp"
@@ -277,7 +279,8 @@ void print_row(const char* name, const Measured& m, double formula_bytes, double
   std::fflush(stdout);
 }
 
-void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, int warmup) {
+void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, int warmup,
+              bool with_fp32) {
   const int P = g_world;
   const dsopt::Mem mem{&kernels, false};
   Buffer<float> input = bench::alloc_buffer<float>(n), x = bench::alloc_buffer<float>(n);
@@ -301,9 +304,10 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
   Measured fp32, onebit;
   for (int it = 0; it < warmup + iters; ++it) {
     const bool record = it >= warmup;
-    timed_call(comm, fp32, record, restore, [&] {
-      comm.allreduce(x.get(), x.get(), size_t(n), dsopt::Elem::F32, dsopt::ReduceOp::Sum, mem);
-    });
+    if (with_fp32)
+      timed_call(comm, fp32, record, restore, [&] {
+        comm.allreduce(x.get(), x.get(), size_t(n), dsopt::Elem::F32, dsopt::ReduceOp::Sum, mem);
+      });
     timed_call(comm, onebit, record, restore, [&] {
       float* p = x.get();
       car.run(&p);
@@ -317,13 +321,13 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
                 static_cast<long long>(n), double(n) * 4 / (1 << 20), iters, warmup);
     std::printf("  %-16s %10s %10s %12s %12s %12s %8s\n", "operation", "median s", "best s",
                 "B/rank Comm", "B/rank form.", "B/rank lo", "speedup");
-    print_row("fp32 allreduce", fp32, fp32_formula, -1);
-    print_row("1-bit CAR", onebit, car_formula, fp32.samples.median());
+    if (with_fp32) print_row("fp32 allreduce", fp32, fp32_formula, -1);
+    print_row("1-bit CAR", onebit, car_formula, with_fp32 ? fp32.samples.median() : -1);
     std::printf(
         "  bytes ratio (formula) %.1fx; checked: first CAR call matches the reference\n"
         "  simulation (relative L2 error vs the exact mean %.3f), fp32 sum exact\n",
         fp32_formula / car_formula, rel_err);
-    if (fp32.lo_bytes_per_rank > 0 && onebit.lo_bytes_per_rank > 0) {
+    if (with_fp32 && fp32.lo_bytes_per_rank > 0 && onebit.lo_bytes_per_rank > 0) {
       const double rate = fp32.lo_bytes_per_rank * P / fp32.samples.median();  // B/s on lo
       const double wire = onebit.lo_bytes_per_rank * P / rate;
       std::printf(
@@ -335,7 +339,7 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
     std::printf("\n");
     std::fflush(stdout);
   }
-  if (fp32.comm_bytes != uint64_t(fp32_formula) || onebit.comm_bytes != uint64_t(car_formula))
+  if ((with_fp32 && fp32.comm_bytes != uint64_t(fp32_formula)) || onebit.comm_bytes != uint64_t(car_formula))
     fail_all("Comm bytes_sent differs from the formula of compressed-allreduce.md section 7");
 }
 
@@ -353,9 +357,10 @@ int main(int argc, char** argv) {
   const int large_iters = int(flags.get("--large-iters", 3, 1, 1000));
   const int warmup = int(flags.get("--warmup", 1, 0, 1000));
   const int threads = int(flags.get("--threads", 1, 1, 256));
+  const bool with_fp32 = flags.get("--fp32", 1, 0, 1) != 0;
   flags.finish(
       "compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I] [--large-iters L]"
-      " [--warmup W] [--threads T]");
+      " [--warmup W] [--threads T] [--fp32 0|1]");
   omp_set_num_threads(threads);
   if (g_world < 2) fail_all("needs at least 2 MPI ranks (mpirun -np 4)");
 
@@ -392,7 +397,7 @@ int main(int argc, char** argv) {
     for (int64_t n : {int64_t(1) << 20, int64_t(16) << 20, int64_t(64) << 20}) {
       n -= n % unit;
       if (n < min_numel || n > max_numel) continue;
-      run_size(*comm, *kernels, n, n >= (int64_t(32) << 20) ? large_iters : iters, warmup);
+      run_size(*comm, *kernels, n, n >= (int64_t(32) << 20) ? large_iters : iters, warmup, with_fp32);
     }
   } catch (const std::exception& e) {
     fail_all(e.what());
