@@ -8,7 +8,7 @@ from ._lib import ffi, lib
 from .communicator import Communicator
 from ._args import as_float, as_int32, as_int64
 from .errors import InvalidArgumentType, NonFiniteError, check
-from .tensors import TensorList, describe
+from .tensors import GradDescriptors, TensorList, describe
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,7 @@ class Optimizer:
         self._handle = out[0]
         self._info = ffi.new("dsopt_step_info *")
         self._grad = ffi.new("dsopt_tensor *")  # grad_ready's descriptor, reused
+        self._grads = GradDescriptors(len(self._params))  # step's, see step()
         self._skip_reported = False
 
     # ---- life cycle ------------------------------------------------------
@@ -135,6 +136,9 @@ class Optimizer:
         handle, self._handle = self._handle, None
         if handle is not None:
             lib.dsopt_destroy(handle)
+        grads = getattr(self, "_grads", None)
+        if grads is not None:
+            grads.clear()
         self._release_comm()
 
     def __enter__(self) -> "Optimizer":
@@ -163,6 +167,21 @@ class Optimizer:
         with ``grad_ready`` (``dsopt_step(opt, NULL, 0, info)``); passing
         gradients while some are handed over raises ``InvalidArgument``.
 
+        Gradient objects are described (data pointer, numel, dtype, checks)
+        only when they are new: the optimizer keeps the last step's
+        descriptors and gradient objects, and a gradient that ``is`` the
+        object at its place in the previous step is not looked at again, so
+        stepping with the same arrays every step (filled in place) costs no
+        Python work per gradient. Such an object must therefore still
+        describe the same memory: a numpy array's buffer cannot move while
+        the optimizer references it (``resize`` refuses), but a torch
+        tensor whose storage is swapped in place (``set_``, ``.data =``,
+        ``resize_``) or an array whose ``dtype``/``strides`` are assigned,
+        or a ``dsopt.bf16`` whose ``.array`` is replaced, must be passed as
+        a new object, or ``clear_grad_cache()`` called first. The last
+        step's gradient objects stay referenced until they are replaced,
+        ``clear_grad_cache()`` or ``close()``.
+
         A step with Inf/NaN gradients on some rank is skipped on every rank
         (``info.skipped``) and warns ``SkippedStepWarning`` (rate-limited,
         see there). When the run stops progressing (``max_consecutive_skips``
@@ -170,13 +189,30 @@ class Optimizer:
         skipped step raises ``NonFiniteError`` with its ``StepInfo`` as
         ``.info``; the next step may continue."""
         handle = self._live()
+        if grads is None:
+            return self._step_with(handle, ffi.NULL, 0, 4)
+        grads = list(grads)
+        cache = self._grads
+        if len(grads) == cache.num:
+            cache.update(grads)
+            return self._step_with(handle, cache.c_array, cache.num, 4)
+        # A count dsopt rejects: described as always, the cache left alone.
+        grad_list = TensorList(grads, writable=False, kind="grads")
+        return self._step_with(handle, grad_list.c_array, len(grad_list), 4)
+
+    def clear_grad_cache(self) -> None:
+        """Forgets the gradient descriptors kept from the last ``step`` and
+        drops the references to its gradient objects: the next step
+        describes every gradient afresh (see ``step``). Not collective."""
+        self._grads.clear()
+
+    def _step_with(self, handle, c_grads, num_grads, stacklevel) -> StepInfo:
+        """``dsopt_step`` with a ``dsopt_tensor[]`` (or NULL, 0) and what
+        ``step`` makes of its result; ``stacklevel`` of the skip warning
+        counts from ``_warn_skipped``."""
         c_info = self._info
         c_info.struct_size = ffi.sizeof("dsopt_step_info")
-        if grads is None:
-            rc = lib.dsopt_step(handle, ffi.NULL, 0, c_info)
-        else:
-            grad_list = TensorList(grads, writable=False, kind="grads")
-            rc = lib.dsopt_step(handle, grad_list.c_array, len(grad_list), c_info)
+        rc = lib.dsopt_step(handle, c_grads, num_grads, c_info)
         info = StepInfo._from_c(c_info)  # written on DSOPT_OK and DSOPT_ENONFINITE
         try:
             check(rc)
@@ -185,7 +221,7 @@ class Optimizer:
             self._skip_reported = True
             raise
         if info.skipped:
-            self._warn_skipped(info)
+            self._warn_skipped(info, stacklevel)
         return info
 
     def grad_ready(self, index, grad) -> None:
@@ -220,7 +256,7 @@ class Optimizer:
         if rc:
             check(rc)
 
-    def _warn_skipped(self, info: StepInfo) -> None:
+    def _warn_skipped(self, info: StepInfo, stacklevel: int) -> None:
         """Warns on the first skip, then when a run reaches 10, 100, ... skips."""
         run = info.consecutive_skips
         if self._skip_reported and not (run >= 10 and _is_power_of_ten(run)):
@@ -231,7 +267,7 @@ class Optimizer:
             f"in a row). After \"max_consecutive_skips\" skips in a row (config key, "
             f"default 50; 0 turns it off) step() raises dsopt.NonFiniteError. Further "
             f"skips warn only when a run reaches 10, 100, 1000, ... steps.",
-            SkippedStepWarning, stacklevel=3)
+            SkippedStepWarning, stacklevel=stacklevel)
 
     # ---- learning rates and loss scale -----------------------------------
 

@@ -8,9 +8,16 @@ bfloat16 has no numpy dtype: a bf16 array is a numpy ``uint16`` array holding
 the raw bits, tagged either as ``dsopt.bf16(a)`` or as the tuple
 ``(a, "bfloat16")``. Arrays of the ``ml_dtypes.bfloat16`` dtype are accepted
 as they are.
+
+``GradDescriptors`` keeps the ``dsopt_tensor[]`` of the gradients from one
+step to the next and describes again only the entries whose objects
+changed; it writes the entries through ``tensor_records`` (a numpy
+structured view of the C array).
 """
 
+import operator
 from dataclasses import dataclass
+from itertools import compress
 
 import numpy as np
 
@@ -127,6 +134,142 @@ def describe(obj, *, writable: bool, what: str) -> _Buffer:
     )
 
 
+def _tensor_record_dtype() -> np.dtype:
+    """The numpy dtype of one ``dsopt_tensor`` (include/dsopt.h) at cffi's
+    offsets, each field's size checked against cffi's."""
+    expected = {"data": np.uintp, "numel": np.int64, "dtype": np.int32, "group": np.int32}
+    fields = ffi.typeof("dsopt_tensor").fields
+    names = [name for name, _ in fields]
+    if names != list(expected):
+        raise ImportError(f"dsopt: dsopt_tensor has the fields {names}, the binding expects "
+                          f"{list(expected)} (dsopt/tensors.py)")
+    for name, field in fields:
+        if ffi.sizeof(field.type) != np.dtype(expected[name]).itemsize:
+            raise ImportError(f"dsopt: dsopt_tensor.{name} ({field.type.cname}) has "
+                              f"{ffi.sizeof(field.type)} bytes, the binding writes it as "
+                              f"{np.dtype(expected[name])} (dsopt/tensors.py)")
+    return np.dtype({"names": names,
+                     "formats": [expected[name] for name in names],
+                     "offsets": [ffi.offsetof("dsopt_tensor", name) for name in names],
+                     "itemsize": ffi.sizeof("dsopt_tensor")})
+
+
+TENSOR_RECORD = _tensor_record_dtype()
+
+
+def tensor_records(c_array) -> np.ndarray:
+    """A writable numpy view (dtype ``TENSOR_RECORD``) of a ``dsopt_tensor[]``;
+    it keeps the C array alive."""
+    return np.frombuffer(ffi.buffer(c_array), dtype=TENSOR_RECORD)
+
+
+_is, _is_not = operator.is_, operator.is_not
+_get_dtype = operator.attrgetter("dtype")
+_get_flags = operator.attrgetter("flags")
+_get_c_contiguous = operator.attrgetter("c_contiguous")
+_get_aligned = operator.attrgetter("aligned")
+_get_size = operator.attrgetter("size")
+
+# The dtypes of _describe_plain_arrays (numpy's buffer export handles
+# them; ml_dtypes' bfloat16 and tagged bf16 go through describe).
+_FAST_NUMPY_CODES = {
+    np.dtype(np.float32): lib.DSOPT_FLOAT32,
+    np.dtype(np.float16): lib.DSOPT_FLOAT16,
+}
+
+
+def _pointers_of(buffers) -> np.ndarray:
+    """The data pointers (uintp) of C-contiguous buffer objects, in order."""
+    pointers = ffi.new("void *[]", list(map(ffi.from_buffer, buffers)))
+    return np.frombuffer(ffi.buffer(pointers), dtype=np.uintp)
+
+
+def _describe_plain_arrays(objects):
+    """(pointers, numels, dtype codes) of ``objects`` when every one is a
+    plain numpy float32 / float16 array, C-contiguous and aligned, so that
+    ``describe`` would accept each as a read-only array; else None (nothing
+    raised: the caller then uses ``describe``, which raises as it does)."""
+    if set(map(type, objects)) != {np.ndarray}:
+        return None
+    codes = list(map(_FAST_NUMPY_CODES.get, map(_get_dtype, objects)))
+    if None in codes:
+        return None
+    flags = list(map(_get_flags, objects))
+    if not (all(map(_get_c_contiguous, flags)) and all(map(_get_aligned, flags))):
+        return None
+    numels = np.fromiter(map(_get_size, objects), np.int64, len(objects))
+    return _pointers_of(objects), numels, np.array(codes, dtype=np.int32)
+
+
+class GradDescriptors:
+    """The ``dsopt_tensor[]`` of the read-only arrays of successive calls
+    (the gradients of ``Optimizer.step``), ``num`` entries.
+
+    ``update(objects)`` describes an entry again only when its object is
+    not the one of the previous successful update (``is``); the objects
+    (and what their buffers belong to) stay referenced until they are
+    replaced or ``clear()`` runs, so the memory behind the descriptors
+    stays allocated. An entry that does not validate raises as
+    ``describe`` does, and then nothing changes."""
+
+    def __init__(self, num: int, kind: str = "grads"):
+        self.kind = kind
+        self.num = num
+        self.c_array = ffi.new("dsopt_tensor[]", max(num, 1))
+        self.records = tensor_records(self.c_array)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forgets every description and drops the references."""
+        self.objects = None  # the described objects, a list of num; None: nothing described
+        self.owners = {}  # index -> its buffer's owner, where that is not the object itself
+        self.records[:] = 0
+
+    def update(self, objects: list) -> None:
+        """Describes ``objects`` (a list of ``num``, which this keeps)."""
+        old = self.objects
+        if old is not None and all(map(_is, objects, old)):
+            return
+        n = self.num
+        if old is None or not any(map(_is, objects, old)):
+            changed = None  # every entry
+            subset = objects
+        else:
+            changed = list(compress(range(n), map(_is_not, objects, old)))
+            subset = list(map(objects.__getitem__, changed))
+        indices = range(n) if changed is None else changed
+        described = _describe_plain_arrays(subset) if subset else None
+        buffers = None
+        if described is None:
+            buffers = [describe(obj, writable=False, what=f"{self.kind}[{i}]")
+                       for i, obj in zip(indices, subset)]
+            count = len(buffers)
+            described = (
+                np.fromiter(map(operator.attrgetter("address"), buffers), np.uintp, count),
+                np.fromiter(map(operator.attrgetter("numel"), buffers), np.int64, count),
+                np.fromiter(map(operator.attrgetter("dtype"), buffers), np.int32, count),
+            )
+        # Every changed entry validated: write them.
+        pointers, numels, codes = described
+        records = self.records
+        where = slice(0, n) if changed is None else changed
+        records["data"][where] = pointers
+        records["numel"][where] = numels
+        records["dtype"][where] = codes
+        owners = self.owners
+        if owners:
+            if changed is None:
+                owners.clear()
+            else:
+                for i in changed:
+                    owners.pop(i, None)
+        if buffers is not None:
+            for i, obj, buf in zip(indices, subset, buffers):
+                if buf.owner is not obj:
+                    owners[i] = buf.owner
+        self.objects = objects
+
+
 class TensorList:
     """A ``dsopt_tensor[]`` for a sequence of arrays; keeps the arrays alive."""
 
@@ -148,4 +291,5 @@ class TensorList:
         return len(self.buffers)
 
 
-__all__ = ["bf16", "describe", "TensorList"]
+__all__ = ["bf16", "describe", "GradDescriptors", "TENSOR_RECORD", "TensorList",
+           "tensor_records"]
