@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs tests/python/test_torch_optimizer.py and test_torch_overlap.py
-# (dsopt.torch) with a Python that has torch, numpy and pytest: python3,
+# Runs tests/python/test_torch_optimizer.py, test_torch_overlap.py and
+# test_step_descriptor_cache.py (dsopt.torch, and torch tensors through
+# dsopt.Optimizer) with a Python that has torch, numpy and pytest: python3,
 # else /usr/bin/python3 (on Debian, apt-get install python3-torch
 # python3-cffi python3-pytest). The cffi
 # extension is the in-place one when that Python can load it, else it is
@@ -19,7 +20,8 @@ for py in python3 /usr/bin/python3; do
   if ! "$py" -c "import sys; sys.path.insert(0, 'bindings/python'); import dsopt" 2>/dev/null; then
     DSOPT_LIBRARY_DIR=$build "$py" bindings/python/dsopt/_ffi_build.py >/dev/null
   fi
-  exec "$py" -m pytest -q -rs tests/python/test_torch_optimizer.py tests/python/test_torch_overlap.py
+  exec "$py" -m pytest -q -rs tests/python/test_torch_optimizer.py tests/python/test_torch_overlap.py \
+    tests/python/test_step_descriptor_cache.py
 done
 echo "test-torch: SKIPPED: no Python with torch, numpy and pytest (pip install torch;" \
      "or on Debian: apt-get install python3-torch python3-cffi python3-pytest for /usr/bin/python3)"
