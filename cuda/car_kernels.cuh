@@ -54,12 +54,27 @@ __device__ __forceinline__ void car_store_bits(bool bit, int64_t warp_base, int6
   }
 }
 
-// W1/W2: per-block sums of y^2 over n'.
+// W1/W2: per-block sums of y^2 over n'; with t.bits, W4/W5 too: the sign
+// bits of element i to bits + chunk_offset + i / 8.
 __global__ void __launch_bounds__(kSumLanes) car_worker_sumsq_kernel(const CarArgs a) {
   const CarBlock b = car_block(a);
   double acc = 0.0;
-  for (int64_t i = b.begin + threadIdx.x; i < b.end; i += kSumLanes)
-    acc = add_square(acc, car_worker_y(*b.t, i));
+  if (b.t->bits == nullptr) {
+    for (int64_t i = b.begin + threadIdx.x; i < b.end; i += kSumLanes)
+      acc = add_square(acc, car_worker_y(*b.t, i));
+  } else {
+    uint8_t* out = b.t->bits + b.t->chunk_offset;
+    for (int64_t base = b.begin; base < b.end; base += kSumLanes) {  // uniform over the block
+      const int64_t i = base + threadIdx.x;
+      bool bit = false;
+      if (i < b.end) {
+        const float y = car_worker_y(*b.t, i);
+        acc = add_square(acc, y);
+        bit = sign_bit(y) != 0u;
+      }
+      car_store_bits(bit, base + (threadIdx.x & ~31), b.end, out, [](int64_t e) { return e / 8; });
+    }
+  }
   store_block_sum(acc, &a.block_sums[blockIdx.x]);
 }
 

@@ -36,6 +36,7 @@ struct CarItem {
   int64_t chunk;         // c = n' / P
   int64_t chunk_offset;  // bytes
   int64_t len;           // elements this primitive covers: n', c or n
+  uint8_t* bits;         // worker sums: where the signs go too (nullptr: nowhere)
   float scale;           // this rank's scale (the pack kernels)
   int32_t pad_;
 };
@@ -101,6 +102,7 @@ inline int64_t car_write_meta(void* dst, CarOp op, const CarTensor* t, int64_t c
     it.chunk = t[i].padded / world;
     it.chunk_offset = t[i].chunk_offset;
     it.len = car_len(op, t[i], world);
+    it.bits = t[i].bits;
     it.scale = scales != nullptr ? scales[i] : 0.0f;
     it.pad_ = 0;
     first[i] = blocks;

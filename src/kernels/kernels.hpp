@@ -63,6 +63,7 @@ struct CarTensor {
   float* worker_error;  // n' values
   float* server_error;  // c values
   int64_t chunk_offset; // bytes
+  uint8_t* bits = nullptr;  // car_worker_sumsq: where it also writes the signs, if set
 };
 
 // One tensor of an Adam update. `master` is the fp32 value updated in place:
@@ -160,7 +161,9 @@ class Kernels {
   // Sums of squares in the order of math/sum_squares.hpp, one per tensor,
   // returned in sumsq_host; scales and weights are host arrays.
   //
-  // W1/W2: sumsq_host[t] = sum over i < n' of y^2, y = pad(x, n') + e_w.
+  // W1/W2: sumsq_host[t] = sum over i < n' of y^2, y = pad(x, n') + e_w;
+  // with t.bits set, also the sign bits of y (W4/W5, 1 iff !(y < 0), MSB
+  // first) of element i to bits + chunk_offset + i / 8 (e_w unchanged).
   virtual void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq_host) = 0;
   // W3-W6: y as above; e_w = y - s*sigma(y) with s = scales_host[t]; the
   // sign bits (1 iff !(y < 0), MSB first) of chunk j go to

@@ -153,6 +153,12 @@ void replay(CarOp op, const Launch& l, std::vector<double>* block_sums) {
             lanes[j] = lanes[j] + double(y) * double(y);
           }
         (*block_sums)[size_t(b)] = lane_tree(lanes);
+        for (int64_t base = k.begin; t.bits && base < k.end; base += kSumLanes) {
+          bool bit[kSumLanes] = {};
+          for (int j = 0; j < kSumLanes && base + j < k.end; ++j) bit[j] = sign_bit(worker_y(t, base + j)) != 0u;
+          for (int w = 0; w < kSumLanes / 32; ++w)
+            store_bits(bit, base, w, k.end, t.bits + t.chunk_offset, [](int64_t e) { return e / 8; });
+        }
         break;
       case CarOp::WorkerPack:
         for (int64_t base = k.begin; base < k.end; base += kSumLanes) {
@@ -299,6 +305,31 @@ void run_case(Kernels& cpu, int world, const std::vector<int64_t>& sizes, bool c
     bool ok = true;
     for (int64_t i = 0; i < count; ++i) ok &= same_double(a[size_t(i)], b[size_t(i)]);
     check(ok, label + ": worker sums of squares");
+  }
+  // W1/W2 with W4/W5: the signs of each tensor's n' elements at bits +
+  // chunk_offset (tensors back to back), as the CPU writes them.
+  {
+    std::vector<CarTensor> st = s.t, rt = r.t;
+    int64_t at = 0;
+    for (size_t i = 0; i < st.size(); ++i) {
+      st[i].chunk_offset = rt[i].chunk_offset = at;
+      at += st[i].padded / 8;
+    }
+    std::vector<uint8_t> a(size_t(at) + 1, 0xA5), b = a;
+    for (size_t i = 0; i < st.size(); ++i) {
+      st[i].bits = a.data();
+      rt[i].bits = b.data();
+    }
+    std::vector<double> sa(static_cast<size_t>(count)), bs;
+    cpu.car_worker_sumsq(st.data(), count, sa.data());
+    const Launch l = make_launch(CarOp::WorkerSumsq, rt.data(), count, world, nullptr, nullptr, 0,
+                                 nullptr, nullptr, 0);
+    replay(CarOp::WorkerSumsq, l, &bs);
+    const std::vector<double> sb = tensor_sums(bs, CarOp::WorkerSumsq, rt.data(), count, world);
+    bool ok = true;
+    for (int64_t i = 0; i < count; ++i) ok &= same_double(sa[size_t(i)], sb[size_t(i)]);
+    check(ok, label + ": worker sums of squares with signs");
+    check(a == b, label + ": worker sign bytes of the sums");
   }
   // W3-W6
   {

@@ -42,12 +42,28 @@ inline typename V::F worker_y(const CarTensor& t, int64_t i) {
   return V::add(V::load(xs), V::load(t.worker_error + i));
 }
 
+// Sign bits of y[0, e - b) (elements [b, e), b and e multiples of 8) to
+// bytes, element i at bytes[i / 8].
+template <class V>
+void store_signs(const float* y, int64_t b, int64_t e, uint8_t* bytes) {
+  int64_t i = b;
+  if (V::W >= 8) {
+    for (; i + V::W <= e; i += V::W) store_lane_bits<V>(bytes, i, V::nonneg_mask(V::load(y + (i - b))));
+  }
+  for (; i < e; i += 8) {
+    uint32_t byte = 0;
+    for (int64_t j = i; j < i + 8; ++j) byte = byte << 1 | sign_bit(y[j - b]);
+    bytes[i >> 3] = uint8_t(byte);
+  }
+}
+
 template <class V>
 double car_worker_sumsq_block(const CarTensor& t, int64_t b, int64_t e) {
   float y[kSumBlock];
   int64_t i = b;
   for (; i + V::W <= e; i += V::W) V::store(y + (i - b), worker_y<V>(t, i));
   for (; i < e; ++i) y[i - b] = worker_y<VecScalar>(t, i);
+  if (t.bits) store_signs<V>(y, b, e, t.bits + t.chunk_offset);
   return block_sum_squares(y, e - b);
 }
 
