@@ -32,18 +32,45 @@ std::vector<CarPiece> car_pieces(const std::vector<CarTensor>& tensors, int worl
   return pieces;
 }
 
+CarTensor car_worker_range(const CarTensor& t, int64_t begin, int64_t len) {
+  const int64_t n = std::clamp<int64_t>(t.n - begin, 0, len);  // the rest is padding
+  return CarTensor{n > 0 ? t.x + begin : t.x, n, len, t.worker_error + begin, nullptr, 0};
+}
+
 CarViews car_worker_views(const std::vector<CarTensor>& tensors, int world, const CarPiece& piece) {
   CarViews v;
   for (const CarSegment& s : piece.segments) {
     const CarTensor& t = tensors[size_t(s.tensor)];
-    const int64_t c = t.padded / world, len = s.end - s.begin;
+    const int64_t c = t.padded / world;
     for (int j = 0; j < world; ++j) {
-      const int64_t first = j * c + s.begin;
-      const int64_t n = std::clamp<int64_t>(t.n - first, 0, len);  // the rest is padding
-      v.views.push_back(CarTensor{n > 0 ? t.x + first : t.x, n, len, t.worker_error + first, nullptr,
-                                  j * piece.bytes + s.offset});
+      v.views.push_back(car_worker_range(t, j * c + s.begin, s.end - s.begin));
+      v.views.back().chunk_offset = j * piece.bytes + s.offset;
       v.tensor.push_back(s.tensor);
       v.rank.push_back(j);
+    }
+  }
+  return v;
+}
+
+CarViews car_sign_views(const std::vector<CarTensor>& tensors, int world, const CarPiece& piece,
+                        uint8_t* bits) {
+  CarViews v;
+  for (const CarSegment& s : piece.segments) {
+    const CarTensor& t = tensors[size_t(s.tensor)];
+    const int64_t c = t.padded / world;
+    for (int j = 0; j < world; ++j) {
+      const int64_t first = j * c + s.begin, last = j * c + s.end;
+      for (int64_t w = first; w < last;) {
+        const int64_t block = w / kSumBlock;
+        const int64_t stop = std::min(last, (block + 1) * kSumBlock);
+        const bool whole = w == block * kSumBlock && stop == std::min(t.padded, (block + 1) * kSumBlock);
+        v.views.push_back(car_worker_range(t, w, stop - w));
+        v.views.back().chunk_offset = j * piece.bytes + s.offset + (w - first) / 8;
+        v.views.back().bits = bits;
+        v.tensor.push_back(s.tensor);
+        v.block.push_back(whole ? block : -1);
+        w = stop;
+      }
     }
   }
   return v;

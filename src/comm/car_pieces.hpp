@@ -43,12 +43,22 @@ std::vector<CarPiece> car_pieces(const std::vector<CarTensor>& tensors, int worl
 struct CarViews {
   std::vector<CarTensor> views;
   std::vector<int64_t> tensor;
-  std::vector<int32_t> rank;  // worker and decode views: the chunk's rank j
+  std::vector<int32_t> rank;   // worker and decode views: the chunk's rank j
+  std::vector<int64_t> block;  // sign views: the worker sum block covered whole, or -1
 };
+
+// Elements [begin, begin + len) of t's x and e_w as a tensor of its own
+// (padded length len; x where t has values).
+CarTensor car_worker_range(const CarTensor& t, int64_t begin, int64_t len);
 
 // Worker pack and decode (run with world 1): for every segment and rank j,
 // elements j*c + [begin, end) of x and e_w, bits at j * bytes + offset.
 CarViews car_worker_views(const std::vector<CarTensor>& tensors, int world, const CarPiece& piece);
+// Worker sums with signs (run with bits = the piece's send buffer): the
+// worker views cut at worker sum-block boundaries, so a view that covers a
+// whole block gives that block's sum of squares.
+CarViews car_sign_views(const std::vector<CarTensor>& tensors, int world, const CarPiece& piece,
+                        uint8_t* bits);
 // Server sum (run with world P and msg_bytes = piece.bytes): one view per
 // sum block, so each view's sum of squares is one block sum.
 CarViews car_block_views(const std::vector<CarTensor>& tensors, int world, const CarPiece& piece);

@@ -2,9 +2,9 @@
 // compressed-allreduce.md, DECISIONS C1-C5), built once on Comm and Kernels.
 // Each tensor keeps its own padding, scales and error buffers; all tensors
 // of a call travel together: one all-gather of scales per phase, and the
-// signs in pieces (car_pieces.hpp): while one piece is on the wire the next
-// is compressed, or the last one that arrived is averaged or decoded. The
-// results do not depend on the cut.
+// signs in pieces (car_pieces.hpp) so that the arithmetic overlaps the
+// transfers (compressed_allreduce_run.cpp). The results do not depend on
+// the cut.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -57,6 +57,7 @@ class CompressedAllreduce {
   std::vector<CarPiece> pieces_;
   DeviceBuffer worker_error_, server_error_;
   DeviceBuffer send_, recv_, server_bits_;
+  DeviceBuffer discard_;  // signs the error update writes again (one piece)
 };
 
 }  // namespace dsopt
