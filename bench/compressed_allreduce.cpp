@@ -39,10 +39,12 @@
 //
 //   compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I]
 //                              [--large-iters L] [--warmup W] [--threads T]
-//                              [--fp32 0|1]
+//                              [--fp32 0|1] [--piece-blocks B]
 // Sizes outside [--min-numel, --max-numel] are left out; --iters timed
 // rounds for sizes below 32M floats, --large-iters for larger ones;
-// --fp32 0 times the CAR alone (no fp32 rounds, no speedup).
+// --fp32 0 times the CAR alone (no fp32 rounds, no speedup); --piece-blocks
+// sets the CAR's pieces (sum blocks each; 0: its own choice, a large value:
+// one piece, no overlap of arithmetic and transfers).
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include "comm/compressed_allreduce.hpp"
@@ -280,14 +282,14 @@ void print_row(const char* name, const Measured& m, double formula_bytes, double
 }
 
 void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, int warmup,
-              bool with_fp32) {
+              bool with_fp32, int64_t piece_blocks) {
   const int P = g_world;
   const dsopt::Mem mem{&kernels, false};
   Buffer<float> input = bench::alloc_buffer<float>(n), x = bench::alloc_buffer<float>(n);
   bench::parallel_fill(input.get(), n, [](int64_t i) { return input_value(g_rank, i); });
   auto restore = [&] { std::memcpy(x.get(), input.get(), size_t(n) * 4); };
 
-  dsopt::CompressedAllreduce car(comm, kernels, mem, {n});
+  dsopt::CompressedAllreduce car(comm, kernels, mem, {n}, piece_blocks);
   const int64_t padded = dsopt::CompressedAllreduce::padded_length(n, P);
   if (padded != n) fail_all("internal: size not a multiple of P * lcm(P, 8)");
 
@@ -317,8 +319,9 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
   const double fp32_formula = 2.0 * (P - 1) / P * 4.0 * double(n);
   const double car_formula = double(P - 1) / P * double(padded) / 4.0 + 8.0 * (P - 1);
   if (g_rank == 0) {
-    std::printf("n = %lld floats (%.0f MiB per rank), %d timed rounds after %d warm-up:\n",
-                static_cast<long long>(n), double(n) * 4 / (1 << 20), iters, warmup);
+    std::printf("n = %lld floats (%.0f MiB per rank), %d timed rounds after %d warm-up, CAR in %lld pieces:\n",
+                static_cast<long long>(n), double(n) * 4 / (1 << 20), iters, warmup,
+                static_cast<long long>(car.pieces()));
     std::printf("  %-16s %10s %10s %12s %12s %12s %8s\n", "operation", "median s", "best s",
                 "B/rank Comm", "B/rank form.", "B/rank lo", "speedup");
     if (with_fp32) print_row("fp32 allreduce", fp32, fp32_formula, -1);
@@ -358,9 +361,10 @@ int main(int argc, char** argv) {
   const int warmup = int(flags.get("--warmup", 1, 0, 1000));
   const int threads = int(flags.get("--threads", 1, 1, 256));
   const bool with_fp32 = flags.get("--fp32", 1, 0, 1) != 0;
+  const int64_t piece_blocks = flags.get("--piece-blocks", 0, 0, int64_t(1) << 40);
   flags.finish(
       "compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I] [--large-iters L]"
-      " [--warmup W] [--threads T] [--fp32 0|1]");
+      " [--warmup W] [--threads T] [--fp32 0|1] [--piece-blocks B]");
   omp_set_num_threads(threads);
   if (g_world < 2) fail_all("needs at least 2 MPI ranks (mpirun -np 4)");
 
@@ -397,7 +401,8 @@ int main(int argc, char** argv) {
     for (int64_t n : {int64_t(1) << 20, int64_t(16) << 20, int64_t(64) << 20}) {
       n -= n % unit;
       if (n < min_numel || n > max_numel) continue;
-      run_size(*comm, *kernels, n, n >= (int64_t(32) << 20) ? large_iters : iters, warmup, with_fp32);
+      run_size(*comm, *kernels, n, n >= (int64_t(32) << 20) ? large_iters : iters, warmup, with_fp32,
+               piece_blocks);
     }
   } catch (const std::exception& e) {
     fail_all(e.what());
