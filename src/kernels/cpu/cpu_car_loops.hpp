@@ -12,12 +12,20 @@ namespace dsopt {
 DSOPT_ISA_BEGIN
 namespace cpu {
 
-inline uint8_t reverse8(uint32_t b) {
-  b = ((b & 0xF0u) >> 4) | ((b & 0x0Fu) << 4);
-  b = ((b & 0xCCu) >> 2) | ((b & 0x33u) << 2);
-  b = ((b & 0xAAu) >> 1) | ((b & 0x55u) << 1);
-  return uint8_t(b);
-}
+struct Reverse8 {
+  uint8_t of[256];
+  constexpr Reverse8() : of() {
+    for (uint32_t b = 0; b < 256; ++b) {
+      uint32_t r = 0;
+      for (int k = 0; k < 8; ++k) r |= ((b >> k) & 1u) << (7 - k);
+      of[b] = uint8_t(r);
+    }
+  }
+};
+inline constexpr Reverse8 kReverse8{};
+
+// The bits of an 8-bit lane group in reverse order (a table: one load).
+inline uint8_t reverse8(uint32_t b) { return kReverse8.of[b & 0xFFu]; }
 
 // Lane mask of V::W (>= 8) elements starting at element k (a multiple of 8)
 // of a chunk's bytes.
@@ -60,10 +68,16 @@ void store_signs(const float* y, int64_t b, int64_t e, uint8_t* bytes) {
 template <class V>
 double car_worker_sumsq_block(const CarTensor& t, int64_t b, int64_t e) {
   float y[kSumBlock];
+  uint8_t* bytes = t.bits ? t.bits + t.chunk_offset : nullptr;
   int64_t i = b;
-  for (; i + V::W <= e; i += V::W) V::store(y + (i - b), worker_y<V>(t, i));
+  for (; i + V::W <= e; i += V::W) {
+    const typename V::F v = worker_y<V>(t, i);
+    V::store(y + (i - b), v);
+    if (V::W >= 8 && bytes) store_lane_bits<V>(bytes, i, V::nonneg_mask(v));
+  }
+  const int64_t tail = V::W >= 8 ? i : b;  // the signs still to store (from a multiple of 8)
   for (; i < e; ++i) y[i - b] = worker_y<VecScalar>(t, i);
-  if (t.bits) store_signs<V>(y, b, e, t.bits + t.chunk_offset);
+  if (bytes) store_signs<VecScalar>(y + (tail - b), tail, e, bytes);
   return block_sum_squares(y, e - b);
 }
 
