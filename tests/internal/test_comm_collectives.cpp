@@ -145,6 +145,28 @@ void run_all(Comm& comm, const Mem& mem, const std::string& label) {
     for (int j = 0; j < P; ++j)
       if (j != r) expected_bytes += sc[j] * 4;
   }
+  {  // start_alltoall and start_allgather, both in flight, then polled to the end
+    std::vector<uint8_t> send(n * P), recv(n * P, 0);
+    for (int j = 0; j < P; ++j)
+      for (size_t i = 0; i < n; ++i) send[j * n + i] = uint8_t(r * 13 + j * 5 + i);
+    std::vector<float> gsend(n), grecv(n * P, -1.0f);
+    for (size_t i = 0; i < n; ++i) gsend[i] = value(r, 3, i);
+    std::unique_ptr<CommRequest> a = comm.start_alltoall(send.data(), recv.data(), n, Elem::U8, mem);
+    std::unique_ptr<CommRequest> g = comm.start_allgather(gsend.data(), grecv.data(), n, Elem::F32, mem);
+    while (!a->test()) {
+    }
+    g->wait();
+    check(g->test(), "a waited request tests complete" + at);
+    bool ok = true;
+    for (int s = 0; s < P; ++s)
+      for (size_t i = 0; i < n; ++i) ok &= recv[s * n + i] == uint8_t(s * 13 + r * 5 + i);
+    check(ok, "start_alltoall u8" + at);
+    ok = true;
+    for (int s = 0; s < P; ++s)
+      for (size_t i = 0; i < n; ++i) ok &= grecv[s * n + i] == value(s, 3, i);
+    check(ok, "start_allgather f32" + at);
+    expected_bytes += uint64_t(P - 1) * n + uint64_t(P - 1) * n * 4;
+  }
   {  // broadcast from the last rank
     const int root = P - 1;
     std::vector<float> buf(n);
