@@ -23,9 +23,8 @@
 //
 // With the loopback counter, the fp32 row also gives the link's throughput
 // (all ranks' lo bytes / median time), and the CAR row is split into the
-// time its bytes need at that throughput and the rest (computation and
-// latency: the compression kernels run between the transfers, not during
-// them).
+// time its bytes need at that throughput and the rest (the computation and
+// latency the overlap of kernels and transfers leaves exposed).
 //
 // Before timing, the first call of a fresh CompressedAllreduce (zero errors)
 // is checked on every rank against the simulation of compressed-allreduce.md
@@ -336,7 +335,7 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
       std::printf(
           "  lo throughput during the fp32 allreduce %.1f MB/s; at that rate the CAR's\n"
           "  bytes take %.4f s of its %.4f s; the rest (%.4f s) is computation and\n"
-          "  latency\n",
+          "  latency not hidden behind the transfers\n",
           1e-6 * rate, wire, onebit.samples.median(), onebit.samples.median() - wire);
     }
     std::printf("\n");
