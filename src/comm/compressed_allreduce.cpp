@@ -1,7 +1,6 @@
 #include "comm/compressed_allreduce.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 
 #include "base/error.hpp"
@@ -10,8 +9,8 @@
 namespace dsopt {
 namespace {
 
-// Automatic pieces: at least kMinPieceBlocks sum blocks (32 KB of bits per
-// rank), at most kMaxPieces per call.
+// Automatic pieces: at least kMinPieceBlocks sum blocks (32 KB of signs for
+// each rank), at most kMaxPieces per call.
 constexpr int64_t kMinPieceBlocks = 64;
 constexpr int64_t kMaxPieces = 32;
 
@@ -55,7 +54,7 @@ CompressedAllreduce::CompressedAllreduce(Comm& comm, Kernels& kernels, const Mem
     pieces_ = car_pieces(tensors_, world_, piece_blocks);
     int64_t largest = 0;
     for (const CarPiece& p : pieces_) largest = std::max(largest, p.bytes);
-    discard_ = DeviceBuffer(kernels_, size_t(largest) * size_t(world_));
+    if (pieces_.size() > 1) discard_ = DeviceBuffer(kernels_, size_t(largest) * size_t(world_));
   }
 }
 

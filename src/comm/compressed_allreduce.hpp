@@ -57,7 +57,7 @@ class CompressedAllreduce {
   std::vector<CarPiece> pieces_;
   DeviceBuffer worker_error_, server_error_;
   DeviceBuffer send_, recv_, server_bits_;
-  DeviceBuffer discard_;  // signs the error update writes again (one piece)
+  DeviceBuffer discard_;  // signs the error update writes again (one piece; none with one piece)
 };
 
 }  // namespace dsopt

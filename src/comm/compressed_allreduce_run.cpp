@@ -145,14 +145,21 @@ class CompressedAllreduce::Call {
     summed_[i] = true;
   }
 
-  // W3 of the next piece (signs again, to discard_); false when all are done.
+  // W3 of the next piece; false when all are done or it cannot run yet.
+  // Its signs come out again: to discard_, or with one piece (no discard_)
+  // over the ones it received, once they are averaged.
   bool update_errors() {
     const std::vector<CarPiece>& pieces = car_.pieces_;
     if (updated_ == pieces.size()) return false;
-    const CarPiece& piece = pieces[updated_++];
+    const CarPiece& piece = pieces[updated_];
+    auto* out = static_cast<uint8_t*>(car_.discard_.get());
+    if (out == nullptr) {
+      if (averaged_ <= updated_) return false;
+      out = recv_ + world_ * piece.begin;
+    }
+    ++updated_;
     const CarViews v = car_worker_views(car_.tensors_, world_, piece);
     const std::vector<float> s = per_view(v, scales_, 0);
-    auto* out = static_cast<uint8_t*>(car_.discard_.get());
     in_slices(v, [&](size_t first, size_t count) {
       k_.car_worker_pack(v.views.data() + first, int64_t(count), 1, s.data() + first, out, piece.bytes);
     });
@@ -173,6 +180,7 @@ class CompressedAllreduce::Call {
     block_tensor_.insert(block_tensor_.end(), v.tensor.begin(), v.tensor.end());
     k_.car_server_sum(v.views.data(), int64_t(views), world_, recv_ + world_ * piece.begin, piece.bytes,
                       weights.data(), block_sums_.data() + first);
+    ++averaged_;
     transfers_.poll();
   }
 
@@ -232,6 +240,7 @@ class CompressedAllreduce::Call {
   std::vector<bool> summed_;
   std::vector<double> block_sums_;     // server sums of squares, one per block, message order
   std::vector<int64_t> block_tensor_;  // the tensor of each
+  size_t averaged_ = 0;                // pieces whose server sums are done
   size_t updated_ = 0;                 // pieces whose worker errors are updated
   Transfers transfers_;
 };
