@@ -55,22 +55,19 @@ class CompressedAllreduce::Call {
   void run() {
     const std::vector<CarPiece>& pieces = car_.pieces_;
     const size_t n = pieces.size();
-    Comm& comm = car_.comm_;
 
     // W1/W2, W4/W5 and A1 piece by piece; then the blocks the pieces cut.
     std::vector<size_t> sent(n);
     for (size_t p = 0; p < n; ++p) {
       signs(pieces[p]);
-      sent[p] = transfers_.add(comm.start_alltoall(send_ + world_ * pieces[p].begin,
-                                                   recv_ + world_ * pieces[p].begin,
-                                                   size_t(pieces[p].bytes), Elem::U8, car_.mem_));
+      sent[p] = alltoall(send_ + world_ * pieces[p].begin, recv_ + world_ * pieces[p].begin,
+                         size_t(pieces[p].bytes));
     }
     sum_cut_blocks();
     for (size_t t = 0; t < count_; ++t)
       scales_[t] = rms_scale(in_order(worker_sums_.data() + first_block_[t], first_block_[t + 1] - first_block_[t]),
                              car_.tensors_[t].padded);
-    const size_t worker_scales = transfers_.add(
-        comm.start_allgather(scales_.data(), all_scales_.data(), count_, Elem::F32, host_));
+    const size_t worker_scales = allgather(scales_.data(), all_scales_.data(), count_, Elem::F32, host_);
 
     // S1/S2 in piece order as the pieces arrive.
     for (size_t p = 0; p < n; ++p) {
@@ -87,14 +84,13 @@ class CompressedAllreduce::Call {
     for (size_t b = 0; b < block_sums_.size(); ++b) server_sumsq[size_t(block_tensor_[b])] += block_sums_[b];
     for (size_t t = 0; t < count_; ++t)
       server_scales_[t] = rms_scale(server_sumsq[t], car_.tensors_[t].padded / world_);
-    const size_t server_scales = transfers_.add(comm.start_allgather(
-        server_scales_.data(), all_server_scales_.data(), count_, Elem::F32, host_));
+    const size_t server_scales =
+        allgather(server_scales_.data(), all_server_scales_.data(), count_, Elem::F32, host_);
     std::vector<size_t> gathered(n);
     for (size_t p = 0; p < n; ++p) {
       server_pack(pieces[p]);
-      gathered[p] = transfers_.add(comm.start_allgather(server_bits_ + pieces[p].begin,
-                                                        send_ + world_ * pieces[p].begin,
-                                                        size_t(pieces[p].bytes), Elem::U8, car_.mem_));
+      gathered[p] = allgather(server_bits_ + pieces[p].begin, send_ + world_ * pieces[p].begin,
+                              size_t(pieces[p].bytes), Elem::U8, car_.mem_);
     }
 
     // F1/F2 in piece order as the pieces arrive, each after its W3.
@@ -109,6 +105,21 @@ class CompressedAllreduce::Call {
   }
 
  private:
+  // The call's collectives: started and left in flight with several
+  // pieces; with one there is nothing to overlap, and MPI's blocking
+  // collectives finish sooner than its nonblocking ones.
+  size_t alltoall(const uint8_t* send, uint8_t* recv, size_t bytes) {
+    if (car_.pieces_.size() > 1)
+      return transfers_.add(car_.comm_.start_alltoall(send, recv, bytes, Elem::U8, car_.mem_));
+    car_.comm_.alltoall(send, recv, bytes, Elem::U8, car_.mem_);
+    return transfers_.add(nullptr);
+  }
+  size_t allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
+    if (car_.pieces_.size() > 1) return transfers_.add(car_.comm_.start_allgather(send, recv, count, e, mem));
+    car_.comm_.allgather(send, recv, count, e, mem);
+    return transfers_.add(nullptr);
+  }
+
   // W1/W2 and W4/W5 for one piece: its signs to send_; the sums of the
   // worker blocks it covers whole.
   void signs(const CarPiece& piece) {

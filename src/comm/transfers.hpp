@@ -11,10 +11,10 @@ namespace dsopt {
 
 class Transfers {
  public:
-  // Returns the request's index.
+  // Returns the request's index; nullptr: a transfer already complete.
   size_t add(std::unique_ptr<CommRequest> r) {
+    done_.push_back(r == nullptr);
     requests_.push_back(std::move(r));
-    done_.push_back(false);
     return requests_.size() - 1;
   }
   // Tests the oldest incomplete request (which drives them all).
