@@ -64,9 +64,10 @@ class CompressedAllreduce::Call {
                          size_t(pieces[p].bytes));
     }
     sum_cut_blocks();
-    for (size_t t = 0; t < count_; ++t)
-      scales_[t] = rms_scale(in_order(worker_sums_.data() + first_block_[t], first_block_[t + 1] - first_block_[t]),
-                             car_.tensors_[t].padded);
+    for (size_t t = 0; t < count_; ++t) {
+      const double sumsq = in_order(worker_sums_.data() + first_block_[t], first_block_[t + 1] - first_block_[t]);
+      scales_[t] = rms_scale(sumsq, car_.tensors_[t].padded);
+    }
     const size_t worker_scales = allgather(scales_.data(), all_scales_.data(), count_, Elem::F32, host_);
 
     // S1/S2 in piece order as the pieces arrive.
