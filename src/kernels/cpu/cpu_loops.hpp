@@ -290,24 +290,34 @@ bool transform_block_t(const TensorRef& t, int64_t begin, int64_t end, float mul
 }
 
 // Whether x[begin, end) holds an Inf or NaN (x * 0 is NaN exactly then).
-// The range is read as four streams at once, each a quarter of it: one
+// A long range is read as four streams at once, each a quarter of it: one
 // stream per core leaves most of the memory system's parallelism unused,
-// and this pass only reads.
+// and this pass only reads. Short ranges (small tensors, usually back to
+// back in memory) are one stream, which the prefetchers follow across them.
+constexpr int64_t kCheckStreamsFrom = int64_t(1) << 16;
+
 template <class V, DType T>
 bool check_range_t(const TensorRef& t, int64_t begin, int64_t end) {
   using F = typename V::F;
-  const int64_t quarter = (end - begin) / (4 * V::W) * V::W;
-  const int64_t q0 = begin, q1 = q0 + quarter, q2 = q1 + quarter, q3 = q2 + quarter;
+  const int64_t n = end - begin;
+  const int64_t quarter = n >= kCheckStreamsFrom ? n / (4 * V::W) * V::W : 0;
+  const int64_t q1 = begin + quarter, q2 = q1 + quarter, q3 = q2 + quarter;
   const F zero = V::set1(0.0f);
   F b0 = zero, b1 = zero, b2 = zero, b3 = zero;
   for (int64_t j = 0; j < quarter; j += V::W) {
-    b0 = V::add(b0, V::mul(load<V, T>(t.data, q0 + j), zero));
+    b0 = V::add(b0, V::mul(load<V, T>(t.data, begin + j), zero));
     b1 = V::add(b1, V::mul(load<V, T>(t.data, q1 + j), zero));
     b2 = V::add(b2, V::mul(load<V, T>(t.data, q2 + j), zero));
     b3 = V::add(b3, V::mul(load<V, T>(t.data, q3 + j), zero));
   }
+  int64_t i = q3 + quarter;
+  for (; i + 2 * V::W <= end; i += 2 * V::W) {
+    b0 = V::add(b0, V::mul(load<V, T>(t.data, i), zero));
+    b1 = V::add(b1, V::mul(load<V, T>(t.data, i + V::W), zero));
+  }
+  for (; i + V::W <= end; i += V::W) b2 = V::add(b2, V::mul(load<V, T>(t.data, i), zero));
   float tail = 0.0f;
-  for (int64_t i = q3 + quarter; i < end; ++i) tail = tail + load<VecScalar, T>(t.data, i) * 0.0f;
+  for (; i < end; ++i) tail = tail + load<VecScalar, T>(t.data, i) * 0.0f;
   return V::any_nan(V::add(V::add(b0, b1), V::add(b2, b3))) || tail != tail;
 }
 
