@@ -1,7 +1,9 @@
 """The gradient descriptors of dsopt.torch.Optimizer, kept from step to
 step (see the dsopt.torch module doc): a parameter's ``.grad`` is
 described again only when it is another tensor object than at the last
-step."""
+step. Unlike ``tensors.GradDescriptors`` (the numpy API's, which holds its
+arrays) it keeps weak references: a ``.grad`` torch drops is freed at
+once, which matters for GPU memory."""
 
 import operator
 import weakref
@@ -31,7 +33,7 @@ _NEVER_REF = weakref.ref(_NEVER)
 _NONE_REF = weakref.ref(_Sentinel())
 
 
-class GradDescriptors:
+class TorchGradDescriptors:
     """The ``dsopt_tensor[]`` of the parameters' gradients, kept from step
     to step: entry ``i`` describes ``params[i].grad`` as it was described
     last (``refs[i]`` a weak reference to that tensor), the cached zeros of

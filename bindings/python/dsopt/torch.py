@@ -71,7 +71,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ._torch_grads import GradDescriptors
+from ._torch_grads import TorchGradDescriptors
 from .communicator import Communicator
 from .errors import NonFiniteError
 from .optimizer import Optimizer as _DsoptOptimizer
@@ -157,7 +157,7 @@ class Optimizer(torch.optim.Optimizer):
         self._comm, self._owns_comm = _as_communicator(comm)
         self._zero_grads = {}
         self.dsopt = _DsoptOptimizer(config, tensors, self._comm, groups=group_of)
-        self._grad_descriptors = GradDescriptors(
+        self._grad_descriptors = TorchGradDescriptors(
             tensors, tensor_records(self.dsopt._params.c_array))
         self._on_cuda = any(p.is_cuda for p in tensors)
         self._dsopt_lrs = [group["lr"] for group in self.param_groups]
@@ -239,7 +239,7 @@ class Optimizer(torch.optim.Optimizer):
             on_side_stream = any(p.is_cuda for p in self._tensors[:1]) and \
                 torch.cuda.current_stream().cuda_stream != torch.cuda.default_stream().cuda_stream
         else:
-            # The gradients as .grad holds them; GradDescriptors describes
+            # The gradients as .grad holds them; TorchGradDescriptors describes
             # the ones that changed since the last step (a gradient is on
             # its parameter's device).
             grads = list(map(_get_grad, self._tensors))
