@@ -14,10 +14,11 @@ struct CpuIsa {
   void (*update_range)(UpdateRule rule, const AdamSlot& slot, int64_t begin, int64_t end,
                        const AdamConsts& c, float mul1, float mul2);
   // One sum block [begin, end) of a tensor (end - begin <= kSumBlock):
-  // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null), or
-  // with `add` dst = fl(dst + y); the block's sum of the values written
-  // (y without `add`) squared into *block_sum (may be null). Returns true
-  // when some x is Inf or NaN.
+  // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null when
+  // block_sum is not), or with `add` dst = fl(dst + y); the block's sum of
+  // the values written (y without `add`) squared into *block_sum (may be
+  // null). Returns true when some x is Inf or NaN. (A check alone is
+  // check_range.)
   bool (*transform_block)(const TensorRef& src, int64_t begin, int64_t end, float mul, float* dst,
                           bool add, double* block_sum);
   // Whether elements [begin, end) of a tensor hold an Inf or NaN.

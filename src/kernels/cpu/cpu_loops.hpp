@@ -254,36 +254,21 @@ bool transform_block_t(const TensorRef& t, int64_t begin, int64_t end, float mul
   using F = typename V::F;
   float scratch[kSumBlock];
   float* y = dst ? dst : scratch;
-  const bool write = dst || block_sum;
   // x * 0 is NaN exactly when x is Inf or NaN; the sum keeps any NaN.
   F bad = V::set1(0.0f);
   float bad_tail = 0.0f;
   const F zero = V::set1(0.0f), vmul = V::set1(mul);
   int64_t i = begin;
-  if (!write) {
-    // Check only: four independent accumulators keep the adds off the
-    // critical path so the pass runs at memory speed.
-    F b1 = zero, b2 = zero, b3 = zero;
-    for (; i + 4 * V::W <= end; i += 4 * V::W) {
-      bad = V::add(bad, V::mul(load<V, T>(t.data, i), zero));
-      b1 = V::add(b1, V::mul(load<V, T>(t.data, i + V::W), zero));
-      b2 = V::add(b2, V::mul(load<V, T>(t.data, i + 2 * V::W), zero));
-      b3 = V::add(b3, V::mul(load<V, T>(t.data, i + 3 * V::W), zero));
-    }
-    bad = V::add(V::add(bad, b1), V::add(b2, b3));
-  }
   for (; i + V::W <= end; i += V::W) {
     const F x = load<V, T>(t.data, i);
     bad = V::add(bad, V::mul(x, zero));
-    if (write) {
-      const F v = V::mul(x, vmul);
-      V::store(y + (i - begin), add ? V::add(V::load(y + (i - begin)), v) : v);
-    }
+    const F v = V::mul(x, vmul);
+    V::store(y + (i - begin), add ? V::add(V::load(y + (i - begin)), v) : v);
   }
   for (; i < end; ++i) {
     const float x = load<VecScalar, T>(t.data, i);
     bad_tail = bad_tail + x * 0.0f;
-    if (write) y[i - begin] = add ? y[i - begin] + x * mul : x * mul;
+    y[i - begin] = add ? y[i - begin] + x * mul : x * mul;
   }
   if (block_sum) *block_sum = block_sum_squares(y, end - begin);
   return V::any_nan(bad) || bad_tail != bad_tail;
