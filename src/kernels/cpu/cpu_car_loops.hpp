@@ -51,14 +51,9 @@ inline typename V::F worker_y(const CarTensor& t, int64_t i) {
 }
 
 // Sign bits of y[0, e - b) (elements [b, e), b and e multiples of 8) to
-// bytes, element i at bytes[i / 8].
-template <class V>
-void store_signs(const float* y, int64_t b, int64_t e, uint8_t* bytes) {
-  int64_t i = b;
-  if (V::W >= 8) {
-    for (; i + V::W <= e; i += V::W) store_lane_bits<V>(bytes, i, V::nonneg_mask(V::load(y + (i - b))));
-  }
-  for (; i < e; i += 8) {
+// bytes, element i at bytes[i / 8], one byte at a time (vector tails).
+inline void store_sign_bytes(const float* y, int64_t b, int64_t e, uint8_t* bytes) {
+  for (int64_t i = b; i < e; i += 8) {
     uint32_t byte = 0;
     for (int64_t j = i; j < i + 8; ++j) byte = byte << 1 | sign_bit(y[j - b]);
     bytes[i >> 3] = uint8_t(byte);
@@ -77,7 +72,7 @@ double car_worker_sumsq_block(const CarTensor& t, int64_t b, int64_t e) {
   }
   const int64_t tail = V::W >= 8 ? i : b;  // the signs still to store (from a multiple of 8)
   for (; i < e; ++i) y[i - b] = worker_y<VecScalar>(t, i);
-  if (bytes) store_signs<VecScalar>(y + (tail - b), tail, e, bytes);
+  if (bytes) store_sign_bytes(y + (tail - b), tail, e, bytes);
   return block_sum_squares(y, e - b);
 }
 
