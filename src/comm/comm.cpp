@@ -75,24 +75,25 @@ void Comm::broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) 
 
 std::unique_ptr<CommRequest> Comm::start_alltoall(const void* send, void* recv, size_t count,
                                                   Elem e, const Mem& mem) {
-  std::unique_ptr<CommRequest> r = count > 0 ? do_start_alltoall(send, recv, count, e, mem) : nullptr;
-  if (!r) {
-    alltoall(send, recv, count, e, mem);
-    return std::make_unique<Done>();
-  }
-  bytes_sent_ += uint64_t(size() - 1) * count * elem_size(e);
-  return r;
+  return started(count > 0 ? do_start_alltoall(send, recv, count, e, mem) : nullptr, count, e,
+                 [&] { alltoall(send, recv, count, e, mem); });
 }
 
 std::unique_ptr<CommRequest> Comm::start_allgather(const void* send, void* recv, size_t count,
                                                    Elem e, const Mem& mem) {
-  std::unique_ptr<CommRequest> r = count > 0 ? do_start_allgather(send, recv, count, e, mem) : nullptr;
-  if (!r) {
-    allgather(send, recv, count, e, mem);
+  return started(count > 0 ? do_start_allgather(send, recv, count, e, mem) : nullptr, count, e,
+                 [&] { allgather(send, recv, count, e, mem); });
+}
+
+std::unique_ptr<CommRequest> Comm::started(std::unique_ptr<CommRequest> request, size_t count,
+                                           Elem e, const std::function<void()>& blocking) {
+  if (!request) {
+    blocking();
     return std::make_unique<Done>();
   }
+  // alltoall and allgather alike: count elements to each of the P - 1 others
   bytes_sent_ += uint64_t(size() - 1) * count * elem_size(e);
-  return r;
+  return request;
 }
 
 std::unique_ptr<CommRequest> Comm::do_start_alltoall(const void*, void*, size_t, Elem, const Mem&) {

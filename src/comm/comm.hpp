@@ -10,6 +10,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -115,6 +116,11 @@ class Comm {
                                                           size_t count, Elem e, const Mem& mem);
 
  private:
+  // What start_* returns: the backend's request (its bytes counted), or,
+  // when there is none, a finished one after running `blocking`.
+  std::unique_ptr<CommRequest> started(std::unique_ptr<CommRequest> request, size_t count, Elem e,
+                                       const std::function<void()>& blocking);
+
   uint64_t bytes_sent_ = 0;
   double timeout_s_ = 0.0;
 };

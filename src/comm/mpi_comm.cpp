@@ -236,25 +236,29 @@ class MpiComm final : public Comm {
 
   std::unique_ptr<CommRequest> do_start_alltoall(const void* send, void* recv, size_t count, Elem e,
                                                  const Mem& mem) override {
-    if (!overlaps(mem)) return nullptr;
-    usable();
-    auto r = std::make_unique<MpiRequest>(*this, "MPI_Ialltoall");
-    const int n = as_int_count(count, "alltoall");
-    ok(MPI_Ialltoall(send, n, mpi_type(e), recv, n, mpi_type(e), comm_, r->handle()), "MPI_Ialltoall");
-    return r;
+    return start(MPI_Ialltoall, "MPI_Ialltoall", send, recv, count, e, mem);
   }
 
   std::unique_ptr<CommRequest> do_start_allgather(const void* send, void* recv, size_t count,
                                                   Elem e, const Mem& mem) override {
-    if (!overlaps(mem)) return nullptr;
-    usable();
-    auto r = std::make_unique<MpiRequest>(*this, "MPI_Iallgather");
-    const int n = as_int_count(count, "allgather");
-    ok(MPI_Iallgather(send, n, mpi_type(e), recv, n, mpi_type(e), comm_, r->handle()), "MPI_Iallgather");
-    return r;
+    return start(MPI_Iallgather, "MPI_Iallgather", send, recv, count, e, mem);
   }
 
  private:
+  // MPI_Ialltoall and MPI_Iallgather (the same signature): count elements
+  // to and from every rank, on buffers MPI can use directly.
+  using StartFn = int (*)(const void*, int, MPI_Datatype, void*, int, MPI_Datatype, MPI_Comm,
+                          MPI_Request*);
+  std::unique_ptr<CommRequest> start(StartFn fn, const char* call, const void* send, void* recv,
+                                     size_t count, Elem e, const Mem& mem) {
+    if (!overlaps(mem)) return nullptr;
+    usable();
+    auto r = std::make_unique<MpiRequest>(*this, call);
+    const int n = as_int_count(count, call);
+    ok(fn(send, n, mpi_type(e), recv, n, mpi_type(e), comm_, r->handle()), call);
+    return r;
+  }
+
   // Host pointers MPI works on: the buffers themselves, or regions of the
   // staging memory (input copied in) when they live on a device.
   struct HostPair {
