@@ -245,7 +245,7 @@ class TorchAdamW:
 
 
 class DeepSpeedAdam(TorchAdamW):
-    def __init__(self, case, threads, mode=None):
+    def __init__(self, case, threads):
         torch = import_torch()
         try:
             import deepspeed
