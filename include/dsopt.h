@@ -128,12 +128,97 @@ DSOPT_API int dsopt_comm_create_mpi(dsopt_comm **out, int64_t mpi_comm_f);
 DSOPT_API int dsopt_comm_create_nccl(dsopt_comm **out, struct ncclComm *comm,
                                      struct CUstream_st *stream);
 
+/* ------------------------------------------------------------------------
+ * Custom communicators: the caller's own collectives (torch.distributed,
+ * MPI.jl, HCCL, a custom runtime) behind a table of callbacks
+ * ---------------------------------------------------------------------- */
+
+/* Element types, reductions and buffer locations the callbacks receive. */
+enum {
+  DSOPT_COMM_FLOAT32 = 0,
+  DSOPT_COMM_FLOAT64 = 1,
+  DSOPT_COMM_INT32   = 2,
+  DSOPT_COMM_INT64   = 3,
+  DSOPT_COMM_UINT8   = 4
+};
+enum { DSOPT_COMM_SUM = 0, DSOPT_COMM_MAX = 1 };
+enum { DSOPT_COMM_HOST = 0, DSOPT_COMM_CUDA = 1 };
+
+/* dsopt_comm_ops.flags: the callbacks may be called from a thread dsopt
+ * starts while the caller's own threads use dsopt and the runtime (needed
+ * for dsopt_grad_ready to overlap reductions with the backward pass). */
+#define DSOPT_COMM_CONCURRENT 1u
+
+/* The collectives dsopt needs, as functions of the caller. Each is
+ * collective: every rank calls it, in the same order, with the same count,
+ * elem, op and device, one at a time per communicator. Counts are elements
+ * of `elem`, > 0. `device` says where both buffers live (DSOPT_COMM_HOST or
+ * DSOPT_COMM_CUDA). send and recv never overlap, except that allreduce may be
+ * called in place (send == recv). Each returns 0, or any other value for a
+ * failure: dsopt then fails the call with DSOPT_ECOMM, the text of
+ * error_message (when given) in dsopt_last_error(), and never calls the
+ * communicator again. A callback must return, with a failure if need be,
+ * rather than wait forever for a rank that failed (a timeout, as gloo and
+ * NCCL have): that is what lets every rank return an error instead of
+ * hanging.
+ *
+ * Host buffers are valid only during the call; the collective must have
+ * finished when the callback returns. Device buffers: dsopt has queued the
+ * work that fills `send` on `stream`, and queues the work that reads `recv`
+ * on `stream` after the callback returns; the callback either finishes the
+ * collective before returning or orders it on `stream` (its reads after the
+ * work already queued there, later work on `stream` after its writes), and
+ * keeps no reference to either buffer afterwards.
+ *
+ * Where the buffers are host memory, dsopt computes every floating-point
+ * sum over ranks itself, in a fixed order, from alltoall and allgather
+ * (allreduce and reduce_scatter then see only integer sums and maxima, which
+ * are exact): results do not depend on the runtime and are bit-identical to
+ * dsopt_comm_create_mpi's. On device buffers sums are the runtime's. */
+typedef struct dsopt_comm_ops {
+  uint32_t struct_size;       /* caller sets sizeof(dsopt_comm_ops) */
+  uint32_t flags;             /* 0 or DSOPT_COMM_CONCURRENT */
+  int32_t  rank;              /* this process's rank, 0 <= rank < size */
+  int32_t  size;              /* number of ranks, >= 1 */
+  struct CUstream_st *stream; /* the CUDA stream dsopt's device work on this communicator
+                                 runs on (NULL: the legacy default stream); unused on host */
+  /* recv[i] = op over ranks of send[i], i < count. */
+  int (*allreduce)(const void *send, void *recv, size_t count, int32_t elem, int32_t op,
+                   int32_t device, void *user);
+  /* send holds size*count elements; rank r receives in recv the op over
+   * ranks of block r (elements r*count .. (r+1)*count-1). */
+  int (*reduce_scatter)(const void *send, void *recv, size_t count, int32_t elem, int32_t op,
+                        int32_t device, void *user);
+  /* recv holds size*count elements: block r is rank r's send. */
+  int (*allgather)(const void *send, void *recv, size_t count, int32_t elem, int32_t device,
+                   void *user);
+  /* send and recv hold size*count elements: block j of send goes to rank j,
+   * block i of recv came from rank i. */
+  int (*alltoall)(const void *send, void *recv, size_t count, int32_t elem, int32_t device,
+                  void *user);
+  /* Text for a failure a callback returned (may be NULL). The string must
+   * stay valid until the next callback on this communicator. */
+  const char *(*error_message)(int code, void *user);
+  /* Called once by dsopt_comm_destroy (may be NULL): the caller releases
+   * `user` there. Not called when dsopt_comm_create_custom fails. */
+  void (*release)(void *user);
+} dsopt_comm_ops;
+
+/* A communicator whose collectives are the callbacks in *ops, each given
+ * `user`. *ops is copied; `user` is borrowed until dsopt_comm_destroy.
+ * Returns DSOPT_OK, DSOPT_EINVAL (out or ops NULL, struct_size smaller than
+ * this header's dsopt_comm_ops, a callback missing, rank or size out of
+ * range, unknown flags) or DSOPT_ENOMEM. Not collective. An optimizer with
+ * "device": "cuda" runs its device work on ops->stream. */
+DSOPT_API int dsopt_comm_create_custom(dsopt_comm **out, const dsopt_comm_ops *ops, void *user);
+
 /* Rank and size of the communicator; -1 for NULL. */
 DSOPT_API int dsopt_comm_rank(const dsopt_comm *comm);
 DSOPT_API int dsopt_comm_size(const dsopt_comm *comm);
 
-/* Releases the wrapper (never the MPI/NCCL communicator). NULL is fine. Must
- * outlive every optimizer created on it. */
+/* Releases the wrapper (never the MPI/NCCL communicator; a custom one's
+ * ops->release is called). NULL is fine. Must outlive every optimizer
+ * created on it. */
 DSOPT_API void dsopt_comm_destroy(dsopt_comm *comm);
 
 /* ------------------------------------------------------------------------

@@ -35,6 +35,16 @@ DSOPT_API int dsopt_comm_create_nccl(dsopt_comm** out, struct ncclComm* comm,
   return wrap(out, [](int64_t, void* c, void* s) { return make_nccl_comm(c, s); }, 0, comm, stream);
 }
 
+DSOPT_API int dsopt_comm_create_custom(dsopt_comm** out, const dsopt_comm_ops* ops, void* user) {
+  return guarded([&] {
+    require_nonnull(out, "out");
+    require_nonnull(ops, "ops");
+    auto c = std::make_unique<dsopt_comm>();
+    c->impl = make_custom_comm(*ops, user);
+    *out = c.release();
+  });
+}
+
 DSOPT_API int dsopt_comm_rank(const dsopt_comm* comm) { return comm ? comm->impl->rank() : -1; }
 DSOPT_API int dsopt_comm_size(const dsopt_comm* comm) { return comm ? comm->impl->size() : -1; }
 DSOPT_API void dsopt_comm_destroy(dsopt_comm* comm) { delete comm; }

@@ -1,9 +1,12 @@
 // The parts of Comm every backend shares: argument shapes and byte counting.
 #include "comm/comm.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "base/error.hpp"
+#include "kernels/kernels.hpp"
 
 namespace dsopt {
 namespace {
@@ -14,6 +17,18 @@ class Done final : public CommRequest {
   bool test() override { return true; }
   void wait() override {}
 };
+
+// The sums of the blocks of all ranks for this rank's block r: blocks[i] is
+// rank i's, count elements each; out = ((b[r+1] + b[r+2]) + ...) + b[r].
+template <class T>
+void sum_in_ring_order(const T* blocks, T* out, size_t count, int P, int r) {
+  const T* first = blocks + size_t((r + 1) % P) * count;
+  std::copy(first, first + count, out);
+  for (int k = 2; k <= P; ++k) {
+    const T* b = blocks + size_t((r + k) % P) * count;
+    for (size_t i = 0; i < count; ++i) out[i] = out[i] + b[i];
+  }
+}
 
 }  // namespace
 
@@ -32,7 +47,10 @@ void Comm::allreduce(const void* send, void* recv, size_t count, Elem e, ReduceO
                      const Mem& mem) {
   const uint64_t p = uint64_t(size());
   if (count == 0) return;
-  do_allreduce(send, recv, count, e, op, mem);
+  if (ordered(e, op, mem))
+    ordered_allreduce(send, recv, count, e, mem);
+  else
+    do_allreduce(send, recv, count, e, op, mem);
   bytes_sent_ += 2 * (p - 1) * count * elem_size(e) / p;
 }
 
@@ -40,7 +58,10 @@ void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, Re
                           const Mem& mem) {
   const uint64_t p = uint64_t(size());
   if (count == 0) return;
-  do_reduce_scatter(send, recv, count, e, op, mem);
+  if (ordered(e, op, mem))
+    do_ordered_reduce_scatter(send, recv, count, e, mem);
+  else
+    do_reduce_scatter(send, recv, count, e, op, mem);
   bytes_sent_ += (p - 1) * count * elem_size(e);
 }
 
@@ -66,13 +87,6 @@ void Comm::alltoallv(const void* send, const size_t* send_counts, const size_t* 
     if (j != rank()) bytes_sent_ += send_counts[j] * elem_size(e);
 }
 
-void Comm::broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) {
-  if (root < 0 || root >= size()) throw Error(DSOPT_EINTERNAL, "broadcast root out of range");
-  if (count == 0 || size() == 1) return;
-  do_broadcast(buf, count, e, root, mem);
-  if (rank() == root) bytes_sent_ += count * elem_size(e);
-}
-
 std::unique_ptr<CommRequest> Comm::start_alltoall(const void* send, void* recv, size_t count,
                                                   Elem e, const Mem& mem) {
   return started(count > 0 ? do_start_alltoall(send, recv, count, e, mem) : nullptr, count, e,
@@ -94,6 +108,41 @@ std::unique_ptr<CommRequest> Comm::started(std::unique_ptr<CommRequest> request,
   // alltoall and allgather alike: count elements to each of the P - 1 others
   bytes_sent_ += uint64_t(size() - 1) * count * elem_size(e);
   return request;
+}
+
+bool Comm::ordered(Elem e, ReduceOp op, const Mem& mem) const {
+  return size() > 1 && op == ReduceOp::Sum && (e == Elem::F32 || e == Elem::F64) &&
+         mem.kernels->device() != Device::Cuda && orders_host_sums();
+}
+
+void Comm::do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
+                                     const Mem& mem) {
+  const size_t p = size_t(size());
+  std::vector<size_t> counts(p, count), offsets(p);
+  for (size_t i = 0; i < p; ++i) offsets[i] = i * count;
+  std::vector<char> blocks(p * count * elem_size(e));
+  do_alltoallv(send, counts.data(), offsets.data(), blocks.data(), counts.data(), offsets.data(), e,
+               mem);
+  if (e == Elem::F64)
+    sum_in_ring_order(reinterpret_cast<const double*>(blocks.data()), static_cast<double*>(recv),
+                      count, size(), rank());
+  else
+    sum_in_ring_order(reinterpret_cast<const float*>(blocks.data()), static_cast<float*>(recv),
+                      count, size(), rank());
+}
+
+void Comm::ordered_allreduce(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
+  const size_t p = size_t(size()), es = elem_size(e), block = (count + p - 1) / p;
+  const bool even = block * p == count;
+  std::vector<char> padded, gathered, mine(block * es);
+  if (!even) {
+    padded.assign(block * p * es, 0);
+    std::memcpy(padded.data(), send, count * es);
+    gathered.resize(block * p * es);
+  }
+  do_ordered_reduce_scatter(even ? send : padded.data(), mine.data(), block, e, mem);
+  do_allgather(mine.data(), even ? recv : gathered.data(), block, e, mem);
+  if (!even) std::memcpy(recv, gathered.data(), count * es);
 }
 
 std::unique_ptr<CommRequest> Comm::do_start_alltoall(const void*, void*, size_t, Elem, const Mem&) {

@@ -7,12 +7,21 @@
 // memory for CUDA kernels. Each implementation moves them as it must (MPI
 // stages device buffers through pinned host memory unless mem.cuda_aware;
 // NCCL stages host buffers through device memory).
+//
+// Floating-point sums over ranks on host buffers are dsopt's own, in one
+// fixed order on every backend but NCCL (which keeps its own): element i of
+// block b (b = 0..P-1 of a reduce-scatter, or of the padded allreduce
+// buffer) is ((x[b+1] + x[b+2]) + ...) + x[b], ranks taken mod P, one
+// rounding per addition. Results then do not depend on the MPI library or
+// the caller's runtime behind a custom communicator.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+
+struct dsopt_comm_ops;
 
 namespace dsopt {
 
@@ -45,7 +54,7 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual const char* backend() const = 0;  // "local", "mpi", "nccl"
+  virtual const char* backend() const = 0;  // "local", "mpi", "nccl", "custom"
   // The CUDA stream device work on this communicator runs on (a
   // cudaStream_t; nullptr: the legacy default stream).
   virtual void* cuda_stream() const { return nullptr; }
@@ -79,7 +88,6 @@ class Comm {
   void alltoallv(const void* send, const size_t* send_counts, const size_t* send_offsets,
                  void* recv, const size_t* recv_counts, const size_t* recv_offsets, Elem e,
                  const Mem& mem);
-  void broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem);
 
   // alltoall and allgather started without waiting for them (bytes counted
   // when they start). Backends without such collectives for `mem` (local,
@@ -95,7 +103,7 @@ class Comm {
   // Bytes this rank has sent so far, counted as a ring/pairwise
   // implementation sends them (compressed-allreduce.md section 7):
   // allreduce 2(P-1)/P * n, reduce_scatter and alltoall (P-1)/P * total,
-  // allgather (P-1) * send, broadcast n on the root's side of a pipeline.
+  // allgather (P-1) * send.
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  protected:
@@ -108,7 +116,15 @@ class Comm {
   virtual void do_alltoallv(const void* send, const size_t* send_counts,
                             const size_t* send_offsets, void* recv, const size_t* recv_counts,
                             const size_t* recv_offsets, Elem e, const Mem& mem) = 0;
-  virtual void do_broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) = 0;
+  // Whether float sums on host buffers are dsopt's fixed-order ones (see
+  // the top of this file); false leaves them to do_allreduce and
+  // do_reduce_scatter.
+  virtual bool orders_host_sums() const { return true; }
+  // The fixed-order reduce-scatter of a float sum on host buffers: an
+  // alltoall, then the sums. Backends may move the blocks otherwise (MPI: a
+  // ring) but must add in the same order.
+  virtual void do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
+                                         const Mem& mem);
   // The nonblocking forms where overlaps(mem); nullptr: run the blocking one.
   virtual std::unique_ptr<CommRequest> do_start_alltoall(const void* send, void* recv, size_t count,
                                                          Elem e, const Mem& mem);
@@ -118,6 +134,10 @@ class Comm {
  private:
   // What start_* returns: the backend's request (its bytes counted), or,
   // when there is none, a finished one after running `blocking`.
+  bool ordered(Elem e, ReduceOp op, const Mem& mem) const;
+  // allreduce as the fixed-order reduce-scatter of the buffer padded with
+  // zeros to a multiple of P, then an allgather.
+  void ordered_allreduce(const void* send, void* recv, size_t count, Elem e, const Mem& mem);
   std::unique_ptr<CommRequest> started(std::unique_ptr<CommRequest> request, size_t count, Elem e,
                                        const std::function<void()>& blocking);
 
@@ -129,6 +149,9 @@ std::unique_ptr<Comm> make_local_comm();
 // Throws Error(DSOPT_EUNSUPPORTED) in a build without MPI, Error(DSOPT_EINVAL)
 // when MPI is not initialised or the handle is not a communicator.
 std::unique_ptr<Comm> make_mpi_comm(int64_t fortran_handle);
+// The caller's collectives (dsopt_comm_create_custom); `ops` is validated
+// and copied. Throws Error(DSOPT_EINVAL) for a bad table.
+std::unique_ptr<Comm> make_custom_comm(const ::dsopt_comm_ops& ops, void* user);
 // Throws Error(DSOPT_EUNSUPPORTED) in a build without NCCL or when
 // libnccl.so.2 cannot be loaded.
 std::unique_ptr<Comm> make_nccl_comm(void* nccl_comm, void* cuda_stream);

@@ -32,7 +32,6 @@ class LocalComm final : public Comm {
     copy(static_cast<const char*>(send) + send_offsets[0] * es,
          static_cast<char*>(recv) + recv_offsets[0] * es, send_counts[0] * es, mem);
   }
-  void do_broadcast(void*, size_t, Elem, int, const Mem&) override {}
 
  private:
   static void copy(const void* src, void* dst, size_t bytes, const Mem& mem) {

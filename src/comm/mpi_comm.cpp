@@ -165,6 +165,15 @@ class MpiComm final : public Comm {
     unstage(mem, h, recv, count * es);
   }
 
+  // Host float sums: the ring at every block size (its order is the fixed
+  // one of comm.hpp, with one block of scratch where the alltoall form
+  // needs P).
+  void do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
+                                 const Mem&) override {
+    usable();
+    ring_reduce_scatter(send, recv, count, e, ReduceOp::Sum);
+  }
+
   // From this block size on, reduce-scatter runs as a ring of P-1
   // MPI_Sendrecv steps: each rank sends (P-1)/P of the data, evenly, where
   // some MPI libraries (Open MPI 4.1 at 4 ranks) reduce every block on one
@@ -222,16 +231,6 @@ class MpiComm final : public Comm {
                             mpi_type(e), comm_),
               "MPI_Alltoallv");
     unstage(mem, h, recv, recv_extent * es);
-  }
-
-  void do_broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) override {
-    usable();
-    const size_t bytes = count * elem_size(e);
-    HostPair h = stage(mem, buf, bytes, buf, 0);
-    ok(MPI_Bcast(h.in, as_int_count(count, "broadcast"), mpi_type(e), root, comm_),
-              "MPI_Bcast");
-    h.out = h.in;
-    unstage(mem, h, buf, bytes);
   }
 
   std::unique_ptr<CommRequest> do_start_alltoall(const void* send, void* recv, size_t count, Elem e,

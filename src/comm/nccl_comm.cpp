@@ -95,6 +95,9 @@ class NcclComm final : public Comm {
   }
 
  protected:
+  // NCCL's own order, host buffers staged through the device included.
+  bool orders_host_sums() const override { return false; }
+
   void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                     const Mem& mem) override {
     if (count == 0) return;
@@ -174,21 +177,6 @@ class NcclComm final : public Comm {
       if (recv_counts[r] > 0)
         to_host(static_cast<char*>(recv) + recv_offsets[r] * es, s_recv + recv_offsets[r] * es,
                 recv_counts[r] * es);
-    finish();
-  }
-
-  void do_broadcast(void* buf, size_t count, Elem e, int root, const Mem& mem) override {
-    if (count == 0) return;
-    DeviceScope scope(device_);
-    if (on_device(mem)) {
-      check(api_.broadcast(buf, buf, count, nccl_type(e), root, comm_, stream_), "ncclBroadcast");
-      return;
-    }
-    const size_t bytes = count * elem_size(e);
-    char* s = scratch(bytes);
-    if (rank_ == root) to_device(s, buf, bytes);
-    check(api_.broadcast(s, s, count, nccl_type(e), root, comm_, stream_), "ncclBroadcast");
-    if (rank_ != root) to_host(buf, s, bytes);
     finish();
   }
 

@@ -41,7 +41,6 @@ void load(Loaded& out) {
   bind(lib, "ncclAllReduce", a.all_reduce, e);
   bind(lib, "ncclReduceScatter", a.reduce_scatter, e);
   bind(lib, "ncclAllGather", a.all_gather, e);
-  bind(lib, "ncclBroadcast", a.broadcast, e);
   bind(lib, "ncclSend", a.send, e);
   bind(lib, "ncclRecv", a.recv, e);
   bind(lib, "ncclGroupStart", a.group_start, e);

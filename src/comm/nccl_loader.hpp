@@ -10,7 +10,6 @@ struct NcclApi {
   decltype(&::ncclAllReduce) all_reduce;
   decltype(&::ncclReduceScatter) reduce_scatter;
   decltype(&::ncclAllGather) all_gather;
-  decltype(&::ncclBroadcast) broadcast;
   decltype(&::ncclSend) send;
   decltype(&::ncclRecv) recv;
   decltype(&::ncclGroupStart) group_start;

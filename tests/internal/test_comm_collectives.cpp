@@ -1,19 +1,25 @@
-// Every Comm collective on the local and the MPI communicator, with values
+// Every Comm collective on the local, the MPI and a custom communicator
+// (its callbacks over MPI here), with values
 // that depend on sender, receiver and position, against the expected
 // result computed here; the byte counter against the ring formulas; and
 // MPI's staging of device buffers (a stand-in "device" whose memory is host
 // memory but which counts the staging copies), bypassed with cuda_aware.
+// Float sums on host buffers are checked to follow dsopt's fixed order
+// with values whose sum depends on it.
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <cstdio>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "base/error.hpp"
 #include "comm/comm.hpp"
+#include "dsopt.h"
 #include "kernels/kernels.hpp"
 #include "fake_device_kernels.hpp"
 
@@ -30,7 +36,38 @@ void check(bool ok, const std::string& what) {
 
 float value(int sender, int receiver, size_t i) { return float(sender * 1000 + receiver * 100) + float(i % 97) * 0.25f; }
 
-void run_all(Comm& comm, const Mem& mem, const std::string& label) {
+// Values whose float sum depends on the order of the additions.
+double odd(int s, int b, size_t i) {
+  return (1.0 + 1e-3 * double((s * 7919 + b * 104729 + int64_t(i) * 1299709) % 100003)) *
+         (i % 3 ? 1e-4 : 3e3);
+}
+
+// x[b+1] + x[b+2] + ... + x[b] (ranks mod P), element i of block b.
+template <class T>
+T ring_order_sum(int P, int b, size_t i, const std::function<T(int)>& x) {
+  T want = x((b + 1) % P);
+  for (int k = 2; k <= P; ++k) want += x((b + k) % P);
+  return want;
+}
+
+// allreduce of float sums on host buffers: the fixed order over the buffer
+// padded to a multiple of P (1003 elements: padding at every P > 1).
+template <class T>
+void check_fixed_order_allreduce(Comm& comm, const Mem& mem, Elem e, const std::string& at,
+                                 uint64_t& expected_bytes) {
+  const int P = comm.size(), r = comm.rank();
+  const size_t n = 1003, block = (n + size_t(P) - 1) / size_t(P);
+  std::vector<T> send(n), recv(n, T(-1));
+  for (size_t i = 0; i < n; ++i) send[i] = T(odd(r, 0, i));
+  comm.allreduce(send.data(), recv.data(), n, e, ReduceOp::Sum, mem);
+  bool ok = true;
+  for (size_t i = 0; i < n; ++i)
+    ok &= recv[i] == ring_order_sum<T>(P, int(i / block), i, [&](int s) { return T(odd(s, 0, i)); });
+  check(ok, std::string("allreduce sum in the fixed order, ") + (sizeof(T) == 4 ? "f32" : "f64") + at);
+  expected_bytes += 2 * uint64_t(P - 1) * n * sizeof(T) / uint64_t(P);
+}
+
+void run_all(Comm& comm, const Mem& mem, const std::string& label, bool variable_alltoall = true) {
   const int P = comm.size(), r = comm.rank();
   const size_t n = 1003;
   const std::string at = " [" + label + ", P=" + std::to_string(P) + "]";
@@ -55,6 +92,20 @@ void run_all(Comm& comm, const Mem& mem, const std::string& label) {
     check(v[0] == int64_t(P - 1) * 7 - 3 && v[1] == 0, "allreduce max i64" + at);
     expected_bytes += 2 * uint64_t(P - 1) * 16 / uint64_t(P);
   }
+  if (mem.kernels->device() != Device::Cuda) {
+    check_fixed_order_allreduce<float>(comm, mem, Elem::F32, at, expected_bytes);
+    check_fixed_order_allreduce<double>(comm, mem, Elem::F64, at, expected_bytes);
+    // a small reduce_scatter too (MPI: the ring below its large-block size)
+    std::vector<float> send(n * P), recv(n, -1.0f);
+    for (int b = 0; b < P; ++b)
+      for (size_t i = 0; i < n; ++i) send[b * n + i] = float(odd(r, b, i));
+    comm.reduce_scatter(send.data(), recv.data(), n, Elem::F32, ReduceOp::Sum, mem);
+    bool ok = true;
+    for (size_t i = 0; i < n; ++i)
+      ok &= recv[i] == ring_order_sum<float>(P, r, i, [&](int s) { return float(odd(s, r, i)); });
+    check(ok, "small reduce_scatter in the fixed order" + at);
+    expected_bytes += uint64_t(P - 1) * n * 4;
+  }
   {  // reduce_scatter: block b of rank s's send is value(s, b, i)
     std::vector<float> send(n * P), recv(n, -1.0f);
     for (int b = 0; b < P; ++b)
@@ -73,19 +124,17 @@ void run_all(Comm& comm, const Mem& mem, const std::string& label) {
      // x[b+1] + x[b+2] + ... + x[b] (ranks mod P), with values whose sum
      // depends on the order
     const size_t big = 20011;  // 80 KB blocks
-    const auto odd = [](int s, int b, size_t i) {
-      return float(1.0 + 1e-3 * double((s * 7919 + b * 104729 + int64_t(i) * 1299709) % 100003)) *
-             (i % 3 ? 1e-4f : 3e3f);
-    };
     std::vector<float> send(big * P), recv(big, -1.0f);
     for (int b = 0; b < P; ++b)
-      for (size_t i = 0; i < big; ++i) send[b * big + i] = odd(r, b, i);
+      for (size_t i = 0; i < big; ++i) send[b * big + i] = float(odd(r, b, i));
     comm.reduce_scatter(send.data(), recv.data(), big, Elem::F32, ReduceOp::Sum, mem);
+    // (a custom communicator's device buffers: the callback's own order)
+    const bool runtime_order =
+        std::string(comm.backend()) == "custom" && mem.kernels->device() == Device::Cuda;
     bool ok = true;
     for (size_t i = 0; i < big; ++i) {
-      float want = odd((r + 1) % P, r, i);
-      for (int k = 2; k <= P; ++k) want += odd((r + k) % P, r, i);
-      ok &= recv[i] == want;
+      const float want = ring_order_sum<float>(P, r, i, [&](int s) { return float(odd(s, r, i)); });
+      ok &= runtime_order ? std::fabs(recv[i] - want) <= 1e-6f * std::fabs(want) : recv[i] == want;
     }
     check(ok, "reduce_scatter ring order" + at);
     expected_bytes += uint64_t(P - 1) * big * 4;
@@ -123,7 +172,7 @@ void run_all(Comm& comm, const Mem& mem, const std::string& label) {
     check(ok, "alltoall u8" + at);
     expected_bytes += uint64_t(P - 1) * n;
   }
-  {  // alltoallv: rank s sends (s + j + 1) * 3 ints to rank j, blocks packed with a gap of 5
+  if (variable_alltoall) {  // alltoallv: rank s sends (s + j + 1) * 3 ints to rank j, blocks packed with a gap of 5
     std::vector<size_t> sc(P), so(P), rc(P), ro(P);
     size_t soff = 0, roff = 0;
     for (int j = 0; j < P; ++j) {
@@ -167,18 +216,33 @@ void run_all(Comm& comm, const Mem& mem, const std::string& label) {
     check(ok, "start_allgather f32" + at);
     expected_bytes += uint64_t(P - 1) * n + uint64_t(P - 1) * n * 4;
   }
-  {  // broadcast from the last rank
-    const int root = P - 1;
-    std::vector<float> buf(n);
-    for (size_t i = 0; i < n; ++i) buf[i] = value(r, 0, i);
-    comm.broadcast(buf.data(), n, Elem::F32, root, mem);
-    bool ok = true;
-    for (size_t i = 0; i < n; ++i) ok &= buf[i] == value(root, 0, i);
-    check(ok, "broadcast" + at);
-    if (r == root && P > 1) expected_bytes += n * 4;
-  }
   check(comm.bytes_sent() == expected_bytes,
         "bytes_sent " + std::to_string(comm.bytes_sent()) + " == ring formulas " + std::to_string(expected_bytes) + at);
+}
+
+// dsopt_comm_ops over MPI_COMM_WORLD (host buffers only).
+MPI_Datatype mpi_type(int32_t elem) {
+  switch (elem) {
+    case DSOPT_COMM_FLOAT32: return MPI_FLOAT;
+    case DSOPT_COMM_FLOAT64: return MPI_DOUBLE;
+    case DSOPT_COMM_INT32: return MPI_INT32_T;
+    case DSOPT_COMM_INT64: return MPI_INT64_T;
+    default: return MPI_UINT8_T;
+  }
+}
+int custom_allreduce(const void* s, void* r, size_t n, int32_t e, int32_t op, int32_t, void*) {
+  return MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, int(n), mpi_type(e),
+                       op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
+}
+int custom_reduce_scatter(const void* s, void* r, size_t n, int32_t e, int32_t op, int32_t, void*) {
+  return MPI_Reduce_scatter_block(s, r, int(n), mpi_type(e), op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM,
+                                  MPI_COMM_WORLD);
+}
+int custom_allgather(const void* s, void* r, size_t n, int32_t e, int32_t, void*) {
+  return MPI_Allgather(s, int(n), mpi_type(e), r, int(n), mpi_type(e), MPI_COMM_WORLD);
+}
+int custom_alltoall(const void* s, void* r, size_t n, int32_t e, int32_t, void*) {
+  return MPI_Alltoall(s, int(n), mpi_type(e), r, int(n), mpi_type(e), MPI_COMM_WORLD);
 }
 
 }  // namespace
@@ -190,6 +254,23 @@ int main(int argc, char** argv) {
 
   auto local = make_local_comm();
   if (my_rank == 0) run_all(*local, Mem{cpu.get(), false}, "local");
+
+  {
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    dsopt_comm_ops ops{};
+    ops.struct_size = sizeof ops;
+    ops.rank = my_rank;
+    ops.size = size;
+    ops.allreduce = custom_allreduce;
+    ops.reduce_scatter = custom_reduce_scatter;
+    ops.allgather = custom_allgather;
+    ops.alltoall = custom_alltoall;
+    auto custom = make_custom_comm(ops, nullptr);
+    run_all(*custom, Mem{cpu.get(), false}, "custom over MPI", false);
+    FakeDeviceKernels device;
+    run_all(*custom, Mem{&device, false}, "custom, device buffers", false);
+  }
 
   auto mpi = make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
   run_all(*mpi, Mem{cpu.get(), false}, "mpi host");
