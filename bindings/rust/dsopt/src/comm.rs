@@ -4,10 +4,13 @@ use std::ptr::{self, NonNull};
 
 use dsopt_sys as sys;
 
+use crate::collectives::{self, Collectives};
 use crate::error::{check, Error, Result};
 
 /// A dsopt communicator (`dsopt_comm`). The MPI or NCCL communicator behind
-/// it is borrowed, never freed; dropping this releases the wrapper only.
+/// it is borrowed, never freed; dropping this releases the wrapper only. A
+/// [custom](Self::custom) communicator owns its [`Collectives`] and drops
+/// them with itself.
 ///
 /// An [`Optimizer`](crate::Optimizer) borrows its communicator mutably for
 /// its whole life, so the borrow checker enforces the C rule that the
@@ -23,7 +26,9 @@ pub struct Communicator {
 }
 
 // Safety: a dsopt_comm has no thread affinity; it is only ever used by one
-// thread at a time (not Sync, and optimizers hold it through `&mut`).
+// thread at a time (not Sync, and optimizers hold it through `&mut`). A
+// custom communicator's collectives are `Send` (a trait bound), so they may
+// be called and dropped on another thread.
 unsafe impl Send for Communicator {}
 
 impl Communicator {
@@ -70,6 +75,84 @@ impl Communicator {
         Self::create(|out| unsafe { sys::dsopt_comm_create_nccl(out, comm, stream) })
     }
 
+    /// A communicator whose collectives are `collectives`, the caller's own
+    /// (`dsopt_comm_create_custom`): an in-process world over threads, a
+    /// runtime dsopt has no built-in support for. Rank, size and
+    /// [`concurrent`](Collectives::concurrent) are read once, here. Not
+    /// collective.
+    ///
+    /// dsopt calls the collectives through `extern "C"` trampolines: an
+    /// `Err` or a panic fails the running dsopt call with
+    /// [`ErrorKind::Comm`](crate::ErrorKind::Comm) and the error's text;
+    /// dsopt then calls the communicator no more. Dropping the communicator
+    /// drops `collectives`. A rank or size out of range is
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument)
+    /// (and `collectives` is dropped).
+    ///
+    /// ```no_run
+    /// use dsopt::{Buffer, BufferMut, CollectiveResult, Collectives, Communicator, ReduceOp};
+    ///
+    /// /// One rank alone: every collective is a copy.
+    /// struct Alone;
+    ///
+    /// impl Collectives for Alone {
+    ///     fn rank(&self) -> i32 { 0 }
+    ///     fn size(&self) -> i32 { 1 }
+    ///     fn allreduce(&mut self, _data: BufferMut<'_>, _op: ReduceOp) -> CollectiveResult {
+    ///         Ok(())
+    ///     }
+    ///     fn reduce_scatter(&mut self, send: Buffer<'_>, mut recv: BufferMut<'_>, _op: ReduceOp)
+    ///         -> CollectiveResult { recv.copy_from(send) }
+    ///     fn allgather(&mut self, send: Buffer<'_>, mut recv: BufferMut<'_>) -> CollectiveResult {
+    ///         recv.copy_from(send)
+    ///     }
+    ///     fn alltoall(&mut self, send: Buffer<'_>, mut recv: BufferMut<'_>) -> CollectiveResult {
+    ///         recv.copy_from(send)
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> dsopt::Result<()> {
+    /// let comm = Communicator::custom(Alone)?;
+    /// assert_eq!((comm.rank(), comm.size()), (0, 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn custom<C: Collectives + 'static>(collectives: C) -> Result<Self> {
+        // Safety: a null stream is the legacy default stream, always valid
+        // (and unused by optimizers on the CPU).
+        unsafe { Self::custom_on_stream(collectives, ptr::null_mut()) }
+    }
+
+    /// [`custom`](Self::custom) for an optimizer with `"device": "cuda"`:
+    /// dsopt runs its device work on `stream` (`ops.stream`; null: the
+    /// legacy default stream), and passes it to
+    /// [`device_collective`](Collectives::device_collective).
+    ///
+    /// # Safety
+    /// `stream` must be null or a valid `cudaStream_t` until this value is
+    /// dropped.
+    pub unsafe fn custom_on_stream<C: Collectives + 'static>(
+        collectives: C,
+        stream: *mut sys::CUstream_st,
+    ) -> Result<Self> {
+        let (rank, size) = (collectives.rank(), collectives.size());
+        let ops = collectives::ops::<C>(rank, size, collectives.concurrent(), stream);
+        let user = collectives::into_user(collectives, size, stream);
+        let mut out = ptr::null_mut();
+        // Safety: `ops` is a complete table whose callbacks expect `user`, a
+        // Box<Custom<C>> that dsopt borrows until dsopt_comm_destroy calls
+        // `release` (from Drop); `stream` is valid by the caller's promise.
+        let rc = unsafe { sys::dsopt_comm_create_custom(&mut out, &ops, user) };
+        if rc != sys::DSOPT_OK {
+            // Safety: dsopt did not take `user` (release is not called when
+            // the creation fails); it is freed once, here.
+            unsafe { collectives::free_user::<C>(user) };
+            check(rc)?;
+        }
+        NonNull::new(out)
+            .map(|raw| Communicator { raw })
+            .ok_or_else(|| Error::invalid("dsopt returned a NULL communicator"))
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> i32 {
         // Safety: `raw` is a live communicator until drop.
@@ -91,7 +174,8 @@ impl Communicator {
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Safety: `raw` came from a dsopt_comm_create_* call and is destroyed
-        // once; no optimizer uses it any more (they borrow `self`).
+        // once; no optimizer uses it any more (they borrow `self`). A custom
+        // communicator's `release` drops its collectives here.
         unsafe { sys::dsopt_comm_destroy(self.raw.as_ptr()) }
     }
 }

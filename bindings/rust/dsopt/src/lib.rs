@@ -29,6 +29,19 @@
 //! and stage; [`memory_usage`](Optimizer::memory_usage) reports the bytes
 //! dsopt holds on this rank.
 //!
+//! # Custom communicators
+//!
+//! Besides [`Communicator::local`] and the MPI and NCCL wrappers, any
+//! runtime with an allreduce, a reduce-scatter, an allgather and an
+//! all-to-all can carry an optimizer: implement [`Collectives`] over
+//! typed host slices ([`Buffer`], [`BufferMut`]; [`ElemType`],
+//! [`ReduceOp`]) and pass it to [`Communicator::custom`]. A collective
+//! returns `Err` (or panics) to fail the dsopt call that was running with
+//! [`ErrorKind::Comm`] and the error's text, and must return (with a
+//! timeout, say) rather than wait forever for a rank that failed. Device
+//! memory, for `"device": "cuda"`, arrives as raw pointers in
+//! [`Collectives::device_collective`] ([`DeviceCall`]).
+//!
 //! # Ownership
 //!
 //! An optimizer borrows its parameter buffers and its communicator mutably
@@ -53,11 +66,16 @@
 //! shared::<dsopt::Optimizer<'static>>();
 //! ```
 
+mod collectives;
 mod comm;
 mod error;
 mod optimizer;
 mod tensor;
 
+pub use collectives::{
+    Buffer, BufferMut, Collective, CollectiveError, CollectiveResult, Collectives, DeviceCall,
+    ElemType, ReduceOp,
+};
 pub use comm::Communicator;
 pub use dsopt_sys as sys;
 pub use error::{Error, ErrorKind, Result};
