@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Tests the Rust binding (bindings/rust: dsopt-sys layout tests, the safe
-# crate's tests) and runs the Rust example (examples/rust: Adam, AdamW with
-# ZeRO stage 2, then 1-bit Adam; each reloads its state with the resharding
-# load), offline, against <builddir>/libdsopt.so. Skips when cargo is absent.
+# crate's tests, custom communicators over threads included) and runs the
+# Rust examples (examples/rust: `train`, Adam, AdamW with ZeRO stage 2, then
+# 1-bit Adam, each reloading its state with the resharding load; `threads`,
+# data-parallel AdamW and 1-bit Adam on 4 threads through a custom
+# communicator), offline, against <builddir>/libdsopt.so. Skips when cargo
+# is absent.
 #   tests/rust/test_rust.sh <builddir>
 set -euo pipefail
 
@@ -20,4 +23,6 @@ echo "== bindings/rust: cargo test"
 (cd "$repo/bindings/rust" && cargo test --offline --quiet)
 echo "== examples/rust: cargo run"
 (cd "$repo/examples/rust" && cargo run --offline --release --quiet -- --steps 200)
+echo "== examples/rust: cargo run --bin threads"
+(cd "$repo/examples/rust" && cargo run --offline --release --quiet --bin threads -- --steps 200)
 echo "test-rust: passed"
