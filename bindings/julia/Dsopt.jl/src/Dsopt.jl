@@ -27,7 +27,8 @@ using Libdl
 
 export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        PHASE_SKIPPED, PHASE_FULL, PHASE_COMPRESSED, PHASE_LOCAL, PHASE_SYNC,
-       mpi_communicator, nccl_communicator, comm_rank, comm_size,
+       mpi_communicator, nccl_communicator, custom_communicator, Collectives,
+       comm_rank, comm_size,
        step!, grad_ready!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
        state_save, state_load!, state_load_shards!, memory_usage, set_momentum_mask!
 
@@ -189,17 +190,18 @@ end
 """
     Communicator()
 
-A world of one rank (no communication). See also [`mpi_communicator`](@ref)
-and [`nccl_communicator`](@ref). `close(comm)` releases it (never the MPI or
+A world of one rank (no communication). See also [`mpi_communicator`](@ref),
+[`nccl_communicator`](@ref) and [`custom_communicator`](@ref). `close(comm)` releases it (never the MPI or
 NCCL communicator behind it); while optimizers still use it, the release
 waits for the last of them to close. A finalizer closes it too.
 """
 mutable struct Communicator
     handle::Ptr{Cvoid}
-    kind::Symbol          # :local, :mpi or :nccl
+    kind::Symbol          # :local, :mpi, :nccl or :custom
     users::Int            # open optimizers on it
     close_requested::Bool
-    keep::Any             # the object the MPI/NCCL communicator came from
+    keep::Any             # the object the MPI/NCCL communicator came from; a custom
+                          # communicator's CustomState (dsopt's `user` pointer)
 
     function Communicator(kind::Symbol, keep, create::Function)
         out = Ref{Ptr{Cvoid}}(C_NULL)
@@ -234,6 +236,282 @@ returned object.
 nccl_communicator(comm::Ptr, stream::Ptr=C_NULL; keep=nothing) = Communicator(:nccl, keep, out ->
     ccall((:dsopt_comm_create_nccl, libdsopt), Cint, (Ref{Ptr{Cvoid}}, Ptr{Cvoid}, Ptr{Cvoid}),
           out, comm, stream))
+
+# ---- custom communicators (dsopt_comm_create_custom) -----------------------------
+#
+# UNTESTED: no Julia runtime on the machine this was written on. CCommOps
+# mirrors `dsopt_comm_ops` of include/dsopt.h field for field (keep them in
+# step): four 32-bit integers, then seven pointers, with no padding on 32- or
+# 64-bit targets. Julia lays out an immutable struct of bits types as C does.
+
+const DSOPT_COMM_FLOAT32 = Int32(0)
+const DSOPT_COMM_FLOAT64 = Int32(1)
+const DSOPT_COMM_INT32   = Int32(2)
+const DSOPT_COMM_INT64   = Int32(3)
+const DSOPT_COMM_UINT8   = Int32(4)
+const DSOPT_COMM_SUM     = Int32(0)
+const DSOPT_COMM_MAX     = Int32(1)
+const DSOPT_COMM_HOST    = Int32(0)
+const DSOPT_COMM_CUDA    = Int32(1)
+
+# The C dsopt_comm_ops: 72 bytes on 64-bit targets.
+struct CCommOps
+    struct_size::UInt32     # sizeof(dsopt_comm_ops)
+    flags::UInt32           # 0 (DSOPT_COMM_CONCURRENT is never set: see Collectives)
+    rank::Int32
+    size::Int32
+    stream::Ptr{Cvoid}      # struct CUstream_st *
+    allreduce::Ptr{Cvoid}   # int (*)(const void *send, void *recv, size_t count, int32_t elem,
+                            #         int32_t op, int32_t device, void *user)
+    reduce_scatter::Ptr{Cvoid}  # same signature as allreduce
+    allgather::Ptr{Cvoid}   # int (*)(const void *send, void *recv, size_t count, int32_t elem,
+                            #         int32_t device, void *user)
+    alltoall::Ptr{Cvoid}    # same signature as allgather
+    error_message::Ptr{Cvoid}   # const char *(*)(int code, void *user)
+    release::Ptr{Cvoid}     # void (*)(void *user)
+end
+
+@assert sizeof(CCommOps) == 4 * sizeof(UInt32) + 7 * sizeof(Ptr{Cvoid}) &&
+        fieldoffset(CCommOps, 5) == 16 "CCommOps does not match dsopt_comm_ops"
+
+"""
+    Collectives(; rank, size, allreduce, reduce_scatter, allgather, alltoall, device=nothing)
+
+The collectives of a custom communicator ([`custom_communicator`](@ref)): the
+caller's own functions, called by dsopt on every rank, in the same order,
+one at a time. `rank` is 0-based, `0 <= rank < size`. `count` below is the
+number of elements per rank (> 0). On host memory the functions get `Vector`s
+of `T` ∈ (`Float32`, `Float64`, `Int32`, `Int64`, `UInt8`) that wrap dsopt's
+buffers without copying: valid only during the call (keep no reference), and
+`send` must not be written.
+
+- `allreduce(data, op)`: in place, `data[i] = op` over ranks of `data[i]`
+  (`count` elements); `op` is `:sum` or `:max`.
+- `reduce_scatter(recv, send, op)`: `send` holds `size * count` elements;
+  `recv` (`count`) gets the `op` over ranks of block `rank` of `send`
+  (elements `rank * count + 1 : (rank + 1) * count`).
+- `allgather(recv, send)`: `recv` (`size * count`) gets rank `r`'s `send`
+  (`count`) as block `r`.
+- `alltoall(recv, send)`: both hold `size * count` elements; block `j` of
+  `send` goes to rank `j`, block `i` of `recv` comes from rank `i`.
+- `device` (optional), for optimizers with `"device": "cuda"`:
+  `device(kind, send::Ptr{Cvoid}, recv::Ptr{Cvoid}, count, T, op, stream::Ptr{Cvoid})`
+  with `kind` one of `:allreduce`, `:reduce_scatter`, `:allgather`,
+  `:alltoall`, raw device pointers (send == recv for an in-place allreduce),
+  `op` `:sum`, `:max` or `nothing`; finish the collective before returning or
+  order it on `stream`. Without it, device collectives fail.
+
+On host memory dsopt computes every floating-point sum over ranks itself, in a
+fixed order, from `alltoall` and `allgather`: `allreduce` and
+`reduce_scatter` see only integer sums and maxima, and results do not depend
+on the implementation.
+
+A function fails by throwing: dsopt fails the call that was running with
+`Dsopt.DSOPT_ECOMM` and the exception's text (`sprint(showerror, e)`), and
+calls the communicator no more. It must throw rather than wait forever for a
+rank that failed (a timeout), so that every rank fails instead of hanging.
+
+The functions run inside a `ccall` into libdsopt, on the task that made it:
+they must not yield (no `sleep`, `wait`, `Channel`s, `@sync`; blocking MPI
+calls are fine). dsopt is never allowed to call them from a thread of its
+own (`DSOPT_COMM_CONCURRENT` is not set): the Julia thread blocked in the
+`ccall` could not reach a GC safepoint while such a callback allocated, so
+`grad_ready!` reductions do not overlap backward here.
+
+# MPI.jl
+
+For an MPI that libdsopt was not built against (MPI.jl's own binaries, say;
+otherwise [`mpi_communicator`](@ref) is simpler):
+
+```julia
+using MPI, Dsopt
+MPI.Init()
+world = MPI.COMM_WORLD
+rank, nranks = MPI.Comm_rank(world), MPI.Comm_size(world)
+mpi_op(op) = op === :sum ? MPI.SUM : MPI.MAX
+coll = Collectives(
+    rank = rank, size = nranks,
+    allreduce = (data, op) -> MPI.Allreduce!(data, mpi_op(op), world),
+    # MPI.jl has no Reduce_scatter_block!: an allreduce of the whole buffer,
+    # then this rank's block (dsopt calls it only for small integer buffers).
+    reduce_scatter = (recv, send, op) -> begin
+        total = MPI.Allreduce!(copy(send), mpi_op(op), world)
+        n = length(recv)
+        copyto!(recv, 1, total, rank * n + 1, n)
+    end,
+    allgather = (recv, send) -> MPI.Allgather!(send, MPI.UBuffer(recv, length(send)), world),
+    alltoall = (recv, send) -> MPI.Alltoall!(MPI.UBuffer(send, length(send) ÷ nranks),
+                                             MPI.UBuffer(recv, length(recv) ÷ nranks), world))
+comm = custom_communicator(coll)
+opt = Optimizer(config, [w, b], comm)
+# ... step!(opt, grads) on every rank ...
+close(opt); close(comm)
+```
+
+MPI.jl's collectives have no timeout: with MPI's default error handler a
+failing rank aborts the job rather than leaving the others waiting.
+"""
+struct Collectives
+    rank::Int
+    size::Int
+    allreduce::Any
+    reduce_scatter::Any
+    allgather::Any
+    alltoall::Any
+    device::Any
+end
+
+Collectives(; rank::Integer, size::Integer, allreduce, reduce_scatter, allgather, alltoall,
+            device=nothing) =
+    Collectives(rank, size, allreduce, reduce_scatter, allgather, alltoall, device)
+
+# What dsopt's `user` pointer points to. The Communicator keeps it referenced
+# (field `keep`) until dsopt_comm_destroy, so the pointer stays valid (Julia's
+# GC does not move objects).
+mutable struct CustomState
+    collectives::Collectives
+    stream::Ptr{Cvoid}
+    message::Vector{UInt8}   # NUL-terminated text of the last failure
+    released::Bool
+end
+
+function comm_eltype(code::Int32)
+    code == DSOPT_COMM_FLOAT32 && return Float32
+    code == DSOPT_COMM_FLOAT64 && return Float64
+    code == DSOPT_COMM_INT32 && return Int32
+    code == DSOPT_COMM_INT64 && return Int64
+    code == DSOPT_COMM_UINT8 && return UInt8
+    throw(ArgumentError("dsopt passed an unknown element type (code $code)"))
+end
+
+function comm_op(code::Int32)
+    code == DSOPT_COMM_SUM && return :sum
+    code == DSOPT_COMM_MAX && return :max
+    throw(ArgumentError("dsopt passed an unknown reduction (code $code)"))
+end
+
+function on_device(code::Int32)
+    code == DSOPT_COMM_HOST && return false
+    code == DSOPT_COMM_CUDA && return true
+    throw(ArgumentError("dsopt passed an unknown buffer location (code $code)"))
+end
+
+# Runs one collective: 0, or 1 with the exception's text in state.message.
+# Nothing is thrown through the C frames of libdsopt.
+function run_collective(f, user::Ptr{Cvoid})
+    state = unsafe_pointer_to_objref(user)::CustomState
+    try
+        f(state)
+        return Cint(0)
+    catch e
+        text = try
+            sprint(showerror, e)
+        catch
+            "a collective threw an exception of type $(typeof(e))"
+        end
+        isempty(text) && (text = "a collective failed (no message)")
+        state.message = push!(Vector{UInt8}(replace(text, '\0' => "\\0")), 0x00)
+        return Cint(1)
+    end
+end
+
+function device_call(state::CustomState, kind::Symbol, send, recv, n, T, op)
+    device = state.collectives.device
+    device === nothing &&
+        error("this custom communicator has host collectives only ($kind on device memory)")
+    device(kind, Ptr{Cvoid}(send), Ptr{Cvoid}(recv), n, T, op, state.stream)
+    return nothing
+end
+
+# Host arrays over dsopt's buffers, without copies (own=false: dsopt frees them).
+wrap(::Type{T}, p::Ptr{Cvoid}, n::Integer) where {T} = unsafe_wrap(Array, Ptr{T}(p), n; own=false)
+
+function custom_allreduce(send::Ptr{Cvoid}, recv::Ptr{Cvoid}, count::Csize_t, elem::Int32,
+                          op::Int32, device::Int32, user::Ptr{Cvoid})::Cint
+    return run_collective(user) do state
+        T, o, n = comm_eltype(elem), comm_op(op), Int(count)
+        on_device(device) && return device_call(state, :allreduce, send, recv, n, T, o)
+        send == recv || unsafe_copyto!(Ptr{T}(recv), Ptr{T}(send), n)
+        state.collectives.allreduce(wrap(T, recv, n), o)
+    end
+end
+
+function custom_reduce_scatter(send::Ptr{Cvoid}, recv::Ptr{Cvoid}, count::Csize_t, elem::Int32,
+                               op::Int32, device::Int32, user::Ptr{Cvoid})::Cint
+    return run_collective(user) do state
+        T, o, n = comm_eltype(elem), comm_op(op), Int(count)
+        on_device(device) && return device_call(state, :reduce_scatter, send, recv, n, T, o)
+        state.collectives.reduce_scatter(wrap(T, recv, n), wrap(T, send, state.collectives.size * n), o)
+    end
+end
+
+function custom_allgather(send::Ptr{Cvoid}, recv::Ptr{Cvoid}, count::Csize_t, elem::Int32,
+                          device::Int32, user::Ptr{Cvoid})::Cint
+    return run_collective(user) do state
+        T, n = comm_eltype(elem), Int(count)
+        on_device(device) && return device_call(state, :allgather, send, recv, n, T, nothing)
+        state.collectives.allgather(wrap(T, recv, state.collectives.size * n), wrap(T, send, n))
+    end
+end
+
+function custom_alltoall(send::Ptr{Cvoid}, recv::Ptr{Cvoid}, count::Csize_t, elem::Int32,
+                         device::Int32, user::Ptr{Cvoid})::Cint
+    return run_collective(user) do state
+        T, n = comm_eltype(elem), Int(count)
+        on_device(device) && return device_call(state, :alltoall, send, recv, n, T, nothing)
+        total = state.collectives.size * n
+        state.collectives.alltoall(wrap(T, recv, total), wrap(T, send, total))
+    end
+end
+
+# The text stays valid until the next failure replaces state.message.
+function custom_error_message(code::Cint, user::Ptr{Cvoid})::Ptr{UInt8}
+    state = unsafe_pointer_to_objref(user)::CustomState
+    return isempty(state.message) ? Ptr{UInt8}(C_NULL) : pointer(state.message)
+end
+
+# Called by dsopt_comm_destroy (from close or the finalizer): the state may be
+# collected once the Communicator that keeps it is. Allocates nothing.
+function custom_release(user::Ptr{Cvoid})::Cvoid
+    (unsafe_pointer_to_objref(user)::CustomState).released = true
+    return nothing
+end
+
+"""
+    custom_communicator(collectives::Collectives; stream::Ptr=C_NULL)
+
+A communicator whose collectives are the caller's own Julia functions (see
+[`Collectives`](@ref), which shows MPI.jl plugged in): `dsopt_comm_create_custom`
+with `@cfunction` callbacks. `stream` is the CUDA stream (`cudaStream_t`)
+dsopt's device work runs on for `"device": "cuda"` (`C_NULL`: the legacy
+default stream), valid until the communicator is closed. Not collective.
+`close(comm)` (or the finalizer) releases it; like any communicator it must
+outlive the optimizers on it, which multi-rank code closes on every rank.
+Throws a [`DsoptError`](@ref) with code `Dsopt.DSOPT_EINVAL` for a rank or
+size out of range.
+"""
+function custom_communicator(collectives::Collectives; stream::Ptr=C_NULL)
+    state = CustomState(collectives, Ptr{Cvoid}(stream), UInt8[], false)
+    ops = Ref(CCommOps(
+        UInt32(sizeof(CCommOps)),
+        UInt32(0),
+        Int32(collectives.rank),
+        Int32(collectives.size),
+        Ptr{Cvoid}(stream),
+        @cfunction(custom_allreduce, Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Int32, Int32, Int32, Ptr{Cvoid})),
+        @cfunction(custom_reduce_scatter, Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Int32, Int32, Int32, Ptr{Cvoid})),
+        @cfunction(custom_allgather, Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Int32, Int32, Ptr{Cvoid})),
+        @cfunction(custom_alltoall, Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Csize_t, Int32, Int32, Ptr{Cvoid})),
+        @cfunction(custom_error_message, Ptr{UInt8}, (Cint, Ptr{Cvoid})),
+        @cfunction(custom_release, Cvoid, (Ptr{Cvoid},))))
+    # dsopt copies *ops; `state` is kept by the Communicator (keep) until it is
+    # destroyed. When the creation fails dsopt never calls release, and
+    # `state` is simply collected.
+    return Communicator(:custom, state, out -> GC.@preserve(state,
+        ccall((:dsopt_comm_create_custom, libdsopt), Cint,
+              (Ref{Ptr{Cvoid}}, Ref{CCommOps}, Ptr{Cvoid}),
+              out, ops, pointer_from_objref(state))))
+end
 
 function live(comm::Communicator)
     (comm.handle == C_NULL || comm.close_requested) &&
