@@ -4,9 +4,13 @@
 // For each size (1M, 16M and 64M floats by default; M = 2^20) every rank
 // holds its own fp32 vector and the two operations run in interleaved
 // rounds, each from the same input:
-//   fp32 allreduce   MPI_Allreduce(MPI_SUM) of the vector in place, through
-//                    dsopt's MPI Comm (the sum only: the 1/P scaling a
-//                    training step adds is not timed)
+//   fp32 allreduce   the sum of the vector in place through dsopt's MPI
+//                    Comm, what a training step runs: dsopt's fixed-order
+//                    sum (a ring reduce-scatter of MPI_Sendrecv, then
+//                    MPI_Allgather; the 1/P scaling a training step adds
+//                    is not timed)
+//   MPI_Allreduce    MPI's own MPI_Allreduce(MPI_SUM) in place, for
+//                    comparison (bytes: the fp32 formula)
 //   1-bit CAR        CompressedAllreduce::run: the vector becomes its
 //                    error-compensated 1-bit average (worker compress,
 //                    all-to-all of signs, server average and recompress,
@@ -270,13 +274,17 @@ std::pair<double, double> check_error_feedback(dsopt::Comm& comm, dsopt::Kernels
   return {first, avg};
 }
 
-void print_row(const char* name, const Measured& m, double formula_bytes, double ref_median) {
+// counted: whether m's bytes went through the Comm (its counter is shown).
+void print_row(const char* name, const Measured& m, double formula_bytes, double ref_median,
+               bool counted = true) {
+  char comm_bytes[32] = "-";
+  if (counted) std::snprintf(comm_bytes, sizeof comm_bytes, "%.5g", double(m.comm_bytes));
   char lo[32] = "-";
   if (m.lo_bytes_per_rank >= 0) std::snprintf(lo, sizeof lo, "%.4g", m.lo_bytes_per_rank);
   char speed[16] = "-";
   if (ref_median > 0) std::snprintf(speed, sizeof speed, "%.1fx", ref_median / m.samples.median());
-  std::printf("  %-16s %10.4f %10.4f %12.5g %12.5g %12s %8s\n", name, m.samples.median(),
-              m.samples.best(), double(m.comm_bytes), formula_bytes, lo, speed);
+  std::printf("  %-16s %10.4f %10.4f %12s %12.5g %12s %8s\n", name, m.samples.median(),
+              m.samples.best(), comm_bytes, formula_bytes, lo, speed);
   std::fflush(stdout);
 }
 
@@ -302,13 +310,17 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
   comm.allreduce(x.get(), x.get(), size_t(n), dsopt::Elem::F32, dsopt::ReduceOp::Sum, mem);
   check_sum(x.get(), n);
 
-  Measured fp32, onebit;
+  Measured fp32, mpi, onebit;
   for (int it = 0; it < warmup + iters; ++it) {
     const bool record = it >= warmup;
-    if (with_fp32)
+    if (with_fp32) {
       timed_call(comm, fp32, record, restore, [&] {
         comm.allreduce(x.get(), x.get(), size_t(n), dsopt::Elem::F32, dsopt::ReduceOp::Sum, mem);
       });
+      timed_call(comm, mpi, record, restore, [&] {
+        MPI_Allreduce(MPI_IN_PLACE, x.get(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      });
+    }
     timed_call(comm, onebit, record, restore, [&] {
       float* p = x.get();
       car.run(&p);
@@ -323,7 +335,10 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
                 static_cast<long long>(car.pieces()));
     std::printf("  %-16s %10s %10s %12s %12s %12s %8s\n", "operation", "median s", "best s",
                 "B/rank Comm", "B/rank form.", "B/rank lo", "speedup");
-    if (with_fp32) print_row("fp32 allreduce", fp32, fp32_formula, -1);
+    if (with_fp32) {
+      print_row("fp32 allreduce", fp32, fp32_formula, -1);
+      print_row("MPI_Allreduce", mpi, fp32_formula, -1, false);
+    }
     print_row("1-bit CAR", onebit, car_formula, with_fp32 ? fp32.samples.median() : -1);
     std::printf(
         "  bytes ratio (formula) %.1fx; checked: first CAR call matches the reference\n"
