@@ -332,8 +332,9 @@ mpi_op(op) = op === :sum ? MPI.SUM : MPI.MAX
 coll = Collectives(
     rank = rank, size = nranks,
     allreduce = (data, op) -> MPI.Allreduce!(data, mpi_op(op), world),
-    # MPI.jl has no Reduce_scatter_block!: an allreduce of the whole buffer,
-    # then this rank's block (dsopt calls it only for small integer buffers).
+    # An allreduce of the whole buffer, then this rank's block: simple, and
+    # dsopt calls it only for small integer buffers on the host (MPI.jl's
+    # low-level MPI.API.MPI_Reduce_scatter_block is the direct call).
     reduce_scatter = (recv, send, op) -> begin
         total = MPI.Allreduce!(copy(send), mpi_op(op), world)
         n = length(recv)
