@@ -47,9 +47,15 @@ void Comm::allreduce(const void* send, void* recv, size_t count, Elem e, ReduceO
                      const Mem& mem) {
   const uint64_t p = uint64_t(size());
   if (count == 0) return;
-  if (ordered(e, op, mem))
-    ordered_allreduce(send, recv, count, e, mem);
-  else
+  if (ordered(e, op, mem)) {
+    // in pieces whose counts MPI takes as int (the same on every backend:
+    // the pieces decide the blocks, so the order of the additions)
+    const size_t es = elem_size(e);
+    for (size_t off = 0; off < count; off += kOrderedPiece)
+      do_ordered_allreduce(static_cast<const char*>(send) + off * es,
+                           static_cast<char*>(recv) + off * es, std::min(kOrderedPiece, count - off),
+                           e, mem);
+  } else
     do_allreduce(send, recv, count, e, op, mem);
   bytes_sent_ += 2 * (p - 1) * count * elem_size(e) / p;
 }
@@ -131,7 +137,8 @@ void Comm::do_ordered_reduce_scatter(const void* send, void* recv, size_t count,
                       count, size(), rank());
 }
 
-void Comm::ordered_allreduce(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
+void Comm::do_ordered_allreduce(const void* send, void* recv, size_t count, Elem e,
+                                const Mem& mem) {
   const size_t p = size_t(size()), es = elem_size(e), block = (count + p - 1) / p;
   const bool even = block * p == count;
   std::vector<char> padded, gathered, mine(block * es);

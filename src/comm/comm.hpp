@@ -10,8 +10,9 @@
 //
 // Floating-point sums over ranks on host buffers are dsopt's own, in one
 // fixed order on every backend but NCCL (which keeps its own): element i of
-// block b (b = 0..P-1 of a reduce-scatter, or of the padded allreduce
-// buffer) is ((x[b+1] + x[b+2]) + ...) + x[b], ranks taken mod P, one
+// block b (b = 0..P-1 of a reduce-scatter; of an allreduce, elements
+// [b*q, (b+1)*q) with q = ceil(n / P) of each piece of at most 2^30
+// elements) is ((x[b+1] + x[b+2]) + ...) + x[b], ranks taken mod P, one
 // rounding per addition. Results then do not depend on the MPI library or
 // the caller's runtime behind a custom communicator.
 #pragma once
@@ -125,6 +126,12 @@ class Comm {
   // ring) but must add in the same order.
   virtual void do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
                                          const Mem& mem);
+  // The fixed-order allreduce of a float sum on host buffers: block b is
+  // elements [b*q, min((b+1)*q, count)) with q = ceil(count / P). Default:
+  // the reduce-scatter of the buffer padded with zeros to P*q, then an
+  // allgather.
+  virtual void do_ordered_allreduce(const void* send, void* recv, size_t count, Elem e,
+                                    const Mem& mem);
   // The nonblocking forms where overlaps(mem); nullptr: run the blocking one.
   virtual std::unique_ptr<CommRequest> do_start_alltoall(const void* send, void* recv, size_t count,
                                                          Elem e, const Mem& mem);
@@ -135,9 +142,7 @@ class Comm {
   // What start_* returns: the backend's request (its bytes counted), or,
   // when there is none, a finished one after running `blocking`.
   bool ordered(Elem e, ReduceOp op, const Mem& mem) const;
-  // allreduce as the fixed-order reduce-scatter of the buffer padded with
-  // zeros to a multiple of P, then an allgather.
-  void ordered_allreduce(const void* send, void* recv, size_t count, Elem e, const Mem& mem);
+  static constexpr size_t kOrderedPiece = size_t(1) << 30;
   std::unique_ptr<CommRequest> started(std::unique_ptr<CommRequest> request, size_t count, Elem e,
                                        const std::function<void()>& blocking);
 

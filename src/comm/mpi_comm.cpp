@@ -156,7 +156,7 @@ class MpiComm final : public Comm {
     const size_t es = elem_size(e);
     HostPair h = stage(mem, send, count * es * size_t(size_), recv, count * es);
     if (count * es >= kRingBlockBytes && size_ > 1) {
-      ring_reduce_scatter(h.in, h.out, count, e, op);
+      ring_reduce_scatter(h.in, h.out, Blocks{count, count * size_t(size_)}, e, op);
     } else {
       ok(MPI_Reduce_scatter_block(h.in, h.out, as_int_count(count, "reduce_scatter"),
                                          mpi_type(e), mpi_op(op), comm_),
@@ -166,12 +166,31 @@ class MpiComm final : public Comm {
   }
 
   // Host float sums: the ring at every block size (its order is the fixed
-  // one of comm.hpp, with one block of scratch where the alltoall form
+  // one of comm.hpp, with two blocks of scratch where the alltoall form
   // needs P).
   void do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
                                  const Mem&) override {
     usable();
-    ring_reduce_scatter(send, recv, count, e, ReduceOp::Sum);
+    ring_reduce_scatter(send, recv, Blocks{count, count * size_t(size_)}, e, ReduceOp::Sum);
+  }
+
+  // The ring straight on the caller's buffers (no padding), then the
+  // blocks gathered in place.
+  void do_ordered_allreduce(const void* send, void* recv, size_t count, Elem e,
+                            const Mem&) override {
+    usable();
+    const Blocks blocks{(count + size_t(size_) - 1) / size_t(size_), count};
+    const size_t es = elem_size(e);
+    ring_reduce_scatter(send, static_cast<char*>(recv) + blocks.first(rank_) * es, blocks, e,
+                        ReduceOp::Sum);
+    std::vector<int> counts(static_cast<size_t>(size_)), displs(static_cast<size_t>(size_));
+    for (int b = 0; b < size_; ++b) {
+      counts[size_t(b)] = as_int_count(blocks.length(b), "allreduce");
+      displs[size_t(b)] = as_int_count(blocks.first(b), "allreduce");
+    }
+    ok(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts.data(), displs.data(),
+                      mpi_type(e), comm_),
+       "MPI_Allgatherv");
   }
 
   // From this block size on, reduce-scatter runs as a ring of P-1
@@ -181,22 +200,40 @@ class MpiComm final : public Comm {
   // x[b+1] + x[b+2] + ... + x[b] (ranks mod P).
   static constexpr size_t kRingBlockBytes = 64 * 1024;
 
-  void ring_reduce_scatter(const void* in, void* out, size_t count, Elem e, ReduceOp op) {
-    const size_t bytes = count * elem_size(e);
-    const int n = as_int_count(count, "reduce_scatter");
+  // Block b of a buffer of `total` elements: [b * size, min((b + 1) * size,
+  // total)), empty past the end.
+  struct Blocks {
+    size_t size, total;
+    size_t first(int b) const { return std::min(total, size_t(b) * size); }
+    size_t length(int b) const { return std::min(total, size_t(b + 1) * size) - first(b); }
+  };
+
+  // out (blocks.length(rank_) elements) = the sum over ranks of block
+  // rank_ of `in`. May be called with out inside `in`, at block rank_: it is
+  // written only by the last step, element by element from the same
+  // element of `in`.
+  void ring_reduce_scatter(const void* in, void* out, const Blocks& blocks, Elem e, ReduceOp op) {
+    const size_t es = elem_size(e);
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-    const auto block = [&](int b) { return static_cast<const char*>(in) + size_t(b) * bytes; };
-    // The partial sum travels in `out`; one block of scratch for the
-    // incoming one, freed on return (like an MPI library's temporaries).
-    std::vector<char> incoming(bytes);
+    const auto block = [&](int b) { return static_cast<const char*>(in) + blocks.first(b) * es; };
+    // The partial sum travels in `partial`, the incoming one arrives in
+    // `incoming`; freed on return (like an MPI library's temporaries).
+    std::vector<char> incoming(blocks.size * es), partial(blocks.size * es);
     for (int s = 0; s < size_ - 1; ++s) {
-      const void* outgoing = s == 0 ? block((rank_ + size_ - 1) % size_) : out;
-      const int rc = MPI_Sendrecv(outgoing, n, mpi_type(e), next, kRingTag, incoming.data(), n,
-                                  mpi_type(e), prev, kRingTag, comm_, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) quarantine(std::move(incoming));  // MPI may still write it
+      const int sent = (rank_ + 2 * size_ - 1 - s) % size_;  // next's block of this step
+      const int b = (rank_ + 2 * size_ - 2 - s) % size_;     // the block that comes in
+      const void* outgoing = s == 0 ? block(sent) : partial.data();
+      const int rc = MPI_Sendrecv(outgoing, as_int_count(blocks.length(sent), "reduce_scatter"),
+                                  mpi_type(e), next, kRingTag, incoming.data(),
+                                  as_int_count(blocks.length(b), "reduce_scatter"), mpi_type(e),
+                                  prev, kRingTag, comm_, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {  // MPI may still write them
+        quarantine(std::move(incoming));
+        quarantine(std::move(partial));
+      }
       ok(rc, "MPI_Sendrecv");
-      const int b = (rank_ + 2 * size_ - 2 - s) % size_;  // the block that came in
-      combine(out, incoming.data(), block(b), count, e, op);
+      combine(s == size_ - 2 ? out : partial.data(), incoming.data(), block(b), blocks.length(b), e,
+              op);
     }
   }
   static constexpr int kRingTag = 0x5a52;  // "ZR"
