@@ -12,7 +12,7 @@ run that stops progressing raises ``dsopt.NonFiniteError``.
 """
 
 from ._lib import ffi, lib
-from .communicator import Communicator
+from .communicator import Communicator, CudaBuffer
 from .errors import (
     BufferTooSmall,
     CommError,
@@ -54,9 +54,9 @@ HEADER_VERSION = (lib.DSOPT_VERSION_MAJOR, lib.DSOPT_VERSION_MINOR, lib.DSOPT_VE
 __version__ = ".".join(map(str, HEADER_VERSION))
 
 __all__ = [
-    "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaError", "DsoptError",
-    "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType", "Mismatch",
-    "NonFiniteError", "Optimizer", "OutOfMemory", "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL",
-    "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StepInfo", "Unsupported",
+    "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
+    "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType",
+    "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory", "PHASE_COMPRESSED", "PHASE_FULL",
+    "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StepInfo", "Unsupported",
     "bf16", "build_info", "check", "version",
 ]

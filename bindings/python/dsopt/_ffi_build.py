@@ -3,6 +3,8 @@
 The declarations are produced from ``include/dsopt.h`` itself by running the C
 preprocessor, so they cannot drift from the header; the ``DSOPT_*`` integer
 macros are declared as ``#define NAME ...`` so the C compiler fills them in.
+The callbacks of ``dsopt.Communicator.from_callbacks`` are added as
+``extern "Python"`` functions (``CALLBACKS``).
 
 Where things are found:
 
@@ -100,9 +102,24 @@ def integer_macros() -> str:
     return "".join(f"#define {name} ...\n" for name in sorted(names))
 
 
+# The Python functions behind dsopt_comm_ops (communicator.py defines them
+# with ffi.def_extern); ``user`` is the ffi.new_handle of the Python
+# communicator state.
+CALLBACKS = """
+extern "Python" int _dsopt_py_allreduce(const void *, void *, size_t, int32_t, int32_t, int32_t,
+                                        void *);
+extern "Python" int _dsopt_py_reduce_scatter(const void *, void *, size_t, int32_t, int32_t,
+                                             int32_t, void *);
+extern "Python" int _dsopt_py_allgather(const void *, void *, size_t, int32_t, int32_t, void *);
+extern "Python" int _dsopt_py_alltoall(const void *, void *, size_t, int32_t, int32_t, void *);
+extern "Python" const char *_dsopt_py_error_message(int, void *);
+extern "Python" void _dsopt_py_release(void *);
+"""
+
+
 def make_ffi() -> FFI:
     ffi = FFI()
-    ffi.cdef(declarations() + integer_macros())
+    ffi.cdef(declarations() + integer_macros() + CALLBACKS)
     libdir = library_dir()
     link = {}
     if libdir is not None:

@@ -4,12 +4,19 @@ The MPI or NCCL communicator behind it is borrowed, never freed; the Python
 object it came from (an mpi4py communicator, say) is kept referenced for as
 long as the wrapper lives. ``close()`` releases the wrapper; while optimizers
 created on it are still open, the release waits until the last one closes.
+
+``from_callbacks`` and ``from_torch`` build a communicator whose collectives
+are Python code (``dsopt_comm_create_custom``): callables of the caller, or
+torch.distributed on a process group. A Python exception raised by such a
+collective fails the dsopt call that ran it with ``dsopt.CommError``
+carrying the exception's text (the exception itself is
+``Communicator.callback_error``); dsopt does not use the communicator again.
 """
 
 import warnings
 
 from ._lib import ffi, lib
-from .errors import InvalidArgumentType, check
+from .errors import InvalidArgument, InvalidArgumentType, check
 
 
 def _address(obj, what: str) -> int:
@@ -26,14 +33,43 @@ def _address(obj, what: str) -> int:
     raise InvalidArgumentType(f"{what}: expected an int address or a cffi pointer, got {type(obj).__name__}")
 
 
+class CudaBuffer:
+    """A device buffer dsopt hands a ``from_callbacks`` callable
+    (``buffers="numpy"``): a 1-D array of ``shape[0]`` elements of
+    ``dtype`` at address ``ptr``, exposed as ``__cuda_array_interface__``
+    (version 3; ``stream`` is the stream dsopt queued its work on), so
+    ``cupy.asarray`` or Numba take it without a copy (torch:
+    ``torch.as_tensor(buf, device="cuda")``). Valid only during the
+    callback."""
+
+    __slots__ = ("ptr", "shape", "dtype", "readonly", "stream")
+
+    def __init__(self, ptr, count, dtype, readonly, stream):
+        self.ptr, self.shape, self.dtype = ptr, (count,), dtype
+        self.readonly, self.stream = readonly, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
+                "strides": None, "version": 3, "stream": self.stream or 1}  # 1: legacy default
+
+    def __repr__(self):
+        return f"<dsopt.CudaBuffer {self.dtype} [{self.shape[0]}] at {self.ptr:#x}>"
+
+
 class Communicator:
     """Use the class methods to create one: ``local()``, ``from_mpi4py(comm)``,
-    ``from_fortran_handle(h)``, ``from_nccl(comm_ptr, stream_ptr)``."""
+    ``from_fortran_handle(h)``, ``from_nccl(comm_ptr, stream_ptr)``,
+    ``from_callbacks(rank, size, ...)``, ``from_torch(group)``."""
+
+    group = None  # the torch ProcessGroup of from_torch
 
     def __init__(self, _handle, _kind: str, _borrowed=None):
         self._handle = _handle
         self.kind = _kind
         self._borrowed = _borrowed
+        self._callbacks = None  # the CallbackState of from_callbacks / from_torch
+        self._callback_error = None
         self._users = set()
         self._close_requested = False
 
@@ -74,6 +110,100 @@ class Communicator:
             "nccl", lambda out: lib.dsopt_comm_create_nccl(out, comm, stream), (comm_ptr, stream_ptr)
         )
 
+    @classmethod
+    def from_callbacks(cls, rank: int, size: int, *, allreduce, reduce_scatter, allgather,
+                       alltoall, buffers="numpy", stream=None, concurrent=False,
+                       _kind="callbacks", _borrowed=None) -> "Communicator":
+        """A communicator whose collectives are Python callables (collective
+        over the caller's own runtime; ``rank``/``size`` are this process's
+        place in it). Each is called by every rank, in the same order, with
+        1-D buffers of the same dtype:
+
+        * ``allreduce(send, recv, op)``: ``recv[i]`` = op over ranks of
+          ``send[i]``; ``op`` is ``"sum"`` or ``"max"``; in place when
+          ``send is recv``.
+        * ``reduce_scatter(send, recv, op)``: ``send`` holds ``size`` blocks
+          of ``len(recv)``; rank r gets the op over ranks of block r.
+        * ``allgather(send, recv)``: block r of ``recv`` is rank r's ``send``.
+        * ``alltoall(send, recv)``: block j of ``send`` goes to rank j;
+          block i of ``recv`` came from rank i.
+
+        ``buffers="numpy"``: host buffers are numpy arrays (``send``
+        read-only) and device buffers ``dsopt.CudaBuffer`` objects
+        (``__cuda_array_interface__``); ``buffers="torch"``: torch tensors on
+        the memory (CPU, or CUDA). No copy is made: buffers are valid only
+        during the call, which must finish the collective (device buffers:
+        or order it on ``stream``, after the work dsopt queued there).
+        Float dtypes come in only on device buffers: on the host dsopt sums
+        floats itself, in a fixed order, from alltoall and allgather.
+
+        A callback returns nothing; whatever it raises fails the dsopt call
+        with ``dsopt.CommError`` carrying the exception's text (kept as
+        ``callback_error``). It must raise rather than wait forever for a
+        rank that failed (use the runtime's timeouts). ``stream``: the CUDA
+        stream dsopt's device work runs on (address, cffi pointer or torch
+        stream; None: the legacy default stream). ``concurrent=True`` lets
+        dsopt call the callbacks from a thread of its own while this thread
+        runs (``DSOPT_COMM_CONCURRENT``, for ``grad_ready`` overlap): they
+        then run with the GIL, next to this thread's Python code.
+
+        The callables are kept referenced until the communicator is
+        released (``close()``, after its last optimizer)."""
+        from . import _callback_comm
+
+        callbacks = {"allreduce": allreduce, "reduce_scatter": reduce_scatter,
+                     "allgather": allgather, "alltoall": alltoall}
+        for name, fn in callbacks.items():
+            if not callable(fn):
+                raise InvalidArgumentType(f"{name} must be callable, got {type(fn).__name__}")
+        for name, value in (("rank", rank), ("size", size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__}")
+        if buffers == "numpy":
+            wrap = _callback_comm.numpy_buffer
+        elif buffers == "torch":
+            from ._torch_comm import torch_buffer as wrap
+        else:
+            raise InvalidArgument(f'buffers must be "numpy" or "torch", got {buffers!r}')
+        handle, state = _callback_comm.create(callbacks, rank, size, wrap,
+                                              _address(stream, "stream"), concurrent)
+        comm = cls(handle, _kind, (_borrowed, stream))
+        comm._callbacks = state
+        return comm
+
+    @classmethod
+    def from_torch(cls, group=None, *, stream=None, concurrent=False) -> "Communicator":
+        """torch.distributed's collectives on ``group`` (a ProcessGroup;
+        None: the default group), with this process's rank and size in it.
+        torch.distributed must be initialised and this process a member of
+        the group (else RuntimeError / ValueError).
+
+        Buffers become tensors without copies; a backend that cannot take
+        them (gloo: CUDA memory; NCCL: host memory) gets copies, and an
+        operation the backend or torch version lacks (gloo's reduce-scatter,
+        say) is made of others. ``stream``: the CUDA stream of dsopt's device
+        work, default torch's current stream when the backend is NCCL or
+        CUDA is already initialised (the legacy default stream otherwise);
+        device collectives run on it. Timeouts are the group's (the
+        ``timeout`` of ``init_process_group`` / ``new_group``): a rank whose
+        peer failed raises ``dsopt.CommError`` when it expires."""
+        from ._torch_comm import TorchCollectives
+
+        collectives = TorchCollectives(group, stream)
+        comm = cls.from_callbacks(collectives.rank, collectives.size, **collectives.callbacks(),
+                                  buffers="torch", stream=collectives.stream,
+                                  concurrent=concurrent, _kind="torch", _borrowed=collectives)
+        comm.group = collectives.group
+        return comm
+
+    @property
+    def callback_error(self):
+        """The exception a Python collective of ``from_callbacks`` /
+        ``from_torch`` raised (None when none did, or for other kinds)."""
+        if self._callbacks is None:
+            return self._callback_error
+        return self._callbacks.error
+
     @property
     def closed(self) -> bool:
         return self._handle is None
@@ -108,6 +238,10 @@ class Communicator:
         handle, self._handle = self._handle, None
         if handle is not None:
             lib.dsopt_comm_destroy(handle)
+        if self._callbacks is not None:
+            # dsopt released them: drop the callables, keep what they raised
+            self._callback_error, self._callbacks = self._callbacks.error, None
+            self._borrowed = None
 
     def close(self) -> None:
         """Releases the wrapper (idempotent); deferred while optimizers use it."""
@@ -136,4 +270,4 @@ class Communicator:
         return f"<dsopt.Communicator {self.kind} rank={self.rank} size={self.size}>"
 
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "CudaBuffer"]
