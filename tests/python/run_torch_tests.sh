@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs tests/python/test_torch_optimizer.py, test_torch_overlap.py and
+# Runs tests/python/test_torch_optimizer.py, test_torch_overlap.py,
 # test_step_descriptor_cache.py (dsopt.torch, and torch tensors through
-# dsopt.Optimizer) with a Python that has torch, numpy and pytest: python3,
-# else /usr/bin/python3 (on Debian, apt-get install python3-torch
-# python3-cffi python3-pytest). The cffi
+# dsopt.Optimizer) and test_torch_comm.py (dsopt over torch.distributed,
+# gloo ranks against mpirun) with a Python that has torch, numpy and pytest:
+# python3, else /usr/bin/python3 (on Debian, apt-get install python3-torch
+# python3-cffi python3-pytest; python3-sklearn and python3-mpi4py for
+# test_torch_comm.py, which skips without them). The cffi
 # extension is the in-place one when that Python can load it, else it is
 # built for that Python against <builddir>. Skips when no Python has torch.
 #   tests/python/run_torch_tests.sh <builddir>
@@ -21,7 +23,8 @@ for py in python3 /usr/bin/python3; do
     DSOPT_LIBRARY_DIR=$build "$py" bindings/python/dsopt/_ffi_build.py >/dev/null
   fi
   exec "$py" -m pytest -q -rs tests/python/test_torch_optimizer.py tests/python/test_torch_overlap.py \
-    tests/python/test_step_descriptor_cache.py
+    tests/python/test_step_descriptor_cache.py tests/python/test_torch_comm.py
 done
 echo "test-torch: SKIPPED: no Python with torch, numpy and pytest (pip install torch;" \
-     "or on Debian: apt-get install python3-torch python3-cffi python3-pytest for /usr/bin/python3)"
+     "or on Debian: apt-get install python3-torch python3-cffi python3-pytest python3-sklearn" \
+     "python3-mpi4py for /usr/bin/python3)"

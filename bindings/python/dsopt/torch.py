@@ -33,9 +33,23 @@
   ``dsopt.SkippedStepWarning`` (rate-limited); when the run stops
   progressing ``step`` raises ``dsopt.NonFiniteError`` (its ``.info`` is
   also ``last_step_info``), as ``dsopt.Optimizer.step`` does.
-* ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, or None (one
-  process). ``step`` is collective over it: with several ranks every rank
-  steps with its local gradients and dsopt averages them.
+* ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, a
+  torch.distributed ``ProcessGroup``, or None. ``step`` is collective over
+  it: with several ranks every rank steps with its local gradients and
+  dsopt averages them. None means torch.distributed's default group when
+  torch.distributed is initialised (``init_process_group``, as under
+  ``torchrun``), else one process. A process group (given, or the default
+  one) becomes ``dsopt.Communicator.from_torch(group)``, which this
+  optimizer owns and closes: dsopt's collectives then run as
+  torch.distributed collectives on that group (gloo: host memory; NCCL:
+  CUDA memory, on torch's current stream at creation), with the group's
+  timeout. On host memory dsopt sums floats itself in a fixed order, so the
+  results are bit-identical to an MPI run of the same training. To keep a
+  torch.distributed job's ranks independent pass
+  ``comm=dsopt.Communicator.local()``.
+
+      torch.distributed.init_process_group("gloo")  # env:// (torchrun)
+      opt = dsopt.torch.Optimizer(model.parameters(), config)  # on the default group
 * ``overlap=True`` (torch >= 2.1): a hook on every parameter
   (``register_post_accumulate_grad_hook``) hands its gradient to dsopt
   (``dsopt_grad_ready``) as soon as backward has produced it, so that the
@@ -91,14 +105,37 @@ def _config_dict(config) -> dict:
     return config
 
 
+def _torch_distributed():
+    """torch.distributed when this torch build has it, else None."""
+    if not hasattr(torch, "distributed") or not torch.distributed.is_available():
+        return None
+    return torch.distributed
+
+
+def _is_process_group(comm) -> bool:
+    """A torch ProcessGroup, or the marker new_group returns to non-members."""
+    dist = _torch_distributed()
+    if dist is None:
+        return False
+    return isinstance(comm, dist.ProcessGroup) or \
+        comm is getattr(dist.GroupMember, "NON_GROUP_MEMBER", object())
+
+
 def _as_communicator(comm):
     """(Communicator or None, whether this optimizer owns it)."""
-    if comm is None or isinstance(comm, Communicator):
+    if isinstance(comm, Communicator):
         return comm, False
+    if comm is None:
+        dist = _torch_distributed()
+        if dist is not None and dist.is_initialized():
+            return Communicator.from_torch(), True
+        return None, False
     if hasattr(comm, "py2f"):
         return Communicator.from_mpi4py(comm), True
-    raise TypeError(f"comm must be a dsopt.Communicator or an mpi4py communicator, "
-                    f"got {type(comm).__name__}")
+    if _is_process_group(comm):
+        return Communicator.from_torch(comm), True
+    raise TypeError(f"comm must be a dsopt.Communicator, an mpi4py communicator or a "
+                    f"torch.distributed ProcessGroup, got {type(comm).__name__}")
 
 
 def _has_post_accumulate_grad_hooks() -> bool:
@@ -156,7 +193,12 @@ class Optimizer(torch.optim.Optimizer):
         group_of = [i for i, group in enumerate(self.param_groups) for _ in group["params"]]
         self._comm, self._owns_comm = _as_communicator(comm)
         self._zero_grads = {}
-        self.dsopt = _DsoptOptimizer(config, tensors, self._comm, groups=group_of)
+        try:
+            self.dsopt = _DsoptOptimizer(config, tensors, self._comm, groups=group_of)
+        except BaseException:
+            if self._owns_comm:
+                self._comm.close()
+            raise
         self._grad_descriptors = TorchGradDescriptors(
             tensors, tensor_records(self.dsopt._params.c_array))
         self._on_cuda = any(p.is_cuda for p in tensors)
