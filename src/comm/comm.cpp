@@ -55,8 +55,9 @@ void Comm::allreduce(const void* send, void* recv, size_t count, Elem e, ReduceO
       do_ordered_allreduce(static_cast<const char*>(send) + off * es,
                            static_cast<char*>(recv) + off * es, std::min(kOrderedPiece, count - off),
                            e, mem);
-  } else
+  } else {
     do_allreduce(send, recv, count, e, op, mem);
+  }
   bytes_sent_ += 2 * (p - 1) * count * elem_size(e) / p;
 }
 
