@@ -287,7 +287,28 @@ DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EMISMATCH, DSOPT_ECOMM, DSOPT_ECUDA,
  * DSOPT_ENOMEM, DSOPT_ENONFINITE. */
 /* grads == NULL with num_grads == 0 completes a step whose gradients were
- * handed over with dsopt_grad_ready (below). */
+ * handed over with dsopt_grad_ready (below).
+ *
+ * Absent gradients: a gradient whose `data` is NULL says "no gradient for
+ * this parameter in this step on this rank" (a parameter that is frozen, or
+ * that the step's forward pass did not use); its numel and dtype are not
+ * read. The ranks agree on which gradients are absent (one small allreduce,
+ * made only when some rank has one):
+ *  - absent on some ranks only: those ranks contribute zeros to the average
+ *    (over all ranks, as under data parallelism), and the parameter is
+ *    updated as usual;
+ *  - Adam/AdamW (any ZeRO stage), absent on every rank: the parameter is
+ *    not updated. Its values, moments and step count (dsopt_get_param_step)
+ *    stay as they are and weight decay is not applied, as torch.optim does
+ *    for a parameter whose .grad is None. Each parameter counts its own
+ *    updates, and its bias correction uses that count;
+ *  - 1-bit Adam, 1-bit LAMB, 0/1 Adam: an absent gradient is a zero
+ *    gradient, and every parameter takes part in every step (momentum,
+ *    weight decay, the compressed exchange and its error feedback span all
+ *    parameters): a parameter without gradients keeps moving with its
+ *    momentum, as under DeepSpeed's engine. Leave parameters that stay
+ *    frozen out of these optimizers.
+ * info->step counts the steps applied, whatever was absent. */
 DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_t num_grads,
                          dsopt_step_info *info /* may be NULL */);
 
@@ -320,9 +341,11 @@ DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_
  *
  * A parameter that gets no gradient in a micro-batch (not handed over before
  * the next micro-batch starts or before dsopt_step) contributes zeros, like
- * a rank without a gradient under data parallelism. Every rank must still
- * call dsopt_step(opt, NULL, 0, ...) for the step; on a rank that handed
- * nothing over it steps with zero gradients from that rank.
+ * a rank without a gradient under data parallelism. A parameter that no
+ * rank handed over in any micro-batch of the step is absent on every rank,
+ * as a NULL gradient in dsopt_step is (Adam/AdamW do not update it; see
+ * dsopt_step). Every rank must still call dsopt_step(opt, NULL, 0, ...) for
+ * the step; a rank that handed nothing over contributes zeros.
  *
  * The non-finite check runs here, on each gradient as it is read; a
  * non-finite gradient makes the step skipped on every rank, as in
@@ -427,6 +450,73 @@ DSOPT_API int dsopt_get_lr(const dsopt_optimizer *opt, int32_t group, double *ou
 /* Sets the learning rate of one group (per-group LR schedules).
  * Returns DSOPT_OK or DSOPT_EINVAL. Not collective; same value on every rank. */
 DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr);
+
+/* Hyperparameters of one group by name: "lr", "beta1", "beta2", "eps",
+ * "weight_decay". A value set takes effect from the next step on (for
+ * schedules that change momentum or decay, e.g. OneCycleLR's beta1 cycle)
+ * and is part of the state blob. Valid values: lr, eps and weight_decay
+ * finite and >= 0, betas in [0, 1). The 1-bit optimizers read beta2 and eps
+ * also during their compression stage (the frozen variance stays as it
+ * is). Not collective; set the same values on every rank.
+ * Returns DSOPT_OK or DSOPT_EINVAL (NULL pointer, group out of range,
+ * unknown name, invalid value; nothing changes). */
+DSOPT_API int dsopt_get_group_param(const dsopt_optimizer *opt, int32_t group, const char *name,
+                                    double *out_value);
+DSOPT_API int dsopt_set_group_param(dsopt_optimizer *opt, int32_t group, const char *name,
+                                    double value);
+
+/* Where dsopt keeps part of one parameter's optimizer state. */
+typedef struct dsopt_state_view {
+  uint32_t     struct_size; /* caller sets sizeof(dsopt_state_view) */
+  int32_t      device;      /* DSOPT_COMM_HOST or DSOPT_COMM_CUDA: where tensor.data lives */
+  dsopt_tensor tensor;      /* fp32 elements in dsopt's own buffer (tensor.group: the parameter's
+                               group); data NULL and numel 0 when this rank holds none of them */
+  int64_t      offset;      /* index within the parameter of the first element tensor.data holds */
+  int64_t      param_numel; /* the parameter's numel */
+} dsopt_state_view;
+
+/* The state tensor `name` of parameter `param_index`, as a view of dsopt's
+ * own memory (no copy). Names (dsopt_state_names lists an optimizer's):
+ * every optimizer: "exp_avg", "exp_avg_sq", and "master" (the fp32 master
+ * weights of a 16-bit parameter; not for fp32 parameters, which are their
+ * own masters); 1-bit Adam, 1-bit LAMB and 0/1 Adam: "worker_error" (the
+ * compression error this rank feeds back); 1-bit LAMB: "exp_avg_sq_fresh"
+ * (the variance it keeps updating while exp_avg_sq is frozen).
+ * Without ZeRO the view holds the whole parameter; under ZeRO stage 1 and 2
+ * it holds the part of the parameter in this rank's shard (offset says
+ * which; possibly none). The view stays valid until dsopt_destroy and
+ * always shows the current state. Writing through it is allowed between
+ * dsopt calls (not while gradients are being handed over): the next step
+ * uses the new values, as if they had been loaded from a blob; keep the
+ * ranks' replicated state identical. With "device": "cuda" the view is
+ * device memory, except under ZeRO's CPU offload (host memory).
+ * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointer, struct_size too small,
+ * index out of range, a name this optimizer does not have for this
+ * parameter; the message lists the names it has). Not collective. */
+DSOPT_API int dsopt_get_state_view(dsopt_optimizer *opt, int64_t param_index, const char *name,
+                                   dsopt_state_view *out);
+
+/* The names dsopt_get_state_view accepts for this optimizer, separated by
+ * single spaces ("master" included only when a parameter is 16-bit).
+ * *out_names is static or lives as long as the optimizer.
+ * Returns DSOPT_OK or DSOPT_EINVAL. */
+DSOPT_API int dsopt_state_names(const dsopt_optimizer *opt, const char **out_names);
+
+/* The number of updates applied to parameter `param_index` (torch.optim's
+ * state["step"]): the steps applied so far, less those in which its
+ * gradient was absent on every rank (Adam/AdamW; see dsopt_step). Adam's
+ * bias correction uses it. Part of the state blob.
+ * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
+DSOPT_API int dsopt_get_param_step(const dsopt_optimizer *opt, int64_t param_index,
+                                   int64_t *out_step);
+
+/* Sets it (e.g. when moving a run's state from torch.optim over to dsopt
+ * with dsopt_get_state_view). Adam/AdamW only; step >= 0. Not collective;
+ * set the same value on every rank.
+ * Returns DSOPT_OK, DSOPT_EINVAL (NULL handle, index out of range, step < 0)
+ * or DSOPT_EUNSUPPORTED (the 1-bit optimizers, whose stages follow the
+ * steps applied). */
+DSOPT_API int dsopt_set_param_step(dsopt_optimizer *opt, int64_t param_index, int64_t step);
 
 /* Loss scale the caller multiplies its loss by for the next backward pass
  * (1.0 when loss scaling is off). Returns DSOPT_OK or DSOPT_EINVAL. */

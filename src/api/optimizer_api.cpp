@@ -177,6 +177,64 @@ DSOPT_API int dsopt_get_lr(const dsopt_optimizer* opt, int32_t group, double* ou
   });
 }
 
+DSOPT_API int dsopt_get_group_param(const dsopt_optimizer* opt, int32_t group, const char* name,
+                                    double* out_value) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(name, "name");
+    require_nonnull(out_value, "out_value");
+    *out_value = o.group_param(group, name);
+  });
+}
+
+DSOPT_API int dsopt_set_group_param(dsopt_optimizer* opt, int32_t group, const char* name,
+                                    double value) {
+  return guarded([&] {
+    dsopt::Optimizer& o = impl(opt);
+    require_nonnull(name, "name");
+    o.set_group_param(group, name, value);
+  });
+}
+
+DSOPT_API int dsopt_get_state_view(dsopt_optimizer* opt, int64_t param_index, const char* name,
+                                   dsopt_state_view* out) {
+  return guarded([&] {
+    dsopt::Optimizer& o = impl(opt);
+    require_nonnull(name, "name");
+    require_nonnull(out, "out");
+    if (out->struct_size < sizeof(dsopt_state_view))
+      fail(DSOPT_EINVAL, "out->struct_size must be set to sizeof(dsopt_state_view)");
+    const dsopt::Optimizer::StateView v = o.state_view(param_index, name);
+    int32_t group = 0;
+    const int64_t numel = o.param_numel(param_index, &group);
+    out->device = v.on_device ? DSOPT_COMM_CUDA : DSOPT_COMM_HOST;
+    out->tensor = dsopt_tensor{v.data, v.numel, DSOPT_FLOAT32, group};
+    out->offset = v.offset;
+    out->param_numel = numel;
+  });
+}
+
+DSOPT_API int dsopt_state_names(const dsopt_optimizer* opt, const char** out_names) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_names, "out_names");
+    *out_names = o.state_names().c_str();
+  });
+}
+
+DSOPT_API int dsopt_get_param_step(const dsopt_optimizer* opt, int64_t param_index,
+                                   int64_t* out_step) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_step, "out_step");
+    *out_step = o.param_step(param_index);
+  });
+}
+
+DSOPT_API int dsopt_set_param_step(dsopt_optimizer* opt, int64_t param_index, int64_t step) {
+  return guarded([&] { impl(opt).set_param_step(param_index, step); });
+}
+
 DSOPT_API int dsopt_num_groups(const dsopt_optimizer* opt, int32_t* out_count) {
   return guarded([&] {
     const dsopt::Optimizer& o = impl(opt);

@@ -54,6 +54,31 @@ class Optimizer {
   double lr(int32_t group) const;
   void set_lr(int32_t group, double lr);  // group -1: every group
   double loss_scale() const { return pipeline_.scaler().scale(); }
+  // Group hyperparameters by name ("lr", "beta1", "beta2", "eps",
+  // "weight_decay"; dsopt_get/set_group_param). Throw Error(DSOPT_EINVAL),
+  // changing nothing, on a bad group, name or value.
+  double group_param(int32_t group, const std::string& name) const;
+  void set_group_param(int32_t group, const std::string& name, double value);
+
+  // Updates applied to parameter i (dsopt_get_param_step); set_param_step
+  // throws Error(DSOPT_EUNSUPPORTED) where steps follow the stages.
+  int64_t param_step(int64_t param_index) const;
+  // numel and group of parameter i (throws Error(DSOPT_EINVAL) when out of range).
+  int64_t param_numel(int64_t param_index, int32_t* group) const;
+  void set_param_step(int64_t param_index, int64_t step);
+
+  // Part of one parameter's state in dsopt's memory (dsopt_get_state_view).
+  struct StateView {
+    float* data = nullptr;  // nullptr when this rank holds none of it
+    int64_t numel = 0;
+    int64_t offset = 0;     // first element of the parameter held
+    bool on_device = false; // CUDA memory
+  };
+  // Throws Error(DSOPT_EINVAL) naming state_names() for an unknown name or
+  // one this parameter does not have.
+  StateView state_view(int64_t param_index, const std::string& name);
+  // The names state_view accepts, separated by single spaces.
+  const std::string& state_names() const;
 
   // Measures (dst null) or writes the state blob; returns its size.
   uint64_t save(void* dst, uint64_t capacity) const;
@@ -81,6 +106,22 @@ class Optimizer {
   // The momentum mask of a parameter (1-bit optimizers); nullptr clears it.
   // Throws Error(DSOPT_EUNSUPPORTED) where the algorithm has none.
   virtual void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask);
+
+ protected:
+  // The algorithm's state tensors of parameter i (besides "master", which
+  // the base class handles): nullptr data with found = false when the
+  // algorithm has no tensor of that name. `names` lists them.
+  struct AlgorithmView {
+    bool found = false;
+    StateView view;
+  };
+  virtual AlgorithmView algorithm_view(int64_t param_index, const std::string& name) = 0;
+  virtual std::string algorithm_state_names() const = 0;
+  // The fp32 master of parameter i (16-bit parameters); ZeRO keeps the
+  // masters of its shard only and overrides it.
+  virtual AlgorithmView master_view(int64_t param_index);
+
+ public:
 
   Comm& comm() const { return comm_; }
 
