@@ -479,25 +479,37 @@ typedef struct dsopt_state_view {
  * own memory (no copy). Names (dsopt_state_names lists an optimizer's):
  * every optimizer: "exp_avg", "exp_avg_sq", and "master" (the fp32 master
  * weights of a 16-bit parameter; not for fp32 parameters, which are their
- * own masters); 1-bit Adam, 1-bit LAMB and 0/1 Adam: "worker_error" (the
- * compression error this rank feeds back); 1-bit LAMB: "exp_avg_sq_fresh"
- * (the variance it keeps updating while exp_avg_sq is frozen).
+ * own masters); 1-bit Adam, 1-bit LAMB and 0/1 Adam at more than one rank:
+ * "worker_error" (the compression error this rank feeds back into the
+ * parameter's elements; 1-bit Adam has none for parameters of non_freeze
+ * groups, and 1-bit Adam and 1-bit LAMB have it only from the compression
+ * stage on); 1-bit LAMB: "exp_avg_sq_fresh" (the variance it keeps updating
+ * while exp_avg_sq is frozen; unused before the compression stage).
  * Without ZeRO the view holds the whole parameter; under ZeRO stage 1 and 2
  * it holds the part of the parameter in this rank's shard (offset says
- * which; possibly none). The view stays valid until dsopt_destroy and
- * always shows the current state. Writing through it is allowed between
- * dsopt calls (not while gradients are being handed over): the next step
- * uses the new values, as if they had been loaded from a blob; keep the
- * ranks' replicated state identical. With "device": "cuda" the view is
- * device memory, except under ZeRO's CPU offload (host memory).
+ * which; possibly none: data NULL, numel 0). A parameter that spans several
+ * reduce buckets ("reduce_bucket_size" smaller than the model) can lie in
+ * several separate runs of a rank's shard, which one view cannot show:
+ * DSOPT_EINVAL then (the default bucket size never splits). The view stays
+ * valid until dsopt_destroy and always shows the current state; only the
+ * "worker_error" of 1-bit Adam and 1-bit LAMB lives until the next
+ * dsopt_state_load or dsopt_state_load_shards, which rebuild the
+ * compression buffers (get the view again after one). Writing through a
+ * view is allowed between dsopt calls (not while gradients are being
+ * handed over): the next step uses the new values, as if they had been
+ * loaded from a blob; keep the ranks' replicated state identical. With
+ * "device": "cuda" the view is device memory, except under ZeRO's CPU
+ * offload (host memory).
  * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointer, struct_size too small,
  * index out of range, a name this optimizer does not have for this
- * parameter; the message lists the names it has). Not collective. */
+ * parameter now, a parameter split by reduce buckets; the message lists the
+ * names it has). Not collective. */
 DSOPT_API int dsopt_get_state_view(dsopt_optimizer *opt, int64_t param_index, const char *name,
                                    dsopt_state_view *out);
 
 /* The names dsopt_get_state_view accepts for this optimizer, separated by
- * single spaces ("master" included only when a parameter is 16-bit).
+ * single spaces ("master" included only when a parameter is 16-bit,
+ * "worker_error" only where the optimizer compresses, at more than one rank).
  * *out_names is static or lives as long as the optimizer.
  * Returns DSOPT_OK or DSOPT_EINVAL. */
 DSOPT_API int dsopt_state_names(const dsopt_optimizer *opt, const char **out_names);

@@ -19,6 +19,9 @@ class Adam final : public Optimizer {
   void check_sections(const BlobReader& r) const override;
   void restore_sections(const BlobReader& r) override { moments_.restore(r); }
   std::function<void()> reshard(const Blobs& blobs) override;
+  // State views (defined in optim/state_views.cpp).
+  AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
+  std::string algorithm_state_names() const override;
 
  private:
   bool decoupled_;

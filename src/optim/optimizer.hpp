@@ -229,6 +229,7 @@ class Optimizer {
   uint64_t run_id_ = 0;
   int64_t calls_ = 0;  // collective calls made (enter_collective)
   uint64_t handover_bytes_start_ = 0;
+  mutable std::string state_names_;  // state_names(), formed on first use
 };
 
 }  // namespace dsopt

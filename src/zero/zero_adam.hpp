@@ -37,6 +37,11 @@ class ZeroAdam final : public Optimizer {
   void check_sections(const BlobReader& r) const override;
   void restore_sections(const BlobReader& r) override;
   std::function<void()> reshard(const Blobs& blobs) override;
+  // State views (defined in optim/state_views.cpp).
+  AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
+  std::string algorithm_state_names() const override;
+  // The masters of this rank's 16-bit fragments (ParamSet keeps none under ZeRO).
+  AlgorithmView master_view(int64_t param_index) override;
 
  private:
   ZeroLayoutRecord record() const;

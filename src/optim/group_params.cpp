@@ -1,0 +1,74 @@
+// Group hyperparameters by name (dsopt_get_group_param /
+// dsopt_set_group_param). Every algorithm forms its per-step constants from
+// group(g) at each step (adam_consts, onebit_consts, the stabilized momentum
+// limit, 0/1 Adam's interval sums), so a value set here takes effect from the
+// next step on.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "base/error.hpp"
+#include "optim/optimizer.hpp"
+
+namespace dsopt {
+namespace {
+
+// One settable field of AdamHyper and the values it accepts.
+struct HyperField {
+  const char* name;
+  double AdamHyper::*field;
+  bool beta;  // in [0, 1); otherwise finite and >= 0
+};
+
+constexpr HyperField kFields[] = {
+    {"lr", &AdamHyper::lr, false},
+    {"beta1", &AdamHyper::beta1, true},
+    {"beta2", &AdamHyper::beta2, true},
+    {"eps", &AdamHyper::eps, false},
+    {"weight_decay", &AdamHyper::weight_decay, false},
+};
+
+constexpr const char* kValidNames = "\"lr\", \"beta1\", \"beta2\", \"eps\", \"weight_decay\"";
+
+// The shortest text that reads back as `v` (1e-08 stays 1e-08, and
+// 1.0000001 does not print as 1).
+std::string show(double v) {
+  char buf[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+const HyperField& field(const std::string& name) {
+  for (const HyperField& f : kFields)
+    if (name == f.name) return f;
+  fail(DSOPT_EINVAL, "unknown group hyperparameter \"" + name + "\"; the names are " + kValidNames);
+}
+
+void check_value(const HyperField& f, int32_t group, double value) {
+  const std::string what = std::string(f.name) + " of group " + std::to_string(group);
+  if (f.beta && !(value >= 0.0 && value < 1.0))
+    fail(DSOPT_EINVAL, what + " must be in [0, 1), got " + show(value) + " (nothing was changed)");
+  if (!f.beta && !(std::isfinite(value) && value >= 0.0))
+    fail(DSOPT_EINVAL, what + " must be a finite number >= 0, got " + show(value) +
+                           " (nothing was changed)");
+}
+
+}  // namespace
+
+double Optimizer::group_param(int32_t group, const std::string& name) const {
+  lr(group);  // range check
+  return groups_[size_t(group)].*field(name).field;
+}
+
+void Optimizer::set_group_param(int32_t group, const std::string& name, double value) {
+  lr(group);  // range check
+  const HyperField& f = field(name);
+  check_value(f, group, value);
+  groups_[size_t(group)].*f.field = value;
+}
+
+}  // namespace dsopt
