@@ -28,6 +28,7 @@ void GradientHandover::open(Plan plan, int micro_batches) {
     }
   }
   count_.assign(n, 0);
+  received_.assign(n, 0);
   micro_batches_ = std::max(1, micro_batches);
   micro_ = 0;
   nonfinite_ = false;
@@ -71,6 +72,7 @@ void GradientHandover::hand_over_bucketed(const TensorRef* grads) {
       if (first[size_t(r.bucket)] < 0) first[size_t(r.bucket)] = r.pos;
     }
     ++count_[i];
+    received_[i] = 1;
   }
   missing_ = 0;
   // Parameters are packed back to back, so a bucket's parts are contiguous.
@@ -105,6 +107,7 @@ void GradientHandover::write(int64_t i, const TensorRef* grad) {
     if (!grad) {
       if (overwrite) kernels_.fill_zero(dst, size_t(r.numel) * 4);
     } else {
+      received_[size_t(i)] = 1;
       const auto* base = static_cast<const uint8_t*>(grad->data);
       const TensorRef part{base + r.param_offset * int64_t(dtype_size(grad->dtype)), r.numel,
                            grad->dtype};

@@ -56,6 +56,9 @@ class GradientHandover {
 
   // Whether some gradient handed over so far had an Inf or NaN.
   bool nonfinite() const { return nonfinite_; }
+  // Per parameter: 1 when a gradient of it was handed over in this window
+  // (zeros written for a missing one do not count).
+  const std::vector<uint8_t>& received() const { return received_; }
   // Where packing position `pos` (inside bucket k; k = -1 for the local
   // range) is stored now.
   float* place(int64_t k, int64_t pos) { return storage(k, pos); }
@@ -92,6 +95,7 @@ class GradientHandover {
   std::vector<int64_t> bucket_elems_;   // parameter elements per bucket
   std::vector<int64_t> bucket_left_;    // of them still to come in this micro-batch
   std::vector<int> count_;              // hand-overs per parameter in this window
+  std::vector<uint8_t> received_;       // parameters with a gradient in this window
   int micro_batches_ = 1;
   int micro_ = 0;
   int64_t missing_ = 0;     // parameters not yet handed over in this micro-batch

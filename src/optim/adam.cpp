@@ -14,11 +14,16 @@ Adam::Adam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kern
 std::string Adam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
 
 bool Adam::update(const PreparedGrads& grads) {
-  std::vector<AdamConsts> consts;
-  for (int32_t g = 0; g < num_groups(); ++g) consts.push_back(adam_consts(group(g), group_step(g)));
-  const std::vector<AdamSlot>& slots = moments_.all_slots(params(), grads);
-  kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), consts.data(),
-                   num_groups(), grads.mul1, grads.mul2);
+  const AdamStepConsts c = adam_step_consts();
+  const std::vector<AdamSlot>& all = moments_.all_slots(params(), grads);
+  if (c.of_param.empty()) {
+    kernels().update(UpdateRule::Adam, all.data(), int64_t(all.size()), c.consts.data(),
+                     int32_t(c.consts.size()), grads.mul1, grads.mul2);
+  } else {  // parameters with their own step counts, or some left out
+    const std::vector<AdamSlot> slots = c.select(all, [](size_t k) { return int64_t(k); });
+    kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(),
+                     int32_t(c.consts.size()), grads.mul1, grads.mul2);
+  }
   return false;
 }
 

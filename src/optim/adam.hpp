@@ -14,6 +14,7 @@ class Adam final : public Optimizer {
  protected:
   std::string algorithm() const override;
   bool update(const PreparedGrads& grads) override;
+  bool skips_absent() const override { return true; }
   uint32_t section_count() const override { return 2; }
   void save_sections(BlobWriter& w) const override { moments_.save(w); }
   void check_sections(const BlobReader& r) const override;

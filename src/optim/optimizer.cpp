@@ -1,5 +1,6 @@
 #include "optim/optimizer.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -13,7 +14,11 @@ const char* kLrSection = "common.lr";
 const char* kScalerSection = "common.loss_scaler";
 const char* kMastersSection = "common.masters";
 const char* kRunSection = "common.run";
-constexpr uint32_t kCommonSections = 5;
+// Sections added in 0.2 (optional on load: older blobs lack them).
+const char* kParamStepsSection = "common.param_steps";  // int64 per parameter
+const char* kHyperSection = "common.hyper";  // per group: beta1, beta2, eps, weight_decay
+constexpr uint32_t kCommonSections = 7;
+constexpr uint64_t kHyperDoubles = 4;
 constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
 
 std::string describe(const BlobParam& p) {
@@ -44,7 +49,10 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
       pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, *host_, params_,
                 runner_, cfg.zero.reduce_bucket_size),
       groups_(cfg.groups),
-      steps_(cfg.groups.size(), 0) {}
+      steps_(cfg.groups.size(), 0),
+      param_steps_(size_t(count), 0) {
+  for (const Param& p : params_.params()) param_groups_.push_back(p.group);
+}
 
 Optimizer::~Optimizer() { stop_reductions(); }
 
@@ -82,15 +90,20 @@ void Optimizer::grad_ready(int64_t param_index, const dsopt_tensor* grad) {
   }
 }
 
-void Optimizer::enter_collective(Call call) {
+bool Optimizer::enter_collective(Call call, bool absent) {
   comm_.prepare();
   comm_.set_timeout(cfg_.pipeline.comm_timeout_s);
   const int64_t mine = int64_t(call) << 48 | (calls_ & ((int64_t(1) << 48) - 1));
   ++calls_;
-  if (comm_.size() == 1) return;
-  int64_t tags[2] = {mine, -mine};  // max and -min in one reduction
+  absent = absent && skips_absent();
+  if (comm_.size() == 1) return absent;
+  // max and -min of the call in one 16-byte reduction; the low bit of the
+  // max says whether some rank has absent gradients (once all agree on the call)
+  int64_t tags[2] = {mine << 1 | (absent ? 1 : 0), -(mine << 1)};
   comm_.allreduce(tags, tags, 2, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
-  if (tags[0] == -tags[1]) return;
+  if (tags[0] >> 1 == -tags[1] >> 1) return (tags[0] & 1) != 0;
+  tags[0] >>= 1;
+  tags[1] = -(-tags[1] >> 1);
   const auto describe = [](int64_t tag) {
     static const char* const names[] = {"?", "dsopt_step", "dsopt_state_load",
                                         "dsopt_state_load_shards", "dsopt_grad_ready"};
@@ -110,8 +123,44 @@ StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
     fail(DSOPT_EINVAL, "dsopt_step: gradients of this step were already handed over with "
                        "dsopt_grad_ready; complete it with dsopt_step(opt, NULL, 0, info) "
                        "(nothing was changed)");
-  enter_collective(Call::Step);
-  return apply(prepare(grads, count));
+  std::vector<uint8_t> present;
+  const dsopt_tensor* filled = fill_absent(grads, count, present);
+  const bool absent = std::find(present.begin(), present.end(), 0) != present.end();
+  agree_absent(enter_collective(Call::Step, absent), std::move(present));
+  return apply(prepare(filled, count));
+}
+
+const dsopt_tensor* Optimizer::fill_absent(const dsopt_tensor* grads, int64_t count,
+                                           std::vector<uint8_t>& present) {
+  present.assign(size_t(params_.count()), 1);
+  if (!grads || count != params_.count()) return grads;
+  int64_t largest = 0;
+  for (int64_t i = 0; i < count; ++i)
+    if (!grads[i].data) {
+      present[size_t(i)] = 0;
+      largest = std::max(largest, params_.params()[size_t(i)].numel);
+    }
+  if (largest == 0) return grads;
+  if (zeros_.bytes() < size_t(largest) * 4) {
+    zeros_ = DeviceBuffer(*kernels_, size_t(largest) * 4);
+    kernels_->fill_zero(zeros_.get(), zeros_.bytes());
+  }
+  filled_.assign(grads, grads + count);
+  for (int64_t i = 0; i < count; ++i)
+    if (!present[size_t(i)])
+      filled_[size_t(i)] = dsopt_tensor{zeros_.get(), params_.params()[size_t(i)].numel,
+                                        DSOPT_FLOAT32, 0};
+  return filled_.data();
+}
+
+void Optimizer::agree_absent(bool someone, std::vector<uint8_t> present) {
+  inactive_.clear();
+  if (!someone || !skips_absent()) return;
+  if (comm_.size() > 1)
+    comm_.allreduce(present.data(), present.data(), present.size(), Elem::U8, ReduceOp::Max,
+                    Mem{host_.get(), false});
+  inactive_.resize(present.size());
+  for (size_t i = 0; i < present.size(); ++i) inactive_[i] = present[i] ? 0 : 1;
 }
 
 StepResult Optimizer::step_handed_over() {
@@ -123,7 +172,9 @@ StepResult Optimizer::step_handed_over() {
   try {
     h.complete();
     runner_.wait();
-    enter_collective(Call::Step);
+    std::vector<uint8_t> present = h.received();
+    const bool absent = std::find(present.begin(), present.end(), 0) != present.end();
+    agree_absent(enter_collective(Call::Step, absent), std::move(present));
     prepared = prepare_handed_over();
   } catch (...) {
     runner_.wait_quietly();
@@ -137,8 +188,11 @@ StepResult Optimizer::apply(const PreparedGrads& prepared) {
   bool compressed = false;
   if (!prepared.skip) {
     for (int64_t& s : steps_) ++s;
+    for (size_t i = 0; i < param_steps_.size(); ++i)
+      if (inactive_.empty() || !inactive_[i]) ++param_steps_[i];
     compressed = update(prepared);
   }
+  inactive_.clear();
   const double scale_used = pipeline_.scaler().scale();
   const bool stuck_at_min_scale = pipeline_.finish(prepared);
   consecutive_skips_ = prepared.skip ? consecutive_skips_ + 1 : 0;
@@ -187,6 +241,26 @@ void Optimizer::set_lr(int32_t group, double lr) {
   groups_[size_t(group)].lr = lr;
 }
 
+int64_t Optimizer::param_step(int64_t param_index) const {
+  param_numel(param_index, nullptr);  // range check
+  return param_steps_[size_t(param_index)];
+}
+
+void Optimizer::set_param_step(int64_t param_index, int64_t step) {
+  if (!skips_absent())
+    fail(DSOPT_EUNSUPPORTED, "dsopt_set_param_step: " + algorithm() +
+                                 "'s parameters all follow its steps applied (only Adam and "
+                                 "AdamW count steps per parameter); nothing was changed");
+  param_numel(param_index, nullptr);
+  if (step < 0)
+    fail(DSOPT_EINVAL, "dsopt_set_param_step: step must be >= 0, got " + std::to_string(step));
+  param_steps_[size_t(param_index)] = step;
+}
+
+AdamStepConsts Optimizer::adam_step_consts() const {
+  return dsopt::adam_step_consts(groups_, steps_, param_groups_, param_steps_, inactive_);
+}
+
 void Optimizer::set_momentum_mask(int64_t, const dsopt_tensor*) {
   fail(DSOPT_EUNSUPPORTED, "dsopt_set_momentum_mask: " + algorithm() +
                                " has no momentum mask (only the 1-bit optimizers do)");
@@ -212,6 +286,11 @@ uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   f.add(s.scale).add(s.iter).add(s.last_overflow_iter).add(s.hysteresis_left);
   w.section(kScalerSection, f.bytes().data(), f.bytes().size());
   w.section(kRunSection, &run_id_, 8);
+  w.section(kParamStepsSection, param_steps_.data(), param_steps_.size() * 8);
+  std::vector<double> hyper;
+  for (const AdamHyper& g : groups_)
+    hyper.insert(hyper.end(), {g.beta1, g.beta2, g.eps, g.weight_decay});
+  w.section(kHyperSection, hyper.data(), hyper.size() * 8);
   w.section_from_device(kMastersSection, params_.masters(), uint64_t(params_.master_numel()) * 4,
                         *kernels_);
   save_sections(w);
@@ -235,6 +314,15 @@ std::unique_ptr<const BlobReader> Optimizer::read_blob(const void* src, uint64_t
   reader->section(kLrSection, groups_.size() * 8);
   reader->section(kScalerSection, kScalerBytes);
   if (reader->has(kRunSection)) reader->section(kRunSection, 8);
+  if (reader->has(kParamStepsSection)) {
+    const uint8_t* steps = reader->section(kParamStepsSection, param_steps_.size() * 8);
+    for (size_t i = 0; i < param_steps_.size(); ++i) {
+      int64_t s;
+      std::memcpy(&s, steps + 8 * i, 8);
+      if (s < 0) fail(DSOPT_ECORRUPT, "state blob has a negative step for parameter " + std::to_string(i));
+    }
+  }
+  if (reader->has(kHyperSection)) reader->section(kHyperSection, groups_.size() * kHyperDoubles * 8);
   return reader;
 }
 
@@ -258,6 +346,8 @@ Optimizer::Blobs Optimizer::read_blob_set(const void* const* blobs, const uint64
     return id;
   };
   const auto same = [&](const BlobReader& a, const BlobReader& b, const char* name) {
+    if (a.has(name) != b.has(name)) return false;
+    if (!a.has(name)) return true;
     const uint64_t n = a.section_size(name);
     return b.section_size(name) == n && std::memcmp(a.section(name, n), b.section(name, n), n) == 0;
   };
@@ -275,7 +365,9 @@ Optimizer::Blobs Optimizer::read_blob_set(const void* const* blobs, const uint64
     if (run(*set[size_t(i)]) != run(first))
       fail(DSOPT_EMISMATCH, who + " and blobs[0] were saved by different runs");
     if (!same(*set[size_t(i)], first, kStepsSection) || !same(*set[size_t(i)], first, kScalerSection) ||
-        !same(*set[size_t(i)], first, kLrSection))
+        !same(*set[size_t(i)], first, kLrSection) ||
+        !same(*set[size_t(i)], first, kParamStepsSection) ||
+        !same(*set[size_t(i)], first, kHyperSection))
       fail(DSOPT_EMISMATCH, who + " and blobs[0] were saved at different steps (their step "
                                   "counters, learning rates or loss scalers differ)");
   }
@@ -353,6 +445,23 @@ void Optimizer::restore_common(const BlobReader& r) {
   s.hysteresis_left = f.get<int32_t>();
   pipeline_.scaler().set_state(s);
   if (r.has(kRunSection)) std::memcpy(&run_id_, r.section(kRunSection, 8), 8);
+  if (r.has(kParamStepsSection)) {
+    std::memcpy(param_steps_.data(), r.section(kParamStepsSection, param_steps_.size() * 8),
+                param_steps_.size() * 8);
+  } else {  // saved before parameters counted their own steps
+    for (size_t i = 0; i < param_steps_.size(); ++i) param_steps_[i] = steps_[size_t(param_groups_[i])];
+  }
+  if (r.has(kHyperSection)) {
+    const uint8_t* hyper = r.section(kHyperSection, groups_.size() * kHyperDoubles * 8);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      double v[kHyperDoubles];
+      std::memcpy(v, hyper + g * sizeof v, sizeof v);
+      groups_[g].beta1 = v[0];
+      groups_[g].beta2 = v[1];
+      groups_[g].eps = v[2];
+      groups_[g].weight_decay = v[3];
+    }
+  }
 }
 
 void Optimizer::restore_masters(const float* host) {

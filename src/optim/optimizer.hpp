@@ -12,6 +12,7 @@
 #include "comm/comm_runner.hpp"
 #include "handover/gradient_handover.hpp"
 #include "kernels/kernels.hpp"
+#include "optim/adam_step_consts.hpp"
 #include "optim/config.hpp"
 #include "optim/param_set.hpp"
 #include "optim/step_pipeline.hpp"
@@ -170,6 +171,13 @@ class Optimizer {
     (void)blobs;
     return nullptr;
   }
+  // Whether a parameter whose gradient is absent on every rank is left
+  // alone, state and step count included (Adam/AdamW), rather than stepped
+  // with a zero gradient (the 1-bit optimizers; see dsopt_step).
+  virtual bool skips_absent() const { return false; }
+  // This step's Adam constants: per group, or per parameter when steps
+  // differ or parameters are left out (call from update()).
+  AdamStepConsts adam_step_consts() const;
   // Restores steps, learning rates, the loss scaler and the run id (what
   // every blob shares); for reshard's restore functions.
   void restore_common(const BlobReader& r);
@@ -194,7 +202,17 @@ class Optimizer {
   // optimizer has made (one 16-byte allreduce); ranks that disagree all
   // fail with DSOPT_EMISMATCH before any other collective, so they cannot
   // block in mismatched ones. Also hands the config's timeout to the comm.
-  void enter_collective(Call call);
+  // `absent`: this rank has absent gradients; returns whether some rank
+  // has (always false unless skips_absent()).
+  bool enter_collective(Call call, bool absent = false);
+  // dsopt_step's gradients with absent ones (NULL data) pointed at zeros;
+  // `present` gets 1 per parameter with a gradient. Returns `grads` itself
+  // when they do not describe every parameter (the pipeline rejects them).
+  const dsopt_tensor* fill_absent(const dsopt_tensor* grads, int64_t count,
+                                  std::vector<uint8_t>& present);
+  // Sets inactive_ from every rank's `present` (collective when `someone`
+  // has absent gradients and the algorithm skips them).
+  void agree_absent(bool someone, std::vector<uint8_t> present);
   // Parses a blob and checks what every blob of this optimizer has:
   // algorithm, parameters, groups, the common sections.
   std::unique_ptr<const BlobReader> read_blob(const void* src, uint64_t size) const;
@@ -225,6 +243,11 @@ class Optimizer {
   StepPipeline pipeline_;
   std::vector<AdamHyper> groups_;
   std::vector<int64_t> steps_;
+  std::vector<int32_t> param_groups_;  // group of each parameter
+  std::vector<int64_t> param_steps_;   // updates applied to each parameter
+  std::vector<uint8_t> inactive_;      // this step: parameters absent on every rank (empty: none)
+  DeviceBuffer zeros_;                 // fp32 zeros standing in for absent gradients
+  std::vector<dsopt_tensor> filled_;   // dsopt_step's gradients with zeros for absent ones
   int64_t consecutive_skips_ = 0;
   uint64_t run_id_ = 0;
   int64_t calls_ = 0;  // collective calls made (enter_collective)

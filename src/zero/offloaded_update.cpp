@@ -68,8 +68,8 @@ void OffloadedUpdate::upload(const StatePiece& p, int64_t from, int64_t n, const
                                src, size_t(n) * size, lane);
 }
 
-void OffloadedUpdate::run(const float* shard_grads, const AdamConsts* consts, int32_t num_groups,
-                          float mul1, float mul2) {
+void OffloadedUpdate::run(const float* shard_grads, const AdamStepConsts& c, float mul1,
+                          float mul2) {
   device_.copy_to_host(grads_.get(), shard_grads, grads_.bytes());
   // A fp32 master uploads itself; it is not written again this step.
   const int64_t shard = state_.state_numel;
@@ -87,13 +87,16 @@ void OffloadedUpdate::run(const float* shard_grads, const AdamConsts* consts, in
       if (lo >= hi) continue;
       const int64_t from = lo - p.state_offset, n = hi - lo;
       const Param& param = params_.params()[size_t(p.param)];
+      const int32_t consts = c.index(p.param, param.group);
+      if (consts < 0) continue;  // not updated this step: nothing to upload
       const bool half = param.dtype != DType::F32;
       slots.push_back(AdamSlot{master(p) + from, half ? staging + (lo - begin) * 2 : nullptr,
                                param.dtype, grads_.floats() + lo, DType::F32, m_ + lo, v_ + lo, n,
-                               param.group});
+                               consts});
       cuts.push_back(Cut{&p, from, n, lo - begin});
     }
-    host_.update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), consts, num_groups, mul1, mul2);
+    host_.update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(),
+                 int32_t(c.consts.size()), mul1, mul2);
     for (const Cut& c : cuts) {
       const bool half = params_.params()[size_t(c.p->param)].dtype != DType::F32;
       upload(*c.p, c.from, c.n, half ? static_cast<const void*>(staging + c.tile_offset * 2)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/device_buffer.hpp"
+#include "optim/adam_step_consts.hpp"
 #include "optim/param_set.hpp"
 #include "zero/adam_shards.hpp"
 
@@ -31,9 +32,9 @@ class OffloadedUpdate {
   // parameters: all of them at creation, the fp32 ones after a load.
   void read_masters(bool half_too);
   // The Adam rule on the host with the device gradient shard, the results
-  // written into the caller's parameters.
-  void run(const float* shard_grads, const AdamConsts* consts, int32_t num_groups, float mul1,
-           float mul2);
+  // written into the caller's parameters (parameters left out by `consts`
+  // are not touched).
+  void run(const float* shard_grads, const AdamStepConsts& consts, float mul1, float mul2);
   // Rounds the masters of the 16-bit fragments into the caller's parameters.
   void publish();
 

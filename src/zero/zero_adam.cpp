@@ -61,13 +61,19 @@ PreparedGrads ZeroAdam::prepare(const dsopt_tensor* grads, int64_t count) {
 }
 
 bool ZeroAdam::update(const PreparedGrads& grads) {
-  std::vector<AdamConsts> consts;
-  for (int32_t g = 0; g < num_groups(); ++g) consts.push_back(adam_consts(group(g), group_step(g)));
-  if (offloaded_)
-    offloaded_->run(reducer_.shard(), consts.data(), num_groups(), grads.mul1, grads.mul2);
-  else
-    kernels().update(UpdateRule::Adam, slots_.data(), int64_t(slots_.size()), consts.data(),
-                     num_groups(), grads.mul1, grads.mul2);
+  const AdamStepConsts c = adam_step_consts();
+  const int32_t n = int32_t(c.consts.size());
+  if (offloaded_) {
+    offloaded_->run(reducer_.shard(), c, grads.mul1, grads.mul2);
+  } else if (c.of_param.empty()) {
+    kernels().update(UpdateRule::Adam, slots_.data(), int64_t(slots_.size()), c.consts.data(), n,
+                     grads.mul1, grads.mul2);
+  } else {  // parameters with their own step counts, or some left out
+    const std::vector<AdamSlot> slots =
+        c.select(slots_, [this](size_t k) { return state_.pieces[k].param; });
+    kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(), n,
+                     grads.mul1, grads.mul2);
+  }
   gatherer_.gather();
   return false;
 }

@@ -32,6 +32,7 @@ class ZeroAdam final : public Optimizer {
   void open_handover(int micro_batches) override { reducer_.open_handover(micro_batches); }
   PreparedGrads prepare_handed_over() override { return reducer_.reduce_handed_over(); }
   bool update(const PreparedGrads& grads) override;
+  bool skips_absent() const override { return true; }
   uint32_t section_count() const override { return 4; }
   void save_sections(BlobWriter& w) const override;
   void check_sections(const BlobReader& r) const override;

@@ -295,9 +295,7 @@ static void step_rejects_bad_arguments(void) {
     bad[0].dtype = 7;
     CHECK_REJECTED(&t, dsopt_step(t.a, bad, NUM_TENSORS, &info), DSOPT_EINVAL, "dtype");
 
-    memcpy(bad, grads, NUM_TENSORS * sizeof bad[0]);
-    bad[2].data = NULL;
-    CHECK_REJECTED(&t, dsopt_step(t.a, bad, NUM_TENSORS, &info), DSOPT_EINVAL, "data|null");
+    /* (data NULL is an absent gradient, not an error: test_absent_grads.) */
 
     /* "info->struct_size must be set": 0 means the caller forgot. */
     info.struct_size = 0;
