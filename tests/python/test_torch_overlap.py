@@ -107,7 +107,7 @@ def test_hooks_do_not_keep_the_optimizer_alive():
 
 
 @needs_hooks
-def test_frozen_parameters_get_no_hook_and_step_with_zeros():
+def test_frozen_parameters_get_no_hook_and_are_absent_as_without_overlap():
     def run(overlap):
         model = ov.Net()
         model.body[0].weight.requires_grad_(False)
@@ -120,7 +120,7 @@ def test_frozen_parameters_get_no_hook_and_step_with_zeros():
     assert not ov.differences(got, want)
 
 
-def test_step_without_backward_steps_with_zero_gradients():
+def test_step_without_backward_steps_with_absent_gradients():
     model = ov.Net()
     before = [p.detach().clone() for p in model.parameters()]
     with warnings.catch_warnings():
@@ -134,14 +134,19 @@ def test_step_without_backward_steps_with_zero_gradients():
     opt.close()
 
 
-def test_overlap_is_off_by_default_and_add_param_group_still_raises():
+def test_overlap_is_off_by_default_and_add_param_group_hooks_the_new_parameters():
     model = ov.Net()
     opt = dsopt.torch.Optimizer(model.parameters(), ov.ADAM)
     assert opt.overlap is False
-    overlapping = dsopt.torch.Optimizer(model.parameters(), ov.ADAM, overlap=HOOKS)
+    overlapping = dsopt.torch.Optimizer(ov.Net().parameters(), ov.ADAM, overlap=HOOKS)
     for o in (opt, overlapping):
-        with pytest.raises(RuntimeError, match="after creation"):
-            o.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+        extra = torch.nn.Parameter(torch.zeros(3))
+        o.add_param_group({"params": [extra]})
+        assert o.dsopt.num_groups == 2
+        (extra * torch.arange(3.0)).sum().backward()
+        assert (extra.grad is None) == (o is overlapping and HOOKS)  # handed over by its hook
+        o.step()
+        assert extra[1] < 0 and extra[0] == 0  # Adam: the zero gradient's element stays
         o.close()
 
 

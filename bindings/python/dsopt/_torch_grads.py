@@ -1,7 +1,7 @@
 """The gradient descriptors of dsopt.torch.Optimizer, kept from step to
 step (see the dsopt.torch module doc): a parameter's ``.grad`` is
 described again only when it is another tensor object than at the last
-step. Unlike ``tensors.GradDescriptors`` (the numpy API's, which holds its
+step; a ``.grad`` that is None is an absent gradient (data NULL). Unlike ``tensors.GradDescriptors`` (the numpy API's, which holds its
 arrays) it keeps weak references: a ``.grad`` torch drops is freed at
 once, which matters for GPU memory."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ._lib import ffi
-from .tensors import describe, tensor_records
+from .tensors import _ABSENT, describe, tensor_records
 
 _get_dtype = operator.attrgetter("dtype")
 _get_layout = operator.attrgetter("layout")
@@ -36,9 +36,10 @@ _NONE_REF = weakref.ref(_Sentinel())
 class TorchGradDescriptors:
     """The ``dsopt_tensor[]`` of the parameters' gradients, kept from step
     to step: entry ``i`` describes ``params[i].grad`` as it was described
-    last (``refs[i]`` a weak reference to that tensor), the cached zeros of
-    a parameter without gradient (``refs[i]`` is ``_NONE_REF``), or a
-    contiguous copy made for that step only (``_NEVER_REF``)."""
+    last (``refs[i]`` a weak reference to that tensor), an absent gradient
+    (data NULL) of a parameter whose ``.grad`` is None (``refs[i]`` is
+    ``_NONE_REF``), or a contiguous copy made for that step only
+    (``_NEVER_REF``)."""
 
     def __init__(self, params, param_records):
         n = len(params)
@@ -68,8 +69,8 @@ class TorchGradDescriptors:
 
     def update(self, grads, gradient):
         """Describes the ``.grad`` values ``grads`` (one per parameter)
-        where they changed; ``gradient(p)`` is what a parameter steps with
-        (its ``.grad``, made contiguous, or zeros); the contiguous copies
+        where they changed; ``gradient(p)`` is what a parameter with a
+        ``.grad`` steps with (it made contiguous); the contiguous copies
         described go to ``copies``, to keep them alive during the step.
         Raises as describing every gradient would, and then nothing
         changes."""
@@ -127,8 +128,9 @@ class TorchGradDescriptors:
         gradient anew; writes only when all of them pass."""
         indices = range(len(subset)) if changed is None else changed
         params = self.params
-        tensors = [gradient(params[i]) for i in indices]  # sparse gradients raise here
-        buffers = [describe(t, writable=False, what=f"grads[{i}]")
+        # sparse gradients raise here; None (no .grad) stays None
+        tensors = [None if g is None else gradient(params[i]) for i, g in zip(indices, subset)]
+        buffers = [_ABSENT if t is None else describe(t, writable=False, what=f"grads[{i}]")
                    for i, t in zip(indices, tensors)]
         new_refs = []
         for grad, tensor in zip(subset, tensors):

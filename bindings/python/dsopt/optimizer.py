@@ -2,10 +2,13 @@
 
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 from . import config as _config
 from ._lib import ffi, lib
-from .communicator import Communicator
+from .communicator import Communicator, CudaBuffer
 from ._args import as_float, as_int32, as_int64
 from .errors import InvalidArgumentType, NonFiniteError, check
 from .tensors import GradDescriptors, TensorList, describe
@@ -38,6 +41,32 @@ class StepInfo:
         )
 
 
+class StateView(NamedTuple):
+    """Part of one parameter's optimizer state in dsopt's own memory
+    (``Optimizer.state_view``): ``data`` holds elements ``offset ..
+    offset + len(data) - 1`` of the parameter (flattened, fp32);
+    ``param_numel`` is the parameter's numel. ``data`` is a numpy float32
+    array on host memory, or a ``dsopt.CudaBuffer``
+    (``__cuda_array_interface__``) on device memory (``on_device``)."""
+
+    data: object
+    offset: int
+    param_numel: int
+    on_device: bool
+
+
+class _HostView:
+    """``__array_interface__`` of a host view: the numpy array made from it
+    keeps this object, and through it the optimizer, referenced."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, address, numel, owner):
+        self.__array_interface__ = {"shape": (numel,), "typestr": "<f4",
+                                    "data": (address, False), "version": 3}
+        self.owner = owner
+
+
 class SkippedStepWarning(RuntimeWarning):
     """A step was skipped because some rank's gradients had Inf/NaN.
 
@@ -49,6 +78,12 @@ class SkippedStepWarning(RuntimeWarning):
 
 
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _param_name(name) -> bytes:
+    if not isinstance(name, str):
+        raise InvalidArgumentType(f"name must be a str, got {type(name).__name__}")
+    return name.encode("utf-8")
 
 
 def _is_power_of_ten(n: int) -> bool:
@@ -166,6 +201,12 @@ class Optimizer:
         ``grads=None`` completes a step whose gradients were handed over
         with ``grad_ready`` (``dsopt_step(opt, NULL, 0, info)``); passing
         gradients while some are handed over raises ``InvalidArgument``.
+        An entry ``None`` says "no gradient for this parameter on this rank
+        in this step" (a NULL-data descriptor): absent on some ranks, those
+        contribute zeros; absent on every rank, Adam/AdamW leave the
+        parameter, its moments and its step count (``param_step``) as they
+        are (torch.optim's ``.grad is None``), while the 1-bit optimizers
+        step with a zero gradient.
 
         Gradient objects are described (data pointer, numel, dtype, checks)
         only when they are new: the optimizer keeps the last step's
@@ -197,7 +238,7 @@ class Optimizer:
             cache.update(grads)
             return self._step_with(handle, cache.c_array, cache.num, 4)
         # A count dsopt rejects: described as always, the cache left alone.
-        grad_list = TensorList(grads, writable=False, kind="grads")
+        grad_list = TensorList(grads, writable=False, kind="grads", allow_none=True)
         return self._step_with(handle, grad_list.c_array, len(grad_list), 4)
 
     def clear_grad_cache(self) -> None:
@@ -301,6 +342,80 @@ class Optimizer:
         check(lib.dsopt_get_loss_scale(self._live(), out))
         return float(out[0])
 
+    #: The names ``get_group_param`` / ``set_group_param`` take.
+    GROUP_PARAMS = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+    def get_group_param(self, group: int, name: str) -> float:
+        """Hyperparameter ``name`` of group ``group``: "lr", "beta1",
+        "beta2", "eps" or "weight_decay" (``dsopt_get_group_param``)."""
+        out = ffi.new("double *")
+        check(lib.dsopt_get_group_param(self._live(), as_int32(group, "group"),
+                                        _param_name(name), out))
+        return float(out[0])
+
+    def set_group_param(self, group: int, name: str, value: float) -> None:
+        """Sets hyperparameter ``name`` of group ``group`` from the next step
+        on (``dsopt_set_group_param``; part of the state blob). Not
+        collective: set the same value on every rank. Raises
+        ``InvalidArgument`` (nothing changes) for an unknown name, a group
+        out of range or an invalid value."""
+        check(lib.dsopt_set_group_param(self._live(), as_int32(group, "group"),
+                                        _param_name(name), as_float(value, name)))
+
+    def state_names(self) -> list:
+        """The names ``state_view`` takes for this optimizer, e.g.
+        ``["exp_avg", "exp_avg_sq"]`` (plus ``"master"`` when a parameter
+        is 16-bit; the 1-bit optimizers add ``"worker_error"``, 1-bit LAMB
+        ``"exp_avg_sq_fresh"``)."""
+        out = ffi.new("const char **")
+        check(lib.dsopt_state_names(self._live(), out))
+        return ffi.string(out[0]).decode("utf-8").split()
+
+    def state_view(self, param_index: int, name: str) -> StateView:
+        """State tensor ``name`` of parameter ``param_index`` as a view of
+        dsopt's own fp32 memory, no copy (``dsopt_get_state_view``): a
+        ``StateView`` whose ``data`` is a numpy float32 array (host) or a
+        ``dsopt.CudaBuffer`` (device). Without ZeRO it is the whole
+        parameter (``offset`` 0); under ZeRO stage 1/2 the part in this
+        rank's shard, starting at element ``offset`` (possibly empty).
+
+        The view always shows the current state. Writing through it is
+        allowed between dsopt calls (not while gradients are handed over):
+        the next step uses the new values; keep replicated state equal on
+        every rank. It is valid until ``close()``: a host array keeps this
+        Python object referenced, but ``close()`` frees the memory."""
+        view = ffi.new("dsopt_state_view *")
+        view.struct_size = ffi.sizeof("dsopt_state_view")
+        check(lib.dsopt_get_state_view(self._live(), as_int64(param_index, "param_index"),
+                                       _param_name(name), view))
+        numel = int(view.tensor.numel)
+        address = int(ffi.cast("uintptr_t", view.tensor.data))
+        on_device = int(view.device) == lib.DSOPT_COMM_CUDA
+        if numel == 0 or address == 0:
+            data = CudaBuffer(0, 0, np.dtype(np.float32), False, None) if on_device \
+                else np.empty(0, np.float32)
+        elif on_device:
+            data = CudaBuffer(address, numel, np.dtype(np.float32), False, None)
+        else:
+            data = np.asarray(_HostView(address, numel, self))
+        return StateView(data, int(view.offset), int(view.param_numel), on_device)
+
+    def param_step(self, param_index: int) -> int:
+        """Updates applied to parameter ``param_index`` (torch.optim's
+        ``state["step"]``; ``dsopt_get_param_step``): the steps applied so
+        far, less those in which its gradient was absent on every rank
+        (Adam/AdamW)."""
+        out = ffi.new("int64_t *")
+        check(lib.dsopt_get_param_step(self._live(), as_int64(param_index, "param_index"), out))
+        return int(out[0])
+
+    def set_param_step(self, param_index: int, step: int) -> None:
+        """Sets parameter ``param_index``'s update count (Adam/AdamW; the
+        1-bit optimizers raise ``dsopt.Unsupported``). Not collective: set
+        the same value on every rank."""
+        check(lib.dsopt_set_param_step(self._live(), as_int64(param_index, "param_index"),
+                                       as_int64(step, "step")))
+
     # ---- momentum masks (1-bit optimizers) ---------------------------------
 
     def set_momentum_mask(self, param_index: int, mask) -> None:
@@ -381,4 +496,4 @@ class Optimizer:
         return f"<dsopt.Optimizer {state}>"
 
 
-__all__ = ["Optimizer", "SkippedStepWarning", "StepInfo"]
+__all__ = ["Optimizer", "SkippedStepWarning", "StateView", "StepInfo"]

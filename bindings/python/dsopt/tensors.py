@@ -201,9 +201,15 @@ def _describe_plain_arrays(objects):
     return _pointers_of(objects), numels, np.array(codes, dtype=np.int32)
 
 
+# What an absent gradient (None) is described as: data NULL (dsopt reads
+# neither numel nor dtype then).
+_ABSENT = _Buffer(0, 0, 0, None)
+
+
 class GradDescriptors:
     """The ``dsopt_tensor[]`` of the read-only arrays of successive calls
-    (the gradients of ``Optimizer.step``), ``num`` entries.
+    (the gradients of ``Optimizer.step``), ``num`` entries; ``None``
+    entries are absent gradients (data NULL).
 
     ``update(objects)`` describes an entry again only when its object is
     not the one of the previous successful update (``is``); the objects
@@ -241,7 +247,9 @@ class GradDescriptors:
         described = _describe_plain_arrays(subset) if subset else None
         buffers = None
         if described is None:
-            buffers = [describe(obj, writable=False, what=f"{self.kind}[{i}]")
+            # None: an absent gradient, a descriptor with data NULL.
+            buffers = [_ABSENT if obj is None else
+                       describe(obj, writable=False, what=f"{self.kind}[{i}]")
                        for i, obj in zip(indices, subset)]
             count = len(buffers)
             described = (
@@ -265,7 +273,7 @@ class GradDescriptors:
                     owners.pop(i, None)
         if buffers is not None:
             for i, obj, buf in zip(indices, subset, buffers):
-                if buf.owner is not obj:
+                if buf.owner is not obj and obj is not None:
                     owners[i] = buf.owner
         self.objects = objects
 
@@ -273,9 +281,10 @@ class GradDescriptors:
 class TensorList:
     """A ``dsopt_tensor[]`` for a sequence of arrays; keeps the arrays alive."""
 
-    def __init__(self, objects, *, writable: bool, kind: str, groups=None):
+    def __init__(self, objects, *, writable: bool, kind: str, groups=None, allow_none=False):
         objects = list(objects)
         self.buffers = [
+            _ABSENT if obj is None and allow_none else
             describe(obj, writable=writable, what=f"{kind}[{i}]") for i, obj in enumerate(objects)
         ]
         self.objects = objects

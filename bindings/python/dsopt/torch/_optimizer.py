@@ -1,82 +1,9 @@
-"""dsopt.torch: a ``torch.optim.Optimizer`` that runs dsopt.
+"""dsopt.torch.Optimizer: the config-dict ``torch.optim.Optimizer`` that
+runs dsopt (see the dsopt.torch module doc); the torch-style classes of
+``_classes`` build on it."""
 
-    import dsopt.torch
-    opt = dsopt.torch.Optimizer(model.parameters(), config, comm=None)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
-    for batch in data:
-        opt.zero_grad()
-        loss_fn(model(batch)).backward()
-        opt.step()
-        sched.step()
-
-* ``params``: tensors or torch-style parameter groups (dicts with
-  ``"params"`` and per-group settings dsopt knows: ``lr``, ``betas``,
-  ``eps``, ``weight_decay``, ``non_freeze``); each group becomes one dsopt
-  ``param_groups`` entry, so ``config`` must not have its own.
-* Tensors: contiguous float32 / float16 / bfloat16, on the CPU, or on the
-  GPU with ``"device": "cuda"`` in the config; dsopt updates them in place
-  through ``data_ptr()``. Gradients are read from ``.grad``; a parameter
-  without one steps with a zero gradient (dsopt takes one per parameter).
-* Learning rates: ``group["lr"]`` is read before every step and handed to
-  dsopt when it changed, so LR schedulers work as with torch's optimizers.
-* ``state_dict()`` is torch's (the groups' settings) plus this rank's dsopt
-  state blob under ``"dsopt_state"``; ``load_state_dict`` restores both.
-* ZeRO (``"zero_optimization": {"stage": 1 or 2, ...}`` in the config, Adam
-  and AdamW): every rank keeps the optimizer state of its shard only, so
-  each rank saves its own ``state_dict()``. ``load_state_dict`` takes this
-  rank's own state dict back at the same world size;
-  ``load_state_dict_shards(state_dicts)`` takes the state dicts of all
-  ranks of the saved run, in rank order, and continues it at any world size
-  and ZeRO stage (stage 0 -> 2, 2 ranks -> 4, ...; collective, every rank
-  passes all of them). ``memory_usage()`` is the bytes dsopt holds here.
-* Skipped steps (Inf/NaN gradients on some rank) warn
-  ``dsopt.SkippedStepWarning`` (rate-limited); when the run stops
-  progressing ``step`` raises ``dsopt.NonFiniteError`` (its ``.info`` is
-  also ``last_step_info``), as ``dsopt.Optimizer.step`` does.
-* ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, a
-  torch.distributed ``ProcessGroup``, or None. ``step`` is collective over
-  it: with several ranks every rank steps with its local gradients and
-  dsopt averages them. None means torch.distributed's default group when
-  torch.distributed is initialised (``init_process_group``, as under
-  ``torchrun``), else one process. A process group (given, or the default
-  one) becomes ``dsopt.Communicator.from_torch(group)``, which this
-  optimizer owns and closes: dsopt's collectives then run as
-  torch.distributed collectives on that group (gloo: host memory; NCCL:
-  CUDA memory, on torch's current stream at creation), with the group's
-  timeout. On host memory dsopt sums floats itself in a fixed order, so the
-  results are bit-identical to an MPI run of the same training. To keep a
-  torch.distributed job's ranks independent pass
-  ``comm=dsopt.Communicator.local()``.
-
-      torch.distributed.init_process_group("gloo")  # env:// (torchrun)
-      opt = dsopt.torch.Optimizer(model.parameters(), config)  # on the default group
-* ``overlap=True`` (torch >= 2.1): a hook on every parameter
-  (``register_post_accumulate_grad_hook``) hands its gradient to dsopt
-  (``dsopt_grad_ready``) as soon as backward has produced it, so that the
-  gradient reduction overlaps the rest of backward; ``step()`` completes
-  the step. The hook then sets ``p.grad = None``: after backward ``.grad``
-  is None, so code must not read or change ``.grad`` (clip with dsopt's
-  ``"gradient_clipping"``). With ``"gradient_accumulation_steps"`` = G in
-  the config, run G backward passes per ``step()``, each on its own
-  micro-batch's loss (not divided by G): dsopt sums the G gradients and
-  uses their mean. A parameter that gets no gradient in a backward pass
-  contributes zeros to that micro-batch (a ``step()`` after no backward at
-  all steps with zeros). With torch < 2.1 the constructor warns and
-  ``step()`` hands ``.grad`` over instead, then sets it to None (same
-  results, no overlap). ``close()`` removes the hooks.
-* Gradient descriptors (``overlap=False``): ``step()`` keeps the
-  ``dsopt_tensor`` descriptors of the last step's gradients and describes a
-  parameter's ``.grad`` again only when it is another tensor object than
-  at the last step (autograd accumulating into an existing ``.grad``, or
-  ``zero_grad(set_to_none=False)``, keeps the object; ``set_to_none=True``
-  makes new ones, which are described again). A ``.grad`` that stays the
-  same object must keep its storage: after swapping it in place
-  (``p.grad.set_(...)``, ``p.grad.data = ...``, ``p.grad.resize_(...)``)
-  call ``clear_grad_cache()`` before the next ``step()``. Only weak
-  references to the gradients are kept, so a dropped ``.grad`` is freed
-  as before.
-"""
-
+import copy
+import inspect
 import json
 import operator
 import warnings
@@ -85,11 +12,13 @@ from collections.abc import Mapping
 
 import torch
 
-from ._torch_grads import TorchGradDescriptors
-from .communicator import Communicator
-from .errors import NonFiniteError
-from .optimizer import Optimizer as _DsoptOptimizer
-from .tensors import tensor_records
+from .._torch_grads import TorchGradDescriptors
+from ..communicator import Communicator
+from ..errors import NonFiniteError
+from ..optimizer import Optimizer as _DsoptOptimizer
+from ..tensors import tensor_records
+from . import _groups, _rebuild, _torch_state
+from ._live_state import LiveState
 
 _get_grad = operator.attrgetter("grad")
 
@@ -102,7 +31,52 @@ def _config_dict(config) -> dict:
     if "param_groups" in config:
         raise ValueError("dsopt.torch.Optimizer builds param_groups from the torch parameter "
                          "groups; pass per-group settings in the groups instead")
-    return config
+    return copy.deepcopy(config)
+
+
+_TYPES = {"adam": "Adam", "adamw": "AdamW", "onebitadam": "OneBitAdam",
+          "onebitlamb": "OneBitLamb", "zerooneadam": "ZeroOneAdam"}
+ONE_BIT = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
+# dsopt_get_group_param's names, in the order of _groups.hyper_values.
+_HYPER_NAMES = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+
+def _optimizer_params(config) -> dict:
+    optimizer = config.get("optimizer")
+    params = optimizer.get("params") if isinstance(optimizer, dict) else None
+    return params if isinstance(params, dict) else {}
+
+
+def _group_defaults(config) -> dict:
+    """torch-style defaults of the groups from the config's
+    optimizer.params (dsopt's defaults where it has none)."""
+    params = _optimizer_params(config)
+    betas = params.get("betas", (0.9, 0.999))
+    try:
+        betas = tuple(betas)
+    except TypeError:
+        pass  # dsopt names the bad value
+    defaults = {"lr": params.get("lr", 1e-3), "betas": betas, "eps": params.get("eps", 1e-8),
+                "weight_decay": params.get("weight_decay", 0.0)}
+    defaults.update(_groups.TORCH_FLAGS)
+    return defaults
+
+
+def _algorithm(config):
+    """(type, decoupled weight decay, ZeRO stage) of a config dsopt took."""
+    optimizer_type = _TYPES[str(config["optimizer"]["type"]).lower()]
+    params = _optimizer_params(config)
+    decoupled = optimizer_type != "Adam" or bool(params.get("adam_w_mode", True))
+    zero = config.get("zero_optimization") or {}
+    return optimizer_type, decoupled, int(zero.get("stage", 0))
+
+
+def _immutable(value) -> bool:
+    """A group value that cannot change without being replaced (so an
+    identical object means an unchanged value)."""
+    if type(value) is tuple:
+        return all(type(v) in (float, int) for v in value)
+    return type(value) in (float, int)
 
 
 def _torch_distributed():
@@ -136,6 +110,11 @@ def _as_communicator(comm):
         return Communicator.from_torch(comm), True
     raise TypeError(f"comm must be a dsopt.Communicator, an mpi4py communicator or a "
                     f"torch.distributed ProcessGroup, got {type(comm).__name__}")
+
+
+# torch.optim.Optimizer.zero_grad's default (torch 1.x: False, 2.x: True).
+_ZERO_GRAD_DEFAULT = inspect.signature(torch.optim.Optimizer.zero_grad).parameters[
+    "set_to_none"].default
 
 
 def _has_post_accumulate_grad_hooks() -> bool:
@@ -172,51 +151,65 @@ def _hand_over_hook(owner_ref, index):
             torch.cuda.current_stream(grad.device).synchronize()
         owner.dsopt.grad_ready(index, grad)
         owner._handed_over = True
+        owner._handed_now.add(index)
+        owner._grad_tensor.add(index)
         p.grad = None
 
     return hook
 
 
 class Optimizer(torch.optim.Optimizer):
-    """``Optimizer(params, config, comm=None, *, overlap=False)``: see the
-    module doc."""
+    """``Optimizer(params, config, comm=None, *, overlap=False)``: a
+    ``torch.optim.Optimizer`` running the dsopt optimizer the JSON
+    ``config`` describes (see the dsopt.torch module doc). The classes
+    ``dsopt.torch.Adam``, ``AdamW``, ``OneBitAdam``, ``OneBitLamb`` and
+    ``ZeroOneAdam`` build the config from torch-style arguments."""
 
-    def __init__(self, params, config, comm=None, *, overlap=False):
+    def __init__(self, params, config, comm=None, *, overlap=False, _defaults=None,
+                 _known_keys_only=False):
         config = _config_dict(config)
-        lr = config.get("optimizer", {}).get("params", {}).get("lr", 1e-3)
-        super().__init__(params, {"lr": lr})
-        # Every setting of a torch group (lr, betas, ...) goes to dsopt, which
-        # rejects the ones it does not know.
-        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-        config = dict(config, param_groups=settings)
+        defaults = _group_defaults(config)
+        if _defaults:
+            defaults.update(_defaults)
+        super().__init__(params, defaults)
+        for i, group in enumerate(self.param_groups):
+            _groups.check_flags(group, f"param_groups[{i}]: ")
+        # Every other setting of a torch group goes to dsopt, which rejects
+        # the ones it does not know.
+        settings = [_groups.dsopt_settings(g, all_keys=not _known_keys_only,
+                                           where=f"param_groups[{i}]: ")
+                    for i, g in enumerate(self.param_groups)]
         tensors = [p for group in self.param_groups for p in group["params"]]
         group_of = [i for i, group in enumerate(self.param_groups) for _ in group["params"]]
         self._comm, self._owns_comm = _as_communicator(comm)
-        self._zero_grads = {}
         try:
-            self.dsopt = _DsoptOptimizer(config, tensors, self._comm, groups=group_of)
+            self.dsopt = _DsoptOptimizer(dict(config, param_groups=settings), tensors,
+                                         self._comm, groups=group_of)
         except BaseException:
             if self._owns_comm:
                 self._comm.close()
             raise
-        self._grad_descriptors = TorchGradDescriptors(
-            tensors, tensor_records(self.dsopt._params.c_array))
-        self._on_cuda = any(p.is_cuda for p in tensors)
-        self._dsopt_lrs = [group["lr"] for group in self.param_groups]
+        self._config = config  # without param_groups: add_param_group and deepcopy rebuild
+        self._type, self._decoupled, self._zero_stage = _algorithm(config)
+        self._generation = 0
         self.last_step_info = None
-        self._tensors = tensors  # dsopt's parameter order
-        self._hooks = []
-        self._hooked = False  # overlap through hooks (else, with overlap, at step)
         self._handed_over = False  # some gradient of this step was handed over
+        # overlap: the parameters handed over in this step, and those whose
+        # .grad would be a tensor under torch (handed over at some step
+        # since the last zero_grad(set_to_none=True)): the latter step with
+        # zeros when not handed over, as a zeroed .grad does without overlap.
+        self._handed_now = set()
+        self._grad_tensor = set()
+        self._set_up(tensors)
+        self.state = LiveState(self)
+        self._hooks = []
+        self._unhooked = []  # overlap: parameters without a hook (frozen when hooks were made)
+        self._hooked = False  # overlap through hooks (else, with overlap, at step)
         self.overlap = bool(overlap)
         if self.overlap:
-            if _has_post_accumulate_grad_hooks():
-                owner = weakref.ref(self)
-                # A frozen parameter gets no hook (torch allows none): it
-                # contributes zeros, as it would without overlap.
-                self._hooks = [p.register_post_accumulate_grad_hook(_hand_over_hook(owner, i))
-                               for i, p in enumerate(tensors) if p.requires_grad]
+            if self._hooks_available():
                 self._hooked = True
+                self._hook(range(len(tensors)))
             else:
                 warnings.warn(
                     f"dsopt.torch.Optimizer(overlap=True) needs torch >= 2.1 "
@@ -225,23 +218,107 @@ class Optimizer(torch.optim.Optimizer):
                     f"results are the same, without overlapping the gradient reduction "
                     f"with backward.", RuntimeWarning, stacklevel=2)
 
-    def add_param_group(self, param_group):
-        if hasattr(self, "dsopt"):
-            raise RuntimeError("dsopt.torch.Optimizer cannot add parameters after creation")
-        super().add_param_group(param_group)
+    @staticmethod
+    def _hooks_available():
+        from . import _has_post_accumulate_grad_hooks  # looked up there: tests patch it
+        return _has_post_accumulate_grad_hooks()
 
-    def _sync_learning_rates(self):
+    def _hook(self, indices):
+        """Post-accumulate-grad hooks on the parameters ``indices`` that
+        require gradients; the others are handed over by ``step()`` (torch
+        takes no hook on them) and get their hook once they require one."""
+        owner = weakref.ref(self)
+        for i in indices:
+            p = self._tensors[i]
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(_hand_over_hook(owner, i)))
+            else:
+                self._unhooked.append(i)
+
+    def _set_up(self, tensors):
+        """What the optimizer keeps about dsopt's parameters (again after a
+        rebuild)."""
+        self._tensors = tensors  # dsopt's parameter order
+        self._index = {p: i for i, p in enumerate(tensors)}
+        self._grad_descriptors = TorchGradDescriptors(
+            tensors, tensor_records(self.dsopt._params.c_array))
+        self._on_cuda = any(p.is_cuda for p in tensors)
+        self._hyper = [self._dsopt_hyper(i) for i in range(len(self.param_groups))]
+        self._seen = [None] * len(self.param_groups)
+        self._generation += 1  # the state views of LiveState are made again
+
+    # ---- hyperparameters ------------------------------------------------------
+
+    def _dsopt_hyper(self, group):
+        """(lr, beta1, beta2, eps, weight_decay) dsopt has for ``group``."""
+        return tuple(self.dsopt.get_group_param(group, name) for name in _HYPER_NAMES)
+
+    def _sync_hyperparameters(self):
+        """Hands every group's lr, betas, eps and weight_decay that changed
+        since dsopt got them over to dsopt (before each step), validated as
+        torch validates them (ValueError)."""
+        seen = self._seen
         for i, group in enumerate(self.param_groups):
-            if group["lr"] != self._dsopt_lrs[i]:
-                self.dsopt.set_group_lr(i, group["lr"])
-                self._dsopt_lrs[i] = group["lr"]
+            values = (group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            known = seen[i]
+            if known is not None and all(map(operator.is_, values, known)):
+                continue
+            new = _groups.hyper_values(group, f"param_groups[{i}]: ")
+            old = list(self._hyper[i])
+            try:
+                for k, (name, value) in enumerate(zip(_HYPER_NAMES, new)):
+                    if value != old[k]:
+                        if name == "lr":
+                            self.dsopt.set_group_lr(i, value)
+                        else:
+                            self.dsopt.set_group_param(i, name, value)
+                        old[k] = value
+            finally:
+                self._hyper[i] = tuple(old)
+            seen[i] = values if all(map(_immutable, values)) else None
+
+    def _normalize_groups(self):
+        """Gives every group the keys torch's groups have: the
+        hyperparameters (dsopt's values where a loaded group lacks them)
+        and torch's flags; each group checked."""
+        for i, group in enumerate(self.param_groups):
+            lr, beta1, beta2, eps, weight_decay = self._dsopt_hyper(i)
+            group.setdefault("lr", lr)
+            group.setdefault("betas", (beta1, beta2))
+            group.setdefault("eps", eps)
+            group.setdefault("weight_decay", weight_decay)
+            for key, value in self.defaults.items():
+                if key not in _groups.HYPER_KEYS:
+                    group.setdefault(key, value)
+            if "decoupled_weight_decay" in self.defaults:
+                group["decoupled_weight_decay"] = self.defaults["decoupled_weight_decay"]
+            _groups.check_flags(group, f"param_groups[{i}]: ")
+
+    # ---- parameter groups -----------------------------------------------------
+
+    def add_param_group(self, param_group):
+        """Adds a group (torch's ``add_param_group``). After creation this
+        rebuilds dsopt's optimizer over all parameters (collective: every
+        rank adds the same group), carrying over the old parameters'
+        moments, fp32 masters and step counts and every group's
+        hyperparameters exactly; the new parameters start fresh. Not
+        carried: dsopt's global step count (``last_step_info.step``
+        restarts from 0), the fp16 loss scale (it restarts at
+        2^initial_scale_power: dsopt has no setter for it), momentum masks
+        (set them again) and gradients handed over but not yet stepped
+        (call it between steps). The 1-bit optimizers take new groups only
+        before their first step (their compressed state and stages span
+        all parameters); ZeRO stage 1/2 on several ranks only while no
+        parameter has state (the shards move)."""
+        if not hasattr(self, "dsopt"):  # torch's __init__ adding the first groups
+            super().add_param_group(param_group)
+            return
+        _rebuild.add_param_group(self, param_group, super().add_param_group)
+
+    # ---- stepping -------------------------------------------------------------
 
     def _gradient(self, p):
-        if p.grad is None:
-            zeros = self._zero_grads.get(p)
-            if zeros is None:
-                zeros = self._zero_grads[p] = torch.zeros_like(p)
-            return zeros
+        """What a parameter with a ``.grad`` steps with (contiguous)."""
         if p.grad.is_sparse:
             raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
         return p.grad.contiguous()
@@ -249,11 +326,15 @@ class Optimizer(torch.optim.Optimizer):
     def _hand_over_at_step(self):
         """overlap=True without hooks (torch < 2.1): every ``.grad`` handed
         over now, as the hooks would have at the end of backward (a
-        parameter without one contributes zeros), then dropped. With
-        gradient accumulation ``.grad`` holds the sum of the micro-batches,
-        handed over as the first micro-batch; the others contribute zeros,
-        so the step uses the same mean."""
-        for i, p in enumerate(self._tensors):
+        parameter without one is absent), then dropped. With gradient
+        accumulation ``.grad`` holds the sum of the micro-batches, handed
+        over as the last micro-batch's; the others contribute zeros, so the
+        step uses the same mean."""
+        self._hand_over(range(len(self._tensors)))
+
+    def _hand_over(self, indices):
+        for i in indices:
+            p = self._tensors[i]
             grad = p.grad
             if grad is None:
                 continue
@@ -261,21 +342,53 @@ class Optimizer(torch.optim.Optimizer):
                 raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
             self.dsopt.grad_ready(i, grad.contiguous())
             self._handed_over = True
+            self._handed_now.add(i)
+            self._grad_tensor.add(i)
             p.grad = None
+
+    def _hand_over_zeros(self):
+        """overlap: zeros for the parameters whose .grad torch would have
+        zeroed (``zero_grad(set_to_none=False)``) and that got no gradient
+        in this step, as overlap=False steps them."""
+        missing = sorted(self._grad_tensor.difference(self._handed_now))
+        if not missing:
+            return
+        tensors = self._tensors
+        zeros = torch.zeros(max(tensors[i].numel() for i in missing), dtype=torch.float32,
+                            device=tensors[missing[0]].device)
+        for i in missing:  # dsopt reads each before grad_ready returns
+            self.dsopt.grad_ready(i, zeros[:tensors[i].numel()])
+        self._handed_over = True
+
+    def zero_grad(self, set_to_none=_ZERO_GRAD_DEFAULT):
+        """torch's ``zero_grad`` (same default as the running torch's)."""
+        super().zero_grad(set_to_none)
+        if set_to_none:
+            self._grad_tensor.clear()
+
+    def _hand_over_unhooked(self):
+        """overlap=True: the parameters that had no hook (frozen when the
+        hooks were made) hand their ``.grad`` over here, and get a hook
+        once they require gradients."""
+        unhooked, self._unhooked = self._unhooked, []
+        self._hand_over(unhooked)
+        self._hook(unhooked)
 
     @torch.no_grad()
     def step(self, closure=None):
         """One dsopt step with the parameters' ``.grad`` (collective), or
         with ``overlap=True`` the completion of the step whose gradients
-        backward handed over. ``self.last_step_info`` holds what it did (a
-        ``dsopt.StepInfo``). Skipped steps warn and a run that stops
-        progressing raises ``dsopt.NonFiniteError``, as
-        ``dsopt.Optimizer.step`` does."""
+        backward handed over. A parameter whose ``.grad`` is None has no
+        gradient in this step (see the module doc). ``closure`` (optional)
+        re-evaluates the model and returns the loss, as in torch.
+        ``self.last_step_info`` holds what it did (a ``dsopt.StepInfo``).
+        Skipped steps warn and a run that stops progressing raises
+        ``dsopt.NonFiniteError``, as ``dsopt.Optimizer.step`` does."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._sync_learning_rates()
+        self._sync_hyperparameters()
         if self.overlap:
             grads = None  # handed over by the hooks (or just below)
             on_side_stream = any(p.is_cuda for p in self._tensors[:1]) and \
@@ -283,7 +396,7 @@ class Optimizer(torch.optim.Optimizer):
         else:
             # The gradients as .grad holds them; TorchGradDescriptors describes
             # the ones that changed since the last step (a gradient is on
-            # its parameter's device).
+            # its parameter's device; None is an absent gradient).
             grads = list(map(_get_grad, self._tensors))
             self._grad_descriptors.update(grads, self._gradient)
             on_side_stream = self._on_cuda and \
@@ -295,10 +408,15 @@ class Optimizer(torch.optim.Optimizer):
         if self.overlap:
             if not self._hooked:
                 self._hand_over_at_step()
+            elif self._unhooked:
+                self._hand_over_unhooked()
+            self._hand_over_zeros()
+            self._handed_now = set()
             if not self._handed_over:
-                # No backward since the last step: zeros, as without overlap
-                # (dsopt_step(NULL) needs a hand-over to complete).
-                grads = [self._gradient(p) for p in self._tensors]
+                # No backward since the last step: every gradient absent,
+                # as .grad None is without overlap (dsopt_step(NULL) needs
+                # a hand-over to complete).
+                grads = [None] * len(self._tensors)
         try:
             self._handed_over = False
             if self.overlap:
@@ -333,13 +451,54 @@ class Optimizer(torch.optim.Optimizer):
         buffers; not the model's parameters or gradients)."""
         return self.dsopt.memory_usage()
 
+    # ---- state dicts ----------------------------------------------------------
+
+    def _pack_groups(self):
+        """torch's ``param_groups`` of a state dict (parameters as indices)."""
+        packed, start = [], 0
+        for group in self.param_groups:
+            entry = {k: v for k, v in group.items() if k != "params"}
+            entry["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            packed.append(entry)
+        return packed
+
     def state_dict(self):
-        """torch's state dict (the groups' settings) plus this rank's dsopt
-        state blob under ``"dsopt_state"``. Under ZeRO the blob holds this
-        rank's shard only: save every rank's."""
-        state = super().state_dict()
-        state["dsopt_state"] = self.dsopt.state_dict()
-        return state
+        """torch's state dict of the groups' settings (``"state"`` is
+        empty) plus this rank's dsopt state blob under ``"dsopt_state"``.
+        Under ZeRO the blob holds this rank's shard only: save every
+        rank's. ``torch_state_dict()`` gives torch.optim's format."""
+        for hook in getattr(self, "_optimizer_state_dict_pre_hooks", {}).values():
+            hook(self)
+        state_dict = {"state": {}, "param_groups": self._pack_groups(),
+                      "dsopt_state": self.dsopt.state_dict()}
+        for hook in getattr(self, "_optimizer_state_dict_post_hooks", {}).values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
+
+    def torch_state_dict(self):
+        """This optimizer's state as torch.optim's own ``state_dict()``
+        (Adam and AdamW): ``torch.optim.AdamW`` (``torch.optim.Adam`` for
+        L2 weight decay, as ``dsopt.torch.Adam``) over the same parameters
+        loads it with ``load_state_dict`` and continues the run. ``"state"``
+        maps parameter indices to ``{"step": float32 tensor, "exp_avg",
+        "exp_avg_sq"}`` (copies, in the parameter's dtype and device) for
+        the parameters dsopt has updated; ``"param_groups"`` has every key
+        of the running torch version's groups. Raises ValueError for the
+        1-bit optimizers (no torch counterpart) and under ZeRO stage 1/2 on
+        several ranks (each rank holds part of the state)."""
+        return _torch_state.export_state_dict(self)
+
+    def _torch_class(self):
+        """The torch.optim class whose state dicts match this optimizer's
+        (Adam/AdamW)."""
+        if not self._decoupled:
+            return torch.optim.Adam
+        if self._type == "Adam" and "decoupled_weight_decay" in self.defaults:
+            return torch.optim.Adam  # torch >= 2.6: Adam(decoupled_weight_decay=True)
+        return torch.optim.AdamW
 
     @staticmethod
     def _split(state_dict, what="state dict"):
@@ -357,23 +516,60 @@ class Optimizer(torch.optim.Optimizer):
         if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups):
             raise ValueError(f"{what} has a different number of parameter groups")
         for i, (saved, ours) in enumerate(zip(groups, self.param_groups)):
-            if len(saved.get("params", ())) != len(ours["params"]):
+            if not isinstance(saved, Mapping) or \
+                    len(saved.get("params", ())) != len(ours["params"]):
                 raise ValueError(f"{what}: parameter group {i} has a different number of "
                                  f"parameters")
+            _groups.check_flags(saved, f"{what}: param_groups[{i}]: ")
+            merged = dict(ours)
+            merged.update({k: v for k, v in saved.items() if k in _groups.HYPER_KEYS})
+            _groups.hyper_values(merged, f"{what}: param_groups[{i}]: ")
+
+    def _set_groups(self, saved_groups):
+        """torch's load_state_dict: the saved groups' settings with this
+        optimizer's parameters; then dsopt gets their hyperparameters."""
+        groups = []
+        for saved, ours in zip(copy.deepcopy(list(saved_groups)), self.param_groups):
+            saved = dict(saved)
+            saved["params"] = ours["params"]
+            if "param_names" in ours and "param_names" not in saved:
+                saved["param_names"] = ours["param_names"]
+            groups.append(saved)
+        self.param_groups = groups
+        self._normalize_groups()
+        self._hyper = [self._dsopt_hyper(i) for i in range(len(groups))]
+        self._seen = [None] * len(groups)
+        self._sync_hyperparameters()
 
     def _restore(self, torch_part, load_dsopt):
         self._check_groups(torch_part)
         load_dsopt()
-        super().load_state_dict(torch_part)
-        self._dsopt_lrs = [self.dsopt.get_group_lr(i) for i in range(len(self.param_groups))]
+        self._set_groups(torch_part["param_groups"])
 
     def load_state_dict(self, state_dict):
-        """Restores the groups' settings and the dsopt state (collective):
-        this rank's own ``state_dict()`` of a run at the same world size
-        (see ``load_state_dict_shards`` for another world size or stage).
-        Everything is checked before anything changes."""
-        torch_part, blob = self._split(state_dict)
-        self._restore(torch_part, lambda: self.dsopt.load_state_dict(blob))
+        """Restores a state dict (collective): this rank's own
+        ``state_dict()`` of a run at the same world size (see
+        ``load_state_dict_shards`` for another world size or stage), which
+        restores the dsopt state and the groups' settings (their
+        hyperparameters handed to dsopt); or, for Adam/AdamW, a
+        ``torch.optim.Adam``/``AdamW`` state dict (no ``"dsopt_state"``):
+        its moments and step counts are written into dsopt's state (this
+        rank's part under ZeRO), its groups' settings become this
+        optimizer's; load the model's parameters first (16-bit parameters'
+        fp32 masters are taken from them). Not collective then. Everything
+        is checked before anything changes."""
+        state_dict = dict(state_dict) if isinstance(state_dict, Mapping) else state_dict
+        for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        if _torch_state.is_torch_state_dict(state_dict):
+            _torch_state.load_torch_state_dict(self, state_dict)
+        else:
+            torch_part, blob = self._split(state_dict)
+            self._restore(torch_part, lambda: self.dsopt.load_state_dict(blob))
+        for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
+            hook(self)
 
     def load_state_dict_shards(self, state_dicts):
         """Restores a run saved at any world size from the ``state_dict()``
@@ -394,6 +590,22 @@ class Optimizer(torch.optim.Optimizer):
                              "(one per rank of the saved run)")
         blobs = [blob for _, blob in parts]
         self._restore(parts[0][0], lambda: self.dsopt.load_state_dict_shards(blobs))
+
+    # ---- copies and life cycle ------------------------------------------------
+
+    def __deepcopy__(self, memo):
+        """``copy.deepcopy(opt)``: a new optimizer of the same kind over
+        deep copies of the parameters (through ``memo``, so that copying a
+        model and its optimizer together keeps them connected) with the
+        same state, on a communicator of its own (one process: an
+        optimizer on several ranks raises, since creating one is
+        collective)."""
+        return _rebuild.deepcopy_optimizer(self, memo)
+
+    def __getstate__(self):
+        raise TypeError(f"a {type(self).__module__}.{type(self).__name__} holds a dsopt "
+                        f"optimizer and cannot be pickled; save its state_dict() (or "
+                        f"torch_state_dict()) instead")
 
     def close(self):
         """Removes the overlap hooks and destroys the dsopt optimizer

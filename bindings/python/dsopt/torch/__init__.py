@@ -1,0 +1,156 @@
+"""dsopt.torch: ``torch.optim`` optimizers that run dsopt.
+
+Drop-in replacements for ``torch.optim.Adam`` / ``AdamW`` (same
+signatures, defaults and groups), the 1-bit optimizers with torch-style
+arguments, and the config-dict ``Optimizer`` they all are::
+
+    import dsopt.torch
+    opt = dsopt.torch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    # dsopt.torch.Adam, OneBitAdam(..., freeze_step=1000), OneBitLamb,
+    # ZeroOneAdam; or dsopt.torch.Optimizer(params, config_dict)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=1000)
+    for batch in data:
+        opt.zero_grad()
+        loss_fn(model(batch)).backward()
+        opt.step()
+        sched.step()
+
+What behaves as in torch.optim:
+
+* Groups: dicts with ``"params"`` and ``lr``, ``betas``, ``eps``,
+  ``weight_decay`` (and ``non_freeze`` for 1-bit Adam); every group
+  carries those and torch's flags (``amsgrad``, ``maximize``, ``foreach``,
+  ``capturable``, ``differentiable``, ``fused``; ``decoupled_weight_decay``
+  where torch's Adam has it). Before each step every group's lr, betas,
+  eps and weight_decay that changed are handed to dsopt, so LR and
+  momentum schedules (``OneCycleLR``/``CyclicLR`` with
+  ``cycle_momentum``) work; invalid values raise ValueError as in torch.
+  ``add_param_group`` works after creation (see there for what is carried
+  over). A group key dsopt does not know (``momentum``) is an error.
+* ``.grad`` None: no gradient for that parameter (dsopt gets an absent,
+  NULL-data gradient): with Adam/AdamW the parameter, its moments and its
+  step count stay as they are, as torch.optim does, so frozen parameters
+  (``requires_grad=False``, from the start or frozen and unfrozen
+  mid-run) and unused branches train bit-identically to torch's
+  bookkeeping. On several ranks a parameter with a gradient on some ranks
+  only gets zeros from the others. The 1-bit optimizers step every
+  parameter at every step, an absent gradient as zeros.
+  ``zero_grad(set_to_none=False)`` leaves zero gradients, which do update
+  the parameters (as in torch). ``step(closure)`` works.
+* ``optimizer.state[p]`` is a live view of dsopt's state (see
+  ``_live_state``): for a parameter that has been updated, ``"step"`` (a
+  float32 0-d tensor, a copy) and fp32 tensors on dsopt's own memory,
+  shaped like the parameter: ``"exp_avg"``, ``"exp_avg_sq"``,
+  ``"master"`` (the fp32 masters of 16-bit parameters), and the 1-bit
+  optimizers' ``"worker_error"`` (1-bit LAMB also
+  ``"exp_avg_sq_fresh"``). Under ZeRO stage 1/2 they are flat tensors of
+  this rank's part of the parameter, starting at element ``"offset"``.
+  In-place writes to them (between steps) change dsopt's state; parameters
+  never updated have no entry. The views belong to the dsopt optimizer of
+  the moment: ``add_param_group`` and ``close()`` end them.
+* ``copy.deepcopy(opt)`` is a new optimizer over deep copies of the
+  parameters with the same state (one process).
+* ``state_dict()`` is torch's (the groups' settings, ``"state"`` empty)
+  plus this rank's dsopt state blob under ``"dsopt_state"``;
+  ``load_state_dict`` restores both and hands the groups' hyperparameters
+  to dsopt. For Adam/AdamW, ``load_state_dict`` also takes a
+  ``torch.optim.Adam``/``AdamW`` state dict (moments and steps written
+  into dsopt), and ``torch_state_dict()`` returns one that torch's
+  optimizer loads: a run moves between torch.optim and dsopt both ways.
+
+What differs from torch.optim:
+
+* ``amsgrad``, ``maximize``, ``capturable``, ``differentiable`` must be
+  False (ValueError); ``foreach`` and ``fused`` are accepted and ignored
+  (dsopt always runs one fused step). Sparse gradients are rejected.
+* Parameters: contiguous float32 / float16 / bfloat16 tensors, all on the
+  CPU or all on CUDA, updated in place through ``data_ptr()``; dsopt keeps
+  fp32 moments (and fp32 masters for 16-bit parameters) in its own memory.
+* ``step`` is collective over ``comm`` (see below): with several ranks
+  every rank steps with its local gradients and dsopt averages them.
+  ``self.last_step_info`` is the last ``dsopt.StepInfo``; ``loss_scale``
+  the fp16 loss scale; ``dsopt`` the underlying ``dsopt.Optimizer``;
+  ``close()`` destroys it (collective).
+* Skipped steps (Inf/NaN gradients on some rank) warn
+  ``dsopt.SkippedStepWarning`` (rate-limited); when the run stops
+  progressing ``step`` raises ``dsopt.NonFiniteError`` (its ``.info`` is
+  also ``last_step_info``), as ``dsopt.Optimizer.step`` does.
+* Optimizers cannot be pickled (``torch.save(opt)``): save
+  ``state_dict()``.
+* ZeRO (``zero_stage=1 or 2``, or ``"zero_optimization"`` in a config;
+  Adam and AdamW): every rank keeps the optimizer state of its shard only,
+  so each rank saves its own ``state_dict()``. ``load_state_dict`` takes
+  this rank's own state dict back at the same world size;
+  ``load_state_dict_shards(state_dicts)`` takes the state dicts of all
+  ranks of the saved run, in rank order, and continues it at any world size
+  and ZeRO stage (stage 0 -> 2, 2 ranks -> 4, ...; collective, every rank
+  passes all of them). ``memory_usage()`` is the bytes dsopt holds here.
+
+``Optimizer(params, config, comm=None, *, overlap=False)`` takes a dsopt
+config dict (README "Configuration") without ``param_groups``: each torch
+group becomes one dsopt group. ``"device": "cuda"`` for CUDA tensors (the
+classes infer it).
+
+* ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, a
+  torch.distributed ``ProcessGroup``, or None. None means
+  torch.distributed's default group when torch.distributed is initialised
+  (``init_process_group``, as under ``torchrun``), else one process. A
+  process group (given, or the default one) becomes
+  ``dsopt.Communicator.from_torch(group)``, which this optimizer owns and
+  closes: dsopt's collectives then run as torch.distributed collectives on
+  that group (gloo: host memory; NCCL: CUDA memory, on torch's current
+  stream at creation), with the group's timeout. On host memory dsopt sums
+  floats itself in a fixed order, so the results are bit-identical to an
+  MPI run of the same training. To keep a torch.distributed job's ranks
+  independent pass ``comm=dsopt.Communicator.local()``.
+* ``overlap=True`` (torch >= 2.1): a hook on every parameter
+  (``register_post_accumulate_grad_hook``) hands its gradient to dsopt
+  (``dsopt_grad_ready``) as soon as backward has produced it, so that the
+  gradient reduction overlaps the rest of backward; ``step()`` completes
+  the step. The hook then sets ``p.grad = None``: after backward ``.grad``
+  is None, so code must not read or change ``.grad`` (clip with dsopt's
+  ``gradient_clipping``). With ``gradient_accumulation_steps`` = G, run G
+  backward passes per ``step()``, each on its own micro-batch's loss (not
+  divided by G): dsopt sums the G gradients and uses their mean. A
+  parameter that gets no gradient in a backward pass contributes zeros to
+  that micro-batch; one that gets none in the whole step is absent, as
+  ``.grad`` None is without overlap. A parameter frozen when the hooks are
+  made gets its ``.grad`` handed over by ``step()`` and its hook once it
+  requires gradients. With torch < 2.1 the constructor warns and
+  ``step()`` hands ``.grad`` over instead, then sets it to None (same
+  results, no overlap). ``close()`` removes the hooks.
+* Gradient descriptors (``overlap=False``): ``step()`` keeps the
+  ``dsopt_tensor`` descriptors of the last step's gradients and describes a
+  parameter's ``.grad`` again only when it is another tensor object than
+  at the last step (autograd accumulating into an existing ``.grad``, or
+  ``zero_grad(set_to_none=False)``, keeps the object; ``set_to_none=True``
+  makes new ones, which are described again). A ``.grad`` that stays the
+  same object must keep its storage: after swapping it in place
+  (``p.grad.set_(...)``, ``p.grad.data = ...``, ``p.grad.resize_(...)``)
+  call ``clear_grad_cache()`` before the next ``step()``. Only weak
+  references to the gradients are kept, so a dropped ``.grad`` is freed
+  as before.
+"""
+
+import torch as _torch
+
+from ._classes import Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam
+from ._optimizer import (  # noqa: F401  (_has_post_accumulate_grad_hooks: tests patch it here)
+    Optimizer,
+    _has_post_accumulate_grad_hooks,
+)
+
+__all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "Optimizer", "ZeroOneAdam"]
+
+
+def __getattr__(name):
+    """``dsopt.torch.SGD`` and other names that do not exist: an
+    AttributeError that says what does."""
+    if name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    hint = ""
+    if hasattr(_torch.optim, name):
+        hint = f" (torch.optim.{name} has no dsopt implementation)"
+    raise AttributeError(
+        f"module {__name__!r} has no attribute {name!r}{hint}; dsopt.torch has "
+        f"{', '.join(__all__)}")
