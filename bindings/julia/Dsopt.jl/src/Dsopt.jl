@@ -30,6 +30,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        mpi_communicator, nccl_communicator, custom_communicator, Collectives,
        comm_rank, comm_size,
        step!, grad_ready!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
+       group_param, set_group_param!, param_step, set_param_step!,
        state_save, state_load!, state_load_shards!, memory_usage, set_momentum_mask!
 
 # ---- the library ---------------------------------------------------------------
@@ -673,7 +674,10 @@ end
 
 One optimizer step with this rank's local gradients: one array per
 parameter, in order, same length (dtypes may differ from the parameters').
-Gradients are only read, during the call. Collective.
+Gradients are only read, during the call. Collective. `nothing` in place of
+an array is an absent gradient (a frozen parameter): ranks without one
+contribute zeros; Adam/AdamW leave a parameter that no rank has a gradient
+for untouched, step count included; the 1-bit optimizers step it with zeros.
 
 A step with Inf/NaN gradients on some rank is skipped on every rank
 (`skipped`, `consecutive_skips`). When the run stops progressing
@@ -683,7 +687,8 @@ that skipped step throws a [`DsoptError`](@ref)
 with code `Dsopt.DSOPT_ENONFINITE`; the next `step!` may continue.
 """
 function step!(opt::Optimizer, grads::AbstractVector)
-    tensors = CTensor[ctensor(g, "grads[$i]", 0) for (i, g) in enumerate(grads)]
+    tensors = CTensor[g === nothing ? CTensor(C_NULL, 0, 0, 0) : ctensor(g, "grads[$i]", 0)
+                      for (i, g) in enumerate(grads)]
     info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
     GC.@preserve grads tensors begin
         @check ccall((:dsopt_step, libdsopt), Cint,
@@ -753,6 +758,37 @@ set_lr!(opt::Optimizer, lr::Real) =
 set_group_lr!(opt::Optimizer, group::Integer, lr::Real) =
     @check ccall((:dsopt_set_group_lr, libdsopt), Cint, (Ptr{Cvoid}, Int32, Cdouble),
                  live(opt), group - 1, lr)
+
+"""
+    group_param(opt, group, name) -> Float64
+
+A hyperparameter of parameter group `group` (1-based) by name: "lr",
+"beta1", "beta2", "eps" or "weight_decay".
+"""
+function group_param(opt::Optimizer, group::Integer, name::AbstractString)
+    value = Ref{Cdouble}(0)
+    @check ccall((:dsopt_get_group_param, libdsopt), Cint,
+                 (Ptr{Cvoid}, Int32, Cstring, Ref{Cdouble}), live(opt), group - 1, name, value)
+    return value[]
+end
+
+"Sets a hyperparameter of group `group` (1-based) from the next step on."
+set_group_param!(opt::Optimizer, group::Integer, name::AbstractString, value::Real) =
+    @check ccall((:dsopt_set_group_param, libdsopt), Cint, (Ptr{Cvoid}, Int32, Cstring, Cdouble),
+                 live(opt), group - 1, name, value)
+
+"Updates applied to parameter `i` (1-based; torch.optim's `state[\"step\"]`)."
+function param_step(opt::Optimizer, i::Integer)
+    step = Ref{Int64}(0)
+    @check ccall((:dsopt_get_param_step, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ref{Int64}),
+                 live(opt), i - 1, step)
+    return step[]
+end
+
+"Sets parameter `i`'s step count (1-based; Adam/AdamW)."
+set_param_step!(opt::Optimizer, i::Integer, step::Integer) =
+    @check ccall((:dsopt_set_param_step, libdsopt), Cint, (Ptr{Cvoid}, Int64, Int64),
+                 live(opt), i - 1, step)
 
 "Learning rate of parameter group `group` (1-based)."
 function group_lr(opt::Optimizer, group::Integer)

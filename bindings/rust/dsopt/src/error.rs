@@ -109,6 +109,15 @@ impl Error {
             step_info: None,
         }
     }
+
+    /// Something the binding cannot do (the library could).
+    pub(crate) fn unsupported(message: impl Into<String>) -> Error {
+        Error {
+            code: sys::DSOPT_EUNSUPPORTED,
+            message: message.into(),
+            step_info: None,
+        }
+    }
 }
 
 impl fmt::Display for Error {

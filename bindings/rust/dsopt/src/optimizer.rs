@@ -1,6 +1,6 @@
 //! `Optimizer`: one dsopt optimizer handle over borrowed parameter buffers.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::mem;
 use std::ptr::{self, NonNull};
 
@@ -240,6 +240,111 @@ impl<'a> Optimizer<'a> {
         Ok(lr)
     }
 
+    /// A hyperparameter of one group by name: "lr", "beta1", "beta2", "eps"
+    /// or "weight_decay" (`dsopt_get_group_param`).
+    pub fn group_param(&self, group: i32, name: &str) -> Result<f64> {
+        let name = CString::new(name).map_err(|_| Error::invalid("name contains a NUL byte"))?;
+        let mut value = 0.0;
+        // Safety: the handle is live; `name` is NUL-terminated; `value` is a valid out pointer.
+        check(unsafe {
+            sys::dsopt_get_group_param(self.raw.as_ptr(), group, name.as_ptr(), &mut value)
+        })?;
+        Ok(value)
+    }
+
+    /// Sets a hyperparameter of one group from the next step on (for
+    /// schedules that cycle momentum or decay; `dsopt_set_group_param`).
+    /// Not collective; set the same value on every rank.
+    pub fn set_group_param(&mut self, group: i32, name: &str, value: f64) -> Result<()> {
+        let name = CString::new(name).map_err(|_| Error::invalid("name contains a NUL byte"))?;
+        // Safety: the handle is live; `name` is NUL-terminated.
+        check(unsafe { sys::dsopt_set_group_param(self.raw.as_ptr(), group, name.as_ptr(), value) })
+    }
+
+    /// Updates applied to parameter `index` (torch.optim's `state["step"]`;
+    /// steps in which no rank had its gradient do not count for Adam/AdamW).
+    pub fn param_step(&self, index: usize) -> Result<i64> {
+        let index = param_index(index)?;
+        let mut step = 0;
+        // Safety: the handle is live; `step` is a valid out pointer.
+        check(unsafe { sys::dsopt_get_param_step(self.raw.as_ptr(), index, &mut step) })?;
+        Ok(step)
+    }
+
+    /// Sets parameter `index`'s step count (Adam/AdamW; the 1-bit
+    /// optimizers return [`ErrorKind::Unsupported`]).
+    pub fn set_param_step(&mut self, index: usize, step: i64) -> Result<()> {
+        let index = param_index(index)?;
+        // Safety: the handle is live.
+        check(unsafe { sys::dsopt_set_param_step(self.raw.as_ptr(), index, step) })
+    }
+
+    /// The names [`state_view`](Self::state_view) accepts ("exp_avg",
+    /// "exp_avg_sq", ...).
+    pub fn state_names(&self) -> Result<Vec<String>> {
+        let mut names: *const std::os::raw::c_char = ptr::null();
+        // Safety: the handle is live; `names` is a valid out pointer.
+        check(unsafe { sys::dsopt_state_names(self.raw.as_ptr(), &mut names) })?;
+        // Safety: on success `names` is a NUL-terminated string that lives
+        // as long as the optimizer; it is copied at once.
+        let text = unsafe { CStr::from_ptr(names) }.to_string_lossy();
+        Ok(text.split_whitespace().map(str::to_owned).collect())
+    }
+
+    /// Parameter `index`'s state tensor `name` in dsopt's own memory, read
+    /// only (host optimizers; see [`state_view_mut`](Self::state_view_mut)).
+    /// Under ZeRO stage 1/2 it is this rank's part of the parameter,
+    /// starting at element [`StateView::offset`].
+    pub fn state_view(&self, index: usize, name: &str) -> Result<StateView<'_>> {
+        let (data, len, offset, param_numel) = self.raw_state_view(index, name)?;
+        let values: &[f32] = if len == 0 {
+            &[]
+        } else {
+            // Safety: dsopt owns `len` fp32 host values at `data` until
+            // dsopt_destroy; it writes them only in calls that take `&mut
+            // self`, which this shared borrow excludes.
+            unsafe { std::slice::from_raw_parts(data, len) }
+        };
+        Ok(StateView { values, offset, param_numel })
+    }
+
+    /// The same, writable: the next step uses what is written (as if it had
+    /// been loaded from a blob). Keep replicated state the same on every rank.
+    pub fn state_view_mut(&mut self, index: usize, name: &str) -> Result<StateViewMut<'_>> {
+        let (data, len, offset, param_numel) = self.raw_state_view(index, name)?;
+        let values: &mut [f32] = if len == 0 {
+            &mut []
+        } else {
+            // Safety: as in state_view; the exclusive borrow of the optimizer
+            // keeps dsopt from touching the values while the slice lives.
+            unsafe { std::slice::from_raw_parts_mut(data, len) }
+        };
+        Ok(StateViewMut { values, offset, param_numel })
+    }
+
+    fn raw_state_view(&self, index: usize, name: &str) -> Result<(*mut f32, usize, usize, usize)> {
+        let index = param_index(index)?;
+        let name = CString::new(name).map_err(|_| Error::invalid("name contains a NUL byte"))?;
+        // Safety: an all-zero dsopt_state_view is a valid value; struct_size is set below.
+        let mut view: sys::dsopt_state_view = unsafe { mem::zeroed() };
+        view.struct_size = mem::size_of::<sys::dsopt_state_view>() as u32;
+        // Safety: the handle is live; `name` is NUL-terminated; `view` is a valid out pointer.
+        check(unsafe {
+            sys::dsopt_get_state_view(self.raw.as_ptr(), index, name.as_ptr(), &mut view)
+        })?;
+        if view.device != sys::DSOPT_COMM_HOST as i32 {
+            return Err(Error::unsupported(
+                "the state is in device memory: read it through the C API's dsopt_state_view",
+            ));
+        }
+        Ok((
+            view.tensor.data.cast::<f32>(),
+            view.tensor.numel as usize,
+            view.offset as usize,
+            view.param_numel as usize,
+        ))
+    }
+
     /// Number of parameter groups.
     pub fn num_groups(&self) -> Result<i32> {
         let mut count = 0;
@@ -390,4 +495,27 @@ impl Drop for Optimizer<'_> {
         // the borrowed parameters and communicator are released.
         unsafe { sys::dsopt_destroy(self.raw.as_ptr()) }
     }
+}
+
+/// Part of one parameter's optimizer state, read in place
+/// ([`Optimizer::state_view`]).
+#[derive(Debug)]
+pub struct StateView<'o> {
+    /// fp32 values of elements `offset .. offset + values.len()`.
+    pub values: &'o [f32],
+    pub offset: usize,
+    /// Elements of the whole parameter.
+    pub param_numel: usize,
+}
+
+/// The same, writable ([`Optimizer::state_view_mut`]).
+#[derive(Debug)]
+pub struct StateViewMut<'o> {
+    pub values: &'o mut [f32],
+    pub offset: usize,
+    pub param_numel: usize,
+}
+
+fn param_index(index: usize) -> Result<i64> {
+    i64::try_from(index).map_err(|_| Error::invalid("parameter index out of range"))
 }

@@ -143,10 +143,11 @@ impl<'a> From<&'a mut [f32]> for ParamSlice<'a> {
     }
 }
 
-/// A gradient buffer, read only during [`Optimizer::step`](crate::Optimizer::step).
+/// A gradient buffer, read only during [`Optimizer::step`](crate::Optimizer::step),
+/// or [`GradSlice::absent`].
 #[derive(Debug, Clone, Copy)]
 pub struct GradSlice<'g> {
-    data: NonNull<c_void>,
+    data: Option<NonNull<c_void>>,
     numel: usize,
     dtype: DType,
     _borrow: PhantomData<&'g [u8]>,
@@ -156,7 +157,7 @@ impl<'g> GradSlice<'g> {
     fn host<T>(data: &'g [T], dtype: DType) -> Self {
         GradSlice {
             numel: data.len(),
-            data: NonNull::from(data).cast(),
+            data: Some(NonNull::from(data).cast()),
             dtype,
             _borrow: PhantomData,
         }
@@ -164,6 +165,20 @@ impl<'g> GradSlice<'g> {
 
     pub fn f32(data: &'g [f32]) -> Self {
         Self::host(data, DType::F32)
+    }
+
+    /// No gradient for this parameter in this step on this rank (a frozen
+    /// parameter, an unused branch): `dsopt_step`'s NULL data. Ranks that
+    /// have none contribute zeros; Adam/AdamW leave a parameter that no
+    /// rank has a gradient for untouched (values, moments and its step
+    /// count); the 1-bit optimizers step it with a zero gradient.
+    pub fn absent() -> Self {
+        GradSlice {
+            data: None,
+            numel: 0,
+            dtype: DType::F32,
+            _borrow: PhantomData,
+        }
     }
 
     /// fp16 gradients as raw bits.
@@ -183,7 +198,7 @@ impl<'g> GradSlice<'g> {
     /// device, valid for reads and not written during `'g`.
     pub unsafe fn from_raw_parts(data: NonNull<c_void>, numel: usize, dtype: DType) -> Self {
         GradSlice {
-            data,
+            data: Some(data),
             numel,
             dtype,
             _borrow: PhantomData,
@@ -191,7 +206,8 @@ impl<'g> GradSlice<'g> {
     }
 
     pub(crate) fn to_c(self) -> sys::dsopt_tensor {
-        tensor(self.data.as_ptr(), self.numel, self.dtype, 0)
+        let data = self.data.map_or(std::ptr::null_mut(), NonNull::as_ptr);
+        tensor(data, self.numel, self.dtype, 0)
     }
 }
 

@@ -563,3 +563,57 @@ fn misused_grad_ready_is_invalid_argument_and_changes_nothing() {
         .unwrap();
     assert_eq!(reference.params()[0].as_f32().unwrap(), &after[..]);
 }
+
+#[test]
+fn an_absent_gradient_leaves_adam_parameters_and_their_step_count_alone() {
+    let (mut w, mut b) = (vec![0.5f32, -1.5, 2.0], vec![0.25f32; 2]);
+    let mut comm = Communicator::local().unwrap();
+    let config = r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}}"#;
+    let mut opt = Optimizer::new(
+        config,
+        [ParamSlice::f32(&mut w), ParamSlice::f32(&mut b)],
+        &mut comm,
+    )
+    .unwrap();
+    opt.step(&[GradSlice::f32(&[0.3, -0.2, 0.1]), GradSlice::f32(&[1.0, -1.0])])
+        .unwrap();
+    let frozen: Vec<f32> = opt.params()[1].as_f32().unwrap().to_vec();
+    let m_before = opt.state_view(1, "exp_avg").unwrap().values.to_vec();
+    for _ in 0..3 {
+        opt.step(&[GradSlice::f32(&[0.3, -0.2, 0.1]), GradSlice::absent()])
+            .unwrap();
+    }
+    assert_eq!(opt.params()[1].as_f32().unwrap(), &frozen[..]);
+    assert_eq!(opt.state_view(1, "exp_avg").unwrap().values, &m_before[..]);
+    assert_eq!(opt.param_step(0).unwrap(), 4);
+    assert_eq!(opt.param_step(1).unwrap(), 1);
+}
+
+#[test]
+fn group_params_state_views_and_param_steps_round_trip() {
+    let mut w = vec![0.5f32, -1.5, 2.0, 4.0];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    opt.set_group_param(0, "beta1", 0.8).unwrap();
+    assert_eq!(opt.group_param(0, "beta1").unwrap(), 0.8);
+    let err = opt.set_group_param(0, "beta1", 1.5).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(opt.group_param(0, "beta1").unwrap(), 0.8);
+    assert_eq!(
+        opt.group_param(0, "momentum").unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    opt.step(&[GradSlice::f32(&[1.0, -2.0, 0.5, 0.25])]).unwrap();
+    // m = (1 - beta1) g after one step
+    let m = opt.state_view(0, "exp_avg").unwrap();
+    assert_eq!(m.offset, 0);
+    assert_eq!(m.param_numel, 4);
+    let expected: Vec<f32> = [1.0f32, -2.0, 0.5, 0.25].iter().map(|g| (1.0f32 - 0.8) * g).collect();
+    assert_eq!(m.values, &expected[..]);
+    opt.state_view_mut(0, "exp_avg").unwrap().values[0] = 7.0;
+    assert_eq!(opt.state_view(0, "exp_avg").unwrap().values[0], 7.0);
+    assert!(opt.state_names().unwrap().contains(&"exp_avg_sq".to_string()));
+    opt.set_param_step(0, 10).unwrap();
+    assert_eq!(opt.param_step(0).unwrap(), 10);
+    assert_eq!(opt.set_param_step(0, -1).unwrap_err().kind(), ErrorKind::InvalidArgument);
+}
