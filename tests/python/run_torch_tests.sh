@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs tests/python/test_torch_optimizer.py, test_torch_overlap.py,
 # test_step_descriptor_cache.py (dsopt.torch, and torch tensors through
-# dsopt.Optimizer) and test_torch_comm.py (dsopt over torch.distributed,
-# gloo ranks against mpirun) with a Python that has torch, numpy and pytest:
+# dsopt.Optimizer), test_torch_comm.py (dsopt over torch.distributed,
+# gloo ranks against mpirun) and test_torch_optim_port.py (dsopt.torch.Adam
+# and AdamW against torch.optim, PyTorch's own optimizer tests ported; 4
+# ranks under mpirun) with a Python that has torch, numpy and pytest:
 # python3, else /usr/bin/python3 (on Debian, apt-get install python3-torch
 # python3-cffi python3-pytest; python3-sklearn and python3-mpi4py for
 # test_torch_comm.py, which skips without them). The cffi
@@ -22,8 +24,9 @@ for py in python3 /usr/bin/python3; do
   if ! "$py" -c "import sys; sys.path.insert(0, 'bindings/python'); import dsopt" 2>/dev/null; then
     DSOPT_LIBRARY_DIR=$build "$py" bindings/python/dsopt/_ffi_build.py >/dev/null
   fi
-  exec "$py" -m pytest -q -rs tests/python/test_torch_optimizer.py tests/python/test_torch_overlap.py \
-    tests/python/test_step_descriptor_cache.py tests/python/test_torch_comm.py
+  exec "$py" -m pytest -q -rsx tests/python/test_torch_optimizer.py tests/python/test_torch_overlap.py \
+    tests/python/test_step_descriptor_cache.py tests/python/test_torch_comm.py \
+    tests/python/test_torch_optim_port.py
 done
 echo "test-torch: SKIPPED: no Python with torch, numpy and pytest (pip install torch;" \
      "or on Debian: apt-get install python3-torch python3-cffi python3-pytest python3-sklearn" \
