@@ -85,6 +85,11 @@ with dsopt.Optimizer({'optimizer': {'type': 'Adam', 'params': {'lr': 0.1}}}, [p]
 assert np.allclose(p, 0.9), p
 print('dsopt', dsopt.version(), 'from', dsopt.__file__)")
   uses_installed_copy "$(find "$work/python/dsopt" -name '_dsopt_cffi*.so' | head -n1)"
+  # dsopt.torch is a subpackage (torch itself need not be installed here).
+  for module in __init__ _optimizer _classes _live_state _torch_state _groups _rebuild; do
+    [ -f "$work/python/dsopt/torch/$module.py" ] ||
+      fail "pip install did not ship dsopt/torch/$module.py (setup.py packages)"
+  done
 else
   echo "== Python: skipped (python3 lacks cffi, numpy, setuptools or wheel: pip install wheel)"
 fi

@@ -737,15 +737,11 @@ def test_scheduler_state_dicts_resume_with_the_optimizer(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_scheduler_state_dicts_save_as_with_torch(name, sched):
     """torch.save(scheduler.state_dict()), the usual checkpoint, works on a
-    dsopt optimizer wherever it works on torch's.
-
-    KNOWN BUG (reported, not fixed yet): torch 1.13's OneCycleLR keeps a
-    bound method of itself (anneal_func) in its state dict, so pickling the
-    state dict pickles the scheduler and with it the optimizer, which
-    dsopt.torch optimizers refuse (TypeError "cannot be pickled"). The test
-    asserts that failure and reports the case as xfail with this reason;
-    once dsopt's optimizers pickle, the assertion fails: delete that
-    branch."""
+    dsopt optimizer wherever it works on torch's: torch 1.13's OneCycleLR
+    keeps a bound method of itself (anneal_func) in its state dict, so
+    pickling the state dict pickles the scheduler and with it the
+    optimizer, which dsopt.torch optimizers allow (unpickled, a new
+    optimizer over the unpickled parameters)."""
     twin = Twin(Branchy, name, params=two_groups, lr=0.01)
     made = []
     for _, opt in twin.sides:
@@ -758,12 +754,6 @@ def test_scheduler_state_dicts_save_as_with_torch(name, sched):
     except Exception as error:  # noqa: BLE001
         pytest.skip(f"torch {torch.__version__} cannot save {sched}'s state dict on "
                     f"torch.optim.{name} either ({type(error).__name__}: {error})")
-    if any(inspect.ismethod(v) for s in made[0] for v in s.state_dict().values()):
-        with pytest.raises(TypeError, match="cannot be pickled"):
-            save_and_load([s.state_dict() for s in made[0]])
-        pytest.xfail(f"known bug: torch {torch.__version__}'s {sched}.state_dict() holds a "
-                     f"bound method, so torch.save of it pickles the optimizer, and "
-                     f"dsopt.torch.{name} cannot be pickled")
     save_and_load([s.state_dict() for s in made[0]])
 
 

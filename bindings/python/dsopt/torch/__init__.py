@@ -41,9 +41,11 @@ What behaves as in torch.optim:
   ``_live_state``): for a parameter that has been updated, ``"step"`` (a
   float32 0-d tensor, a copy) and fp32 tensors on dsopt's own memory,
   shaped like the parameter: ``"exp_avg"``, ``"exp_avg_sq"``,
-  ``"master"`` (the fp32 masters of 16-bit parameters), and the 1-bit
-  optimizers' ``"worker_error"`` (1-bit LAMB also
-  ``"exp_avg_sq_fresh"``). Under ZeRO stage 1/2 they are flat tensors of
+  ``"master"`` (the fp32 masters of 16-bit parameters), the 1-bit
+  optimizers' ``"worker_error"`` (from their compression stage on, at
+  several ranks) and 1-bit LAMB's ``"exp_avg_sq_fresh"``. dsopt's moments
+  are fp32 whatever the parameter's dtype (torch keeps them in the
+  parameter's). Under ZeRO stage 1/2 they are flat tensors of
   this rank's part of the parameter, starting at element ``"offset"``.
   In-place writes to them (between steps) change dsopt's state; parameters
   never updated have no entry. The views belong to the dsopt optimizer of
@@ -75,8 +77,15 @@ What differs from torch.optim:
   ``dsopt.SkippedStepWarning`` (rate-limited); when the run stops
   progressing ``step`` raises ``dsopt.NonFiniteError`` (its ``.info`` is
   also ``last_step_info``), as ``dsopt.Optimizer.step`` does.
-* Optimizers cannot be pickled (``torch.save(opt)``): save
-  ``state_dict()``.
+* Pickled (``torch.save(opt)``) and unpickled, an optimizer is a new one
+  over the unpickled parameters on a communicator of its own, as
+  ``copy.deepcopy`` makes; checkpoint with ``state_dict()``.
+* ``add_param_group`` rebuilds dsopt's optimizer (collective): the old
+  parameters' state, steps and hyperparameters carry over exactly, but
+  the fp16 loss scale restarts (dsopt has no setter for it), as do dsopt's
+  global step count and momentum masks; the 1-bit optimizers take new
+  groups only before their first step, ZeRO on several ranks only before
+  any parameter has state.
 * ZeRO (``zero_stage=1 or 2``, or ``"zero_optimization"`` in a config;
   Adam and AdamW): every rank keeps the optimizer state of its shard only,
   so each rank saves its own ``state_dict()``. ``load_state_dict`` takes

@@ -3,6 +3,7 @@ torch.optim's signatures and defaults, and the 1-bit optimizers with
 torch-style hyperparameters plus their own settings as keyword arguments.
 Each builds a dsopt config and is a ``dsopt.torch.Optimizer``."""
 
+import inspect
 import math
 
 import torch
@@ -97,8 +98,11 @@ def _device(device, tensors):
                              f"dsopt keeps one optimizer on one")
         kind = kinds.pop() if kinds else "cpu"
     else:
-        kind = device.type if isinstance(device, torch.device) else \
-            torch.device(device).type if isinstance(device, str) else None
+        try:
+            kind = device.type if isinstance(device, torch.device) else \
+                torch.device(device).type if isinstance(device, str) else None
+        except RuntimeError:
+            kind = None
         if kind is None:
             raise ValueError(f"device must be 'cpu', 'cuda' or a torch.device, got {device!r}")
         if kinds and kinds != {kind}:
@@ -164,6 +168,17 @@ def _settings_config(tensors, one_bit, *, gradient_clipping, fp16, bf16, skip_no
     return config
 
 
+def _torch_default(cls, name, fallback):
+    """The default of ``name`` in ``cls.__init__`` of the running torch."""
+    param = inspect.signature(cls.__init__).parameters.get(name)
+    return fallback if param is None else param.default
+
+
+# torch 1.13's Adam has fused=False, torch 2.x's fused=None.
+_ADAM_FUSED = _torch_default(torch.optim.Adam, "fused", None)
+_ADAMW_FUSED = _torch_default(torch.optim.AdamW, "fused", None)
+
+
 def _torch_flags(amsgrad=False, maximize=False, capturable=False, differentiable=False):
     for name, value in (("amsgrad", amsgrad), ("maximize", maximize),
                         ("capturable", capturable), ("differentiable", differentiable)):
@@ -208,6 +223,7 @@ class Adam(_TorchStyle):
     ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
     amsgrad=False, *, foreach=None, maximize=False, capturable=False,
     differentiable=False, fused=None, decoupled_weight_decay=False, ...)``
+    (``fused``'s default is the running torch's: False in torch 1.13)
 
     ``amsgrad``, ``maximize``, ``capturable`` and ``differentiable`` must
     stay False (ValueError otherwise); ``foreach`` and ``fused`` are
@@ -220,7 +236,7 @@ class Adam(_TorchStyle):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
                  amsgrad=False, *, foreach=None, maximize=False, capturable=False,
-                 differentiable=False, fused=None, decoupled_weight_decay=False, comm=None,
+                 differentiable=False, fused=_ADAM_FUSED, decoupled_weight_decay=False, comm=None,
                  overlap=False, gradient_clipping=None, fp16=None, bf16=None,
                  skip_nonfinite=None, max_consecutive_skips=None,
                  gradient_accumulation_steps=None, zero_optimization=None, zero_stage=None,
@@ -255,7 +271,7 @@ class AdamW(_TorchStyle):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
-                 differentiable=False, fused=None, comm=None, overlap=False,
+                 differentiable=False, fused=_ADAMW_FUSED, comm=None, overlap=False,
                  gradient_clipping=None, fp16=None, bf16=None, skip_nonfinite=None,
                  max_consecutive_skips=None, gradient_accumulation_steps=None,
                  zero_optimization=None, zero_stage=None, device=None, threads=None):

@@ -8,8 +8,10 @@ torch.optim's ``defaultdict(dict)``: a parameter that dsopt has updated
      "exp_avg": <view>, "exp_avg_sq": <view>,
      "master": <view>,                # 16-bit parameters: the fp32 masters
      "worker_error": <view>, ...}     # the 1-bit optimizers' own names
+                                      # (dsopt.state_names(), at each access)
 
-Each ``<view>`` is an fp32 torch tensor on dsopt's memory (no copy),
+Each ``<view>`` is an fp32 torch tensor on dsopt's memory (no copy; a
+CUDA tensor through ``__cuda_array_interface__`` for device state),
 shaped like the parameter; under ZeRO stage 1/2 a flat tensor holding the
 part of the parameter in this rank's shard, elements ``"offset"`` ..
 ``"offset" + numel - 1`` of the flattened parameter (``"offset"`` is in the
@@ -20,7 +22,9 @@ between steps. Other keys are kept here for the parameter, as torch keeps
 what code stores in ``state[p]``. A parameter never updated has no entry
 (``p in opt.state`` is False), as in torch; reading ``opt.state[p]`` then
 gives its (initially empty) dict of other keys, as torch's defaultdict
-does.
+does. The views belong to the dsopt optimizer they were made on:
+``add_param_group`` (a rebuild) and ``close()`` end them. ``deepcopy``,
+``copy`` and pickles of the mapping are plain dicts (snapshots).
 """
 
 import torch

@@ -602,10 +602,15 @@ class Optimizer(torch.optim.Optimizer):
         collective)."""
         return _rebuild.deepcopy_optimizer(self, memo)
 
-    def __getstate__(self):
-        raise TypeError(f"a {type(self).__module__}.{type(self).__name__} holds a dsopt "
-                        f"optimizer and cannot be pickled; save its state_dict() (or "
-                        f"torch_state_dict()) instead")
+    def __reduce_ex__(self, protocol):
+        """Pickling (``torch.save(opt)``, and what holds the optimizer, as
+        torch 1.13's OneCycleLR state dict does): unpickled, it is a new
+        optimizer over the unpickled parameters with this one's state, on a
+        communicator of its own (one process), as ``copy.deepcopy`` makes.
+        ``copy.copy`` gives such an optimizer over the same parameters.
+        To checkpoint, ``state_dict()`` is the better way (it is what
+        ``load_state_dict`` and ``load_state_dict_shards`` take)."""
+        return _rebuild.unpickle, (type(self), _rebuild.pickled_state(self))
 
     def close(self):
         """Removes the overlap hooks and destroys the dsopt optimizer

@@ -108,6 +108,48 @@ def _rebuild(opt, new_group, carry_state):
         opt._hook(range(num_old, len(tensors)))
 
 
+def pickled_state(opt):
+    """What ``unpickle`` rebuilds ``opt`` from (``Optimizer.__reduce_ex__``)."""
+    return {"param_groups": opt.param_groups, "defaults": opt.defaults, "config": opt._config,
+            "overlap": opt.overlap, "dsopt_state": opt.dsopt.state_dict(),
+            "extras": dict(dict.items(opt.state)), "last_step_info": opt.last_step_info}
+
+
+def unpickle(cls, state):
+    """An optimizer of ``cls`` over the parameters of ``state``'s groups
+    with its dsopt state, on a local communicator."""
+    return _remake(cls, state["param_groups"], state["defaults"], state["config"],
+                   state["overlap"], state["dsopt_state"], state["extras"],
+                   state["last_step_info"])
+
+
+def _remake(cls, groups, defaults, config, overlap, blob, extras, last_step_info, new=None):
+    """``new`` (or a new ``cls``) made an optimizer over ``groups`` on a
+    local communicator, with the dsopt state ``blob`` and ``extras`` as the
+    other keys of its ``state``."""
+    from ._optimizer import Optimizer
+    if new is None:
+        new = cls.__new__(cls)
+    local = Communicator.local()
+    try:
+        Optimizer.__init__(new, [dict(g) for g in groups], config, local, overlap=overlap,
+                           _defaults=defaults, _known_keys_only=True)
+    except BaseException:
+        local.close()
+        raise
+    new._owns_comm = True
+    new.dsopt.load_state_dict(blob)
+    new.param_groups = groups
+    new.defaults = defaults
+    new._hyper = [new._dsopt_hyper(i) for i in range(len(groups))]
+    new._seen = [None] * len(groups)
+    new._sync_hyperparameters()
+    new.last_step_info = last_step_info
+    for key, value in extras.items():
+        dict.__setitem__(new.state, key, value)
+    return new
+
+
 def deepcopy_optimizer(opt, memo):
     """``copy.deepcopy(opt)`` (see ``Optimizer.__deepcopy__``)."""
     if opt.dsopt.communicator.size > 1:
@@ -119,29 +161,15 @@ def deepcopy_optimizer(opt, memo):
     new = cls.__new__(cls)
     memo[id(opt)] = new
     groups = copy.deepcopy(opt.param_groups, memo)
-    defaults = copy.deepcopy(opt.defaults, memo)
-    from ._optimizer import Optimizer
-    local = Communicator.local()
-    try:
-        Optimizer.__init__(new, [dict(g) for g in groups], opt._config, local,
-                           overlap=opt.overlap, _defaults=defaults, _known_keys_only=True)
-    except BaseException:
-        local.close()
-        raise
-    new._owns_comm = True
-    new.dsopt.load_state_dict(opt.dsopt.state_dict())
-    new.param_groups = groups
-    new.defaults = defaults
-    new._hyper = [new._dsopt_hyper(i) for i in range(len(groups))]
-    new._seen = [None] * len(groups)
-    new._sync_hyperparameters()
+    extras = {}
+    for key, value in dict.items(opt.state):
+        new_key = memo.get(id(key), key) if isinstance(key, torch.Tensor) else key
+        extras[new_key] = copy.deepcopy(value, memo)
+    _remake(cls, groups, copy.deepcopy(opt.defaults, memo), opt._config, opt.overlap,
+            opt.dsopt.state_dict(), extras, opt.last_step_info, new=new)
     # What else the optimizer holds (torch's hook dicts, attributes of the
-    # subclass or of the user, the other keys of optimizer.state).
+    # subclass or of the user).
     for key, value in opt.__dict__.items():
         if key not in new.__dict__ or (key.startswith("_optimizer_") and key.endswith("_hooks")):
             new.__dict__[key] = copy.deepcopy(value, memo)
-    new.last_step_info = opt.last_step_info
-    for key, extras in dict.items(opt.state):
-        new_key = memo.get(id(key), key) if isinstance(key, torch.Tensor) else key
-        dict.__setitem__(new.state, new_key, copy.deepcopy(extras, memo))
     return new
