@@ -863,3 +863,28 @@ def test_pickled_optimizer_unpickles_over_the_unpickled_parameters():
     shallow = copy.copy(opt)  # a second optimizer over the same parameters
     assert shallow.param_groups[0]["params"][0] is model[0].weight
     assert shallow.dsopt is not opt.dsopt
+
+
+# ---- several ranks ------------------------------------------------------------------
+
+def test_zero_shards_take_a_torch_state_dict_at_two_ranks(tmp_path):
+    """mpirun -np 2 (mpi_torch_state.py): ZeRO stage 2 takes a torch.optim
+    state dict into its shards, the ranks' parts of every parameter cover
+    it once, what needs the whole state is refused, training goes on as
+    torch's."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import mpi_runner
+    import mpi_torch_state
+    from dsopt_testing import build_feature
+
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found (apt-get install openmpi-bin)")
+    if build_feature("mpi") == "off":
+        pytest.skip("libdsopt was built without MPI")
+    pytest.importorskip("mpi4py", reason=f"mpi4py is not installed for {sys.executable}")
+    mpi_runner.mpirun(Path(mpi_torch_state.__file__), 2, tmp_path, ["zero_state"], timeout=240)
+    held = [int((tmp_path / f"rank{r}.txt").read_text().split()[-1]) for r in range(2)]
+    assert sum(held) == sum(p.numel() for p in make_model().parameters()) and min(held) > 0

@@ -116,7 +116,9 @@ def test_config_with_its_own_param_groups_is_rejected():
         dsopt.torch.Optimizer(make_model().parameters(), dict(ADAM, param_groups=[{}]))
 
 
-def test_parameter_without_grad_steps_with_a_zero_gradient():
+def test_parameter_without_grad_is_left_alone():
+    """.grad None is an absent gradient: Adam does not touch the parameter
+    and does not count the step for it (torch.optim's rule)."""
     model = make_model()
     before = snapshot(model)
     opt = dsopt.torch.Optimizer(model.parameters(), ADAM)
@@ -124,7 +126,8 @@ def test_parameter_without_grad_steps_with_a_zero_gradient():
     opt.step()
     assert opt.last_step_info.step == 1
     for a, b in zip(model.parameters(), before):
-        assert torch.equal(a, b)  # Adam moves nothing on a zero first gradient
+        assert torch.equal(a, b)
+    assert opt.dsopt.param_step(0) == 0 and len(opt.state) == 0
 
 
 def test_state_dict_round_trip_resumes_bit_identically():

@@ -28,7 +28,7 @@ from .errors import (
     Unsupported,
     check,
 )
-from .optimizer import Optimizer, SkippedStepWarning, StepInfo
+from .optimizer import Optimizer, SkippedStepWarning, StateView, StepInfo
 from .tensors import bf16
 
 
@@ -57,6 +57,7 @@ __all__ = [
     "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
     "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType",
     "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory", "PHASE_COMPRESSED", "PHASE_FULL",
-    "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StepInfo", "Unsupported",
+    "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
+    "Unsupported",
     "bf16", "build_info", "check", "version",
 ]
