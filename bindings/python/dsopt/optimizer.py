@@ -67,6 +67,17 @@ class _HostView:
         self.owner = owner
 
 
+class _DeviceView(CudaBuffer):
+    """A device state view: a ``CudaBuffer`` that keeps the optimizer
+    referenced (as ``_HostView`` does for numpy arrays)."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, address, numel, owner):
+        super().__init__(address, numel, np.dtype(np.float32), False, None)
+        self.owner = owner
+
+
 class SkippedStepWarning(RuntimeWarning):
     """A step was skipped because some rank's gradients had Inf/NaN.
 
@@ -392,10 +403,9 @@ class Optimizer:
         address = int(ffi.cast("uintptr_t", view.tensor.data))
         on_device = int(view.device) == lib.DSOPT_COMM_CUDA
         if numel == 0 or address == 0:
-            data = CudaBuffer(0, 0, np.dtype(np.float32), False, None) if on_device \
-                else np.empty(0, np.float32)
+            data = _DeviceView(0, 0, self) if on_device else np.empty(0, np.float32)
         elif on_device:
-            data = CudaBuffer(address, numel, np.dtype(np.float32), False, None)
+            data = _DeviceView(address, numel, self)
         else:
             data = np.asarray(_HostView(address, numel, self))
         return StateView(data, int(view.offset), int(view.param_numel), on_device)

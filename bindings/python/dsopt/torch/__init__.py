@@ -48,8 +48,11 @@ What behaves as in torch.optim:
   parameter's). Under ZeRO stage 1/2 they are flat tensors of
   this rank's part of the parameter, starting at element ``"offset"``.
   In-place writes to them (between steps) change dsopt's state; parameters
-  never updated have no entry. The views belong to the dsopt optimizer of
-  the moment: ``add_param_group`` and ``close()`` end them.
+  never updated have no entry. A view belongs to the dsopt optimizer it
+  was made on: after ``add_param_group`` (which makes a new one) read
+  ``opt.state[p]`` again (an old view keeps the old optimizer's memory in
+  one process, and is freed memory on several ranks, as after
+  ``close()``).
 * ``copy.deepcopy(opt)`` is a new optimizer over deep copies of the
   parameters with the same state (one process).
 * ``state_dict()`` is torch's (the groups' settings, ``"state"`` empty)

@@ -2,6 +2,7 @@
 their validation (as torch validates, ValueError), and what of a group
 goes to dsopt."""
 
+import functools
 import inspect
 import math
 
@@ -25,6 +26,7 @@ UNSUPPORTED_FLAGS = {
 NOT_FOR_DSOPT = set(TORCH_FLAGS) | {"param_names", "decoupled_weight_decay"}
 
 
+@functools.lru_cache(maxsize=None)
 def torch_adam_has_decoupled_weight_decay() -> bool:
     """torch >= 2.6: ``torch.optim.Adam(..., decoupled_weight_decay=)``, in
     every Adam/AdamW group."""

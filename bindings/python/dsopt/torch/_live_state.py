@@ -22,9 +22,13 @@ between steps. Other keys are kept here for the parameter, as torch keeps
 what code stores in ``state[p]``. A parameter never updated has no entry
 (``p in opt.state`` is False), as in torch; reading ``opt.state[p]`` then
 gives its (initially empty) dict of other keys, as torch's defaultdict
-does. The views belong to the dsopt optimizer they were made on:
-``add_param_group`` (a rebuild) and ``close()`` end them. ``deepcopy``,
-``copy`` and pickles of the mapping are plain dicts (snapshots).
+does. A view belongs to the dsopt optimizer it was made on:
+``add_param_group`` makes a new one, so read ``opt.state[p]`` again after
+it. In one process an old view keeps the old optimizer (and its memory)
+alive, no longer updated; on several ranks the old optimizer is destroyed
+(collectively) and an old view, like one kept past ``close()``, points
+into freed memory. ``deepcopy``, ``copy`` and pickles of the mapping are
+plain dicts (snapshots).
 """
 
 import torch

@@ -100,10 +100,17 @@ def _rebuild(opt, new_group, carry_state):
     except BaseException:
         new.close()
         raise
-    old.close()
     opt.dsopt = new
     num_old = len(opt._tensors)
     opt._set_up(tensors)
+    opt.state._views = {}
+    if old.communicator.kind == "local":
+        # Destroyed when the last state view of it is gone (each keeps it
+        # referenced; the garbage collector destroys one-process optimizers):
+        # a view someone kept does not point into freed memory.
+        del old
+    else:
+        old.close()  # collective: every rank rebuilds at once
     if opt.overlap and opt._hooked:
         opt._hook(range(num_old, len(tensors)))
 
