@@ -1,7 +1,8 @@
 """The gradient descriptors of dsopt.torch.Optimizer, kept from step to
 step (see the dsopt.torch module doc): a parameter's ``.grad`` is
 described again only when it is another tensor object than at the last
-step; a ``.grad`` that is None is an absent gradient (data NULL). Unlike ``tensors.GradDescriptors`` (the numpy API's, which holds its
+step; a ``.grad`` that is None is an absent gradient (data NULL).
+Unlike ``tensors.GradDescriptors`` (the numpy API's, which holds its
 arrays) it keeps weak references: a ``.grad`` torch drops is freed at
 once, which matters for GPU memory."""
 

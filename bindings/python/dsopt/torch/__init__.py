@@ -147,10 +147,9 @@ classes infer it).
 import torch as _torch
 
 from ._classes import Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam
-from ._optimizer import (  # noqa: F401  (_has_post_accumulate_grad_hooks: tests patch it here)
-    Optimizer,
-    _has_post_accumulate_grad_hooks,
-)
+from ._optimizer import Optimizer
+# Looked up here by the optimizer (tests patch it here).
+from ._optimizer import _has_post_accumulate_grad_hooks  # noqa: F401
 
 __all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "Optimizer", "ZeroOneAdam"]
 
