@@ -9,8 +9,9 @@
 # python3, else /usr/bin/python3 (on Debian, apt-get install python3-torch
 # python3-cffi python3-pytest; python3-sklearn and python3-mpi4py for
 # test_torch_comm.py, which skips without them). The cffi
-# extension is the in-place one when that Python can load it, else it is
-# built for that Python against <builddir>. Skips when no Python has torch.
+# extension is the in-place one when that Python can load it and it is
+# newer than include/dsopt.h, else it is built for that Python against
+# <builddir>. Skips when no Python has torch.
 #   tests/python/run_torch_tests.sh <builddir>
 set -euo pipefail
 
@@ -22,7 +23,11 @@ for py in python3 /usr/bin/python3; do
   command -v "$py" >/dev/null 2>&1 || continue
   "$py" -c "import torch, numpy, pytest" 2>/dev/null || continue
   echo "test-torch: $("$py" -c 'import sys, torch; print(sys.executable, "with torch", torch.__version__)')"
-  if ! "$py" -c "import sys; sys.path.insert(0, 'bindings/python'); import dsopt" 2>/dev/null; then
+  # Built again when that Python cannot load it, or when dsopt.h is newer
+  # (an extension built before new calls were declared loads, but lacks them).
+  ext=$(ls bindings/python/dsopt/_dsopt_cffi*.so 2>/dev/null | head -n1)
+  if [ -z "$ext" ] || [ include/dsopt.h -nt "$ext" ] ||
+     ! "$py" -c "import sys; sys.path.insert(0, 'bindings/python'); import dsopt" 2>/dev/null; then
     DSOPT_LIBRARY_DIR=$build "$py" bindings/python/dsopt/_ffi_build.py >/dev/null
   fi
   exec "$py" -m pytest -q -rsx tests/python/test_torch_optimizer.py tests/python/test_torch_overlap.py \
