@@ -29,10 +29,12 @@ What behaves as in torch.optim:
   over). A group key dsopt does not know (``momentum``) is an error.
 * ``.grad`` None: no gradient for that parameter (dsopt gets an absent,
   NULL-data gradient): with Adam/AdamW the parameter, its moments and its
-  step count stay as they are, as torch.optim does, so frozen parameters
+  step count stay as they are, as torch.optim does: frozen parameters
   (``requires_grad=False``, from the start or frozen and unfrozen
-  mid-run) and unused branches train bit-identically to torch's
-  bookkeeping. On several ranks a parameter with a gradient on some ranks
+  mid-run) and unused branches are left exactly as torch leaves them,
+  and each parameter's bias correction uses its own step count, as
+  torch's (dsopt's fp32 Adam itself matches torch's within rounding,
+  not bit for bit). On several ranks a parameter with a gradient on some ranks
   only gets zeros from the others. The 1-bit optimizers step every
   parameter at every step, an absent gradient as zeros.
   ``zero_grad(set_to_none=False)`` leaves zero gradients, which do update
