@@ -96,7 +96,9 @@ void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
     h.beta1 = b[0].get<double>();
     h.beta2 = b[1].get<double>();
     for (double beta : {h.beta1, h.beta2})
-      require(beta >= 0 && beta < 1, sub(path, "betas"), "each beta must be in [0, 1), got " + b.dump());
+      require(beta >= 0 && beta < 1 && float(beta) < 1.0f, sub(path, "betas"),
+              "each beta must be in [0, 1) and below 1 in fp32 (at most 0.99999994), got " +
+                  b.dump());
   }
   h.eps = number(obj, path, "eps", h.eps);
   require(h.eps > 0, sub(path, "eps"), "must be > 0, got " + std::to_string(h.eps));

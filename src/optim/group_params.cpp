@@ -52,6 +52,11 @@ void check_value(const HyperField& f, int32_t group, double value) {
   const std::string what = std::string(f.name) + " of group " + std::to_string(group);
   if (f.beta && !(value >= 0.0 && value < 1.0))
     fail(DSOPT_EINVAL, what + " must be in [0, 1), got " + show(value) + " (nothing was changed)");
+  // The update runs in fp32: a beta that rounds to 1 there would stop the
+  // moment it belongs to and divide by zero in the bias correction.
+  if (f.beta && !(float(value) < 1.0f))
+    fail(DSOPT_EINVAL, what + " is " + show(value) + ", which is 1 in fp32 (the update's "
+                           "precision); use at most 0.99999994 (nothing was changed)");
   if (!f.beta && !(std::isfinite(value) && value >= 0.0))
     fail(DSOPT_EINVAL, what + " must be a finite number >= 0, got " + show(value) +
                            " (nothing was changed)");

@@ -419,6 +419,7 @@ static void bad_arguments_change_nothing(void) {
         {1, "beta1", -0.1, "[0, 1)"},
         {0, "beta2", NAN, "beta2"},
         {1, "beta2", 1.5, "beta2"},
+        {1, "beta2", 0.99999999, "fp32"}, /* below 1, but 1 in fp32 */
         {0, "eps", -1e-8, "eps"},
         {1, "eps", INFINITY, "eps"},
         {0, "lr", NAN, "lr"},
