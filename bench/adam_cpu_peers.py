@@ -9,7 +9,7 @@ per round, so that load from elsewhere on the machine hits them alike):
     memory system allows, the reference of every ratio;
   - dsopt through the C API (dsopt_step called through cffi with a
     descriptor array built once), through the numpy API
-    (dsopt.Optimizer.step) and through dsopt.torch.Optimizer, each with the
+    (dsopt.Optimizer.step) and through dsopt.torch.AdamW, each with the
     default config and with "skip_nonfinite": false;
   - torch.optim.AdamW with fused=True, foreach=True and the for-loop
     (foreach=False), where this torch has them;
@@ -187,14 +187,16 @@ class DsoptTorch:
         torch = import_torch()
         import dsopt.torch as dsopt_torch
         self.case = case
-        self.name = f"dsopt.torch, {config_label(skip_nonfinite)}"
+        self.name = f"dsopt.torch.AdamW, {config_label(skip_nonfinite)}"
         dtype = torch.bfloat16 if case.bf16 else torch.float32
         self.params = [torch.nn.Parameter(torch.from_numpy(a.copy()).to(dtype))
                        for a in case.pieces(case.p0)]
         grads = [torch.from_numpy(a).to(dtype) for a in case.pieces(case.g)]
         for p, g in zip(self.params, grads):
             p.grad = g
-        self.opt = dsopt_torch.Optimizer(self.params, dsopt_config(threads, skip_nonfinite))
+        # torch.optim.AdamW's one-line replacement
+        self.opt = dsopt_torch.AdamW(self.params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
+                                     threads=threads, skip_nonfinite=skip_nonfinite)
         self.step = self.opt.step
 
     def sample(self, case):

@@ -1,9 +1,9 @@
 """Data-parallel training with dsopt.torch over torch.distributed.
 
 A small MLP learns scikit-learn's digits. Every process trains on its
-share of each global batch; dsopt.torch.Optimizer, created after
-init_process_group with no ``comm``, averages the gradients over the default
-process group (dsopt.Communicator.from_torch) and updates the same
+share of each global batch; dsopt.torch.AdamW (or OneBitAdam), created
+after init_process_group with no ``comm``, averages the gradients over the
+default process group (dsopt.Communicator.from_torch) and updates the same
 parameters on every rank -- no DistributedDataParallel wrapper is needed.
 
     torchrun --nproc_per_node 4 examples/python/torchrun_train.py
@@ -68,16 +68,12 @@ def digits(device):
     return x[train].to(device), y[train].to(device), x[test].to(device), y[test].to(device)
 
 
-def dsopt_config(args, device):
+def make_optimizer(args, params):
+    """torch.optim.AdamW's one-line replacement, or 1-bit Adam (the device,
+    CPU or CUDA, is where the parameters are)."""
     if args.optimizer == "onebit":
-        optimizer = {"type": "OneBitAdam",
-                     "params": {"lr": args.lr, "freeze_step": args.freeze_step}}
-    else:
-        optimizer = {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.01}}
-    config = {"optimizer": optimizer}
-    if device.type == "cuda":
-        config["device"] = "cuda"
-    return config
+        return dsopt.torch.OneBitAdam(params, lr=args.lr, freeze_step=args.freeze_step)
+    return dsopt.torch.AdamW(params, lr=args.lr, weight_decay=0.01)
 
 
 def train(args):
@@ -108,7 +104,7 @@ def train(args):
         for p in model.parameters():  # every rank starts from rank 0's parameters
             dist.broadcast(p.data, src=0)
     # comm=None: the default process group when torch.distributed is initialised
-    opt = dsopt.torch.Optimizer(model.parameters(), dsopt_config(args, device))
+    opt = make_optimizer(args, model.parameters())
     local_batch = max(1, args.batch_size // world)
     if rank == 0:
         kind = opt.dsopt.communicator.kind
