@@ -455,7 +455,8 @@ DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr)
  * "weight_decay". A value set takes effect from the next step on (for
  * schedules that change momentum or decay, e.g. OneCycleLR's beta1 cycle)
  * and is part of the state blob. Valid values: lr, eps and weight_decay
- * finite and >= 0, betas in [0, 1). The 1-bit optimizers read beta2 and eps
+ * finite and >= 0, betas in [0, 1) and below 1 in fp32 (at most
+ * 0.99999994: the update runs in fp32). The 1-bit optimizers read beta2 and eps
  * also during their compression stage (the frozen variance stays as it
  * is). Not collective; set the same values on every rank.
  * Returns DSOPT_OK or DSOPT_EINVAL (NULL pointer, group out of range,
