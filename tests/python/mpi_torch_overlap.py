@@ -132,7 +132,39 @@ def phase_overlap(comm, rank, size):
     return checked
 
 
+def run_with_silent_rank(config, overlap, comm, rank, size, steps=4, silent=(0, 2)):
+    """Parameters after ``steps`` steps in which the last rank runs no
+    backward pass at the steps ``silent`` (it hands nothing over, or its
+    .grad stays as zero_grad left it)."""
+    model, opt = make(config, overlap, comm)
+    for step in range(steps):
+        opt.zero_grad()
+        if not (rank == size - 1 and step in silent):
+            x, y = batch(step, 0, rank)
+            torch.nn.functional.mse_loss(model(x, step), y).backward()
+        opt.step()
+    info = opt.last_step_info
+    opt.close()
+    assert info.step == steps and not info.skipped, info
+    return [p.detach().clone() for p in model.parameters()], info
+
+
+def phase_silent_rank(comm, rank, size):
+    """overlap=True with a rank that handed nothing over in a step: every
+    rank still completes the step with the same collective call, and the
+    parameters are those of overlap=False (the silent rank contributes
+    zeros)."""
+    checked = 0
+    for config in (ADAM, zero(ADAMW, 1), zero(ADAMW, 2, gradient_clipping=0.05)):
+        got, info = run_with_silent_rank(config, True, comm, rank, size)
+        want, want_info = run_with_silent_rank(config, False, comm, rank, size)
+        assert not differences(got, want), (config, differences(got, want))
+        assert info.grad_norm == want_info.grad_norm, (config, info, want_info)
+        checked += 1
+    return checked
+
+
 if __name__ == "__main__":
     from mpi_phases import main
 
-    sys.exit(main({"overlap": phase_overlap}))
+    sys.exit(main({"overlap": phase_overlap, "silent_rank": phase_silent_rank}))

@@ -412,11 +412,11 @@ class Optimizer(torch.optim.Optimizer):
                 self._hand_over_unhooked()
             self._hand_over_zeros()
             self._handed_now = set()
-            if not self._handed_over:
-                # No backward since the last step: every gradient absent,
-                # as .grad None is without overlap (dsopt_step(NULL) needs
-                # a hand-over to complete).
-                grads = [None] * len(self._tensors)
+            # grads stays None: every rank completes with dsopt_step(NULL),
+            # the same collective call whether or not it handed anything
+            # over (a rank that handed nothing over contributes zeros; a
+            # parameter that no rank handed over is absent, as .grad None
+            # is without overlap).
         try:
             self._handed_over = False
             if self.overlap:
