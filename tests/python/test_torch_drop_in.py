@@ -541,6 +541,24 @@ def test_state_assignments_write_through_and_other_keys_are_kept():
     assert copied["exp_avg"].data_ptr() != opt.state[p]["exp_avg"].data_ptr()
 
 
+def test_keys_stored_before_the_first_step_do_not_hide_dsopts_state():
+    model = make_model()
+    opt = dsopt.torch.Adam(model.parameters())
+    p = model[0].weight
+    opt.state[p]["step"] = 100.0  # no state yet: kept as other keys
+    opt.state[p]["exp_avg"] = torch.full_like(p, 5.0)
+    opt.state[p]["note"] = "mine"
+    train(model, opt, 2)
+    entry = opt.state[p]
+    assert entry["step"] == 2 and opt.dsopt.param_step(0) == 2
+    np.testing.assert_array_equal(opt.dsopt.state_view(0, "exp_avg").data,
+                                  entry["exp_avg"].reshape(-1).numpy())
+    assert entry["note"] == "mine"
+    assert list(entry) == ["step", "exp_avg", "exp_avg_sq", "note"]
+    train(model, opt, 1, first=2)
+    assert opt.state[p]["step"] == 3
+
+
 def test_state_of_16_bit_parameters_has_fp32_masters():
     p = torch.nn.Parameter(torch.linspace(-1, 1, 10).to(torch.bfloat16))
     q = torch.nn.Parameter(torch.ones(3))

@@ -192,6 +192,10 @@ class LiveState(dict):
             values["offset"] = offset
         extras = dict.get(self, self.param(i))
         if extras:
+            # dsopt's values win: an other key stored under one of their
+            # names before the parameter had state is dropped.
+            for key in [k for k in extras if k in values]:
+                del extras[key]
             values.update(extras)
         return ParamState(self, i, values)
 
