@@ -559,6 +559,35 @@ def test_keys_stored_before_the_first_step_do_not_hide_dsopts_state():
     assert opt.state[p]["step"] == 3
 
 
+def test_state_views_are_fetched_again_after_every_state_load(monkeypatch):
+    """A state load can rebuild dsopt's buffers (the 1-bit optimizers'
+    worker_error): opt.state's cached views are dropped by every load."""
+    model = make_model()
+    opt = dsopt.torch.Adam(model.parameters())
+    train(model, opt, 2)
+    p = model[0].weight
+    saved, torch_saved = opt.state_dict(), opt.torch_state_dict()
+    fetched = []
+    state_view = opt.dsopt.state_view
+
+    def counting(i, name):
+        fetched.append((i, name))
+        return state_view(i, name)
+
+    monkeypatch.setattr(opt.dsopt, "state_view", counting)
+    for load in (lambda: opt.load_state_dict(saved),
+                 lambda: opt.load_state_dict_shards([saved]),
+                 lambda: opt.load_state_dict(torch_saved)):
+        opt.state[p]["exp_avg"]
+        fetched.clear()
+        opt.state[p]["exp_avg"]
+        assert fetched == []  # cached
+        load()
+        fetched.clear()
+        opt.state[p]["exp_avg"]
+        assert (0, "exp_avg") in fetched
+
+
 def test_state_of_16_bit_parameters_has_fp32_masters():
     p = torch.nn.Parameter(torch.linspace(-1, 1, 10).to(torch.bfloat16))
     q = torch.nn.Parameter(torch.ones(3))

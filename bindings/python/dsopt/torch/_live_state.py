@@ -131,16 +131,16 @@ class LiveState(dict):
     def __init__(self, owner):
         super().__init__()
         self.owner = owner
-        self._generation = None
         self._views = {}
 
     # ---- what dsopt has --------------------------------------------------
 
-    def _check_generation(self):
-        generation = self.owner._generation
-        if generation != self._generation:
-            self._generation = generation
-            self._views = {}
+    def invalidate(self):
+        """Forgets the cached views: every path that loads dsopt's state or
+        rebuilds the dsopt optimizer calls it (a 1-bit optimizer's
+        ``worker_error`` lives only until the next state load, and a
+        rebuilt optimizer has views of its own)."""
+        self._views = {}
 
     def param(self, i):
         return self.owner._tensors[i]
@@ -162,7 +162,6 @@ class LiveState(dict):
         """({name: tensor on dsopt's memory}, the offset under ZeRO or
         None) of parameter ``i``; a name this parameter lacks (the
         ``worker_error`` of a ``non_freeze`` group) is left out."""
-        self._check_generation()
         owner, p = self.owner, self.param(i)
         sharded = owner._zero_stage > 0
         cache = self._views.setdefault(i, {})

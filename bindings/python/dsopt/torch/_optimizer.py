@@ -191,7 +191,6 @@ class Optimizer(torch.optim.Optimizer):
             raise
         self._config = config  # without param_groups: add_param_group and deepcopy rebuild
         self._type, self._decoupled, self._zero_stage = _algorithm(config)
-        self._generation = 0
         self.last_step_info = None
         self._handed_over = False  # some gradient of this step was handed over
         # overlap: the parameters handed over in this step, and those whose
@@ -245,7 +244,8 @@ class Optimizer(torch.optim.Optimizer):
         self._on_cuda = any(p.is_cuda for p in tensors)
         self._hyper = [self._dsopt_hyper(i) for i in range(len(self.param_groups))]
         self._seen = [None] * len(self.param_groups)
-        self._generation += 1  # the state views of LiveState are made again
+        if isinstance(self.state, LiveState):  # not yet in __init__
+            self.state.invalidate()  # views of the rebuilt optimizer
 
     # ---- hyperparameters ------------------------------------------------------
 
@@ -543,7 +543,10 @@ class Optimizer(torch.optim.Optimizer):
 
     def _restore(self, torch_part, load_dsopt):
         self._check_groups(torch_part)
-        load_dsopt()
+        try:
+            load_dsopt()
+        finally:
+            self.state.invalidate()  # the load rebuilds the 1-bit compression buffers
         self._set_groups(torch_part["param_groups"])
 
     def load_state_dict(self, state_dict):

@@ -102,8 +102,7 @@ def _rebuild(opt, new_group, carry_state):
         raise
     opt.dsopt = new
     num_old = len(opt._tensors)
-    opt._set_up(tensors)
-    opt.state._views = {}
+    opt._set_up(tensors)  # invalidates opt.state's views
     if old.communicator.kind == "local":
         # Destroyed when the last state view of it is gone (each keeps it
         # referenced; the garbage collector destroys one-process optimizers):
@@ -146,6 +145,7 @@ def _remake(cls, groups, defaults, config, overlap, blob, extras, last_step_info
         raise
     new._owns_comm = True
     new.dsopt.load_state_dict(blob)
+    new.state.invalidate()
     new.param_groups = groups
     new.defaults = defaults
     new._hyper = [new._dsopt_hyper(i) for i in range(len(groups))]

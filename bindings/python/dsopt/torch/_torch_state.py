@@ -163,6 +163,7 @@ def load_torch_state_dict(opt, state_dict):
             if "master" in tensors:  # the fp32 masters of 16-bit parameters: the parameters
                 tensors["master"].copy_(_part(p.detach(), offset, tensors["master"]))
             dsopt.set_param_step(i, 0 if got is None else got[0])
+    opt.state.invalidate()
     opt._set_groups(saved_groups)
 
 
