@@ -588,6 +588,42 @@ def test_state_views_are_fetched_again_after_every_state_load(monkeypatch):
         assert (0, "exp_avg") in fetched
 
 
+def test_a_state_tensor_without_a_view_is_a_clear_error_and_changes_nothing(monkeypatch):
+    """A required state tensor dsopt gives no view of (a ZeRO parameter
+    split by the reduce buckets, simulated here): loading or exporting a
+    torch state dict and add_param_group raise ValueError naming it before
+    anything is written."""
+    model = make_model()
+    opt = dsopt.torch.AdamW(model.parameters())
+    train(model, opt, 2)
+    changed = copy.deepcopy(opt.torch_state_dict())
+    for entry in changed["state"].values():
+        entry["exp_avg"].fill_(1.0)
+        entry["step"] = torch.tensor(9.0)
+    before = [opt.dsopt.state_view(i, "exp_avg").data.copy() for i in range(4)]
+    state_view = opt.dsopt.state_view
+
+    def split(i, name):
+        if i == 2 and name == "exp_avg_sq":
+            raise dsopt.InvalidArgument("parameter 2 is split by the reduce buckets")
+        return state_view(i, name)
+
+    monkeypatch.setattr(opt.dsopt, "state_view", split)
+    opt.state.invalidate()
+    message = "parameter 2's state 'exp_avg_sq' has no view"
+    with pytest.raises(ValueError, match=message):
+        opt.load_state_dict(changed)
+    for i in range(4):
+        np.testing.assert_array_equal(state_view(i, "exp_avg").data, before[i])
+        assert opt.dsopt.param_step(i) == 2
+    with pytest.raises(ValueError, match=message):
+        opt.torch_state_dict()
+    inner = opt.dsopt
+    with pytest.raises(ValueError, match=message):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    assert opt.dsopt is inner and len(opt.param_groups) == 1
+
+
 def test_state_of_16_bit_parameters_has_fp32_masters():
     p = torch.nn.Parameter(torch.linspace(-1, 1, 10).to(torch.bfloat16))
     q = torch.nn.Parameter(torch.ones(3))

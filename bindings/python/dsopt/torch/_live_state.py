@@ -36,6 +36,21 @@ import torch
 from ..errors import InvalidArgument
 
 
+# The state names a parameter may lack (1-bit Adam's non_freeze groups, the
+# 1-bit optimizers before their compression stage); every other name of
+# dsopt.state_names() has a view of every parameter, except a ZeRO
+# parameter split by the reduce buckets.
+OPTIONAL_NAMES = ("worker_error", "exp_avg_sq_fresh")
+
+
+def no_view_error(i, name, error):
+    """The ValueError for a required state tensor dsopt gives no view of."""
+    return ValueError(
+        f"dsopt.torch: parameter {i}'s state {name!r} has no view ({error}); under ZeRO a "
+        f"parameter split by the reduce buckets cannot be viewed as one tensor (make "
+        f"\"reduce_bucket_size\" at least the largest parameter). Nothing was changed.")
+
+
 def _step_dtype():
     """torch's dtype of ``state["step"]`` (torch >= 1.12: float32, float64
     under a float64 default dtype)."""
@@ -158,10 +173,13 @@ class LiveState(dict):
             return [n for n in names if n != "master"]
         return names
 
-    def views(self, i):
+    def views(self, i, strict=False):
         """({name: tensor on dsopt's memory}, the offset under ZeRO or
-        None) of parameter ``i``; a name this parameter lacks (the
-        ``worker_error`` of a ``non_freeze`` group) is left out."""
+        None) of parameter ``i``; an optional name this parameter lacks
+        (the ``worker_error`` of a ``non_freeze`` group) is left out. Any
+        other name dsopt gives no view of (a ZeRO parameter split by the
+        reduce buckets) is left out too, or with ``strict`` raises
+        ValueError."""
         owner, p = self.owner, self.param(i)
         sharded = owner._zero_stage > 0
         cache = self._views.setdefault(i, {})
@@ -171,7 +189,9 @@ class LiveState(dict):
             if cached is None:
                 try:
                     view = owner.dsopt.state_view(i, name)
-                except InvalidArgument:
+                except InvalidArgument as error:
+                    if strict and name not in OPTIONAL_NAMES:
+                        raise no_view_error(i, name, error) from None
                     continue
                 cached = cache[name] = (view_tensor(view, p, shaped=not sharded), view.offset)
             tensors[name] = cached[0]

@@ -15,8 +15,9 @@ def _copy_state(old, new, num_params, tensors, set_steps):
     """Every state tensor and (Adam/AdamW) the step count of parameters
     ``0 .. num_params-1`` from dsopt optimizer ``old`` into ``new`` (the
     same parameters in the same order, each view covering the same part)."""
-    from ._live_state import view_tensor
+    from ._live_state import OPTIONAL_NAMES, no_view_error, view_tensor
     names = old.state_names()
+    pairs = []  # every view before anything is copied
     for i in range(num_params):
         p = tensors[i]
         for name in names:
@@ -24,17 +25,25 @@ def _copy_state(old, new, num_params, tensors, set_steps):
                 continue
             try:
                 source = old.state_view(i, name)
-            except InvalidArgument:
-                continue  # a name this parameter lacks
-            target = new.state_view(i, name)
+            except InvalidArgument as error:
+                if name in OPTIONAL_NAMES:
+                    continue  # a name this parameter lacks
+                raise no_view_error(i, name, error) from None
+            try:
+                target = new.state_view(i, name)
+            except InvalidArgument as error:
+                raise no_view_error(i, name, error) from None
             if source.offset != target.offset or source.data.shape != target.data.shape:
                 raise RuntimeError(f"dsopt.torch: parameter {i}'s {name!r} is laid out "
                                    f"differently in the rebuilt optimizer")
-            if source.data.shape[0] == 0:
-                continue
-            dst = view_tensor(target, p, shaped=False)
-            dst.copy_(view_tensor(source, p, shaped=False))
-        if set_steps:
+            pairs.append((p, source, target))
+    for p, source, target in pairs:
+        if source.data.shape[0] == 0:
+            continue
+        dst = view_tensor(target, p, shaped=False)
+        dst.copy_(view_tensor(source, p, shaped=False))
+    if set_steps:
+        for i in range(num_params):
             new.set_param_step(i, old.param_step(i))
 
 

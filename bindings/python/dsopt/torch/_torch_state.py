@@ -72,7 +72,7 @@ def export_state_dict(opt):
         step = dsopt.param_step(i)
         if step <= 0:
             continue
-        tensors, _ = opt.state.views(i)
+        tensors, _ = opt.state.views(i, strict=True)
         state[i] = {"step": torch.tensor(float(step), dtype=_step_dtype())}
         for name in _MOMENTS:
             state[i][name] = tensors[name].reshape(p.shape).to(
@@ -150,9 +150,11 @@ def load_torch_state_dict(opt, state_dict):
                     if isinstance(g, Mapping) else g for g in saved_groups]
     entries = _checked_entries(opt, dict(state_dict, param_groups=saved_groups))
     dsopt = opt.dsopt
+    # Every view before anything is written (ValueError: nothing changed).
+    views = [opt.state.views(i, strict=True) for i in range(len(opt._tensors))]
     with torch.no_grad():
         for i, p in enumerate(opt._tensors):
-            tensors, offset = opt.state.views(i)
+            tensors, offset = views[i]
             got = entries.get(i)
             for k, name in enumerate(_MOMENTS):
                 target = tensors[name]
