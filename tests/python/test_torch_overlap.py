@@ -120,6 +120,26 @@ def test_frozen_parameters_get_no_hook_and_are_absent_as_without_overlap():
     assert not ov.differences(got, want)
 
 
+@needs_hooks
+def test_unhooked_parameter_whose_hand_over_failed_is_handed_over_later():
+    model = ov.Net()
+    frozen = model.extra.bias
+    frozen.requires_grad_(False)
+    opt = dsopt.torch.Optimizer(model.parameters(), ov.ADAM, overlap=True)
+    frozen.requires_grad_(True)
+    frozen.grad = torch.ones(1).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        opt.step()
+    before = frozen.detach().clone()
+    frozen.grad = torch.ones(1)
+    opt.step()
+    assert frozen < before  # handed over at step, then hooked
+    frozen.sum().backward()
+    assert frozen.grad is None  # its hook handed it over
+    opt.step()
+    opt.close()
+
+
 def test_step_without_backward_steps_with_absent_gradients():
     model = ov.Net()
     before = [p.detach().clone() for p in model.parameters()]

@@ -370,8 +370,9 @@ class Optimizer(torch.optim.Optimizer):
         """overlap=True: the parameters that had no hook (frozen when the
         hooks were made) hand their ``.grad`` over here, and get a hook
         once they require gradients."""
-        unhooked, self._unhooked = self._unhooked, []
-        self._hand_over(unhooked)
+        unhooked = self._unhooked
+        self._hand_over(unhooked)  # may raise (sparse): then they stay unhooked
+        self._unhooked = []
         self._hook(unhooked)
 
     @torch.no_grad()
