@@ -624,6 +624,29 @@ def test_a_state_tensor_without_a_view_is_a_clear_error_and_changes_nothing(monk
     assert opt.dsopt is inner and len(opt.param_groups) == 1
 
 
+def test_a_group_decoupled_weight_decay_other_than_the_optimizers_is_an_error():
+    """torch >= 2.6 groups carry decoupled_weight_decay; dsopt has one
+    weight-decay mode per optimizer, so a group asking for the other one is
+    a ValueError naming it (at creation, add_param_group and loads)."""
+    model = make_model()
+    message = "decoupled_weight_decay=True differs"
+    with pytest.raises(ValueError, match=message):
+        dsopt.torch.Adam([{"params": model[0].parameters(), "decoupled_weight_decay": True}])
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False differs"):
+        dsopt.torch.AdamW([{"params": model[0].parameters(), "decoupled_weight_decay": False}])
+    opt = dsopt.torch.Adam(model[0].parameters(), decoupled_weight_decay=False)
+    with pytest.raises(ValueError, match=message):
+        opt.add_param_group({"params": model[2].parameters(), "decoupled_weight_decay": True})
+    assert len(opt.param_groups) == 1
+    saved = opt.state_dict()
+    saved["param_groups"][0]["decoupled_weight_decay"] = True
+    with pytest.raises(ValueError, match=message):
+        opt.load_state_dict(saved)
+    same = dsopt.torch.AdamW([{"params": model[2].parameters(), "decoupled_weight_decay": True}])
+    same.close()
+    opt.close()
+
+
 def test_state_of_16_bit_parameters_has_fp32_masters():
     p = torch.nn.Parameter(torch.linspace(-1, 1, 10).to(torch.bfloat16))
     q = torch.nn.Parameter(torch.ones(3))

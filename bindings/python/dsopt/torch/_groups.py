@@ -38,11 +38,19 @@ def unsupported(name, where="") -> ValueError:
                       f"{UNSUPPORTED_FLAGS[name]}")
 
 
-def check_flags(group, where=""):
-    """ValueError for a torch flag dsopt cannot honour."""
+def check_flags(group, where="", decoupled=None):
+    """ValueError for a torch flag dsopt cannot honour, and for a
+    ``decoupled_weight_decay`` (torch >= 2.6's Adam groups) other than
+    ``decoupled``, the optimizer's weight-decay mode (None: not checked)."""
     for name in UNSUPPORTED_FLAGS:
         if group.get(name):
             raise unsupported(name, where)
+    value = group.get("decoupled_weight_decay")
+    if decoupled is not None and value is not None and bool(value) != decoupled:
+        raise ValueError(
+            f"{where}decoupled_weight_decay={value!r} differs from the optimizer's "
+            f"({decoupled}): dsopt has one weight-decay mode per optimizer (AdamW, or "
+            f"Adam(decoupled_weight_decay=True), for decoupled weight decay)")
 
 
 def _number(value, what):

@@ -172,8 +172,12 @@ class Optimizer(torch.optim.Optimizer):
         if _defaults:
             defaults.update(_defaults)
         super().__init__(params, defaults)
+        try:
+            decoupled = _algorithm(config)[1]
+        except (KeyError, TypeError, AttributeError):
+            decoupled = None  # dsopt names what is wrong with the config
         for i, group in enumerate(self.param_groups):
-            _groups.check_flags(group, f"param_groups[{i}]: ")
+            _groups.check_flags(group, f"param_groups[{i}]: ", decoupled)
         # Every other setting of a torch group goes to dsopt, which rejects
         # the ones it does not know.
         settings = [_groups.dsopt_settings(g, all_keys=not _known_keys_only,
@@ -521,7 +525,7 @@ class Optimizer(torch.optim.Optimizer):
                     len(saved.get("params", ())) != len(ours["params"]):
                 raise ValueError(f"{what}: parameter group {i} has a different number of "
                                  f"parameters")
-            _groups.check_flags(saved, f"{what}: param_groups[{i}]: ")
+            _groups.check_flags(saved, f"{what}: param_groups[{i}]: ", self._decoupled)
             merged = dict(ours)
             merged.update({k: v for k, v in saved.items() if k in _groups.HYPER_KEYS})
             _groups.hyper_values(merged, f"{what}: param_groups[{i}]: ")

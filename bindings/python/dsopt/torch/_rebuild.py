@@ -82,7 +82,7 @@ def add_param_group(opt, param_group, torch_add):
     torch_add(param_group)
     try:
         group = opt.param_groups[-1]
-        _groups.check_flags(group, f"param_groups[{count}]: ")
+        _groups.check_flags(group, f"param_groups[{count}]: ", opt._decoupled)
         _rebuild(opt, new_group=count, carry_state=stepped)
     except BaseException:
         del opt.param_groups[count:]
