@@ -150,6 +150,22 @@ def test_state_dict_round_trip_resumes_bit_identically():
         assert torch.equal(a, b)
 
 
+def test_state_dict_saves_hyperparameters_changed_after_the_last_step():
+    model = make_model()
+    opt = dsopt.torch.Optimizer(model.parameters(), ADAM)
+    train(model, opt, 1)
+    opt.param_groups[0]["lr"] = 0.25  # a scheduler stepped after opt.step()
+    opt.param_groups[0]["betas"] = (0.5, 0.75)
+    blob = opt.state_dict()["dsopt_state"]
+    assert opt.dsopt.get_group_param(0, "lr") == 0.25
+    assert opt.dsopt.get_group_param(0, "beta2") == 0.75
+    other = dsopt.torch.Optimizer(make_model().parameters(), ADAM)
+    other.dsopt.load_state_dict(blob)
+    assert other.dsopt.get_group_param(0, "lr") == 0.25
+    other.close()
+    opt.close()
+
+
 def test_load_state_dict_restores_changed_learning_rates():
     model = make_model()
     opt = dsopt.torch.Optimizer(model.parameters(), ADAM)

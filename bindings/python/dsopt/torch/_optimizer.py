@@ -473,6 +473,7 @@ class Optimizer(torch.optim.Optimizer):
         empty) plus this rank's dsopt state blob under ``"dsopt_state"``.
         Under ZeRO the blob holds this rank's shard only: save every
         rank's. ``torch_state_dict()`` gives torch.optim's format."""
+        self._sync_hyperparameters()  # the blob saves the groups' current values
         for hook in getattr(self, "_optimizer_state_dict_pre_hooks", {}).values():
             hook(self)
         state_dict = {"state": {}, "param_groups": self._pack_groups(),
