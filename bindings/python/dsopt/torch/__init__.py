@@ -41,8 +41,9 @@ What behaves as in torch.optim:
   the parameters (as in torch). ``step(closure)`` works.
 * ``optimizer.state[p]`` is a live view of dsopt's state (see
   ``_live_state``): for a parameter that has been updated, ``"step"`` (a
-  float32 0-d tensor, a copy) and fp32 tensors on dsopt's own memory,
-  shaped like the parameter: ``"exp_avg"``, ``"exp_avg_sq"``,
+  0-d tensor, a copy: float32, float64 under a float64 default dtype, as
+  in torch) and fp32 tensors on dsopt's own memory, shaped like the
+  parameter: ``"exp_avg"``, ``"exp_avg_sq"``,
   ``"master"`` (the fp32 masters of 16-bit parameters), the 1-bit
   optimizers' ``"worker_error"`` (from their compression stage on, at
   several ranks) and 1-bit LAMB's ``"exp_avg_sq_fresh"``. dsopt's moments

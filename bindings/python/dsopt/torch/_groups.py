@@ -10,8 +10,6 @@ import torch
 
 # The hyperparameters dsopt has per group (dsopt_set_group_param names).
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
-# Per-group keys dsopt's config takes.
-DSOPT_GROUP_KEYS = HYPER_KEYS + ("non_freeze",)
 # torch.optim.Adam's flags: accepted in groups so torch code reading them
 # works; the ones dsopt cannot honour must stay False.
 TORCH_FLAGS = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False,

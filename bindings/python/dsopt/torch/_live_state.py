@@ -4,7 +4,8 @@
 torch.optim's ``defaultdict(dict)``: a parameter that dsopt has updated
 (``param_step(i) > 0``) maps to a ``ParamState``::
 
-    {"step": tensor(12.),             # float32 0-d tensor, a copy
+    {"step": tensor(12.),             # 0-d tensor, a copy (float32;
+                                      # float64 under a float64 default)
      "exp_avg": <view>, "exp_avg_sq": <view>,
      "master": <view>,                # 16-bit parameters: the fp32 masters
      "worker_error": <view>, ...}     # the 1-bit optimizers' own names

@@ -489,8 +489,8 @@ class Optimizer(torch.optim.Optimizer):
         (Adam and AdamW): ``torch.optim.AdamW`` (``torch.optim.Adam`` for
         L2 weight decay, as ``dsopt.torch.Adam``) over the same parameters
         loads it with ``load_state_dict`` and continues the run. ``"state"``
-        maps parameter indices to ``{"step": float32 tensor, "exp_avg",
-        "exp_avg_sq"}`` (copies, in the parameter's dtype and device) for
+        maps parameter indices to ``{"step": 0-d tensor (float32; float64
+        under a float64 default dtype), "exp_avg", "exp_avg_sq"}`` (copies, in the parameter's dtype and device) for
         the parameters dsopt has updated; ``"param_groups"`` has every key
         of the running torch version's groups. Raises ValueError for the
         1-bit optimizers (no torch counterpart) and under ZeRO stage 1/2 on
