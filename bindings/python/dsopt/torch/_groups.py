@@ -8,6 +8,10 @@ import math
 
 import torch
 
+# The types that count steps per parameter (torch.optim's bookkeeping),
+# load torch.optim state dicts and carry state over a rebuild.
+ADAM = ("Adam", "AdamW")
+
 # The hyperparameters dsopt has per group (dsopt_set_group_param names).
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 # torch.optim.Adam's flags: accepted in groups so torch code reading them

@@ -38,7 +38,7 @@ _TYPES = {"adam": "Adam", "adamw": "AdamW", "onebitadam": "OneBitAdam",
           "onebitlamb": "OneBitLamb", "zerooneadam": "ZeroOneAdam"}
 ONE_BIT = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
 # dsopt_get_group_param's names, in the order of _groups.hyper_values.
-_HYPER_NAMES = ("lr", "beta1", "beta2", "eps", "weight_decay")
+_HYPER_NAMES = _DsoptOptimizer.GROUP_PARAMS
 
 
 def _optimizer_params(config) -> dict:
@@ -131,6 +131,19 @@ def _on_side_stream(tensor) -> bool:
         torch.cuda.default_stream(tensor.device).cuda_stream
 
 
+def _ready_for_dsopt(tensor):
+    """``tensor``, once the work torch queued for it on a side stream has
+    finished (dsopt reads on its communicator's stream)."""
+    if _on_side_stream(tensor):
+        torch.cuda.current_stream(tensor.device).synchronize()
+    return tensor
+
+
+def _refuse_sparse(grad):
+    if grad.is_sparse:
+        raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
+
+
 def _hand_over_hook(owner_ref, index):
     """The post-accumulate-grad hook of parameter ``index``: hands its
     gradient to dsopt, then drops it (``p.grad = None``), so that the next
@@ -142,14 +155,8 @@ def _hand_over_hook(owner_ref, index):
         grad = p.grad
         if owner is None or grad is None:
             return
-        if grad.is_sparse:
-            raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
-        if not grad.is_contiguous():
-            grad = grad.contiguous()
-        if _on_side_stream(grad):
-            # dsopt reads on its communicator's stream: wait for torch's.
-            torch.cuda.current_stream(grad.device).synchronize()
-        owner.dsopt.grad_ready(index, grad)
+        _refuse_sparse(grad)
+        owner.dsopt.grad_ready(index, _ready_for_dsopt(grad.contiguous()))
         owner._handed_over = True
         owner._handed_now.add(index)
         owner._grad_tensor.add(index)
@@ -323,8 +330,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _gradient(self, p):
         """What a parameter with a ``.grad`` steps with (contiguous)."""
-        if p.grad.is_sparse:
-            raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
+        _refuse_sparse(p.grad)
         return p.grad.contiguous()
 
     def _hand_over_at_step(self):
@@ -342,9 +348,8 @@ class Optimizer(torch.optim.Optimizer):
             grad = p.grad
             if grad is None:
                 continue
-            if grad.is_sparse:
-                raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
-            self.dsopt.grad_ready(i, grad.contiguous())
+            _refuse_sparse(grad)
+            self.dsopt.grad_ready(i, _ready_for_dsopt(grad.contiguous()))
             self._handed_over = True
             self._handed_now.add(i)
             self._grad_tensor.add(i)
@@ -358,8 +363,8 @@ class Optimizer(torch.optim.Optimizer):
         if not missing:
             return
         tensors = self._tensors
-        zeros = torch.zeros(max(tensors[i].numel() for i in missing), dtype=torch.float32,
-                            device=tensors[missing[0]].device)
+        zeros = _ready_for_dsopt(torch.zeros(max(tensors[i].numel() for i in missing),
+                                             dtype=torch.float32, device=tensors[missing[0]].device))
         for i in missing:  # dsopt reads each before grad_ready returns
             self.dsopt.grad_ready(i, zeros[:tensors[i].numel()])
         self._handed_over = True
@@ -394,23 +399,9 @@ class Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync_hyperparameters()
+        on_side_stream = self._on_cuda and _on_side_stream(self._tensors[0])
         if self.overlap:
-            grads = None  # handed over by the hooks (or just below)
-            on_side_stream = any(p.is_cuda for p in self._tensors[:1]) and \
-                torch.cuda.current_stream().cuda_stream != torch.cuda.default_stream().cuda_stream
-        else:
-            # The gradients as .grad holds them; TorchGradDescriptors describes
-            # the ones that changed since the last step (a gradient is on
-            # its parameter's device; None is an absent gradient).
-            grads = list(map(_get_grad, self._tensors))
-            self._grad_descriptors.update(grads, self._gradient)
-            on_side_stream = self._on_cuda and \
-                torch.cuda.current_stream().cuda_stream != torch.cuda.default_stream().cuda_stream
-        if on_side_stream:
-            # dsopt works on its communicator's stream (the legacy default
-            # stream for a local one): order it after torch's stream.
-            torch.cuda.current_stream().synchronize()
-        if self.overlap:
+            grads = None  # handed over by the hooks (or just below, each once ready)
             if not self._hooked:
                 self._hand_over_at_step()
             elif self._unhooked:
@@ -422,6 +413,16 @@ class Optimizer(torch.optim.Optimizer):
             # over (a rank that handed nothing over contributes zeros; a
             # parameter that no rank handed over is absent, as .grad None
             # is without overlap).
+        else:
+            # The gradients as .grad holds them; TorchGradDescriptors describes
+            # the ones that changed since the last step (a gradient is on
+            # its parameter's device; None is an absent gradient).
+            grads = list(map(_get_grad, self._tensors))
+            self._grad_descriptors.update(grads, self._gradient)
+        if on_side_stream:
+            # dsopt works on its communicator's stream (the legacy default
+            # stream for a local one): order it after torch's stream.
+            torch.cuda.current_stream(self._tensors[0].device).synchronize()
         try:
             self._handed_over = False
             if self.overlap:

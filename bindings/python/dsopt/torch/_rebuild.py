@@ -55,7 +55,7 @@ def _check_rebuild_allowed(opt):
     stepped = any(dsopt.param_step(i) > 0 for i in range(len(opt._tensors)))
     if not stepped:
         return False
-    if opt._type not in ("Adam", "AdamW"):
+    if opt._type not in _groups.ADAM:
         raise RuntimeError(
             f"dsopt.torch: {opt._type} cannot add a parameter group after its first step: its "
             f"compressed state and its stages span all parameters. Add every group before "
@@ -105,7 +105,7 @@ def _rebuild(opt, new_group, carry_state):
     try:
         if carry_state:
             _copy_state(old, new, len(opt._tensors), tensors,
-                        set_steps=opt._type in ("Adam", "AdamW"))
+                        set_steps=opt._type in _groups.ADAM)
     except BaseException:
         new.close()
         raise

@@ -22,7 +22,7 @@ def is_torch_state_dict(state_dict) -> bool:
 
 
 def _require_adam(opt, what):
-    if opt._type not in ("Adam", "AdamW"):
+    if opt._type not in _groups.ADAM:
         raise ValueError(
             f"{type(opt).__name__} ({opt._type}) cannot {what}: only Adam and AdamW have a "
             f"torch.optim counterpart (a 1-bit optimizer's state has none); use "
