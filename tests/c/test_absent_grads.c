@@ -243,7 +243,9 @@ static void test_onebit_absent_is_zero(dsopt_comm *comm, const char *type, const
       g[i] = (dsopt_tensor){has ? grads_of_step[i] : NULL, numels[i], DSOPT_FLOAT32, 0};
       z[i] = (dsopt_tensor){has ? grads_of_step[i] : zeros, numels[i], DSOPT_FLOAT32, 0};
     }
-    dsopt_step_info info = {sizeof info};
+    dsopt_step_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
     CHECK_OK(dsopt_step(with_null.opt, g, NUM_PARAMS, &info));
     CHECK_OK(dsopt_step(with_zeros.opt, z, NUM_PARAMS, NULL));
     compressed += info.compressed;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "support/blob_sections.h"
 
 /* ---- blob surgery --------------------------------------------------------- */
 
@@ -25,33 +26,6 @@ static uint32_t crc32_of(const uint8_t *p, size_t n) {
 static void fix_crc(uint8_t *blob, uint64_t size) {
   const uint32_t crc = crc32_of(blob, (size_t)(size - 4));
   memcpy(blob + size - 4, &crc, 4);
-}
-
-static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-
-/* The bytes of section `name` (README "State blobs"), NULL if absent. */
-static uint8_t *find_section(uint8_t *blob, const char *name, uint64_t *len) {
-  uint64_t at = 24;
-  at += 4 + get_u32(blob + at);  /* algorithm */
-  at += 8;                       /* world size, rank */
-  const uint64_t nparams = get_u64(blob + at);
-  at += 8 + 16 * nparams;
-  const uint32_t nsections = get_u32(blob + at);
-  at += 4;
-  for (uint32_t i = 0; i < nsections; ++i) {
-    const uint32_t name_len = get_u32(blob + at);
-    const int match = name_len == strlen(name) && memcmp(blob + at + 4, name, name_len) == 0;
-    at += 4 + name_len;
-    const uint64_t bytes = get_u64(blob + at);
-    at += 8;
-    if (match) {
-      if (len) *len = bytes;
-      return blob + at;
-    }
-    at += bytes;
-  }
-  return NULL;
 }
 
 /* ---- a small live optimizer -------------------------------------------- */
@@ -122,7 +96,7 @@ static void expect_load_patched(live *L, const patch *patches, int npatches, int
   for (int i = 0; i < npatches; ++i) {
     const patch *pt = &patches[i];
     uint64_t section_len = 0;
-    uint8_t *s = find_section(b, pt->name, &section_len);
+    uint8_t *s = blob_section(b, pt->name, &section_len);
     if (!CHECKF(s != NULL && pt->off + pt->len <= section_len, "section %s (%llu bytes) holds offset %llu",
                 pt->name, (unsigned long long)section_len, (unsigned long long)pt->off)) {
       free(b);

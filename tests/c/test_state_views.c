@@ -22,6 +22,7 @@
 
 #include "check.h"
 #include "support/adam_config.h"
+#include "support/blob_sections.h"
 #include "support/dtype_ref.h"
 #include "support/model.h"
 #include "support/mpi_world.h"
@@ -201,36 +202,6 @@ static dsopt_optimizer *create(const char *json, dsopt_comm *comm, model *m) {
 static int step(dsopt_optimizer *opt, model *m, int k) {
   set_model_grads(m, k);
   return CHECK_OK(dsopt_step(opt, m->grads, NT, NULL));
-}
-
-/* ---- what a blob holds (README "State blobs"; the same walk as
- * test_fuzz_regressions.c's) ---- */
-
-static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-
-/* The bytes of section `name`, NULL if absent. */
-static const uint8_t *find_section(const uint8_t *blob, const char *name, uint64_t *len) {
-  uint64_t at = 24;
-  at += 4 + get_u32(blob + at); /* algorithm */
-  at += 8;                      /* world size, rank */
-  const uint64_t nparams = get_u64(blob + at);
-  at += 8 + 16 * nparams;
-  const uint32_t nsections = get_u32(blob + at);
-  at += 4;
-  for (uint32_t i = 0; i < nsections; ++i) {
-    const uint32_t name_len = get_u32(blob + at);
-    const int match = name_len == strlen(name) && memcmp(blob + at + 4, name, name_len) == 0;
-    at += 4 + name_len;
-    const uint64_t bytes = get_u64(blob + at);
-    at += 8;
-    if (match) {
-      *len = bytes;
-      return blob + at;
-    }
-    at += bytes;
-  }
-  return NULL;
 }
 
 /* The compressed allreduce's padded length (README "The compressed
@@ -474,7 +445,7 @@ static void bad_arguments_change_nothing(void) {
     if (before) {
       char msg[256] = "";
       uint64_t len = 0;
-      const uint8_t *saved = find_section(before, "adam.exp_avg_sq", &len);
+      const uint8_t *saved = blob_section(before, "adam.exp_avg_sq", &len);
       CHECK_OK(dsopt_state_load(opt, before, before_size));
       CHECKF(saved && len == 4 * (uint64_t)(specs[0].numel + specs[1].numel + specs[2].numel + specs[3].numel) &&
                  view_holds(&kept, 1, (const float *)(const void *)(saved + 4 * blob_offset("exp_avg_sq", 1, 0)),
@@ -665,7 +636,7 @@ static int views_match_blob(dsopt_optimizer *opt, const onebit_case *c, const ch
     else
       snprintf(section, sizeof section, "%s.%s", c->prefix, name);
     uint64_t len = 0;
-    const uint8_t *data = find_section(blob, section, &len);
+    const uint8_t *data = blob_section(blob, section, &len);
     for (int i = 0; i < NT; ++i) {
       dsopt_state_view v;
       if (get_view(opt, i, name, &v) != DSOPT_OK) continue;

@@ -1,0 +1,29 @@
+#include "blob_sections.h"
+
+#include <string.h>
+
+static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+uint8_t *blob_section(const uint8_t *blob, const char *name, uint64_t *len) {
+  uint64_t at = 24;              /* magic, version, reserved, total size */
+  at += 4 + get_u32(blob + at);  /* algorithm */
+  at += 8;                       /* world size, rank */
+  const uint64_t nparams = get_u64(blob + at);
+  at += 8 + 16 * nparams;
+  const uint32_t nsections = get_u32(blob + at);
+  at += 4;
+  for (uint32_t i = 0; i < nsections; ++i) {
+    const uint32_t name_len = get_u32(blob + at);
+    const int match = name_len == strlen(name) && memcmp(blob + at + 4, name, name_len) == 0;
+    at += 4 + name_len;
+    const uint64_t bytes = get_u64(blob + at);
+    at += 8;
+    if (match) {
+      if (len) *len = bytes;
+      return (uint8_t *)(blob + at);
+    }
+    at += bytes;
+  }
+  return NULL;
+}

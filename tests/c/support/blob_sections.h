@@ -1,0 +1,13 @@
+/* Reading a state blob's named sections (layout: README "State blobs",
+ * src/state/blob.hpp), for tests that look inside or damage blobs. */
+#ifndef DSOPT_TESTS_BLOB_SECTIONS_H
+#define DSOPT_TESTS_BLOB_SECTIONS_H
+
+#include <stdint.h>
+
+/* The bytes of section `name` of a well-formed blob, NULL if absent;
+ * *len (may be NULL) gets its length. Like strchr, the result is writable
+ * when the blob is (tests damage sections through it). */
+uint8_t *blob_section(const uint8_t *blob, const char *name, uint64_t *len);
+
+#endif /* DSOPT_TESTS_BLOB_SECTIONS_H */
