@@ -28,6 +28,26 @@ def grads(step, absent=()):
     return [None if i in absent else g for i, g in enumerate(out)]
 
 
+def resumed(params, blob):
+    """A fresh optimizer over copies of `params` (the caller's fp32 values)
+    that loads `blob`."""
+    params2, opt2 = make(seed=1)
+    for p, q in zip(params2, params):
+        p[...] = q
+    opt2.load_state_dict(blob)
+    return params2, opt2
+
+
+def continue_identically(params, opt, params2, opt2, steps):
+    for k in steps:
+        opt.step(grads(k))
+        opt2.step(grads(k))
+    for p, q in zip(params, params2):
+        np.testing.assert_array_equal(p, q)
+    opt.close()
+    opt2.close()
+
+
 def sections(blob: bytes):
     """(prefix before the section count, [(name, bytes)]) of a blob."""
     pos = 24
@@ -69,19 +89,10 @@ def test_a_blob_without_the_new_sections_loads_and_continues_identically():
     assert pack(prefix, parts) == blob  # the re-packing itself is faithful
     old = pack(prefix, [(n, d) for n, d in parts if n not in NEW_SECTIONS])
 
-    params2, opt2 = make(seed=1)
-    for p, q in zip(params2, params):
-        p[...] = q
-    opt2.load_state_dict(old)
+    params2, opt2 = resumed(params, old)
     assert [opt2.param_step(i) for i in range(3)] == [4, 4, 4]
     assert opt2.get_group_param(1, "beta1") == pytest.approx(0.8)
-    for k in range(4, 8):
-        opt.step(grads(k))
-        opt2.step(grads(k))
-    for p, q in zip(params, params2):
-        np.testing.assert_array_equal(p, q)
-    opt.close()
-    opt2.close()
+    continue_identically(params, opt, params2, opt2, range(4, 8))
 
 
 def test_param_steps_and_changed_hyperparameters_travel_in_the_blob():
@@ -92,21 +103,12 @@ def test_param_steps_and_changed_hyperparameters_travel_in_the_blob():
     opt.set_group_param(0, "eps", 1e-6)
     opt.set_group_param(1, "weight_decay", 0.2)
     blob = opt.state_dict()
-    params2, opt2 = make(seed=1)
-    for p, q in zip(params2, params):
-        p[...] = q
-    opt2.load_state_dict(blob)
+    params2, opt2 = resumed(params, blob)
     assert [opt2.param_step(i) for i in range(3)] == [2, 2, 1]
     assert opt2.get_group_param(1, "beta1") == 0.7
     assert opt2.get_group_param(0, "eps") == 1e-6
     assert opt2.get_group_param(1, "weight_decay") == 0.2
-    for k in range(2, 5):
-        opt.step(grads(k))
-        opt2.step(grads(k))
-    for p, q in zip(params, params2):
-        np.testing.assert_array_equal(p, q)
-    opt.close()
-    opt2.close()
+    continue_identically(params, opt, params2, opt2, range(2, 5))
 
 
 def test_a_negative_param_step_in_a_blob_is_rejected_and_changes_nothing():
