@@ -9,7 +9,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-rust test-install test-fuzz test-sanitize demo demo-c bench clean
+.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize demo demo-c bench clean
 
 all: build
 
@@ -24,7 +24,7 @@ build: deps
 python: build
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) python3 bindings/python/dsopt/_ffi_build.py
 
-test: test-c test-nocuda test-python test-torch test-rust test-install test-fuzz test-sanitize
+test: test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize
 
 test-c: build
 	cd $(BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
@@ -42,6 +42,13 @@ test-python: python
 # /usr/bin/python3 with python3-torch); skips when there is none.
 test-torch: python
 	tests/python/run_torch_tests.sh $(BUILD)
+
+# The integrations with PyPI's torch, transformers and lightning
+# (dsopt.hf.Trainer, dsopt.lightning.DsoptStrategy, DDP with
+# dsopt.torch.ddp_comm_hook, torch.compile, parameters moved or cast), in the
+# venv of scripts/framework_venv.sh (created on first use: a large download).
+test-frameworks: python
+	$(MPI_ENV) tests/python/run_framework_tests.sh $(BUILD)
 
 # The Rust binding's tests and examples/rust, offline, against $(BUILD)
 # (skips without cargo; as root installs Debian's bindgen crate if missing).

@@ -33,6 +33,13 @@ except ImportError as exc:
     ]
 
 
+def subprocess_env(**extra):
+    """The environment of a Python process a test starts: this one's, with
+    the dsopt package and this folder importable."""
+    paths = [str(BINDING_DIR), str(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **extra)
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's name (stable, different per test)

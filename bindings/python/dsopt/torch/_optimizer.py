@@ -17,7 +17,7 @@ from ..communicator import Communicator
 from ..errors import NonFiniteError
 from ..optimizer import Optimizer as _DsoptOptimizer
 from ..tensors import tensor_records
-from . import _groups, _rebuild, _torch_state
+from . import _checkpoint, _groups, _rebuild, _torch_state
 from ._live_state import LiveState
 
 _get_grad = operator.attrgetter("grad")
@@ -485,6 +485,20 @@ class Optimizer(torch.optim.Optimizer):
                 state_dict = result
         return state_dict
 
+    def state_dict_all_ranks(self, dst=0):
+        """A whole checkpoint of a run on several ranks (collective: every
+        rank calls it): on rank ``dst`` ``state_dict()`` plus
+        ``"dsopt_rank_states"``, the dsopt blobs of every rank in rank
+        order; None on the other ranks. This is the one file to save when a
+        framework saves from rank 0 only: ``load_state_dict`` of it on every
+        rank loads each rank's own blob at the same world size (1-bit
+        compression errors and ZeRO shards included) and reshards or resets
+        at another (as ``load_state_dict_shards``). The blobs are gathered
+        through torch.distributed (a torch group) or mpi4py; other
+        communicators raise ValueError (save ``state_dict()`` on every
+        rank). Rank ``dst`` holds every rank's blob at once."""
+        return _checkpoint.state_dict_all_ranks(self, dst)
+
     def torch_state_dict(self):
         """This optimizer's state as torch.optim's own ``state_dict()``
         (Adam and AdamW): ``torch.optim.AdamW`` (``torch.optim.Adam`` for
@@ -561,7 +575,10 @@ class Optimizer(torch.optim.Optimizer):
         ``state_dict()`` of a run at the same world size (see
         ``load_state_dict_shards`` for another world size or stage), which
         restores the dsopt state and the groups' settings (their
-        hyperparameters handed to dsopt); or, for Adam/AdamW, a
+        hyperparameters handed to dsopt); a whole checkpoint of
+        ``state_dict_all_ranks()`` (the same file on every rank: each rank
+        takes its own blob at the saved world size, and the whole set as
+        ``load_state_dict_shards`` at another); or, for Adam/AdamW, a
         ``torch.optim.Adam``/``AdamW`` state dict (no ``"dsopt_state"``):
         its moments and step counts are written into dsopt's state (this
         rank's part under ZeRO), its groups' settings become this
@@ -577,7 +594,12 @@ class Optimizer(torch.optim.Optimizer):
             _torch_state.load_torch_state_dict(self, state_dict)
         else:
             torch_part, blob = self._split(state_dict)
-            self._restore(torch_part, lambda: self.dsopt.load_state_dict(blob))
+            blob, blobs = _checkpoint.own_blob_or_set(self, blob, torch_part)
+            torch_part.pop(_checkpoint.RANK_STATES, None)
+            if blobs is None:
+                self._restore(torch_part, lambda: self.dsopt.load_state_dict(blob))
+            else:
+                self._restore(torch_part, lambda: self.dsopt.load_state_dict_shards(blobs))
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
             hook(self)
 

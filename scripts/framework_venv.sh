@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prints the python of a virtual environment with PyPI's torch, transformers
+# (with accelerate) and lightning, for the framework integration tests
+# (`make test-frameworks`), creating it or adding what it lacks first.
+# The venv lives outside the clone so that it is reused across clones and CI
+# runs: $DSOPT_FRAMEWORK_VENV, default ~/.cache/dsopt/venv-frameworks.
+# Progress goes to stderr; stdout is the python's path alone.
+#   py=$(scripts/framework_venv.sh)
+set -euo pipefail
+
+venv=${DSOPT_FRAMEWORK_VENV:-$HOME/.cache/dsopt/venv-frameworks}
+python=${PYTHON:-python3}
+packages=(torch transformers accelerate lightning numpy cffi pytest scikit-learn)
+modules=(torch transformers accelerate lightning numpy cffi pytest sklearn)
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "framework venv: creating $venv" >&2
+  mkdir -p "$(dirname "$venv")"
+  "$python" -m venv "$venv" >&2
+fi
+missing=()
+for i in "${!modules[@]}"; do
+  "$venv/bin/python" -c "import ${modules[$i]}" 2>/dev/null || missing+=("${packages[$i]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "framework venv: pip install ${missing[*]} (PyPI; torch is a large download)" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${missing[@]}" >&2
+fi
+echo "$venv/bin/python"

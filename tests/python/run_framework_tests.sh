@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The integration tests with the frameworks people train with, under PyPI's
+# torch: dsopt.hf.Trainer (transformers), dsopt.lightning.DsoptStrategy
+# (lightning), DistributedDataParallel with dsopt.torch.ddp_comm_hook, and
+# dsopt.torch under torch.compile and with parameters moved or cast after
+# the optimizer exists. The venv is scripts/framework_venv.sh's (created or
+# completed first); the cffi extension is built for it against <builddir>
+# when it cannot load the in-place one.
+#   tests/python/run_framework_tests.sh <builddir> [pytest args]
+set -euo pipefail
+
+build=$(cd "${1:?usage: run_framework_tests.sh <builddir> [pytest args]}" && pwd)
+shift
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+
+py=$(scripts/framework_venv.sh)
+echo "test-frameworks: $("$py" -c 'import torch, transformers, lightning; print("torch", torch.__version__, "transformers", transformers.__version__, "lightning", lightning.__version__)')"
+ext=$(ls bindings/python/dsopt/_dsopt_cffi*.so 2>/dev/null | head -n1)
+if [ -z "$ext" ] || [ include/dsopt.h -nt "$ext" ] ||
+   ! "$py" -c "import sys; sys.path.insert(0, 'bindings/python'); import dsopt" 2>/dev/null; then
+  DSOPT_LIBRARY_DIR=$build "$py" bindings/python/dsopt/_ffi_build.py >/dev/null
+fi
+export DSOPT_LIBRARY_DIR=$build
+exec "$py" -m pytest -q -rsx "$@" \
+  tests/python/test_ddp_hook.py \
+  tests/python/test_hf_trainer.py \
+  tests/python/test_lightning_strategy.py \
+  tests/python/test_torch_param_moves.py \
+  tests/python/test_torch_whole_checkpoint.py

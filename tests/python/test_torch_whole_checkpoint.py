@@ -1,0 +1,65 @@
+"""Whole checkpoints of dsopt.torch optimizers at 2 gloo ranks
+(whole_checkpoint_worker.py): ``state_dict_all_ranks()`` saved from rank 0
+only, as frameworks save, and loaded from that one file on every rank,
+resumes bit for bit at the same world size (AdamW, ZeRO-2, 1-bit Adam in
+its compressed stage: every rank gets its own shard and compression
+errors back), and a ZeRO-2 run saved at 2 ranks continues at 1.
+
+Needs torch and scikit-learn (`make test-frameworks`)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available():
+    pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
+
+import conftest  # noqa: E402
+from test_torch_comm import free_port  # noqa: E402
+
+NAMES = ("adamw", "adamw_zero2", "onebit_adam")
+
+
+def launch(world, *args):
+    port = str(free_port())
+    env = conftest.subprocess_env(OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(conftest.HERE / "whole_checkpoint_worker.py"),
+                               str(rank), str(world), port, *map(str, args)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(world)]
+    try:
+        outputs = [proc.communicate(timeout=180)[0] for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail(f"whole_checkpoint_worker.py {args} did not finish within 180 s")
+    for proc, output in zip(procs, outputs):
+        assert proc.returncode == 0, f"whole_checkpoint_worker.py {args} failed:\n{output}"
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory):
+    """Every optimizer saved and resumed at 2 ranks (one launch)."""
+    out = tmp_path_factory.mktemp("whole_checkpoint")
+    launch(2, ",".join(NAMES), out)
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_from_rank_zeros_file_is_bit_identical(out_dir, name):
+    for rank in range(2):
+        run = json.loads((out_dir / f"{name}-2-rank{rank}.json").read_text())
+        assert run["resumed"] == run["uninterrupted"], f"rank {rank}"
+        assert run["resumed"]["losses"][-1] < np.log(10)  # below chance: it trained
+
+
+def test_zero2_saved_at_two_ranks_continues_at_one(out_dir):
+    launch(1, "adamw_zero2", out_dir, 2)
+    at_one = json.loads((out_dir / "adamw_zero2-2-at-1-rank0.json").read_text())["resumed"]
+    at_two = json.loads((out_dir / "adamw_zero2-2-rank0.json").read_text())["uninterrupted"]
+    # The same global batches and state: equal up to the order of the sums.
+    np.testing.assert_allclose(at_one["params"], at_two["params"], rtol=0, atol=2e-6)
