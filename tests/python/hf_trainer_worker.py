@@ -243,6 +243,22 @@ def scenario(name, out_dir):
     return {"full": full, "resumed": resumed, "alone": alone}
 
 
+def single_process_optimizer_error(out_dir):
+    """The message of the Trainer given an optimizer on a communicator of
+    its own (one process) while it runs several ("" when accepted)."""
+    model = DigitsNet(SEED)
+    opt = dsopt.torch.AdamW(model.parameters(), comm=dsopt.Communicator.local(),
+                            gradient_clipping=CLIP)
+    try:
+        dsopt.hf.Trainer(model=model, args=training_args(out_dir), train_dataset=Digits(),
+                         optimizers=(opt, None))
+    except ValueError as error:
+        return str(error)
+    finally:
+        opt.close()
+    return ""
+
+
 def torch_optim(out_dir):
     """The Trainer's default torch.optim optimizer under dsopt.hf.Trainer
     and transformers.Trainer."""
@@ -287,6 +303,8 @@ def main():
             warnings.simplefilter("always")
             if phase == "main":
                 result = {name: scenario(name, out_dir) for name in SCENARIOS}
+                result["single_process_optimizer_error"] = single_process_optimizer_error(
+                    os.path.join(out_dir, "refused"))
             elif phase == "torch":
                 result = torch_optim(out_dir)
             elif phase == "reshard":

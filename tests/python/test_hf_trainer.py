@@ -121,6 +121,15 @@ def test_created_optimizer_runs_on_the_default_group(runs):
         assert result["onebit"]["full"]["comm_size"] == result["world"]
 
 
+def test_optimizer_of_one_process_at_several_ranks_is_an_error(runs):
+    for result in runs["main"]:
+        message = result["single_process_optimizer_error"]
+        if result["world"] == 1:
+            assert message == ""
+        else:
+            assert "runs on 1 rank(s), the Trainer on 2 process(es)" in message
+
+
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_resume_is_bit_identical(runs, name):
     for rank, result in enumerate(runs["main"]):
