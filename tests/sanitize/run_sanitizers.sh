@@ -7,7 +7,9 @@
 #      (+ float-cast-overflow, + libstdc++'s bounds assertions), every CTest
 #      test of the build (tests/c, tests/internal, the examples' smoke test,
 #      the mpirun -np 2/3/4 runs included) with LeakSanitizer on. Any report
-#      fails the test it happens in.
+#      fails the test it happens in. Then dsopt.torch's tests of parameters
+#      moved or cast after the optimizer exists, over that library
+#      (run_torch_asan.sh; skips without a Python with torch).
 #   2. <tsan-build>: ThreadSanitizer, test_threads_many_handles (threads
 #      with their own handles of every optimizer kind, concurrently).
 #
@@ -84,6 +86,8 @@ echo "== sanitize: CTest under ASan + UBSan + LSan ($asan_build)"
   LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure --timeout 600)
+echo "== sanitize: dsopt.torch with moved parameters over $asan_build"
+"$here/run_torch_asan.sh" "$asan_build"
 
 # ---- 2. TSan ------------------------------------------------------------------
 # Only the threads test: the MPI tests have one thread per rank, and the

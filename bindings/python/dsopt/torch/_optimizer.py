@@ -19,6 +19,7 @@ from ..optimizer import Optimizer as _DsoptOptimizer
 from ..tensors import tensor_records
 from . import _checkpoint, _groups, _rebuild, _torch_state
 from ._live_state import LiveState
+from ._storage import ParamStorage
 
 _get_grad = operator.attrgetter("grad")
 
@@ -153,7 +154,7 @@ def _hand_over_hook(owner_ref, index):
     def hook(p):
         owner = owner_ref()
         grad = p.grad
-        if owner is None or grad is None:
+        if owner is None or grad is None or not owner._may_hand_over():
             return
         _refuse_sparse(grad)
         owner.dsopt.grad_ready(index, _ready_for_dsopt(grad.contiguous()))
@@ -210,6 +211,9 @@ class Optimizer(torch.optim.Optimizer):
         # zeros when not handed over, as a zeroed .grad does without overlap.
         self._handed_now = set()
         self._grad_tensor = set()
+        # overlap: the hooks leave .grad to step() in this step (the
+        # parameters were cast or moved: step() rebuilds, then hands over).
+        self._defer_to_step = False
         self._set_up(tensors)
         self.state = LiveState(self)
         self._hooks = []
@@ -249,6 +253,7 @@ class Optimizer(torch.optim.Optimizer):
         """What the optimizer keeps about dsopt's parameters (again after a
         rebuild)."""
         self._tensors = tensors  # dsopt's parameter order
+        self._storage = ParamStorage(tensors)  # their storage as dsopt has it
         self._index = {p: i for i, p in enumerate(tensors)}
         self._grad_descriptors = TorchGradDescriptors(
             tensors, tensor_records(self.dsopt._params.c_array))
@@ -326,6 +331,34 @@ class Optimizer(torch.optim.Optimizer):
             return
         _rebuild.add_param_group(self, param_group, super().add_param_group)
 
+    # ---- parameters that moved -----------------------------------------------
+
+    def _follow_params(self, collective=True):
+        """Points dsopt at the parameters' current storage when some
+        parameter's storage, dtype or device changed since dsopt took it
+        (``model.to(...)``, ``p.data = ...``): before every step and before
+        anything else that has dsopt read or write them (see the module
+        doc and ``_rebuild.follow_params``; ``collective`` False where
+        other ranks need not call at the same time)."""
+        if self._storage.moved():
+            _rebuild.follow_params(self, collective)
+
+    def _may_hand_over(self):
+        """overlap: whether a hook may hand its gradient over now. The
+        first hand-over of a step checks the parameters first: new storage
+        is rebound here; a cast or a move to another device (a collective
+        rebuild) waits for ``step()``, and the hooks leave ``.grad`` to it
+        for the rest of the step."""
+        if self._defer_to_step:
+            return False
+        if self._handed_over or not self._storage.moved():
+            return True
+        if _rebuild.needs_rebuild(self):
+            self._defer_to_step = True
+            return False
+        _rebuild.follow_params(self)
+        return True
+
     # ---- stepping -------------------------------------------------------------
 
     def _gradient(self, p):
@@ -334,7 +367,8 @@ class Optimizer(torch.optim.Optimizer):
         return p.grad.contiguous()
 
     def _hand_over_at_step(self):
-        """overlap=True without hooks (torch < 2.1): every ``.grad`` handed
+        """overlap=True without hooks (torch < 2.1), or in a step whose hooks
+        left ``.grad`` to ``step()``: every ``.grad`` handed
         over now, as the hooks would have at the end of backward (a
         parameter without one is absent), then dropped. With gradient
         accumulation ``.grad`` holds the sum of the micro-batches, handed
@@ -398,13 +432,15 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._follow_params()
         self._sync_hyperparameters()
         on_side_stream = self._on_cuda and _on_side_stream(self._tensors[0])
         if self.overlap:
             grads = None  # handed over by the hooks (or just below, each once ready)
-            if not self._hooked:
+            if not self._hooked or self._defer_to_step:
                 self._hand_over_at_step()
-            elif self._unhooked:
+                self._defer_to_step = False
+            if self._unhooked:
                 self._hand_over_unhooked()
             self._hand_over_zeros()
             self._handed_now = set()
@@ -474,6 +510,7 @@ class Optimizer(torch.optim.Optimizer):
         empty) plus this rank's dsopt state blob under ``"dsopt_state"``.
         Under ZeRO the blob holds this rank's shard only: save every
         rank's. ``torch_state_dict()`` gives torch.optim's format."""
+        self._follow_params(collective=False)  # the blob's dtypes are the parameters'
         self._sync_hyperparameters()  # the blob saves the groups' current values
         for hook in getattr(self, "_optimizer_state_dict_pre_hooks", {}).values():
             hook(self)
@@ -510,6 +547,7 @@ class Optimizer(torch.optim.Optimizer):
         of the running torch version's groups. Raises ValueError for the
         1-bit optimizers (no torch counterpart) and under ZeRO stage 1/2 on
         several ranks (each rank holds part of the state)."""
+        self._follow_params(collective=False)
         return _torch_state.export_state_dict(self)
 
     def _torch_class(self):
@@ -586,6 +624,7 @@ class Optimizer(torch.optim.Optimizer):
         fp32 masters are taken from them). Not collective then. Everything
         is checked before anything changes."""
         state_dict = dict(state_dict) if isinstance(state_dict, Mapping) else state_dict
+        self._follow_params()  # the load writes 16-bit parameters from their masters
         for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
             result = hook(self, state_dict)
             if result is not None:
@@ -621,6 +660,7 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("load_state_dict_shards needs at least one state dict "
                              "(one per rank of the saved run)")
         blobs = [blob for _, blob in parts]
+        self._follow_params()  # the load writes 16-bit parameters from their masters
         self._restore(parts[0][0], lambda: self.dsopt.load_state_dict_shards(blobs))
 
     # ---- copies and life cycle ------------------------------------------------

@@ -1,27 +1,33 @@
 """Rebuilding the dsopt optimizer under a dsopt.torch optimizer:
-``add_param_group`` after creation and ``copy.deepcopy``."""
+``add_param_group`` after creation, ``copy.deepcopy``, and parameters
+whose storage, dtype or device changed (``follow_params``)."""
 
+import contextlib
 import copy
 
 import torch
 
 from ..communicator import Communicator
-from ..errors import InvalidArgument
+from ..errors import DsoptError, InvalidArgument
 from ..optimizer import Optimizer as _DsoptOptimizer
 from . import _groups
+from ._storage import ParamStorage, check_current, describe_param
 
 
-def _copy_state(old, new, num_params, tensors, set_steps):
+def _copy_state(old, new, num_params, tensors, set_steps, old_dtypes):
     """Every state tensor and (Adam/AdamW) the step count of parameters
     ``0 .. num_params-1`` from dsopt optimizer ``old`` into ``new`` (the
-    same parameters in the same order, each view covering the same part)."""
+    same parameters in the same order, each view covering the same part;
+    ``old_dtypes`` their dtypes in ``old``). An fp32 master is copied
+    where the parameter is 16-bit in both; ``new`` took the others from
+    the parameters' current values."""
     from ._live_state import OPTIONAL_NAMES, no_view_error, view_tensor
     names = old.state_names()
     pairs = []  # every view before anything is copied
     for i in range(num_params):
         p = tensors[i]
         for name in names:
-            if name == "master" and p.dtype == torch.float32:
+            if name == "master" and torch.float32 in (p.dtype, old_dtypes[i]):
                 continue
             try:
                 source = old.state_view(i, name)
@@ -47,13 +53,16 @@ def _copy_state(old, new, num_params, tensors, set_steps):
             new.set_param_step(i, old.param_step(i))
 
 
+def _has_state(opt):
+    """Whether some parameter was updated (or a loaded state says so)."""
+    return any(opt.dsopt.param_step(i) > 0 for i in range(len(opt._tensors)))
+
+
 def _check_rebuild_allowed(opt):
     """Whether ``opt`` has state to carry over into a rebuilt optimizer
     (some parameter was updated); RuntimeError when it cannot be carried
     over (nothing has changed then)."""
-    dsopt = opt.dsopt
-    stepped = any(dsopt.param_step(i) > 0 for i in range(len(opt._tensors)))
-    if not stepped:
+    if not _has_state(opt):
         return False
     if opt._type not in _groups.ADAM:
         raise RuntimeError(
@@ -61,7 +70,7 @@ def _check_rebuild_allowed(opt):
             f"compressed state and its stages span all parameters. Add every group before "
             f"the first step (or create the optimizer with all parameters and keep some "
             f"frozen).")
-    if opt._zero_stage > 0 and dsopt.communicator.size > 1:
+    if opt._zero_stage > 0 and opt.dsopt.communicator.size > 1:
         raise RuntimeError(
             "dsopt.torch: add_param_group under ZeRO stage 1/2 on several ranks works only "
             "before the first step: adding parameters moves every rank's shard, and the "
@@ -73,6 +82,7 @@ def _check_rebuild_allowed(opt):
 
 def add_param_group(opt, param_group, torch_add):
     """``opt.add_param_group`` after creation (see its doc)."""
+    opt._follow_params()
     stepped = _check_rebuild_allowed(opt)
     if opt._handed_over:
         raise RuntimeError("dsopt.torch: add_param_group while gradients are handed over "
@@ -83,33 +93,57 @@ def add_param_group(opt, param_group, torch_add):
     try:
         group = opt.param_groups[-1]
         _groups.check_flags(group, f"param_groups[{count}]: ", opt._decoupled)
-        _rebuild(opt, new_group=count, carry_state=stepped)
+        _rebuild(opt, carry="views" if stepped else None, new_group=count)
     except BaseException:
         del opt.param_groups[count:]
         raise
 
 
-def _rebuild(opt, new_group, carry_state):
+def _on_device(config, device):
+    """``config`` for an optimizer on ``device`` (its ``"device"`` key)."""
+    if config.get("device", "cpu") == device.type:
+        return config
+    return dict(config, device=device.type)
+
+
+def _current_cuda_device(device):
+    """The context in which dsopt, which works on the current CUDA device,
+    creates an optimizer for tensors on ``device``."""
+    if device is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
+def _rebuild(opt, carry, new_group=None, device=None):
     """Creates dsopt's optimizer over every group's parameters (collective)
-    and carries the old parameters' state over; group ``new_group`` is new
-    (its other keys go to dsopt, which rejects what it does not know).
+    and carries the old one's state over: ``carry`` "views" copies the old
+    parameters' state tensors and step counts (``_copy_state``), "blob"
+    the whole state through a state blob (the parameters' count, numels and
+    dtypes unchanged), None nothing. Group ``new_group`` is new (its other
+    keys go to dsopt, which rejects what it does not know). ``device``
+    (a torch.device): where the parameters are now, when they moved.
     Before any update there is nothing to carry: the new optimizer's fp32
     masters are the parameters, as the old ones still were."""
     settings = [_groups.dsopt_settings(g, all_keys=(i == new_group), where=f"param_groups[{i}]: ")
                 for i, g in enumerate(opt.param_groups)]
     tensors = [p for group in opt.param_groups for p in group["params"]]
     group_of = [i for i, group in enumerate(opt.param_groups) for _ in group["params"]]
+    config = opt._config if device is None else _on_device(opt._config, device)
     old = opt.dsopt
-    new = _DsoptOptimizer(dict(opt._config, param_groups=settings), tensors, opt._comm,
-                          groups=group_of)
-    try:
-        if carry_state:
-            _copy_state(old, new, len(opt._tensors), tensors,
-                        set_steps=opt._type in _groups.ADAM)
-    except BaseException:
-        new.close()
-        raise
+    with _current_cuda_device(device):
+        new = _DsoptOptimizer(dict(config, param_groups=settings), tensors, opt._comm,
+                              groups=group_of)
+        try:
+            if carry == "blob":
+                new.load_state_dict(old.state_dict())
+            elif carry == "views":
+                _copy_state(old, new, len(opt._tensors), tensors,
+                            set_steps=opt._type in _groups.ADAM, old_dtypes=opt._storage.dtypes)
+        except BaseException:
+            new.close()
+            raise
     opt.dsopt = new
+    opt._config = config
     num_old = len(opt._tensors)
     opt._set_up(tensors)  # invalidates opt.state's views
     if old.communicator.kind == "local":
@@ -123,8 +157,109 @@ def _rebuild(opt, new_group, carry_state):
         opt._hook(range(num_old, len(tensors)))
 
 
+def needs_rebuild(opt):
+    """Whether following the parameters needs a new dsopt optimizer (a
+    dtype, numel or the device changed), not only new storage."""
+    storage = opt._storage
+    return bool(storage.dtype_changes() or storage.numel_changes()) or \
+        opt._tensors[0].device != storage.device
+
+
+def _change_text(opt, dtype_changes, device):
+    """What happened to the parameters, for error messages."""
+    storage = opt._storage
+    if not dtype_changes:
+        return f"the parameters moved from {storage.device} to {device}"
+    i = dtype_changes[0]
+    more = f" (and {len(dtype_changes) - 1} more)" if len(dtype_changes) > 1 else ""
+    text = f"{describe_param(opt, i)}{more} was cast from {storage.dtypes[i]} to " \
+           f"{opt._tensors[i].dtype}"
+    if device != storage.device:
+        text += f" and moved from {storage.device} to {device}"
+    return text
+
+
+def _rebind(opt):
+    """New storage of the same dtypes, numels and device: dsopt takes it
+    (not collective) and nothing else changes."""
+    tensors = opt._tensors
+    try:
+        opt.dsopt.rebind_params(tensors)
+    except InvalidArgument as error:
+        when = " Move or cast the model between steps, not between backward and step() " \
+               "(overlap=True)." if opt._handed_over else ""
+        raise RuntimeError(f"dsopt.torch: the parameters got new storage that dsopt cannot "
+                           f"take: {error}.{when} Nothing was updated.") from None
+    opt._storage = ParamStorage(tensors)
+    opt._grad_descriptors.clear()  # a moved model's .grad got new storage too
+
+
+def _check_rebuild_possible(opt, what, dtype_changes, numel_changes, collective):
+    """Whether the rebuilt optimizer carries state over (some parameter was
+    updated, or a loaded state says so); RuntimeError where the change
+    cannot be followed now (nothing has changed then)."""
+    if opt._handed_over:
+        raise RuntimeError(
+            f"dsopt.torch: {what} after gradients of this step were handed over to dsopt "
+            f"(overlap=True); they cannot be carried over. Move or cast the model between "
+            f"steps, not between backward and step(). Nothing was updated.")
+    ranks = opt.dsopt.communicator.size
+    if not collective and ranks > 1:
+        raise RuntimeError(
+            f"dsopt.torch: {what} since the last step. On {ranks} ranks the optimizer "
+            f"follows a cast or a move to another device in the next step() (it rebuilds "
+            f"dsopt's optimizer, a collective call); call this after that step. Nothing was "
+            f"changed.")
+    stepped = _has_state(opt)
+    if stepped and numel_changes:
+        i = numel_changes[0]
+        raise RuntimeError(
+            f"dsopt.torch: {describe_param(opt, i)} now has {opt._tensors[i].numel()} "
+            f"elements, {opt._storage.numels[i]} when the optimizer took it: its state cannot "
+            f"change size. Nothing was updated.")
+    if stepped and dtype_changes and opt._type not in _groups.ADAM:
+        raise RuntimeError(
+            f"dsopt.torch: {what} after {opt._type}'s first step: its compressed state and "
+            f"its stage span all parameters and cannot be carried into an optimizer over "
+            f"other dtypes. Cast the model before creating the optimizer (or cast it back to "
+            f"{opt._storage.dtypes[dtype_changes[0]]} to continue). Nothing was updated.")
+    return stepped
+
+
+def follow_params(opt, collective=True):
+    """Points dsopt at the parameters as they are now, after some storage,
+    dtype or device changed (``opt._storage.moved()``); see the
+    dsopt.torch module doc. New storage of the same dtype and device:
+    ``dsopt.rebind_params`` (not collective), and the run goes on bit for
+    bit. Another dtype or device: a new dsopt optimizer (collective) with
+    the state carried over: through a state blob when only the device
+    changed (everything: steps, moments, masters, the 1-bit optimizers'
+    compressed state, the loss scale), else the moments and step counts
+    (Adam/AdamW), fp32 masters taken from the current values where a
+    parameter became 16-bit; before any update there is nothing to carry.
+    What cannot be followed raises RuntimeError before anything changes.
+    ``collective`` False (other ranks need not make this call at the same
+    time): a rebuild on several ranks raises instead."""
+    storage = opt._storage
+    device = check_current(opt)
+    dtype_changes = storage.dtype_changes()
+    numel_changes = storage.numel_changes()
+    if not dtype_changes and not numel_changes and device == storage.device:
+        _rebind(opt)
+        return
+    what = _change_text(opt, dtype_changes, device)
+    stepped = _check_rebuild_possible(opt, what, dtype_changes, numel_changes, collective)
+    carry = None if not stepped else "views" if dtype_changes else "blob"
+    try:
+        _rebuild(opt, carry=carry, device=device)
+    except (DsoptError, RuntimeError, ValueError) as error:
+        raise RuntimeError(f"dsopt.torch: {what}, and dsopt could not continue there: "
+                           f"{error}. Nothing was updated.") from error
+
+
 def pickled_state(opt):
     """What ``unpickle`` rebuilds ``opt`` from (``Optimizer.__reduce_ex__``)."""
+    opt._follow_params(collective=False)  # the blob's dtypes are the parameters'
     return {"param_groups": opt.param_groups, "defaults": opt.defaults, "config": opt._config,
             "overlap": opt.overlap, "dsopt_state": opt.dsopt.state_dict(),
             "extras": dict(dict.items(opt.state)), "last_step_info": opt.last_step_info}
@@ -173,6 +308,7 @@ def deepcopy_optimizer(opt, memo):
             "copy.deepcopy of a dsopt.torch optimizer on several ranks: creating an optimizer "
             "is collective over its communicator. Create the copy on every rank with the "
             "constructor and load_state_dict(opt.state_dict()).")
+    opt._follow_params()  # the blob's dtypes are the parameters'
     cls = type(opt)
     new = cls.__new__(cls)
     memo[id(opt)] = new

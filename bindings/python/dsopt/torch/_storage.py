@@ -1,0 +1,92 @@
+"""The parameters' storage as dsopt holds it, and how the parameters left
+it: dsopt updates each parameter in place through the ``data_ptr()`` it
+was given, so a parameter whose storage was replaced (``model.to(...)``,
+``p.data = ...``) must be pointed at its new storage (or the optimizer
+rebuilt, for another dtype or device) before dsopt touches it again.
+
+``ParamStorage.moved()`` is the check made at every step: one
+``data_ptr()`` and one ``dtype`` read per parameter, compared as lists
+(no Python loop). The data pointer covers the device too: CUDA memory and
+host memory share one address space (unified addressing), so a tensor
+on another device always has another address. The dtype is compared as
+well because a cast can land in freed memory at the old address
+(``.to(float64).to(bfloat16)``)."""
+
+import operator
+
+import torch
+
+_data_ptr = torch.Tensor.data_ptr
+_get_dtype = operator.attrgetter("dtype")
+
+# The dtypes dsopt updates (dsopt.tensors takes these).
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class ParamStorage:
+    """The data pointer, dtype and device of every parameter as dsopt
+    holds them (taken when the dsopt optimizer is made or rebound)."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+        self.pointers = list(map(_data_ptr, tensors))
+        self.dtypes = list(map(_get_dtype, tensors))
+        self.numels = list(map(torch.Tensor.numel, tensors))
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+
+    def moved(self) -> bool:
+        """Whether some parameter's storage or dtype differs from dsopt's."""
+        tensors = self.tensors
+        return list(map(_data_ptr, tensors)) != self.pointers or \
+            list(map(_get_dtype, tensors)) != self.dtypes
+
+    def dtype_changes(self):
+        """The indices of the parameters whose dtype differs from dsopt's."""
+        return [i for i, (p, dtype) in enumerate(zip(self.tensors, self.dtypes))
+                if p.dtype != dtype]
+
+    def numel_changes(self):
+        """The indices of the parameters whose numel differs from dsopt's."""
+        return [i for i, (p, numel) in enumerate(zip(self.tensors, self.numels))
+                if p.numel() != numel]
+
+
+def describe_param(opt, i) -> str:
+    """``parameter i (param_groups[g], shape (...))``: the parameter's
+    place in the optimizer, for error messages."""
+    p = opt._tensors[i]
+    start = 0
+    for g, group in enumerate(opt.param_groups):
+        count = len(group["params"])
+        if i < start + count:
+            names = group.get("param_names")
+            name = f" {names[i - start]!r}" if names and i - start < len(names) else ""
+            return f"parameter {i}{name} (param_groups[{g}], shape {tuple(p.shape)})"
+        start += count
+    return f"parameter {i} (shape {tuple(p.shape)})"
+
+
+def check_current(opt):
+    """The device all parameters are on now; RuntimeError naming the first
+    parameter dsopt cannot update where it is now (dtype, layout, mixed
+    devices), before anything changes."""
+    tensors = opt._tensors
+    device = tensors[0].device
+    for i, p in enumerate(tensors):
+        what = None
+        if p.dtype not in SUPPORTED_DTYPES:
+            what = (f"is now {p.dtype}; dsopt updates float32, float16 and bfloat16 "
+                    f"parameters: cast the model to one of them")
+        elif p.layout != torch.strided or not p.is_contiguous():
+            what = "is now not a dense contiguous tensor; dsopt updates parameters in place " \
+                   "through their data pointer: give it contiguous storage"
+        elif p.device != device:
+            what = (f"is on {p.device}, parameter 0 on {device}: dsopt keeps one optimizer "
+                    f"on one device; move the whole model to one device")
+        elif p.device.type not in ("cpu", "cuda"):
+            what = f"is now on {p.device}; dsopt runs on the CPU or on CUDA"
+        if what is not None:
+            raise RuntimeError(f"dsopt.torch: {describe_param(opt, i)} {what}. Nothing was "
+                               f"updated; the optimizer follows the parameters again once "
+                               f"they are.")
+    return device
