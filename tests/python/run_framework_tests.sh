@@ -26,5 +26,6 @@ exec "$py" -m pytest -q -rsx "$@" \
   tests/python/test_ddp_hook.py \
   tests/python/test_hf_trainer.py \
   tests/python/test_lightning_strategy.py \
+  tests/python/test_torch_compile.py \
   tests/python/test_torch_param_moves.py \
   tests/python/test_torch_whole_checkpoint.py

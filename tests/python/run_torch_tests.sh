@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs tests/python/test_torch_optimizer.py, test_torch_overlap.py,
 # test_torch_drop_in.py (dsopt.torch.Adam/AdamW/... against torch.optim),
+# test_torch_param_moves.py (parameters moved or cast after the optimizer
+# exists; 2 ranks under mpirun), test_torch_compile.py (torch >= 2.1),
 # test_step_descriptor_cache.py (dsopt.torch, and torch tensors through
 # dsopt.Optimizer), test_torch_comm.py (dsopt over torch.distributed,
 # gloo ranks against mpirun) and test_torch_optim_port.py (dsopt.torch.Adam
@@ -32,8 +34,8 @@ for py in python3 /usr/bin/python3; do
   fi
   exec "$py" -m pytest -q -rsx tests/python/test_torch_optimizer.py tests/python/test_torch_overlap.py \
     tests/python/test_step_descriptor_cache.py tests/python/test_torch_comm.py \
-    tests/python/test_torch_drop_in.py \
-    tests/python/test_torch_optim_port.py
+    tests/python/test_torch_drop_in.py tests/python/test_torch_param_moves.py \
+    tests/python/test_torch_compile.py tests/python/test_torch_optim_port.py
 done
 echo "test-torch: SKIPPED: no Python with torch, numpy and pytest (pip install torch;" \
      "or on Debian: apt-get install python3-torch python3-cffi python3-pytest python3-sklearn" \

@@ -140,6 +140,13 @@ def _ready_for_dsopt(tensor):
     return tensor
 
 
+# What torch.optim's own zero_grad and state_dict use: the function runs
+# eagerly under torch.compile (dynamo does not trace into it: a graph
+# break), and torch._dynamo is imported at the first call only (torch >=
+# 2.1; torch.compile of an earlier torch traces the step and fails).
+_run_eagerly = getattr(torch, "_disable_dynamo", lambda fn: fn)
+
+
 def _refuse_sparse(grad):
     if grad.is_sparse:
         raise RuntimeError("dsopt.torch.Optimizer does not support sparse gradients")
@@ -403,6 +410,7 @@ class Optimizer(torch.optim.Optimizer):
             self.dsopt.grad_ready(i, zeros[:tensors[i].numel()])
         self._handed_over = True
 
+    @_run_eagerly
     def zero_grad(self, set_to_none=_ZERO_GRAD_DEFAULT):
         """torch's ``zero_grad`` (same default as the running torch's)."""
         super().zero_grad(set_to_none)
@@ -418,6 +426,7 @@ class Optimizer(torch.optim.Optimizer):
         self._unhooked = []
         self._hook(unhooked)
 
+    @_run_eagerly
     @torch.no_grad()
     def step(self, closure=None):
         """One dsopt step with the parameters' ``.grad`` (collective), or
