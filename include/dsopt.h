@@ -239,10 +239,21 @@ typedef struct dsopt_step_info {
   int64_t  consecutive_skips; /* steps skipped in a row, this one included; 0 when this step applied */
   int32_t  phase;        /* what this step did: one of DSOPT_PHASE_* below */
   int32_t  reserved2;
+  int32_t  grads_replicated; /* 1 when every rank's local gradients were bit-identical (and not
+                                all zero): something else, e.g. DistributedDataParallel, had
+                                averaged them already and dsopt averaged them again. Checked on
+                                the run's first 3 steps only (see below); 0 on the others and at
+                                one rank */
+  int32_t  reserved3;
 } dsopt_step_info;
 
 /* dsopt_step_info.phase. Callers built against an older header pass a
- * smaller struct_size and never see it. */
+ * smaller struct_size and never see it (nor grads_replicated).
+ * grads_replicated: while the run has applied fewer than 3 steps (skipped
+ * steps do not count; a run resumed from a blob counts from its steps),
+ * each rank hashes samples of its local gradients (the first and last KiB
+ * of each) and one 16-byte allreduce compares the hashes; later steps
+ * compute and send nothing for it. */
 #define DSOPT_PHASE_SKIPPED    0 /* the step was skipped: nothing applied */
 #define DSOPT_PHASE_FULL       1 /* full-precision averaged gradients: Adam, 1-bit Adam's warmup,
                                     0/1 Adam's variance-update steps */
@@ -263,6 +274,22 @@ typedef struct dsopt_step_info {
  * DSOPT_ENOMEM, DSOPT_ECOMM, DSOPT_ECUDA. */
 DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt_comm *comm,
                            const dsopt_tensor *params, int64_t num_params);
+
+/* Points the optimizer at new storage for its parameters (the caller moved
+ * them: a framework copied the model, a tensor got new memory): `params`
+ * describes every parameter again, in order, with the numel, dtype and
+ * group given to dsopt_create, data on the optimizer's device. Nothing else
+ * changes: the next step updates the new buffers in place, and the fp32
+ * masters of 16-bit parameters stay dsopt's (the next step writes the
+ * rounded masters into the new buffers), so a run whose values were copied
+ * into new buffers continues bit-identically. The old buffers are not used
+ * again and may be freed once this returns. Not collective (each rank
+ * rebinds its own memory). Returns DSOPT_OK or DSOPT_EINVAL (NULL pointers,
+ * another count, numel, dtype, group or device, naming the parameter, or
+ * gradients being handed over with dsopt_grad_ready); nothing changes on
+ * failure. */
+DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *params,
+                                  int64_t num_params);
 
 /* Applies one step with this rank's local gradients (mean over its local
  * micro-batches, multiplied by the loss scale when fp16 loss scaling is on):
@@ -364,9 +391,9 @@ DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_
  * 16-byte handshake (DSOPT_EMISMATCH from dsopt_step when the ranks are in
  * different calls). Errors: DSOPT_EINVAL for a NULL handle or grad, an index
  * out of range, a numel or dtype that does not fit, or a parameter handed over G times already in this step; nothing
- * changes then. dsopt_step with gradients, dsopt_state_load or
- * dsopt_state_load_shards while gradients are handed over is DSOPT_EINVAL on
- * that rank, changing nothing. A communication error of a
+ * changes then. dsopt_step with gradients, dsopt_state_load(_ex),
+ * dsopt_state_load_shards or dsopt_rebind_params while gradients are handed
+ * over is DSOPT_EINVAL on that rank, changing nothing. A communication error of a
  * reduction is returned by dsopt_step (DSOPT_ECOMM).
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM. */
 DSOPT_API int dsopt_grad_ready(dsopt_optimizer *opt, int64_t param_index, const dsopt_tensor *grad);
@@ -392,12 +419,34 @@ DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t c
  * with the same config and parameter shapes. The blob is validated
  * completely before anything changes. Saved at another world size:
  * replicated state loads as is, rank-local state resets (see the README).
- * Master weights kept by dsopt are restored and written back into the
- * caller's 16-bit parameters. Collective.
+ * Saved at this world size by another rank: replicated state (Adam/AdamW
+ * without ZeRO, the 1-bit optimizers before their compression) loads as
+ * is; a blob that holds rank-local state of the rank that saved it (1-bit
+ * Adam's and 1-bit LAMB's compression errors, 0/1 Adam's errors and
+ * accumulator, a ZeRO shard) is DSOPT_EMISMATCH, with a message that says
+ * what to load instead. Master weights kept by dsopt are restored and
+ * written back into the caller's 16-bit parameters. Collective: when any
+ * rank fails, every rank fails and nothing changes.
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECORRUPT (truncated, wrong magic or
  * version, bad checksum), DSOPT_EMISMATCH (another algorithm, shapes or
- * config), DSOPT_ECUDA. */
+ * config, another rank's rank-local state), DSOPT_ECUDA. */
 DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t size);
+
+/* dsopt_state_load_ex flags: where a rank's blob holds another rank's
+ * rank-local state (see dsopt_state_load), load its replicated state and
+ * reset the rank-local state as a load at another world size does, on
+ * every rank (the ranks' rank-local states must fit together). The 1-bit
+ * optimizers only: a ZeRO shard is the state itself and is still
+ * DSOPT_EMISMATCH. */
+#define DSOPT_LOAD_RESET_RANK_LOCAL 1u
+
+/* dsopt_state_load with `flags` (0 or DSOPT_LOAD_RESET_RANK_LOCAL; 0 is
+ * dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
+ * state was reset, else 0; on every rank alike. Collective.
+ * Returns what dsopt_state_load returns; DSOPT_EINVAL also for unknown
+ * flags. */
+DSOPT_API int dsopt_state_load_ex(dsopt_optimizer *opt, const void *src, uint64_t size,
+                                  uint32_t flags, int32_t *out_reset);
 
 /* Restores the state of a run saved at any world size, from the blobs its
  * ranks wrote: every rank passes all `num_blobs` blobs in old-rank order
@@ -410,7 +459,8 @@ DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t s
  * or stage 0 -> stage 2 continue as an uninterrupted run at the new size
  * would from the same state. The other optimizers have replicated state:
  * this rank's own blob at the same world size, else blobs[0], as
- * dsopt_state_load would. A single blob (one replica of replicated state, or
+ * dsopt_state_load would (a single blob another rank of this world size
+ * saved, holding its rank-local state, is DSOPT_EMISMATCH). A single blob (one replica of replicated state, or
  * the blob of a one-rank run) is a complete set. Collective.
  * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointers, num_blobs < 1),
  * DSOPT_ECORRUPT, DSOPT_EMISMATCH (another algorithm or shapes, a missing,

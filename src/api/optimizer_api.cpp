@@ -142,10 +142,17 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
       full.consecutive_skips = r.consecutive_skips;
       full.phase = r.phase;
       full.reserved2 = 0;
+      full.grads_replicated = r.grads_replicated ? 1 : 0;
+      full.reserved3 = 0;
       std::memcpy(info, &full, std::min<size_t>(info->struct_size, sizeof full));
     }
     if (!r.alarm.empty()) fail(DSOPT_ENONFINITE, r.alarm);
   });
+}
+
+DSOPT_API int dsopt_rebind_params(dsopt_optimizer* opt, const dsopt_tensor* params,
+                                  int64_t num_params) {
+  return guarded([&] { impl(opt).rebind_params(params, num_params); });
 }
 
 DSOPT_API int dsopt_grad_ready(dsopt_optimizer* opt, int64_t param_index, const dsopt_tensor* grad) {
@@ -281,7 +288,16 @@ DSOPT_API int dsopt_set_momentum_mask(dsopt_optimizer* opt, int64_t param_index,
 }
 
 DSOPT_API int dsopt_state_load(dsopt_optimizer* opt, const void* src, uint64_t size) {
-  return guarded([&] { impl(opt).load(src, size); });
+  return guarded([&] { impl(opt).load(src, size, 0); });
+}
+
+DSOPT_API int dsopt_state_load_ex(dsopt_optimizer* opt, const void* src, uint64_t size,
+                                  uint32_t flags, int32_t* out_reset) {
+  if (out_reset) *out_reset = 0;
+  return guarded([&] {
+    const bool reset = impl(opt).load(src, size, flags);
+    if (out_reset) *out_reset = reset ? 1 : 0;
+  });
 }
 
 DSOPT_API int dsopt_state_load_shards(dsopt_optimizer* opt, const void* const* blobs,

@@ -38,7 +38,10 @@ std::vector<AdamSlot> Moments::slots(const ParamSet& params, const PreparedGrads
 }
 
 const std::vector<AdamSlot>& Moments::all_slots(const ParamSet& params, const PreparedGrads& grads) {
-  if (all_slots_.empty()) all_slots_ = slots(params, &grads);
+  if (all_slots_.empty() || all_slots_generation_ != params.generation()) {
+    all_slots_ = slots(params, &grads);
+    all_slots_generation_ = params.generation();
+  }
   for (size_t i = 0; i < all_slots_.size(); ++i) {
     all_slots_[i].grad = grads.grads[i].data;
     all_slots_[i].grad_dtype = grads.grads[i].dtype;

@@ -32,8 +32,9 @@ class Moments {
                               const std::vector<const float*>& masks = {}) const;
 
   // The slots of every parameter, without masks, with this step's
-  // gradients: built on first use and then only their gradients refreshed,
-  // so a step over many tensors does no per-tensor allocation.
+  // gradients: built on first use (and after the parameters are rebound)
+  // and then only their gradients refreshed, so a step over many tensors
+  // does no per-tensor allocation.
   const std::vector<AdamSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
 
   void save(BlobWriter& w) const;
@@ -46,6 +47,7 @@ class Moments {
   size_t bytes_;  // of each moment over the parameters
   DeviceBuffer m_, v_;
   std::vector<AdamSlot> all_slots_;
+  uint64_t all_slots_generation_ = 0;  // params.generation() they were built at
 };
 
 }  // namespace dsopt

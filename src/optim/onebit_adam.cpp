@@ -10,6 +10,14 @@ namespace {
 const char* kStage = "onebit.stage";
 const char* kStabilize = "onebit.stabilize";
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
+
+// The world size a blob's errors were saved at (0: it has none).
+int32_t error_world(const BlobReader& r) {
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  f.get<int32_t>();
+  f.get<int64_t>();
+  return f.get<int32_t>();
+}
 }  // namespace
 
 OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
@@ -108,10 +116,7 @@ void OneBitAdam::save_sections(BlobWriter& w) const {
 
 void OneBitAdam::check_sections(const BlobReader& r) const {
   moments_.check(r);
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  f.get<int32_t>();
-  f.get<int64_t>();
-  errors_.check(r, f.get<int32_t>());
+  errors_.check(r, error_world(r));
   FieldReader st(r.section(kStabilize, 8), 8);
   if (st.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
 }
@@ -133,7 +138,11 @@ void OneBitAdam::restore_sections(const BlobReader& r) {
   enter_compression(resumed.frozen_after);
   // Errors belong to the world size that produced them (K1/K2): restored at
   // the same P, zero otherwise.
-  errors_.restore(r, error_world, car_.get(), kernels());
+  errors_.restore(r, rank_local_world(error_world), car_.get(), kernels());
+}
+
+std::string OneBitAdam::rank_local_state(const BlobReader& r) const {
+  return error_world(r) > 1 ? "its compression errors (1-bit Adam's error feedback)" : "";
 }
 
 }  // namespace dsopt

@@ -207,7 +207,7 @@ void OneBitLamb::restore_sections(const BlobReader& r) {
   saved.compressing = f.get<int32_t>() != 0;
   const int64_t saved_freeze_step = f.get<int64_t>();
   saved.frozen_after = f.get<int64_t>();
-  const int32_t world = f.get<int32_t>();
+  const int32_t world = rank_local_world(f.get<int32_t>());
   kernels().copy_from_host(fresh_.get(), r.section(kFresh, fresh_.bytes()), fresh_.bytes());
   FieldReader k(r.section(kCoeffs, uint64_t(params().count()) * 24), uint64_t(params().count()) * 24);
   for (size_t i = 0; i < coeff_freeze_.size(); ++i) {
@@ -234,6 +234,15 @@ void OneBitLamb::restore_sections(const BlobReader& r) {
                            size_t(padded_) * 4);
   kernels().copy_from_host(car_->server_error(), r.section(kServerError, uint64_t(padded_ / world) * 4),
                            size_t(padded_ / world) * 4);
+}
+
+std::string OneBitLamb::rank_local_state(const BlobReader& r) const {
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  f.get<int32_t>();
+  f.get<int64_t>();
+  f.get<int64_t>();
+  return f.get<int32_t>() > 1 ? "its compression errors (1-bit LAMB's error feedback and momentum tail)"
+                              : "";
 }
 
 }  // namespace dsopt

@@ -50,7 +50,8 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
                 runner_, cfg.zero.reduce_bucket_size),
       groups_(cfg.groups),
       steps_(cfg.groups.size(), 0),
-      param_steps_(size_t(count), 0) {
+      param_steps_(size_t(count), 0),
+      replication_(*kernels_) {
   for (const Param& p : params_.params()) param_groups_.push_back(p.group);
 }
 
@@ -74,6 +75,7 @@ void Optimizer::open_window() {
   runner_.set_threaded(comm_.size() > 1 && comm_.concurrent_calls());
   handover_bytes_start_ = comm_.bytes_sent();
   open_handover(cfg_.micro_batches);
+  if (checks_replication()) replication_.begin();
   if (comm_.size() > 1) runner_.post([this] { enter_collective(Call::GradReady); });
 }
 
@@ -88,6 +90,28 @@ void Optimizer::grad_ready(int64_t param_index, const dsopt_tensor* grad) {
   } catch (const Error& e) {
     fail(e.status(), std::string("dsopt_grad_ready: ") + e.what());
   }
+  if (checks_replication()) replication_.add(param_index, *grad);
+}
+
+void Optimizer::rebind_params(const dsopt_tensor* params, int64_t count) {
+  refuse_while_handing_over("dsopt_rebind_params");
+  try {
+    params_.rebind(params, count);
+  } catch (const Error& e) {
+    fail(e.status(), std::string("dsopt_rebind_params: ") + e.what());
+  }
+}
+
+bool Optimizer::check_replication(const dsopt_tensor* grads, int64_t count) {
+  if (!checks_replication()) return false;
+  if (count >= 0) {
+    replication_.begin();
+    // Absent gradients and those that do not fit (the step rejects them)
+    // are left out.
+    for (int64_t i = 0; grads && count == params_.count() && i < count; ++i)
+      if (params_.check_grad(i, grads[i], "grad").empty()) replication_.add(i, grads[i]);
+  }
+  return replication_.agree(comm_, *host_);
 }
 
 bool Optimizer::enter_collective(Call call, bool absent) {
@@ -127,7 +151,10 @@ StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
   const dsopt_tensor* filled = fill_absent(grads, count, present);
   const bool absent = std::find(present.begin(), present.end(), 0) != present.end();
   agree_absent(enter_collective(Call::Step, absent), std::move(present));
-  return apply(prepare(filled, count));
+  const bool replicated = check_replication(grads, std::max<int64_t>(count, 0));
+  StepResult r = apply(prepare(filled, count));
+  r.grads_replicated = replicated;
+  return r;
 }
 
 const dsopt_tensor* Optimizer::fill_absent(const dsopt_tensor* grads, int64_t count,
@@ -169,19 +196,23 @@ StepResult Optimizer::step_handed_over() {
   GradientHandover& h = handover();
   if (!h.is_open()) open_window();
   PreparedGrads prepared;
+  bool replicated = false;
   try {
     h.complete();
     runner_.wait();
     std::vector<uint8_t> present = h.received();
     const bool absent = std::find(present.begin(), present.end(), 0) != present.end();
     agree_absent(enter_collective(Call::Step, absent), std::move(present));
+    replicated = check_replication(nullptr, -1);
     prepared = prepare_handed_over();
   } catch (...) {
     runner_.wait_quietly();
     h.close();
     throw;
   }
-  return apply(prepared);
+  StepResult r = apply(prepared);
+  r.grads_replicated = replicated;
+  return r;
 }
 
 StepResult Optimizer::apply(const PreparedGrads& prepared) {
@@ -374,13 +405,14 @@ Optimizer::Blobs Optimizer::read_blob_set(const void* const* blobs, const uint64
   return set;
 }
 
-void Optimizer::load_collectively(const std::string& call,
-                                  const std::function<std::function<void()>()>& validate) {
+bool Optimizer::load_collectively(const std::string& call,
+                                  const std::function<std::function<void()>(bool& reset)>& validate) {
   std::function<void()> restore_fn;
   std::string error;
   int status = DSOPT_OK;
+  bool reset = false;
   try {
-    restore_fn = validate();
+    restore_fn = validate(reset);
   } catch (const Error& e) {
     status = e.status();
     error = e.what();
@@ -389,14 +421,41 @@ void Optimizer::load_collectively(const std::string& call,
     error = "out of host memory";
   }
   if (comm_.size() > 1) {
-    int64_t failed = status == DSOPT_OK ? 0 : 1;
-    comm_.allreduce(&failed, &failed, 1, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
-    if (failed && status == DSOPT_OK)
+    // Whether some rank failed, and whether some rank resets (then all do:
+    // the ranks' rank-local states must fit together).
+    int64_t agreed[2] = {status == DSOPT_OK ? 0 : 1, reset ? 1 : 0};
+    comm_.allreduce(agreed, agreed, 2, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
+    if (agreed[0] && status == DSOPT_OK)
       fail(DSOPT_EMISMATCH, call + ": another rank could not load its blob; no rank changed anything");
+    reset = agreed[1] != 0;
   }
   if (status != DSOPT_OK) fail(status, call + ": " + error);
-  restore_fn();
+  resetting_rank_local_ = reset;
+  try {
+    restore_fn();
+  } catch (...) {
+    resetting_rank_local_ = false;
+    throw;
+  }
+  resetting_rank_local_ = false;
   kernels_->synchronize();
+  return reset;
+}
+
+bool Optimizer::others_rank_local(const BlobReader& r, bool may_reset) const {
+  const BlobHeader& h = r.header();
+  const int world = comm_.size(), rank = comm_.rank();
+  if (world == 1 || h.world_size != uint32_t(world) || h.rank == uint32_t(rank)) return false;
+  const std::string what = rank_local_state(r);
+  if (what.empty()) return false;
+  if (may_reset) return true;
+  fail(DSOPT_EMISMATCH,
+       "the blob was saved by rank " + std::to_string(h.rank) + " of " + std::to_string(world) +
+           " and holds " + what + ", which belong to that rank; this is rank " +
+           std::to_string(rank) + ": load the blob rank " + std::to_string(rank) +
+           " saved, or every rank's blob with dsopt_state_load_shards, or reset that state as a "
+           "load at another world size does with dsopt_state_load_ex and "
+           "DSOPT_LOAD_RESET_RANK_LOCAL (nothing was changed)");
 }
 
 void Optimizer::refuse_while_handing_over(const char* call) {
@@ -406,14 +465,19 @@ void Optimizer::refuse_while_handing_over(const char* call) {
                        "(nothing was changed)");
 }
 
-void Optimizer::load(const void* src, uint64_t size) {
-  refuse_while_handing_over("dsopt_state_load");
+bool Optimizer::load(const void* src, uint64_t size, uint32_t flags) {
+  const char* call = flags == 0 ? "dsopt_state_load" : "dsopt_state_load_ex";
+  refuse_while_handing_over(call);
   enter_collective(Call::Load);
-  load_collectively("dsopt_state_load", [&]() -> std::function<void()> {
+  return load_collectively(call, [&](bool& reset) -> std::function<void()> {
+    if (flags & ~uint32_t(DSOPT_LOAD_RESET_RANK_LOCAL))
+      fail(DSOPT_EINVAL, "unknown flags " + std::to_string(flags) +
+                             " (DSOPT_LOAD_RESET_RANK_LOCAL is the only flag)");
     if (!src) fail(DSOPT_EINVAL, "src is NULL");
     std::shared_ptr<const BlobReader> r = read_blob(src, size);
     r->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
     check_sections(*r);
+    reset = others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0);
     return [this, r] { restore(*r); };
   });
 }
@@ -421,7 +485,7 @@ void Optimizer::load(const void* src, uint64_t size) {
 void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count) {
   refuse_while_handing_over("dsopt_state_load_shards");
   enter_collective(Call::LoadShards);
-  load_collectively("dsopt_state_load_shards", [&]() -> std::function<void()> {
+  load_collectively("dsopt_state_load_shards", [&](bool&) -> std::function<void()> {
     const Blobs set = read_blob_set(blobs, sizes, count);
     if (std::function<void()> fn = reshard(set)) return fn;
     // Replicated state: this rank's own blob at the same size, else the first.
@@ -429,6 +493,7 @@ void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int
     std::shared_ptr<const BlobReader> r = set[own ? size_t(comm_.rank()) : 0];
     r->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
     check_sections(*r);
+    others_rank_local(*r, false);  // one blob of another rank at this size
     return [this, r] { restore(*r); };
   });
 }

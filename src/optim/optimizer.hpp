@@ -15,6 +15,7 @@
 #include "optim/adam_step_consts.hpp"
 #include "optim/config.hpp"
 #include "optim/param_set.hpp"
+#include "optim/replication_check.hpp"
 #include "optim/step_pipeline.hpp"
 #include "state/blob.hpp"
 
@@ -28,6 +29,7 @@ struct StepResult {
   double grad_norm = -1.0;
   int64_t consecutive_skips = 0;  // skipped steps in a row, this one included
   int32_t phase = DSOPT_PHASE_SKIPPED;  // what the step did (DSOPT_PHASE_*)
+  bool grads_replicated = false;  // a checked step's gradients were equal on every rank
   // Non-empty when the run is not progressing (DECISIONS S2): dsopt_step
   // then returns DSOPT_ENONFINITE with this message.
   std::string alarm;
@@ -42,6 +44,10 @@ class Optimizer {
   // Collective. grads == nullptr with count 0 completes a step whose
   // gradients were handed over with grad_ready.
   StepResult step(const dsopt_tensor* grads, int64_t count);
+  // New storage for every parameter (dsopt_rebind_params): throws
+  // Error(DSOPT_EINVAL), changing nothing, on bad descriptors or while
+  // gradients are being handed over. Not collective.
+  void rebind_params(const dsopt_tensor* params, int64_t count);
   // Takes one parameter's gradient of one micro-batch (dsopt_grad_ready);
   // the first of a step starts the handshake. Throws Error(DSOPT_EINVAL),
   // changing nothing, on bad arguments.
@@ -83,8 +89,10 @@ class Optimizer {
 
   // Measures (dst null) or writes the state blob; returns its size.
   uint64_t save(void* dst, uint64_t capacity) const;
-  // Validates the whole blob, then restores it. Collective.
-  void load(const void* src, uint64_t size);
+  // Validates the whole blob, then restores it. Collective. `flags`:
+  // DSOPT_LOAD_RESET_RANK_LOCAL or 0. Returns whether rank-local state was
+  // reset because some rank's blob was saved by another rank.
+  bool load(const void* src, uint64_t size, uint32_t flags = 0);
   // Validates every blob of a saved run (all ranks' blobs in rank order, or
   // one replica of replicated state), then restores this rank's state from
   // them: resharded where the algorithm supports it, else the blob of this
@@ -162,6 +170,20 @@ class Optimizer {
   virtual void save_sections(BlobWriter& w) const = 0;
   virtual void check_sections(const BlobReader& r) const = 0;
   virtual void restore_sections(const BlobReader& r) = 0;
+  // What of a (checked) blob's state belongs to the rank that saved it, in
+  // words for messages ("" when nothing): restored only by that rank at the
+  // same world size, reset elsewhere (rank_local_world).
+  virtual std::string rank_local_state(const BlobReader& r) const {
+    (void)r;
+    return "";
+  }
+  // The world size a blob recorded with its rank-local state, as
+  // restore_sections compares it with this run's: `saved_world`, or 0 while
+  // a load resets rank-local state (DSOPT_LOAD_RESET_RANK_LOCAL), which then
+  // starts over as after a load at another world size.
+  int32_t rank_local_world(int32_t saved_world) const {
+    return resetting_rank_local_ ? 0 : saved_world;
+  }
   // Resharding for load_shards: validates `blobs` (a checked set, see
   // read_blob_set) and returns what restores this rank's state from them, or
   // nullptr when the algorithm does not reshard (load_shards then restores
@@ -218,9 +240,28 @@ class Optimizer {
   std::unique_ptr<const BlobReader> read_blob(const void* src, uint64_t size) const;
   // read_blob of each, and checks that they form one save of one run.
   Blobs read_blob_set(const void* const* blobs, const uint64_t* sizes, int64_t count) const;
-  // Runs `validate` (which returns the restore), agrees across ranks that
-  // every rank validated, then restores; on any failure nothing changes.
-  void load_collectively(const std::string& call, const std::function<std::function<void()>()>& validate);
+  // Runs `validate` (which returns the restore, and sets its argument when
+  // the restore resets rank-local state), agrees across ranks that every
+  // rank validated and whether any resets, then restores (resetting on every
+  // rank when any does); on any failure nothing changes. Returns whether it
+  // reset.
+  bool load_collectively(const std::string& call,
+                         const std::function<std::function<void()>(bool& reset)>& validate);
+  // Whether checked blob `r` holds rank-local state that another rank of
+  // this world size saved. Unless `may_reset`, throws Error(DSOPT_EMISMATCH)
+  // saying what to load instead.
+  bool others_rank_local(const BlobReader& r, bool may_reset) const;
+  // Whether the coming step's gradients are compared across ranks: at more
+  // than one rank, while the run has applied fewer than
+  // ReplicationCheck::kCheckedSteps steps (the same on every rank; a run
+  // resumed from a blob counts from the blob's steps).
+  bool checks_replication() const {
+    return comm_.size() > 1 && steps_[0] < ReplicationCheck::kCheckedSteps;
+  }
+  // The step's grads_replicated: for a checked step, hashes dsopt_step's
+  // `grads` (count -1: the hash of those handed over is ready) and compares
+  // it across ranks (collective).
+  bool check_replication(const dsopt_tensor* grads, int64_t count);
   // Restores everything from one blob of this optimizer's own layout.
   void restore(const BlobReader& r);
   StepResult step_handed_over();
@@ -252,6 +293,8 @@ class Optimizer {
   uint64_t run_id_ = 0;
   int64_t calls_ = 0;  // collective calls made (enter_collective)
   uint64_t handover_bytes_start_ = 0;
+  ReplicationCheck replication_;
+  bool resetting_rank_local_ = false;  // see rank_local_world()
   mutable std::string state_names_;  // state_names(), formed on first use
 };
 

@@ -5,6 +5,15 @@
 #include "base/error.hpp"
 
 namespace dsopt {
+namespace {
+
+std::string describe(int64_t numel, int32_t dtype, int32_t group) {
+  return "numel " + std::to_string(numel) + ", dtype " +
+         (is_valid_dtype(dtype) ? dtype_name(DType(dtype)) : std::to_string(dtype)) + ", group " +
+         std::to_string(group);
+}
+
+}  // namespace
 
 ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups,
                    Kernels& kernels, bool with_masters)
@@ -45,22 +54,57 @@ std::vector<BlobParam> ParamSet::shapes() const {
   return s;
 }
 
+void sample_ends(Kernels& kernels, const void* data, size_t bytes, std::vector<uint8_t>& first,
+                 std::vector<uint8_t>& last) {
+  const size_t n = std::min<size_t>(bytes, 1024);
+  first.resize(n);
+  last.resize(n);
+  kernels.copy_to_host(first.data(), data, n);
+  kernels.copy_to_host(last.data(), static_cast<const uint8_t*>(data) + (bytes - n), n);
+}
+
 uint64_t ParamSet::fingerprint() const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
-  std::vector<uint8_t> sample;
-  const auto mix = [&](const uint8_t* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  std::vector<uint8_t> first, last;
+  const auto mix = [&](const std::vector<uint8_t>& bytes) {
+    for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
   };
   for (const Param& p : params_) {
-    const size_t bytes = size_t(p.numel) * dtype_size(p.dtype);
-    const size_t n = std::min<size_t>(bytes, 1024);
-    sample.resize(n);
-    kernels_.copy_to_host(sample.data(), p.data, n);
-    mix(sample.data(), n);
-    kernels_.copy_to_host(sample.data(), static_cast<const uint8_t*>(p.data) + (bytes - n), n);
-    mix(sample.data(), n);
+    sample_ends(kernels_, p.data, size_t(p.numel) * dtype_size(p.dtype), first, last);
+    mix(first);
+    mix(last);
   }
   return h;
+}
+
+void ParamSet::rebind(const dsopt_tensor* params, int64_t count) {
+  if (!params) fail(DSOPT_EINVAL, "params is NULL (nothing was changed)");
+  if (count != this->count())
+    fail(DSOPT_EINVAL, "num_params is " + std::to_string(count) + " but the optimizer has " +
+                           std::to_string(this->count()) +
+                           " parameters (pass every one; nothing was changed)");
+  const bool cuda = kernels_.device() == Device::Cuda;
+  for (int64_t i = 0; i < count; ++i) {
+    const dsopt_tensor& t = params[i];
+    const Param& p = params_[size_t(i)];
+    const std::string who = "params[" + std::to_string(i) + "]";
+    if (!t.data) fail(DSOPT_EINVAL, who + ".data is NULL (nothing was changed)");
+    if (t.numel != p.numel || t.dtype != int32_t(p.dtype) || t.group != p.group)
+      fail(DSOPT_EINVAL, who + " has " + describe(t.numel, t.dtype, t.group) +
+                             ", the optimizer's parameter " + std::to_string(i) + " has " +
+                             describe(p.numel, int32_t(p.dtype), p.group) +
+                             " (a rebind changes the storage only; nothing was changed)");
+    if (is_cuda_device_pointer(t.data) != cuda)
+      fail(DSOPT_EINVAL, who + ".data is " + (cuda ? "host" : "CUDA device") +
+                             " memory but the optimizer's device is " + (cuda ? "cuda" : "cpu") +
+                             " (nothing was changed)");
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    Param& p = params_[size_t(i)];
+    p.data = params[i].data;
+    if (p.dtype == DType::F32) p.master = static_cast<float*>(p.data);
+  }
+  ++generation_;
 }
 
 void ParamSet::write_back() {

@@ -42,6 +42,15 @@ class ParamSet {
   // A hash of the first and last elements (up to 1 KiB) of every
   // parameter's current values.
   uint64_t fingerprint() const;
+  // Points every parameter at new storage (dsopt_rebind_params): `params`
+  // must describe the same count, numel, dtype and group, with data on the
+  // optimizer's device; else throws Error(DSOPT_EINVAL) naming the
+  // parameter, changing nothing. fp32 masters of 16-bit parameters stay;
+  // an fp32 parameter's master is its new buffer.
+  void rebind(const dsopt_tensor* params, int64_t count);
+  // Changes with every rebind(): what caches pointers into the caller's
+  // buffers compares it with the value it cached them at.
+  uint64_t generation() const { return generation_; }
   // Rounds every master into its 16-bit parameter.
   void write_back();
 
@@ -58,10 +67,16 @@ class ParamSet {
   int64_t total_numel_ = 0;
   int64_t master_numel_ = 0;
   DeviceBuffer masters_;
+  uint64_t generation_ = 0;
 
   // Whether `grad` fits parameter `index` (what check_grad checks, without
   // building a message).
   bool fits(size_t index, const dsopt_tensor& grad) const;
 };
+
+// The first and the last min(bytes, 1 KiB) bytes of `data` (host or
+// device memory, as `kernels` reads it), copied to the host.
+void sample_ends(Kernels& kernels, const void* data, size_t bytes, std::vector<uint8_t>& first,
+                 std::vector<uint8_t>& last);
 
 }  // namespace dsopt

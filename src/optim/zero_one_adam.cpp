@@ -230,7 +230,7 @@ void ZeroOneAdam::restore_sections(const BlobReader& r) {
   sched_.local_interval = f.get<int64_t>();
   sched_.local_counter = f.get<int64_t>();
   sched_.variance_updates = f.get<int64_t>();
-  const int32_t error_world = f.get<int32_t>();
+  const int32_t error_world = rank_local_world(f.get<int32_t>());
   const bool same_world = error_world == CarErrors::world_of(car_.get());
   if (car_) car_->reset_errors();
   errors_.restore(r, error_world, car_.get(), kernels());
@@ -249,6 +249,14 @@ void ZeroOneAdam::restore_sections(const BlobReader& r) {
   kernels().fill_zero(acc_.get(), acc_.bytes());
   for (const Param& p : params().params())
     kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
+}
+
+std::string ZeroOneAdam::rank_local_state(const BlobReader& r) const {
+  FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
+  f.get<int32_t>();
+  for (int i = 0; i < 5; ++i) f.get<int64_t>();
+  return f.get<int32_t>() > 1 ? "its compression errors and accumulator (0/1 Adam's rank-local state)"
+                              : "";
 }
 
 }  // namespace dsopt

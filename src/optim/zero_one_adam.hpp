@@ -30,6 +30,7 @@ class ZeroOneAdam final : public Optimizer {
   void save_sections(BlobWriter& w) const override;
   void check_sections(const BlobReader& r) const override;
   void restore_sections(const BlobReader& r) override;
+  std::string rank_local_state(const BlobReader& r) const override;
   // State views (defined in optim/state_views.cpp).
   AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
   std::string algorithm_state_names() const override;

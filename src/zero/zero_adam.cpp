@@ -41,17 +41,29 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
     offloaded_->read_masters(true);
     return;
   }
+  point_slots();
+  for (const AdamSlot& s : slots_)
+    if (s.param16) this->kernels().to_float(TensorRef{s.param16, s.numel, s.param16_dtype}, s.master);
+}
+
+void ZeroAdam::point_slots() {
+  slots_.clear();
   for (const StatePiece& f : state_.pieces) {
-    const Param& p = this->params().params()[size_t(f.param)];
+    const Param& p = params().params()[size_t(f.param)];
     const bool half = p.dtype != DType::F32;
     auto* data = static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
     float* master = half ? masters_.floats() + f.master_offset : reinterpret_cast<float*>(data);
-    if (half) this->kernels().to_float(TensorRef{data, f.numel, p.dtype}, master);
     slots_.push_back(AdamSlot{master, half ? data : nullptr, p.dtype,
                               reducer_.shard() + f.state_offset, DType::F32,
                               moments_.exp_avg() + f.state_offset,
                               moments_.exp_avg_sq() + f.state_offset, f.numel, p.group});
   }
+  slots_generation_ = params().generation();
+}
+
+const std::vector<AdamSlot>& ZeroAdam::slots() {
+  if (!offloaded_ && slots_generation_ != params().generation()) point_slots();
+  return slots_;
 }
 
 std::string ZeroAdam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
@@ -66,11 +78,12 @@ bool ZeroAdam::update(const PreparedGrads& grads) {
   if (offloaded_) {
     offloaded_->run(reducer_.shard(), c, grads.mul1, grads.mul2);
   } else if (c.of_param.empty()) {
-    kernels().update(UpdateRule::Adam, slots_.data(), int64_t(slots_.size()), c.consts.data(), n,
+    const std::vector<AdamSlot>& all = slots();
+    kernels().update(UpdateRule::Adam, all.data(), int64_t(all.size()), c.consts.data(), n,
                      grads.mul1, grads.mul2);
   } else {  // parameters with their own step counts, or some left out
     const std::vector<AdamSlot> slots =
-        c.select(slots_, [this](size_t k) { return state_.pieces[k].param; });
+        c.select(this->slots(), [this](size_t k) { return state_.pieces[k].param; });
     kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(), n,
                      grads.mul1, grads.mul2);
   }
@@ -96,6 +109,13 @@ void ZeroAdam::check_sections(const BlobReader& r) const {
     fail(DSOPT_EMISMATCH, "the blob is from a run without ZeRO (stage 0): load it with "
                           "dsopt_state_load_shards");
   const ZeroLayoutRecord saved = decode_zero_layout(r), live = record();
+  if (saved.world == live.world && saved.rank != live.rank)
+    fail(DSOPT_EMISMATCH,
+         "the blob is the ZeRO shard of rank " + std::to_string(saved.rank) + " of " +
+             std::to_string(saved.world) + ", this optimizer is rank " + std::to_string(live.rank) +
+             ": a shard is the state of its rank's part of the parameters and cannot be reset; "
+             "load the blob rank " + std::to_string(live.rank) +
+             " saved, or every rank's blob with dsopt_state_load_shards (nothing was changed)");
   if (saved.world != live.world || saved.rank != live.rank ||
       saved.bucket_elems != live.bucket_elems || saved.shard_numel != live.shard_numel ||
       saved.master_numel != live.master_numel)
@@ -134,7 +154,7 @@ void ZeroAdam::publish_parameters() {
     offloaded_->read_masters(false);  // fp32 parameters are the caller's values
     offloaded_->publish();
   }
-  for (const AdamSlot& s : slots_)
+  for (const AdamSlot& s : slots())
     if (s.param16) kernels().from_float(s.master, s.param16, s.param16_dtype, s.numel);
   gatherer_.gather();
 }

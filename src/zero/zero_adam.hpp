@@ -49,6 +49,10 @@ class ZeroAdam final : public Optimizer {
   // Rounds the masters of this rank's 16-bit fragments into the caller's
   // buffers and gathers every rank's; after a load.
   void publish_parameters();
+  // The update slots, one per fragment (not with offload), pointed at the
+  // caller's buffers again when the parameters were rebound since.
+  const std::vector<AdamSlot>& slots();
+  void point_slots();
 
   // Where masters and moments live: the host with CPU offload.
   Kernels& state_kernels() const { return offload_ ? host_kernels() : kernels(); }
@@ -62,7 +66,8 @@ class ZeroAdam final : public Optimizer {
   DeviceBuffer scratch_;      // the reducer's bucket, then the gatherer's chunk
   GradientReducer reducer_;
   ParamGatherer gatherer_;
-  std::vector<AdamSlot> slots_;  // one per fragment; fixed pointers (not with offload)
+  std::vector<AdamSlot> slots_;  // see slots()
+  uint64_t slots_generation_ = 0;  // params().generation() slots_ point at
   std::unique_ptr<OffloadedUpdate> offloaded_;  // with offload; unpins before the buffers go
 };
 

@@ -12,22 +12,6 @@
 #include "check.h"
 #include "support/blob_sections.h"
 
-/* ---- blob surgery --------------------------------------------------------- */
-
-static uint32_t crc32_of(const uint8_t *p, size_t n) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    c ^= p[i];
-    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-  }
-  return ~c;
-}
-
-static void fix_crc(uint8_t *blob, uint64_t size) {
-  const uint32_t crc = crc32_of(blob, (size_t)(size - 4));
-  memcpy(blob + size - 4, &crc, 4);
-}
-
 /* ---- a small live optimizer -------------------------------------------- */
 
 typedef struct {
@@ -104,7 +88,7 @@ static void expect_load_patched(live *L, const patch *patches, int npatches, int
     }
     memcpy(s + pt->off, pt->value, pt->len);
   }
-  fix_crc(b, L->size);
+  blob_fix_checksum(b, L->size);
   float p0[6];
   uint16_t p1[5];
   memcpy(p0, L->p0, sizeof p0);

@@ -9,7 +9,9 @@
  * one all-to-all of signs and three all-gathers (worker scales, server
  * signs, server scales). 0/1 Adam: full steps as warmup steps, 1-bit steps
  * and syncs as compressed steps, local steps only the control sum. Every
- * step starts with the handshake, an integer MPI_Allreduce. Float sums are
+ * step starts with the handshake, an integer MPI_Allreduce; the first 3
+ * steps make one more, which compares hashes of the ranks' gradients
+ * (info.grads_replicated), and later steps none. Float sums are
  * dsopt's fixed-order ones: a ring of P-1 MPI_Sendrecv, then one
  * MPI_Allgatherv. */
 #include <mpi.h>
@@ -210,9 +212,10 @@ static void compare(const char *config, const char *what, long compressed_allred
       print_counts("50 tensors", k, many.counts[k]);
     }
     /* Every step starts with the 16-byte handshake allreduce (the ranks
-     * agree they are in the same dsopt call). */
+     * agree they are in the same dsopt call); the first 3 compare their
+     * gradients' hashes in one more. */
     long expected[NUM_KINDS] = {0};
-    expected[ALLREDUCE] = 1;
+    expected[ALLREDUCE] = k < 3 ? 2 : 1;
     add_float_sums(expected, compressed ? compressed_allreduces : 1);
     if (compressed) {
       expected[ALLTOALLV] = 1;
@@ -220,7 +223,8 @@ static void compare(const char *config, const char *what, long compressed_allred
     }
     if (!CHECKF(memcmp(many.counts[k], expected, sizeof expected) == 0,
                 "%s step %d: %s", what, k + 1,
-                compressed ? "allreduces as expected, 1 alltoallv, 3 allgathers" : "handshake + 1 allreduce")) {
+                compressed ? "allreduces as expected, 1 alltoallv, 3 allgathers"
+                           : "handshake (+ hashes on steps 1-3) + 1 allreduce")) {
       print_counts("50 tensors", k, many.counts[k]);
     }
     CHECKF(!compressed || compressed_allreduces > 1 || strstr(config, "non_freeze") ||
@@ -290,8 +294,9 @@ static void zero_one_adam_collectives_do_not_grow_with_the_tensor_count(void) {
       print_counts("50 tensors", k, many.counts[k]);
     }
     long expected[NUM_KINDS] = {0};
-    /* the handshake, then full: gradients + status; otherwise the control sum */
-    expected[ALLREDUCE] = 1;
+    /* the handshake (and the gradients' hashes on the first 3 steps), then
+     * full: gradients + status; otherwise the control sum */
+    expected[ALLREDUCE] = k < 3 ? 2 : 1;
     add_float_sums(expected, 1);
     if (compressed) {
       expected[ALLTOALLV] = 1;

@@ -268,11 +268,20 @@ def handshake_bytes(world: int) -> int:
     return 2 * (world - 1) * 16 // world
 
 
+def replication_check_bytes(world: int, step: int, skipped: bool) -> int:
+    """The 16-byte allreduce that compares hashes of the ranks' gradients
+    (StepInfo.grads_replicated) in a step made while fewer than 3 updates
+    had been applied (`step`: updates applied, this one included)."""
+    return handshake_bytes(world) if step - (0 if skipped else 1) < 3 else 0
+
+
 def step_bytes(sc: Scenario, world: int, ref_info: dict) -> int:
-    """Bytes of one step as the reference ran it: the handshake, then (a
-    skipped step stops after the collective that found the non-finite value:
-    warmup, the gradient allreduce; compression, the status allreduce)."""
-    return handshake_bytes(world) + _step_bytes(sc, world, ref_info)
+    """Bytes of one step as the reference ran it: the handshake and on the
+    first steps the gradient hash comparison, then (a skipped step stops
+    after the collective that found the non-finite value: warmup, the
+    gradient allreduce; compression, the status allreduce)."""
+    return (handshake_bytes(world) + replication_check_bytes(world, ref_info["step"], ref_info["skipped"])
+            + _step_bytes(sc, world, ref_info))
 
 
 def _step_bytes(sc: Scenario, world: int, ref_info: dict) -> int:

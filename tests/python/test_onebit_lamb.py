@@ -163,7 +163,8 @@ def test_padding_tail_persists_and_takes_part_in_compression(world):
 
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"P{w}")
 def test_bytes_sent_per_stage(world, results):
-    """Every step: the 16-byte handshake allreduce. Warmup: the fp32 gradient
+    """Every step: the 16-byte handshake allreduce (the first 3 updates also
+    the gradients' hash comparison, as large). Warmup: the fp32 gradient
     allreduce with the status float. Compression: one CAR of the fused
     buffer, (P-1)/P n'/4 + 8(P-1) bytes (one tensor whatever the parameter
     count), plus the 16-byte control allreduce."""
@@ -174,7 +175,9 @@ def test_bytes_sent_per_stage(world, results):
     warm = handshake + 2 * (P - 1) * 4 * (sum(sc.sizes) + 1) // P
     comp = 0 if P == 1 else handshake + 2 * (P - 1) * 16 // P + \
         (P - 1) * padded_length(sum(sc.sizes), P) // (4 * P) + 8 * (P - 1)
-    assert [int(b) for b in infos[:, 3]] == [comp if c else warm for c in infos[:, 1]]
+    assert [int(b) for b in infos[:, 3]] == [
+        (comp if compressed else warm) + runs.replication_check_bytes(P, int(step), bool(skipped))
+        for skipped, compressed, step in infos[:, :3]]
 
 
 def test_mask_keeps_masked_momentum_at_zero(results):

@@ -146,14 +146,17 @@ def reference_state(ref, rank):
 
 def step_bytes(sc, world, info):
     """Bytes of one step: the 16-byte handshake allreduce that starts every
-    collective call, then full steps the fp32 gradient allreduce with the
-    status float; every other step the 16-byte control allreduce (status,
-    norm), plus the CAR of every tensor on 1-bit steps and syncs."""
+    collective call (while fewer than 3 updates were applied another one
+    compares the gradients' hashes), then full steps the fp32 gradient
+    allreduce with the status float; every other step the 16-byte control
+    allreduce (status, norm), plus the CAR of every tensor on 1-bit steps and
+    syncs."""
     P = world
     if P == 1:
         return 0
     n = sum(sc.sizes)
-    handshake = 2 * (P - 1) * 16 // P
+    applied_before = info["step"] - (0 if info["skipped"] else 1)
+    handshake = 2 * (P - 1) * 16 // P * (2 if applied_before < 3 else 1)
     if info["would_be_full"]:
         return handshake + 2 * (P - 1) * 4 * (n + 1) // P
     total = handshake + 2 * (P - 1) * 16 // P

@@ -27,3 +27,17 @@ uint8_t *blob_section(const uint8_t *blob, const char *name, uint64_t *len) {
   }
   return NULL;
 }
+
+static uint32_t crc32_of(const uint8_t *p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+void blob_fix_checksum(uint8_t *blob, uint64_t size) {
+  const uint32_t crc = crc32_of(blob, (size_t)(size - 4));
+  memcpy(blob + size - 4, &crc, 4);
+}

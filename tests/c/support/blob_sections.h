@@ -10,4 +10,8 @@
  * when the blob is (tests damage sections through it). */
 uint8_t *blob_section(const uint8_t *blob, const char *name, uint64_t *len);
 
+/* Rewrites the CRC-32 at the end of a `size`-byte blob after its bytes were
+ * changed, so that the load reads the changed values. */
+void blob_fix_checksum(uint8_t *blob, uint64_t size);
+
 #endif /* DSOPT_TESTS_BLOB_SECTIONS_H */

@@ -54,6 +54,16 @@ void model_set_grad(model *m, int tensor, int64_t index, double value) {
   m->grad_values[tensor][index] = element_get(m->grads[tensor].data, m->spec[tensor].grad_dtype, index);
 }
 
+void model_move_params(model *m) {
+  for (int i = 0; i < m->count; ++i) {
+    const size_t bytes = (size_t)m->spec[i].numel * dtype_bytes(m->spec[i].param_dtype);
+    void *moved = malloc(bytes);
+    memcpy(moved, m->params[i].data, bytes);
+    free(m->params[i].data);
+    m->params[i].data = moved;
+  }
+}
+
 void model_copy_params(model *dst, const model *src) {
   for (int i = 0; i < src->count; ++i)
     memcpy(dst->params[i].data, src->params[i].data,

@@ -41,6 +41,10 @@ void model_random_grads(model *m, rng *r, double scale, double multiplier);
 void model_set_grad(model *m, int tensor, int64_t index, double value);
 
 void model_copy_params(model *dst, const model *src);
+/* Moves every parameter into a new buffer (values copied, the old buffer
+ * freed), as a framework that copies a model does; m->params then
+ * describes the new buffers (for dsopt_rebind_params). */
+void model_move_params(model *m);
 int model_params_identical(const model *a, const model *b);
 /* Total number of parameter elements. */
 int64_t model_numel(const model *m);

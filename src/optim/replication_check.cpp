@@ -1,0 +1,63 @@
+#include "optim/replication_check.hpp"
+
+#include <algorithm>
+
+#include "optim/param_set.hpp"
+
+namespace dsopt {
+namespace {
+
+constexpr uint64_t kFnvOffset = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
+
+uint64_t fnv(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
+  return h;
+}
+
+// splitmix64's finalizer: the per-gradient hashes are summed, so each
+// should look uniformly random.
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Whether some element of `bytes` (elements of `size` bytes, little-endian)
+// is not zero; -0 counts as zero.
+bool any_nonzero(const std::vector<uint8_t>& bytes, size_t size) {
+  for (size_t i = 0; i < bytes.size(); ++i)
+    if ((bytes[i] & (i % size == size - 1 ? 0x7F : 0xFF)) != 0) return true;
+  return false;
+}
+
+}  // namespace
+
+void ReplicationCheck::begin() {
+  sum_ = 0;
+  nonzero_ = false;
+}
+
+void ReplicationCheck::add(int64_t index, const dsopt_tensor& grad) {
+  const size_t bytes = size_t(grad.numel) * dtype_size(DType(grad.dtype));
+  sample_ends(kernels_, grad.data, bytes, first_, last_);
+  uint64_t h = fnv(kFnvOffset, &index, sizeof index);
+  h = fnv(h, &grad.dtype, sizeof grad.dtype);
+  h = fnv(h, &grad.numel, sizeof grad.numel);
+  h = fnv(h, first_.data(), first_.size());
+  h = fnv(h, last_.data(), last_.size());
+  sum_ += mix(h);
+  const size_t size = dtype_size(DType(grad.dtype));
+  nonzero_ = nonzero_ || any_nonzero(first_, size) || any_nonzero(last_, size);
+}
+
+bool ReplicationCheck::agree(Comm& comm, Kernels& host) {
+  // 0 stands for "all zeros"; the max of x and of ~x over ranks give the
+  // max and (as ~min) the min of x.
+  const uint64_t mine = nonzero_ ? std::max<uint64_t>(sum_, 1) : 0;
+  int64_t v[2] = {int64_t(mine), int64_t(~mine)};
+  comm.allreduce(v, v, 2, Elem::I64, ReduceOp::Max, Mem{&host, false});
+  return v[0] != 0 && v[0] == ~v[1];
+}
+
+}  // namespace dsopt

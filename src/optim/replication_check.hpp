@@ -1,0 +1,44 @@
+// dsopt_step_info.grads_replicated: whether the local gradients of one of
+// the first steps are bit-identical on every rank, i.e. something else
+// (DistributedDataParallel) has averaged them already and dsopt averages
+// them again. Each rank hashes samples of its gradients (the first and last
+// bytes of each, as ParamSet::fingerprint samples parameters) and one
+// 16-byte allreduce compares the hashes. Only the run's first steps are
+// checked (the optimizer decides which: kCheckedSteps); afterwards nothing
+// is computed or sent.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "dsopt.h"
+#include "kernels/kernels.hpp"
+
+namespace dsopt {
+
+class ReplicationCheck {
+ public:
+  // Steps are checked while the run has applied fewer than this many.
+  static constexpr int64_t kCheckedSteps = 3;
+  // `kernels` reads the gradients (the optimizer's device).
+  explicit ReplicationCheck(Kernels& kernels) : kernels_(kernels) {}
+
+  // Starts the coming step's hash.
+  void begin();
+  // Adds gradient `index` (the step's, or one micro-batch's handed over
+  // with dsopt_grad_ready) to it: a sum of per-gradient hashes, so the
+  // order of hand-overs does not matter.
+  void add(int64_t index, const dsopt_tensor& grad);
+  // Collective: compares the hash with every rank's. True when they are
+  // all equal and some sampled gradient element is not zero (all-zero
+  // gradients are equal without having been averaged).
+  bool agree(Comm& comm, Kernels& host);
+
+ private:
+  Kernels& kernels_;
+  uint64_t sum_ = 0;
+  bool nonzero_ = false;
+  std::vector<uint8_t> first_, last_;  // samples of one gradient
+};
+
+}  // namespace dsopt
