@@ -8,7 +8,9 @@
 Every failing dsopt call raises a subclass of ``dsopt.DsoptError`` (one per
 status code) whose text includes the library's detail message. A step skipped
 for Inf/NaN gradients warns (``dsopt.SkippedStepWarning``, rate-limited); a
-run that stops progressing raises ``dsopt.NonFiniteError``.
+run that stops progressing raises ``dsopt.NonFiniteError``. Gradients that
+something else has already averaged across ranks warn once
+(``dsopt.DoubleReductionWarning``).
 """
 
 from ._lib import ffi, lib
@@ -18,6 +20,7 @@ from .errors import (
     CommError,
     CorruptState,
     CudaError,
+    DoubleReductionWarning,
     DsoptError,
     InternalError,
     InvalidArgument,
@@ -55,7 +58,7 @@ __version__ = ".".join(map(str, HEADER_VERSION))
 
 __all__ = [
     "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
-    "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType",
+    "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType",
     "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory", "PHASE_COMPRESSED", "PHASE_FULL",
     "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
     "Unsupported",

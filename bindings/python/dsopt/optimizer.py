@@ -10,7 +10,7 @@ from . import config as _config
 from ._lib import ffi, lib
 from .communicator import Communicator, CudaBuffer
 from ._args import as_float, as_int32, as_int64
-from .errors import InvalidArgumentType, NonFiniteError, check
+from .errors import DoubleReductionWarning, InvalidArgumentType, Mismatch, NonFiniteError, check
 from .tensors import GradDescriptors, TensorList, describe
 
 
@@ -26,6 +26,9 @@ class StepInfo:
     bytes_sent: int    # bytes this rank sent during the step
     consecutive_skips: int  # steps skipped in a row, this one included; 0 when it applied
     phase: int = 0     # what the step did: dsopt.PHASE_SKIPPED/FULL/COMPRESSED/LOCAL/SYNC
+    # one of the first 3 steps, whose gradients were bit-identical on every
+    # rank: something else (DistributedDataParallel) had averaged them already
+    grads_replicated: bool = False
 
     @classmethod
     def _from_c(cls, info) -> "StepInfo":
@@ -38,6 +41,7 @@ class StepInfo:
             bytes_sent=int(info.bytes_sent),
             consecutive_skips=int(info.consecutive_skips),
             phase=int(info.phase),
+            grads_replicated=bool(info.grads_replicated),
         )
 
 
@@ -124,6 +128,7 @@ class Optimizer:
         params = list(params)
         config_text, group_indices = _config.resolve(config, groups, len(params))
         self._params = TensorList(params, writable=True, kind="params", groups=group_indices)
+        self._param_groups = group_indices
         self._owns_comm = comm is None
         if comm is None:
             comm = Communicator.local()
@@ -143,6 +148,7 @@ class Optimizer:
         self._grad = ffi.new("dsopt_tensor *")  # grad_ready's descriptor, reused
         self._grads = GradDescriptors(len(self._params))  # step's, see step()
         self._skip_reported = False
+        self._double_reduction_reported = False
 
     # ---- life cycle ------------------------------------------------------
 
@@ -156,8 +162,25 @@ class Optimizer:
 
     @property
     def params(self) -> list:
-        """The parameter objects given at creation (updated in place)."""
+        """The parameter objects given at creation or to the last
+        ``rebind_params`` (updated in place)."""
         return list(self._params.objects)
+
+    def rebind_params(self, params) -> None:
+        """Points the optimizer at new storage for its parameters
+        (``dsopt_rebind_params``): ``params`` holds every parameter again,
+        in order, as the constructor takes them, with the same numel, dtype
+        and group, on the optimizer's device. Nothing else changes: the next
+        step updates the new arrays in place (fp32 masters of 16-bit
+        parameters stay dsopt's), so a run whose values were copied into new
+        arrays continues bit-identically. The optimizer then references the
+        new arrays instead of the old ones. Not collective. Raises
+        ``InvalidArgument`` (nothing changes) for another count, numel,
+        dtype, group or device, or while gradients are handed over."""
+        handle = self._live()
+        params = TensorList(list(params), writable=True, kind="params", groups=self._param_groups)
+        check(lib.dsopt_rebind_params(handle, params.c_array, len(params)))
+        self._params = params
 
     @property
     def handle(self):
@@ -274,6 +297,8 @@ class Optimizer:
             raise
         if info.skipped:
             self._warn_skipped(info, stacklevel)
+        if info.grads_replicated and not self._double_reduction_reported:
+            self._warn_double_reduction(stacklevel)
         return info
 
     def grad_ready(self, index, grad) -> None:
@@ -320,6 +345,18 @@ class Optimizer:
             f"default 50; 0 turns it off) step() raises dsopt.NonFiniteError. Further "
             f"skips warn only when a run reaches 10, 100, 1000, ... steps.",
             SkippedStepWarning, stacklevel=stacklevel)
+
+    def _warn_double_reduction(self, stacklevel: int) -> None:
+        """Warns once per optimizer that the gradients came averaged."""
+        self._double_reduction_reported = True
+        warnings.warn(
+            "dsopt: the gradients of this step were already averaged across ranks (equal on "
+            "every rank), e.g. by torch's DistributedDataParallel, and dsopt averaged them "
+            "again: twice the gradient traffic, and no savings from compression. Make dsopt's "
+            "reduction the only one: ddp_model.register_comm_hook(None, "
+            "dsopt.torch.ddp_comm_hook), or use dsopt.hf.Trainer or "
+            "dsopt.lightning.DsoptStrategy, which do it.",
+            DoubleReductionWarning, stacklevel=stacklevel)
 
     # ---- learning rates and loss scale -----------------------------------
 
@@ -459,16 +496,39 @@ class Optimizer:
         check(lib.dsopt_state_save(handle, buf, int(size[0]), written))
         return ffi.buffer(buf, int(written[0]))[:]
 
-    def load_state_dict(self, blob) -> None:
+    def load_state_dict(self, blob, *, reset_rank_local=False) -> bool:
         """Restores a blob from ``state_dict()`` (collective); validated
-        completely before anything changes."""
+        completely before anything changes.
+
+        A blob another rank saved at this world size whose state is partly
+        that rank's own (1-bit Adam's and 1-bit LAMB's compression errors,
+        0/1 Adam's errors and accumulator, a ZeRO shard) raises ``Mismatch``
+        on every rank, saying what to load instead (this rank's own blob, or
+        every rank's with ``load_state_dict_shards``). With
+        ``reset_rank_local=True`` the 1-bit optimizers load such a blob's
+        replicated state and reset the rank-local state, on every rank, as a
+        load at another world size does (``DSOPT_LOAD_RESET_RANK_LOCAL``);
+        a ZeRO shard still raises. Returns True when rank-local state was
+        reset (the same on every rank), else False."""
         handle = self._live()
         try:
             data = ffi.from_buffer(blob)
         except TypeError:
             raise InvalidArgumentType(
                 f"state blob must be bytes-like, got {type(blob).__name__}") from None
-        check(lib.dsopt_state_load(handle, data, len(data)))
+        if not isinstance(reset_rank_local, bool):
+            raise InvalidArgumentType(
+                f"reset_rank_local must be a bool, got {type(reset_rank_local).__name__}")
+        flags = lib.DSOPT_LOAD_RESET_RANK_LOCAL if reset_rank_local else 0
+        reset = ffi.new("int32_t *")
+        try:
+            check(lib.dsopt_state_load_ex(handle, data, len(data), flags, reset))
+        except Mismatch as error:
+            if "DSOPT_LOAD_RESET_RANK_LOCAL" not in str(error):
+                raise
+            raise Mismatch(f"{error} (here: load_state_dict(blob, reset_rank_local=True))",
+                           status=error.status) from None
+        return bool(reset[0])
 
     def load_state_dict_shards(self, blobs) -> None:
         """Restores a run saved at any world size from the blobs all its
