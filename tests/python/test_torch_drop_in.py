@@ -668,6 +668,14 @@ def test_state_under_zero_is_flat_with_its_offset():
         entry = opt.state[p]
         assert entry["offset"] == 0  # one rank holds all of every parameter
         assert entry["exp_avg"].shape == (p.numel(),)
+        # Written back unchanged, as frameworks that move the state to a
+        # device do, it stays; another offset is an error.
+        before = entry["exp_avg"].clone()
+        for key, value in list(entry.items()):
+            entry[key] = value.to(p.device) if torch.is_tensor(value) else value
+        assert torch.equal(opt.state[p]["exp_avg"], before) and opt.state[p]["offset"] == 0
+        with pytest.raises(ValueError, match="offset"):
+            entry["offset"] = 1
 
 
 @pytest.mark.parametrize("cls,names", [

@@ -108,6 +108,8 @@ class ParamState(dict):
             super().__setitem__("step", torch.tensor(step, dtype=_step_dtype()))
             return
         if key == "offset":
+            if "offset" in self and value == dict.__getitem__(self, "offset"):
+                return  # written back unchanged (as Lightning moves state to a device)
             raise ValueError("state['offset'] is where dsopt's shard of the parameter starts; "
                              "it cannot be changed")
         live.extras_of(live.param(i))[key] = value
