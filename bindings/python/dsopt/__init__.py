@@ -58,9 +58,9 @@ __version__ = ".".join(map(str, HEADER_VERSION))
 
 __all__ = [
     "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
-    "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument", "InvalidArgumentType",
-    "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory", "PHASE_COMPRESSED", "PHASE_FULL",
-    "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
+    "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument",
+    "InvalidArgumentType", "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory",
+    "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
     "Unsupported",
     "bf16", "build_info", "check", "version",
 ]

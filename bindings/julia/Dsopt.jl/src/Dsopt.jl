@@ -12,6 +12,7 @@ info = step!(opt, [gw, gb])        # w and b are updated in place
 grad_ready!(opt, 2, gb); grad_ready!(opt, 1, gw); info = step!(opt)  # handed over during backward
 blob = state_save(opt); state_load!(opt, blob)
 state_load_shards!(opt, [blob])    # all ranks' blobs of a run at any world size
+rebind_params!(opt, [w2, b2])      # the parameters moved to new arrays
 memory_usage(opt)                  # (host = bytes, device = bytes)
 close(opt)
 ```
@@ -31,7 +32,8 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        comm_rank, comm_size,
        step!, grad_ready!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, param_step, set_param_step!,
-       state_save, state_load!, state_load_shards!, memory_usage, set_momentum_mask!
+       state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage,
+       set_momentum_mask!, rebind_params!
 
 # ---- the library ---------------------------------------------------------------
 
@@ -63,6 +65,9 @@ const DSOPT_ECOMM        = Cint(-7)
 const DSOPT_ECUDA        = Cint(-8)
 const DSOPT_EINTERNAL    = Cint(-9)
 const DSOPT_ENONFINITE   = Cint(-10)
+
+# dsopt_state_load_ex flags
+const DSOPT_LOAD_RESET_RANK_LOCAL = UInt32(1)
 
 const DSOPT_FLOAT32  = Int32(0)
 const DSOPT_FLOAT16  = Int32(1)
@@ -549,7 +554,7 @@ end
 
 # ---- the optimizer -------------------------------------------------------------
 
-# The C dsopt_step_info (64 bytes); struct_size tells dsopt which fields exist.
+# The C dsopt_step_info (72 bytes); struct_size tells dsopt which fields exist.
 struct CStepInfo
     struct_size::UInt32
     skipped::Int32
@@ -562,6 +567,8 @@ struct CStepInfo
     consecutive_skips::Int64
     phase::Int32
     reserved2::Int32
+    grads_replicated::Int32
+    reserved3::Int32
 end
 
 """
@@ -573,7 +580,10 @@ applied so far (`step`), the `loss_scale` for the next backward pass,
 step applied) and the `phase`: `PHASE_SKIPPED`, `PHASE_FULL` (full-precision
 averaged gradients), `PHASE_COMPRESSED` (1-bit communication), `PHASE_LOCAL`
 (a 0/1 Adam local step, no communication) or `PHASE_SYNC` (a 0/1 Adam local
-step followed by the 1-bit sync).
+step followed by the 1-bit sync). `grads_replicated`: every rank's local
+gradients were bit-identical (and not all zero), so something else had
+averaged them already and dsopt averaged them again; checked while the run
+has applied fewer than 3 steps, `false` on later steps and at one rank.
 """
 struct StepInfo
     skipped::Bool
@@ -584,6 +594,7 @@ struct StepInfo
     bytes_sent::UInt64
     consecutive_skips::Int64
     phase::Int32
+    grads_replicated::Bool
 end
 
 # StepInfo.phase (DSOPT_PHASE_* of dsopt.h).
@@ -611,6 +622,7 @@ garbage collector does not run at the same point on every rank).
 mutable struct Optimizer
     handle::Ptr{Cvoid}
     params::Vector{Any}
+    groups::Vector{Int32}  # 0-based, as dsopt_tensor.group
     comm::Communicator
     owns_comm::Bool
 
@@ -619,8 +631,8 @@ mutable struct Optimizer
         groups === nothing || length(groups) == length(params) ||
             throw(ArgumentError("dsopt: $(length(groups)) groups for $(length(params)) parameters"))
         kept = collect(Any, params)
-        tensors = CTensor[ctensor(p, "params[$i]", groups === nothing ? 0 : groups[i] - 1)
-                          for (i, p) in enumerate(kept)]
+        codes = Int32[groups === nothing ? 0 : groups[i] - 1 for i in eachindex(kept)]
+        tensors = CTensor[ctensor(p, "params[$i]", codes[i]) for (i, p) in enumerate(kept)]
         owns_comm = comm === nothing
         c = owns_comm ? Communicator() : comm
         out = Ref{Ptr{Cvoid}}(C_NULL)
@@ -635,7 +647,7 @@ mutable struct Optimizer
             rethrow()
         end
         c.users += 1
-        opt = new(out[], kept, c, owns_comm)
+        opt = new(out[], kept, codes, c, owns_comm)
         return finalizer(finalize_optimizer, opt)
     end
 end
@@ -689,7 +701,7 @@ with code `Dsopt.DSOPT_ENONFINITE`; the next `step!` may continue.
 function step!(opt::Optimizer, grads::AbstractVector)
     tensors = CTensor[g === nothing ? CTensor(C_NULL, 0, 0, 0) : ctensor(g, "grads[$i]", 0)
                       for (i, g) in enumerate(grads)]
-    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0))
     GC.@preserve grads tensors begin
         @check ccall((:dsopt_step, libdsopt), Cint,
                      (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
@@ -709,17 +721,43 @@ rank calls it, whatever it handed over. Reports and throws like
 [`DsoptError`](@ref) with code `Dsopt.DSOPT_EINVAL`.
 """
 function step!(opt::Optimizer)
-    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0))
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0))
     @check ccall((:dsopt_step, libdsopt), Cint,
                  (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
                  live(opt), C_NULL, 0, info)
     return step_info(info[])
 end
 
+"""
+    rebind_params!(opt, params)
+
+Points the optimizer at new arrays for its parameters
+(`dsopt_rebind_params`): every parameter again, in order, with the length,
+element type and group it was created with. Nothing else changes: the next
+`step!` updates the new arrays in place (fp32 masters of 16-bit parameters
+stay dsopt's), so a run whose values were copied into them continues
+bit-identically. The optimizer then keeps the new arrays referenced instead
+of the old ones. Not collective. Another count, length, element type or
+group, or gradients being handed over, throw a [`DsoptError`](@ref) with
+code `Dsopt.DSOPT_EINVAL` and change nothing.
+"""
+function rebind_params!(opt::Optimizer, params::AbstractVector)
+    handle = live(opt)
+    kept = collect(Any, params)
+    tensors = CTensor[ctensor(p, "params[$i]", get(opt.groups, i, Int32(0)))
+                      for (i, p) in enumerate(kept)]
+    GC.@preserve kept tensors begin
+        @check ccall((:dsopt_rebind_params, libdsopt), Cint, (Ptr{Cvoid}, Ptr{CTensor}, Int64),
+                     handle, tensors, length(tensors))
+    end
+    opt.params = kept
+    return opt
+end
+
 step_info(i::CStepInfo) =
     StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
              i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent,
-             i.consecutive_skips, i.phase)
+             i.consecutive_skips, i.phase, i.grads_replicated != 0)
 
 """
     grad_ready!(opt, index, grad)
@@ -855,13 +893,34 @@ end
 
 Restores a blob from [`state_save`](@ref) into an optimizer made with the
 same config and parameter shapes; validated completely before anything
-changes. Collective.
+changes. Collective. A blob another rank of this world size saved throws a
+[`DsoptError`](@ref) with code `Dsopt.DSOPT_EMISMATCH` on every rank when it
+holds state that belongs to that rank (1-bit compression errors, 0/1 Adam's
+accumulator, a ZeRO shard); the message says what to load instead.
 """
 function state_load!(opt::Optimizer, blob::AbstractVector{UInt8})
-    bytes = blob isa Vector{UInt8} ? blob : Vector{UInt8}(blob)
-    @check ccall((:dsopt_state_load, libdsopt), Cint, (Ptr{Cvoid}, Ptr{UInt8}, UInt64),
-                 live(opt), bytes, length(bytes))
+    state_load_ex!(opt, blob)
     return opt
+end
+
+"""
+    state_load_ex!(opt, blob; reset_rank_local=false) -> Bool
+
+[`state_load!`](@ref), and with `reset_rank_local=true` the 1-bit optimizers
+load another rank's blob too: its replicated state, with the rank-local state
+reset on every rank as a load at another world size does
+(`dsopt_state_load_ex` with `DSOPT_LOAD_RESET_RANK_LOCAL`; a ZeRO shard is
+still refused). Returns whether rank-local state was reset (the same on
+every rank). Collective.
+"""
+function state_load_ex!(opt::Optimizer, blob::AbstractVector{UInt8}; reset_rank_local::Bool=false)
+    bytes = blob isa Vector{UInt8} ? blob : Vector{UInt8}(blob)
+    flags = reset_rank_local ? DSOPT_LOAD_RESET_RANK_LOCAL : UInt32(0)
+    reset = Ref{Int32}(0)
+    @check ccall((:dsopt_state_load_ex, libdsopt), Cint,
+                 (Ptr{Cvoid}, Ptr{UInt8}, UInt64, UInt32, Ref{Int32}),
+                 live(opt), bytes, length(bytes), flags, reset)
+    return reset[] != 0
 end
 
 """

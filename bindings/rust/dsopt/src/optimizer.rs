@@ -29,6 +29,11 @@ pub struct StepInfo {
     pub consecutive_skips: i64,
     /// What the step did: one of the `PHASE_*` constants (`DSOPT_PHASE_*`).
     pub phase: i32,
+    /// Every rank's local gradients were bit-identical (and not all zero):
+    /// something else had averaged them already and dsopt averaged them
+    /// again. Checked while the run has applied fewer than 3 steps; false on
+    /// later steps and at one rank.
+    pub grads_replicated: bool,
 }
 
 /// What [`Optimizer::memory_usage`] reports: bytes dsopt holds for one
@@ -63,6 +68,7 @@ impl StepInfo {
             bytes_sent: info.bytes_sent,
             consecutive_skips: info.consecutive_skips,
             phase: info.phase,
+            grads_replicated: info.grads_replicated != 0,
         }
     }
 }
@@ -146,6 +152,31 @@ impl<'a> Optimizer<'a> {
         // Safety: `tensors` points to valid gradient buffers (borrowed from
         // `grads` for the whole call) that are only read during the call.
         unsafe { self.step_raw(tensors.as_ptr(), tensors.len() as i64) }
+    }
+
+    /// Points the optimizer at new buffers for its parameters
+    /// (`dsopt_rebind_params`): every parameter again, in order, with the
+    /// length, dtype and group it was created with. Nothing else changes:
+    /// the next step updates the new buffers (fp32 masters of 16-bit
+    /// parameters stay dsopt's), so a run whose values were copied into them
+    /// continues bit-identically. Returns the previous slices, which dsopt
+    /// no longer touches. Not collective.
+    ///
+    /// Errors ([`ErrorKind::InvalidArgument`], nothing changes and the new
+    /// slices are dropped): another count, length, dtype or group, or
+    /// gradients being handed over.
+    pub fn rebind_params(
+        &mut self,
+        params: impl IntoIterator<Item = ParamSlice<'a>>,
+    ) -> Result<Vec<ParamSlice<'a>>> {
+        let params: Vec<ParamSlice<'a>> = params.into_iter().collect();
+        let tensors: Vec<sys::dsopt_tensor> = params.iter().map(ParamSlice::to_c).collect();
+        // Safety: the handle is live; `tensors` describes valid buffers that
+        // stay exclusively borrowed for 'a, as the ones given at creation.
+        check(unsafe {
+            sys::dsopt_rebind_params(self.raw.as_ptr(), tensors.as_ptr(), tensors.len() as i64)
+        })?;
+        Ok(mem::replace(&mut self.params, params))
     }
 
     /// Hands over parameter `index`'s local gradient of one micro-batch
@@ -401,11 +432,44 @@ impl<'a> Optimizer<'a> {
     /// Restores a blob from [`state_save`](Self::state_save) into an optimizer
     /// made with the same config and parameter shapes. The blob is validated
     /// completely before anything changes. Collective.
+    ///
+    /// A blob another rank of this world size saved is
+    /// [`ErrorKind::Mismatch`] (on every rank, nothing changed) when it holds
+    /// state that belongs to that rank (1-bit compression errors, 0/1 Adam's
+    /// accumulator, a ZeRO shard); the message says what to load instead.
     pub fn state_load(&mut self, blob: &[u8]) -> Result<()> {
         // Safety: the handle is live; `blob` is readable for its length.
         check(unsafe {
             sys::dsopt_state_load(self.raw.as_ptr(), blob.as_ptr().cast(), blob.len() as u64)
         })
+    }
+
+    /// [`state_load`](Self::state_load), and with `reset_rank_local` the
+    /// 1-bit optimizers load another rank's blob too: its replicated state,
+    /// with the rank-local state reset on every rank as a load at another
+    /// world size does (`dsopt_state_load_ex` with
+    /// `DSOPT_LOAD_RESET_RANK_LOCAL`; a ZeRO shard is still refused).
+    /// Returns whether rank-local state was reset (the same on every rank).
+    /// Collective.
+    pub fn state_load_ex(&mut self, blob: &[u8], reset_rank_local: bool) -> Result<bool> {
+        let flags = if reset_rank_local {
+            sys::DSOPT_LOAD_RESET_RANK_LOCAL
+        } else {
+            0
+        };
+        let mut reset = 0i32;
+        // Safety: the handle is live; `blob` is readable for its length;
+        // `reset` is a valid out pointer.
+        check(unsafe {
+            sys::dsopt_state_load_ex(
+                self.raw.as_ptr(),
+                blob.as_ptr().cast(),
+                blob.len() as u64,
+                flags,
+                &mut reset,
+            )
+        })?;
+        Ok(reset != 0)
     }
 
     /// Restores the state of a run saved at any world size from the blobs
@@ -474,7 +538,8 @@ impl<'a> Optimizer<'a> {
         Ok(MemoryUsage { host, device })
     }
 
-    /// The parameters, as updated by the steps so far.
+    /// The parameters (those of the last [`rebind_params`](Self::rebind_params)),
+    /// as updated by the steps so far.
     pub fn params(&self) -> &[ParamSlice<'a>] {
         &self.params
     }

@@ -617,3 +617,69 @@ fn group_params_state_views_and_param_steps_round_trip() {
     assert_eq!(opt.param_step(0).unwrap(), 10);
     assert_eq!(opt.set_param_step(0, -1).unwrap_err().kind(), ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn rebind_params_moves_the_run_to_new_buffers_bit_identically() {
+    let n = 29;
+    let (mut still, mut first) = (vec![0.5f32; n], vec![0.5f32; n]);
+    let (mut second, mut short) = (vec![0.0f32; n], vec![0.0f32; n - 1]);
+    let mut comm_a = Communicator::local().unwrap();
+    let mut comm_b = Communicator::local().unwrap();
+    let mut a = Optimizer::new(ADAM, [ParamSlice::f32(&mut still)], &mut comm_a).unwrap();
+    let mut b = Optimizer::new(ADAM, [ParamSlice::f32(&mut first)], &mut comm_b).unwrap();
+    let step_both = |a: &mut Optimizer, b: &mut Optimizer, s: usize| {
+        let g = grads(s, n);
+        let (x, y) = (
+            a.step(&[GradSlice::f32(&g)]).unwrap(),
+            b.step(&[GradSlice::f32(&g)]).unwrap(),
+        );
+        assert!(
+            !x.grads_replicated && !y.grads_replicated,
+            "one rank reports nothing"
+        );
+    };
+    for s in 0..3 {
+        step_both(&mut a, &mut b, s);
+    }
+    second.copy_from_slice(b.params()[0].as_f32().unwrap());
+    let old = b.rebind_params([ParamSlice::f32(&mut second)]).unwrap();
+    let frozen = old[0].as_f32().unwrap().to_vec();
+    for s in 3..6 {
+        step_both(&mut a, &mut b, s);
+    }
+    assert_eq!(a.params()[0].as_f32(), b.params()[0].as_f32());
+    assert_eq!(
+        old[0].as_f32().unwrap(),
+        &frozen[..],
+        "the old buffer is left alone"
+    );
+    assert_eq!(a.state_save().unwrap(), b.state_save().unwrap());
+
+    let err = b.rebind_params([ParamSlice::f32(&mut short)]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("numel"), "{err}");
+    step_both(&mut a, &mut b, 6);
+    assert_eq!(
+        a.params()[0].as_f32(),
+        b.params()[0].as_f32(),
+        "still on the rebound buffer"
+    );
+}
+
+#[test]
+fn state_load_ex_reports_no_reset_at_one_rank() {
+    let mut w = vec![0.25f32; 8];
+    let mut comm = Communicator::local().unwrap();
+    let config = r#"{"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 2}}}"#;
+    let mut opt = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    for s in 0..3 {
+        opt.step(&[GradSlice::f32(&grads(s, 8))]).unwrap();
+    }
+    let blob = opt.state_save().unwrap();
+    assert!(!opt.state_load_ex(&blob, true).unwrap());
+    assert!(!opt.state_load_ex(&blob, false).unwrap());
+    let err = opt
+        .state_load_ex(&blob[..blob.len() - 1], true)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::CorruptState);
+}
