@@ -72,9 +72,9 @@ class DoubleReductionWarning(UserWarning):
     """The gradients dsopt was about to average had already been averaged
     across ranks (bit-identical on every rank), e.g. by
     ``torch.nn.parallel.DistributedDataParallel``: every gradient crossed
-    the network twice, and compression saved nothing. dsopt checks the first
-    3 steps of each optimizer (``StepInfo.grads_replicated``) and warns once
-    per optimizer. The fix is to let dsopt's reduction be the only one:
+    the network twice, and compression saved nothing. dsopt checks the
+    run's first 3 steps (``StepInfo.grads_replicated``) and ``step`` warns
+    once per optimizer. The fix is to let dsopt's reduction be the only one:
     ``ddp_model.register_comm_hook(None, dsopt.torch.ddp_comm_hook)``, or
     ``dsopt.hf.Trainer`` / ``dsopt.lightning.DsoptStrategy``, which do it."""
 
@@ -106,7 +106,7 @@ def check(rc: int) -> int:
 
 
 __all__ = [
-    "DoubleReductionWarning", "DsoptError", "InvalidArgument", "InvalidArgumentType", "Unsupported", "OutOfMemory",
-    "BufferTooSmall", "CorruptState", "Mismatch", "CommError", "CudaError", "InternalError",
+    "DoubleReductionWarning", "DsoptError", "InvalidArgument", "InvalidArgumentType",
+    "Unsupported", "OutOfMemory", "BufferTooSmall", "CorruptState", "Mismatch", "CommError", "CudaError", "InternalError",
     "NonFiniteError", "check",
 ]

@@ -26,8 +26,9 @@ class StepInfo:
     bytes_sent: int    # bytes this rank sent during the step
     consecutive_skips: int  # steps skipped in a row, this one included; 0 when it applied
     phase: int = 0     # what the step did: dsopt.PHASE_SKIPPED/FULL/COMPRESSED/LOCAL/SYNC
-    # one of the first 3 steps, whose gradients were bit-identical on every
-    # rank: something else (DistributedDataParallel) had averaged them already
+    # every rank's gradients were bit-identical (checked while the run has
+    # applied fewer than 3 steps): something else (DistributedDataParallel)
+    # had averaged them already
     grads_replicated: bool = False
 
     @classmethod
