@@ -72,6 +72,31 @@ def test_new_storage_keeps_the_dsopt_optimizer_and_its_step_count(kind):
     opt.close()
 
 
+@pytest.mark.parametrize("how", ["data", "set_"])
+def test_a_grad_moved_in_place_is_described_again(how):
+    """``.grad`` kept from step to step (``zero_grad(set_to_none=False)``)
+    whose storage moves under the same object, as ``model.to(...)`` moves
+    it: the step reads the new storage (the old one is freed: under ASan a
+    read of it is reported), with no ``clear_grad_cache()``."""
+    results = []
+    for move in (False, True):
+        model = make_model()
+        opt = make_opt("adamw", model)
+        for step in range(STEPS):
+            opt.zero_grad(set_to_none=False)
+            backward(model, step)
+            if move:
+                for p in model.parameters():
+                    if how == "data":
+                        p.grad.data = p.grad.data.clone()
+                    else:
+                        p.grad.set_(p.grad.detach().clone())
+            opt.step()
+        results.append(params_of(model))
+        opt.close()
+    assert not moves.differences(results[1], results[0])
+
+
 @pytest.mark.parametrize("kind", ["adamw", "zero2"])
 def test_a_cast_keeps_moments_and_steps_and_takes_masters_from_the_cast_values(kind):
     model = make_model()

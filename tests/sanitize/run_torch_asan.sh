@@ -57,4 +57,6 @@ if sys.argv[1] + "/libdsopt" not in maps:
     sys.exit(f"torch-asan: the cffi extension did not load libdsopt from {sys.argv[1]}")
 EOF
 echo "torch-asan: $("$py" -c 'import sys, torch; print(sys.executable, "with torch", torch.__version__)'), libdsopt from $build"
-exec "$py" -m pytest -q -rsx -p no:cacheprovider tests/python/test_torch_param_moves.py
+# --capture=sys: an ASan report (written to file descriptor 2 before the
+# process aborts) reaches the log instead of pytest's capture file.
+exec "$py" -m pytest -q -rsx -p no:cacheprovider --capture=sys tests/python/test_torch_param_moves.py

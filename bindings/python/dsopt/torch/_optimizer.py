@@ -441,10 +441,9 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._follow_params()
         self._sync_hyperparameters()
-        on_side_stream = self._on_cuda and _on_side_stream(self._tensors[0])
         if self.overlap:
+            self._follow_params()
             grads = None  # handed over by the hooks (or just below, each once ready)
             if not self._hooked or self._defer_to_step:
                 self._hand_over_at_step()
@@ -463,7 +462,9 @@ class Optimizer(torch.optim.Optimizer):
             # the ones that changed since the last step (a gradient is on
             # its parameter's device; None is an absent gradient).
             grads = list(map(_get_grad, self._tensors))
+            self._follow_params()  # after reading .grad, which warmed the parameters' memory
             self._grad_descriptors.update(grads, self._gradient)
+        on_side_stream = self._on_cuda and _on_side_stream(self._tensors[0])
         if on_side_stream:
             # dsopt works on its communicator's stream (the legacy default
             # stream for a local one): order it after torch's stream.
@@ -487,8 +488,8 @@ class Optimizer(torch.optim.Optimizer):
     def clear_grad_cache(self):
         """Forgets the gradient descriptors kept from the last ``step()``:
         the next step describes every ``.grad`` afresh (needed after a
-        ``.grad`` tensor's storage was swapped in place; see the module
-        doc)."""
+        ``.grad`` was changed in place at the same address: resized, or
+        given other strides; see the module doc)."""
         self._grad_descriptors.clear()
 
     @property
