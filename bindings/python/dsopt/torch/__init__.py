@@ -58,6 +58,39 @@ What behaves as in torch.optim:
   ``close()``).
 * ``copy.deepcopy(opt)`` is a new optimizer over deep copies of the
   parameters with the same state (one process).
+* Parameters moved or cast after the optimizer was made (``model.to(...)``,
+  ``p.data = ...``) are followed. dsopt updates each parameter in place
+  through the storage it was given, so before every step (and before
+  ``state_dict``, ``load_state_dict``, ``torch_state_dict``, ``deepcopy``,
+  pickling and ``add_param_group``) the optimizer compares every
+  parameter's ``data_ptr()`` and dtype with dsopt's (about what reading
+  their ``.grad`` costs) and follows what changed:
+
+  - new storage of the same dtype and device (``model.to(torch.device(
+    "cpu", 0))``, which copies every parameter; ``p.data = p.data.clone()``;
+    ``.to(float64).to(float32)``): dsopt takes it, and the run goes on bit
+    for bit;
+  - another device (a model built on the CPU and moved to ``cuda:0``):
+    dsopt's optimizer is rebuilt there (``"device"``) with its whole state;
+  - another dtype (``model.to(torch.bfloat16)``): rebuilt with every
+    parameter's moments and step count; a parameter that became 16-bit
+    gets fp32 masters from its current values, one that became fp32 goes
+    on from its values, as with torch.optim (which keeps no masters). The
+    global step count (``last_step_info.step``) and the fp16 loss scale
+    restart, as after ``add_param_group``.
+
+  Before the first step any change just starts over from the parameters
+  as they are. A rebuild is collective: every rank moves or casts its
+  model alike (as frameworks do); on several ranks ``state_dict()`` and
+  ``torch_state_dict()`` between a cast and the next step raise
+  RuntimeError. Read ``opt.state[p]`` again after a rebuild. What cannot
+  be followed raises RuntimeError naming the parameter, before anything is
+  written (storage a model left is never written): a 1-bit optimizer cast
+  after its first step (its compressed state spans all parameters: cast
+  the model before creating the optimizer), a parameter that became
+  float64 or non-contiguous, has another size once it has state, or is
+  on another device than the others; with ``overlap=True``, a model moved
+  between backward and ``step()``. Once fixed, the run goes on.
 * ``state_dict()`` is torch's (the groups' settings, ``"state"`` empty)
   plus this rank's dsopt state blob under ``"dsopt_state"``;
   ``load_state_dict`` restores both and hands the groups' hyperparameters
@@ -86,6 +119,10 @@ What differs from torch.optim:
 * Pickled (``torch.save(opt)``) and unpickled, an optimizer is a new one
   over the unpickled parameters on a communicator of its own, as
   ``copy.deepcopy`` makes; checkpoint with ``state_dict()``.
+* ``torch.compile``: ``step()`` and ``zero_grad()`` run eagerly (a graph
+  break; torch >= 2.1), so ``torch.compile(opt.step)`` and a compiled
+  training step that calls ``opt.step()`` work and give the eager
+  results; torch.optim's step is compiled into the graph instead.
 * ``add_param_group`` rebuilds dsopt's optimizer (collective): the old
   parameters' state, steps and hyperparameters carry over exactly, but
   the fp16 loss scale restarts (dsopt has no setter for it), as do dsopt's
@@ -131,7 +168,10 @@ classes infer it).
   that micro-batch; one that gets none in the whole step is absent, as
   ``.grad`` None is without overlap. A parameter frozen when the hooks are
   made gets its ``.grad`` handed over by ``step()`` and its hook once it
-  requires gradients. With torch < 2.1 the constructor warns and
+  requires gradients. Parameters moved or cast between steps are followed
+  at the first hand-over of a step (new storage), or by ``step()``, to
+  which the hooks then leave ``.grad`` for that step (another dtype or
+  device). With torch < 2.1 the constructor warns and
   ``step()`` hands ``.grad`` over instead, then sets it to None (same
   results, no overlap). ``close()`` removes the hooks.
 * Gradient descriptors (``overlap=False``): ``step()`` keeps the
@@ -140,9 +180,11 @@ classes infer it).
   at the last step (autograd accumulating into an existing ``.grad``, or
   ``zero_grad(set_to_none=False)``, keeps the object; ``set_to_none=True``
   makes new ones, which are described again). A ``.grad`` that stays the
-  same object must keep its storage: after swapping it in place
-  (``p.grad.set_(...)``, ``p.grad.data = ...``, ``p.grad.resize_(...)``)
-  call ``clear_grad_cache()`` before the next ``step()``. Only weak
+  same object is described again when its storage moved (its
+  ``data_ptr()`` is compared: ``model.to(...)``, ``p.grad.data = ...`` and
+  ``p.grad.set_(...)`` move it in place); one changed in place at the same
+  address (``p.grad.resize_(...)``, other strides through ``set_``) needs
+  ``clear_grad_cache()`` before the next ``step()``. Only weak
   references to the gradients are kept, so a dropped ``.grad`` is freed
   as before.
 """
