@@ -3,7 +3,9 @@
 only, as frameworks save, and loaded from that one file on every rank,
 resumes bit for bit at the same world size (AdamW, ZeRO-2, 1-bit Adam in
 its compressed stage: every rank gets its own shard and compression
-errors back), and a ZeRO-2 run saved at 2 ranks continues at 1.
+errors back), and a ZeRO-2 run saved at 2 ranks continues at 1. Rank 0's
+own 1-bit state dict is refused on rank 1, and loads with
+``reset_rank_local=True``, which warns.
 
 Needs torch and scikit-learn (`make test-frameworks`)."""
 
@@ -45,7 +47,7 @@ def launch(world, *args):
 def out_dir(tmp_path_factory):
     """Every optimizer saved and resumed at 2 ranks (one launch)."""
     out = tmp_path_factory.mktemp("whole_checkpoint")
-    launch(2, ",".join(NAMES), out)
+    launch(2, ",".join(NAMES + ("foreign",)), out)
     return out
 
 
@@ -63,3 +65,14 @@ def test_zero2_saved_at_two_ranks_continues_at_one(out_dir):
     at_two = json.loads((out_dir / "adamw_zero2-2-rank0.json").read_text())["uninterrupted"]
     # The same global batches and state: equal up to the order of the sums.
     np.testing.assert_allclose(at_one["params"], at_two["params"], rtol=0, atol=2e-6)
+
+
+def test_another_ranks_state_dict_is_refused_or_reset_on_request(out_dir):
+    runs = [json.loads((out_dir / f"foreign-rank{rank}.json").read_text()) for rank in range(2)]
+    for rank, run in enumerate(runs):
+        # Loading is collective: every rank fails, rank 1 naming the cause.
+        assert run["refused"] is not None and run["unchanged_by_refusal"], f"rank {rank}"
+        assert len(run["warnings"]) == 1 and "reset" in run["warnings"][0], run["warnings"]
+    assert "rank 0" in runs[1]["refused"] and "reset_rank_local" in runs[1]["refused"]
+    assert runs[0]["params"] == runs[1]["params"]  # the replicas still agree
+    assert max(runs[0]["losses"]) < np.log(10)

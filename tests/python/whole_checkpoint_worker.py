@@ -14,9 +14,11 @@ NAMES: comma-separated keys of OPTIMIZERS."""
 import json
 import os
 import sys
+import warnings
 
 import torch
 
+import dsopt
 import dsopt.torch
 from torch_comm_worker import digits
 
@@ -65,7 +67,9 @@ def main():
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     for name in names:
-        if len(sys.argv) > 6:
+        if name == "foreign":
+            foreign(rank, world, out)
+        elif len(sys.argv) > 6:
             resume_elsewhere(rank, world, name, out, int(sys.argv[6]))
         else:
             save_and_resume(rank, world, name, out)
@@ -87,6 +91,32 @@ def save_and_resume(rank, world, name, out):
     opt.close()
     result["resumed"] = resume(path, rank, world, name, world)
     with open(os.path.join(out, f"{name}-{world}-rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def foreign(rank, world, out):
+    """Rank 0's own state dict (1-bit Adam, compressing) on every rank."""
+    net = model()
+    opt = OPTIMIZERS["onebit_adam"](net.parameters())
+    train(net, opt, range(SAVE_AT), rank, world)
+    own = [opt.state_dict() if rank == 0 else None]
+    torch.distributed.broadcast_object_list(own, src=0)
+    before = flat(net)
+    result = {}
+    try:
+        opt.load_state_dict(own[0])
+        result["refused"] = None
+    except dsopt.Mismatch as error:
+        result["refused"] = str(error)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.load_state_dict(own[0], reset_rank_local=True)
+    result["warnings"] = [str(w.message) for w in caught]
+    result["unchanged_by_refusal"] = flat(net) == before
+    result["losses"] = train(net, opt, range(SAVE_AT, SAVE_AT + AFTER), rank, world)
+    result["params"] = flat(net)
+    opt.close()
+    with open(os.path.join(out, f"foreign-rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
 

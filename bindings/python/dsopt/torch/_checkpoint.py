@@ -12,7 +12,11 @@ world size every rank loads the whole set as ``load_state_dict_shards``
 does (ZeRO shards reshard; the 1-bit optimizers' rank-local state resets,
 as for any change of world size)."""
 
+import warnings
+
 import torch
+
+from ..errors import Mismatch
 
 RANK_STATES = "dsopt_rank_states"
 
@@ -82,3 +86,23 @@ def own_blob_or_set(opt, blob, state_dict):
         return blobs[0 if comm is None else comm.rank], None
     return None, list(blobs)
 
+
+
+def load_blob(opt, blob, reset_rank_local):
+    """Loads one rank's blob into ``opt``'s dsopt optimizer; with
+    ``reset_rank_local`` a blob of another rank loads with the rank-local
+    state reset (on every rank, so that the ranks' states still fit
+    together), and a warning says so."""
+    try:
+        reset = opt.dsopt.load_state_dict(blob, reset_rank_local=reset_rank_local)
+    except Mismatch as error:
+        if "saved by rank" not in str(error):
+            raise
+        raise Mismatch(f"{error}. To checkpoint every rank in one file, save "
+                       f"opt.state_dict_all_ranks() (collective) from rank 0.") from None
+    if reset:
+        warnings.warn(
+            f"dsopt.torch: a state dict saved by another rank was loaded, so the rank-local "
+            f"state of {opt._type} (compression errors, local state) was reset on every rank, "
+            f"as at a change of world size. Save state_dict_all_ranks() to resume every rank "
+            f"exactly.", RuntimeWarning, stacklevel=4)

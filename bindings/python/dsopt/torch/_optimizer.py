@@ -618,7 +618,7 @@ class Optimizer(torch.optim.Optimizer):
             self.state.invalidate()  # the load rebuilds the 1-bit compression buffers
         self._set_groups(torch_part["param_groups"])
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict, *, reset_rank_local=False):
         """Restores a state dict (collective): this rank's own
         ``state_dict()`` of a run at the same world size (see
         ``load_state_dict_shards`` for another world size or stage), which
@@ -632,7 +632,15 @@ class Optimizer(torch.optim.Optimizer):
         rank's part under ZeRO), its groups' settings become this
         optimizer's; load the model's parameters first (16-bit parameters'
         fp32 masters are taken from them). Not collective then. Everything
-        is checked before anything changes."""
+        is checked before anything changes.
+
+        A state dict another rank saved at the same world size is
+        ``dsopt.Mismatch`` when its state is partly rank-local (the 1-bit
+        optimizers' compression errors, 0/1 Adam's local state, ZeRO
+        shards): load this rank's own, or a whole checkpoint. With
+        ``reset_rank_local=True`` the 1-bit optimizers load it anyway,
+        their rank-local state reset as at a change of world size, and
+        warn that they did (ZeRO shards cannot be reset)."""
         state_dict = dict(state_dict) if isinstance(state_dict, Mapping) else state_dict
         self._follow_params()  # the load writes 16-bit parameters from their masters
         for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
@@ -646,7 +654,8 @@ class Optimizer(torch.optim.Optimizer):
             blob, blobs = _checkpoint.own_blob_or_set(self, blob, torch_part)
             torch_part.pop(_checkpoint.RANK_STATES, None)
             if blobs is None:
-                self._restore(torch_part, lambda: self.dsopt.load_state_dict(blob))
+                self._restore(torch_part, lambda: _checkpoint.load_blob(self, blob,
+                                                                        reset_rank_local))
             else:
                 self._restore(torch_part, lambda: self.dsopt.load_state_dict_shards(blobs))
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
