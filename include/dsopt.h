@@ -403,6 +403,15 @@ DSOPT_API int dsopt_grad_ready(dsopt_optimizer *opt, int64_t param_index, const 
  * Not collective; call it with the same value on every rank. */
 DSOPT_API int dsopt_set_lr(dsopt_optimizer *opt, double lr);
 
+/* "gradient_clipping" (the global gradient norm's limit; 0: off) from the
+ * next step on, as frameworks that own the clipping setting need
+ * (max_grad_norm, gradient_clip_val). Returns DSOPT_OK or DSOPT_EINVAL (NULL
+ * handle, negative or not finite, or gradients handed over for the step in
+ * progress). Not collective; call it with the same value on every rank
+ * between the same steps (the ranks' steps must agree on clipping). */
+DSOPT_API int dsopt_set_gradient_clipping(dsopt_optimizer *opt, double max_norm);
+DSOPT_API int dsopt_get_gradient_clipping(const dsopt_optimizer *opt, double *out_max_norm);
+
 /* Size in bytes of the blob dsopt_state_save writes now.
  * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
 DSOPT_API int dsopt_state_size(const dsopt_optimizer *opt, uint64_t *out_size);

@@ -167,6 +167,24 @@ DSOPT_API int dsopt_set_lr(dsopt_optimizer* opt, double lr) {
   });
 }
 
+DSOPT_API int dsopt_set_gradient_clipping(dsopt_optimizer* opt, double max_norm) {
+  return guarded([&] {
+    dsopt::Optimizer& o = impl(opt);
+    if (!(max_norm >= 0.0) || !std::isfinite(max_norm))
+      fail(DSOPT_EINVAL, "gradient_clipping must be a finite number >= 0 (0: off), got " +
+                          std::to_string(max_norm));
+    o.set_gradient_clipping(max_norm);
+  });
+}
+
+DSOPT_API int dsopt_get_gradient_clipping(const dsopt_optimizer* opt, double* out_max_norm) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_max_norm, "out_max_norm");
+    *out_max_norm = o.gradient_clipping();
+  });
+}
+
 DSOPT_API int dsopt_set_group_lr(dsopt_optimizer* opt, int32_t group, double lr) {
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);

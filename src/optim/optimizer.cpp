@@ -272,6 +272,11 @@ void Optimizer::set_lr(int32_t group, double lr) {
   groups_[size_t(group)].lr = lr;
 }
 
+void Optimizer::set_gradient_clipping(double max_norm) {
+  refuse_while_handing_over("dsopt_set_gradient_clipping");
+  pipeline_.set_gradient_clipping(max_norm);
+}
+
 int64_t Optimizer::param_step(int64_t param_index) const {
   param_numel(param_index, nullptr);  // range check
   return param_steps_[size_t(param_index)];

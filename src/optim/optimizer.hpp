@@ -61,6 +61,10 @@ class Optimizer {
   double lr(int32_t group) const;
   void set_lr(int32_t group, double lr);  // group -1: every group
   double loss_scale() const { return pipeline_.scaler().scale(); }
+  double gradient_clipping() const { return pipeline_.config().gradient_clipping; }
+  // Throws Error(DSOPT_EINVAL), changing nothing, while gradients are being
+  // handed over (the step in progress decides on the norm's collectives).
+  void set_gradient_clipping(double max_norm);
   // Group hyperparameters by name ("lr", "beta1", "beta2", "eps",
   // "weight_decay"; dsopt_get/set_group_param). Throw Error(DSOPT_EINVAL),
   // changing nothing, on a bad group, name or value.

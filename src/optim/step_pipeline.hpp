@@ -52,6 +52,8 @@ class StepPipeline {
   const PipelineConfig& config() const { return cfg_; }
   // Whether the step computes the global gradient norm.
   bool wants_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
+  // "gradient_clipping" from the next step on (0: off).
+  void set_gradient_clipping(double max_norm) { cfg_.gradient_clipping = max_norm; }
   // out.grad_norm and out.mul2 (unscale and clip) from the global sum of
   // squares of the averaged, still scaled gradients.
   void set_multipliers(PreparedGrads& out, double sumsq) const;

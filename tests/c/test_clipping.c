@@ -29,16 +29,23 @@ typedef struct clip_case {
   int expect_clipped;  /* whether coef < 1 on every step (a check of the test itself) */
 } clip_case;
 
-static void check_clip_case(const clip_case *k) {
+static void check_clip_case_set(const clip_case *k, int set_after_create);
+
+static void check_clip_case(const clip_case *k) { check_clip_case_set(k, 0); }
+
+/* set_after_create: the run is created without clipping and gets k->clip
+ * through dsopt_set_gradient_clipping before its first step. */
+static void check_clip_case_set(const clip_case *k, int set_after_create) {
   /* Adam's update barely depends on the scale of the gradient (m / sqrt(v))
    * unless eps is comparable to sqrt(v): the large eps makes a wrong clip
    * coefficient visible in the parameters, not only in info.grad_norm. */
   const hyper h = {0.05, 0.9, 0.999, 0.05, 0.01};
   adam_config c = adamw_config(h);
-  c.extra = k->extra;
+  c.extra = set_after_create ? NULL : k->extra;
   char json[2048], msg[256];
   local_run r;
-  if (CHECK_OK(local_run_open(&r, adam_config_json(&c, json, sizeof json), specs, NUM_TENSORS, 401))) {
+  if (CHECK_OK(local_run_open(&r, adam_config_json(&c, json, sizeof json), specs, NUM_TENSORS, 401)) &&
+      (!set_after_create || CHECK_OK(dsopt_set_gradient_clipping(r.opt, k->clip)))) {
     adam_ref ref;
     adam_ref_init(&ref, &c, &r.m);
     for (int step = 1; step <= STEPS; ++step) {
@@ -94,11 +101,38 @@ static void clipping_with_loss_scale_uses_the_unscaled_norm(void) {
   check_clip_case(&loose);
 }
 
+/* Set after create, as frameworks do with their own max-norm setting: the
+ * same steps as a config that had it; bad values change nothing. */
+static void clipping_set_after_create_clips_the_same(void) {
+  clip_case k = {"", 0.5, 1, 10.0, 1.0, 1};
+  check_clip_case_set(&k, 1);
+  local_run r;
+  char json[2048];
+  adam_config c = adamw_config((hyper){0.05, 0.9, 0.999, 0.05, 0.01});
+  c.extra = "\"gradient_clipping\": 2.5";
+  if (CHECK_OK(local_run_open(&r, adam_config_json(&c, json, sizeof json), specs, NUM_TENSORS, 5))) {
+    double v = 0.0;
+    CHECK_STATUS(dsopt_set_gradient_clipping(r.opt, -1.0), DSOPT_EINVAL);
+    CHECK_ERROR_MENTIONS("gradient_clipping");
+    CHECK_STATUS(dsopt_set_gradient_clipping(r.opt, NAN), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_set_gradient_clipping(r.opt, INFINITY), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_set_gradient_clipping(NULL, 1.0), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_get_gradient_clipping(r.opt, NULL), DSOPT_EINVAL);
+    CHECK_OK(dsopt_get_gradient_clipping(r.opt, &v));
+    CHECK(v == 2.5);
+    CHECK_OK(dsopt_set_gradient_clipping(r.opt, 0.0));
+    CHECK_OK(dsopt_get_gradient_clipping(r.opt, &v));
+    CHECK(v == 0.0);
+  }
+  local_run_close(&r);
+}
+
 int main(void) {
   RUN_TEST(large_gradients_are_clipped_to_the_norm);
   RUN_TEST(gradients_below_the_norm_are_not_clipped);
   RUN_TEST(report_grad_norm_reports_without_clipping);
   RUN_TEST(grad_norm_is_minus_one_when_not_computed);
   RUN_TEST(clipping_with_loss_scale_uses_the_unscaled_norm);
+  RUN_TEST(clipping_set_after_create_clips_the_same);
   return check_finish();
 }

@@ -77,3 +77,65 @@ def test_grad_norm_is_minus_one_when_not_computed(rng):
     with dsopt.Optimizer(adam_config("AdamW"), params) as opt:
         info = opt.step([rng.standard_normal(33).astype(np.float32)])
     assert info.grad_norm == -1.0
+
+
+@pytest.mark.parametrize("opt_type,zero", [("AdamW", 0), ("AdamW", 2), ("OneBitAdam", 0)])
+def test_clipping_set_mid_run_equals_a_run_created_with_it(rng, opt_type, zero):
+    """gradient_clipping set between steps (as frameworks do with their own
+    max-norm setting) acts from the next step: bit for bit the run whose
+    config had it from the start, switched on, changed and off again."""
+    params = [rng.standard_normal(n).astype(np.float32) for n in SIZES]
+    grads = [random_grads(rng, SIZES, scale=0.2 + k % 4) for k in range(12)]
+    schedule = {0: 0.0, 3: 30.0, 6: 5.0, 9: 0.0}  # from step k on
+
+    def run(set_mid_run):
+        ps = [p.copy() for p in params]
+        out = []
+        for start, clip in schedule.items():
+            config = adam_config(opt_type, lr=1e-2, weight_decay=0.01)
+            if opt_type == "OneBitAdam":
+                config["optimizer"]["params"]["freeze_step"] = 4
+            if zero:
+                config["zero_optimization"] = {"stage": zero}
+            if not set_mid_run:
+                config["gradient_clipping"] = clip
+            out.append(config)
+        if set_mid_run:
+            with dsopt.Optimizer(out[0], ps) as opt:
+                norms = []
+                for k, g in enumerate(grads):
+                    if k in schedule:
+                        opt.gradient_clipping = schedule[k]
+                        assert opt.gradient_clipping == schedule[k]
+                    norms.append(opt.step(g).grad_norm)
+            return ps, norms
+        # The reference: a new optimizer per clipping setting, the state
+        # carried over through a state blob.
+        blob, norms = None, []
+        for (start, clip), config in zip(schedule.items(), out):
+            stop = min([s for s in schedule if s > start], default=len(grads))
+            with dsopt.Optimizer(config, ps) as opt:
+                if blob is not None:
+                    opt.load_state_dict(blob)
+                for k in range(start, stop):
+                    norms.append(opt.step(grads[k]).grad_norm)
+                blob = opt.state_dict()
+        return ps, norms
+
+    mid_params, mid_norms = run(True)
+    ref_params, ref_norms = run(False)
+    for i in range(len(SIZES)):
+        np.testing.assert_array_equal(mid_params[i], ref_params[i], err_msg=f"param {i}")
+    assert [n > 0 for n in mid_norms] == [n > 0 for n in ref_norms]
+    assert mid_norms[3:9] == ref_norms[3:9]  # computed while clipping is on
+
+
+def test_clipping_setter_rejects_bad_values_and_changes_nothing(rng):
+    p = rng.standard_normal(10).astype(np.float32)
+    config = adam_config("AdamW")
+    config["gradient_clipping"] = 2.0
+    with dsopt.Optimizer(config, [p]) as opt:
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(dsopt.InvalidArgument, match="gradient_clipping"):
+                opt.gradient_clipping = bad
+            assert opt.gradient_clipping == 2.0

@@ -391,6 +391,18 @@ class Optimizer:
         check(lib.dsopt_get_loss_scale(self._live(), out))
         return float(out[0])
 
+    @property
+    def gradient_clipping(self) -> float:
+        """The global gradient norm's limit (``"gradient_clipping"``; 0.0:
+        off). Settable between steps, with the same value on every rank."""
+        out = ffi.new("double *")
+        check(lib.dsopt_get_gradient_clipping(self._live(), out))
+        return float(out[0])
+
+    @gradient_clipping.setter
+    def gradient_clipping(self, max_norm: float) -> None:
+        check(lib.dsopt_set_gradient_clipping(self._live(), float(max_norm)))
+
     #: The names ``get_group_param`` / ``set_group_param`` take.
     GROUP_PARAMS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 

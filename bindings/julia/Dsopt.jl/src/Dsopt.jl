@@ -30,7 +30,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        PHASE_SKIPPED, PHASE_FULL, PHASE_COMPRESSED, PHASE_LOCAL, PHASE_SYNC,
        mpi_communicator, nccl_communicator, custom_communicator, Collectives,
        comm_rank, comm_size,
-       step!, grad_ready!, set_lr!, set_group_lr!, group_lr, num_groups, loss_scale,
+       step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, param_step, set_param_step!,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage,
        set_momentum_mask!, rebind_params!
@@ -791,6 +791,19 @@ end
 "Sets the learning rate of every parameter group."
 set_lr!(opt::Optimizer, lr::Real) =
     @check ccall((:dsopt_set_lr, libdsopt), Cint, (Ptr{Cvoid}, Cdouble), live(opt), lr)
+
+"Sets `\"gradient_clipping\"` (the global gradient norm's limit; 0: off) from the next step on."
+set_gradient_clipping!(opt::Optimizer, max_norm::Real) =
+    @check ccall((:dsopt_set_gradient_clipping, libdsopt), Cint, (Ptr{Cvoid}, Cdouble),
+                 live(opt), max_norm)
+
+"The current `\"gradient_clipping\"` (0.0: off)."
+function gradient_clipping(opt::Optimizer)
+    out = Ref{Cdouble}(0)
+    @check ccall((:dsopt_get_gradient_clipping, libdsopt), Cint, (Ptr{Cvoid}, Ref{Cdouble}),
+                 live(opt), out)
+    return out[]
+end
 
 "Sets the learning rate of parameter group `group` (1-based)."
 set_group_lr!(opt::Optimizer, group::Integer, lr::Real) =

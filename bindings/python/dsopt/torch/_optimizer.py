@@ -497,6 +497,20 @@ class Optimizer(torch.optim.Optimizer):
         """Scale to multiply the next loss by (1.0 without fp16 loss scaling)."""
         return self.dsopt.loss_scale
 
+    @property
+    def gradient_clipping(self) -> float:
+        """dsopt's clipping of the averaged gradients' global norm
+        (``gradient_clipping``; 0.0: off). Settable between steps, with the
+        same value on every rank: frameworks hand their own max-norm
+        setting to it (``dsopt.hf.Trainer``'s ``max_grad_norm``,
+        ``DsoptStrategy``'s ``gradient_clip_val``)."""
+        return self.dsopt.gradient_clipping
+
+    @gradient_clipping.setter
+    def gradient_clipping(self, max_norm):
+        self.dsopt.gradient_clipping = max_norm
+        self._config["gradient_clipping"] = float(max_norm)  # kept by rebuilds
+
     def memory_usage(self) -> dict:
         """Bytes dsopt holds for this optimizer on this rank,
         ``{"host": ..., "device": ...}`` (moments, fp32 masters, ZeRO shards,

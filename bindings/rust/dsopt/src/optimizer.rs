@@ -257,6 +257,21 @@ impl<'a> Optimizer<'a> {
         check(unsafe { sys::dsopt_set_lr(self.raw.as_ptr(), lr) })
     }
 
+    /// Sets `"gradient_clipping"` (the global gradient norm's limit; 0.0:
+    /// off) from the next step on; the same value on every rank.
+    pub fn set_gradient_clipping(&mut self, max_norm: f64) -> Result<()> {
+        // Safety: the handle is live.
+        check(unsafe { sys::dsopt_set_gradient_clipping(self.raw.as_ptr(), max_norm) })
+    }
+
+    /// The current `"gradient_clipping"` (0.0: off).
+    pub fn gradient_clipping(&self) -> Result<f64> {
+        let mut max_norm = 0.0;
+        // Safety: the handle is live; `max_norm` is a valid out pointer.
+        check(unsafe { sys::dsopt_get_gradient_clipping(self.raw.as_ptr(), &mut max_norm) })?;
+        Ok(max_norm)
+    }
+
     /// Sets the learning rate of one parameter group.
     pub fn set_group_lr(&mut self, group: i32, lr: f64) -> Result<()> {
         // Safety: the handle is live.

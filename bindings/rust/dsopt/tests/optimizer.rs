@@ -99,6 +99,18 @@ fn corrupt_state_blob_is_rejected() {
 }
 
 #[test]
+fn gradient_clipping_is_settable_between_steps() {
+    let mut p = vec![1.0f32; 8];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut p)], &mut comm).unwrap();
+    assert_eq!(opt.gradient_clipping().unwrap(), 0.0);
+    opt.set_gradient_clipping(0.25).unwrap();
+    assert_eq!(opt.gradient_clipping().unwrap(), 0.25);
+    assert_eq!(opt.set_gradient_clipping(-1.0).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(opt.gradient_clipping().unwrap(), 0.25);
+}
+
+#[test]
 fn set_lr_applies_to_every_group() {
     let (mut a, mut b) = (vec![0.0f32; 4], vec![0.0f32; 4]);
     let config = r#"{"optimizer": {"type": "AdamW"}, "param_groups": [{"lr": 0.1}, {"lr": 0.2}]}"#;
