@@ -234,17 +234,30 @@ def trainer(tmp_path, **kwargs):
                             train_dataset=worker.Digits(), **kwargs)
 
 
-@pytest.mark.parametrize("clipping", [None, 0.5])
-def test_passed_optimizer_clipping_other_than_max_grad_norm_is_an_error(tmp_path, clipping):
+def test_passed_optimizer_clipping_other_than_max_grad_norm_is_an_error(tmp_path):
     model = worker.DigitsNet(0)
-    opt = dsopt.torch.AdamW(model.parameters(), gradient_clipping=clipping)
+    opt = dsopt.torch.AdamW(model.parameters(), gradient_clipping=0.5)
     with pytest.raises(ValueError, match=r"max_grad_norm=1 .*gradient_clipping=1"):
         trainer(tmp_path, model=model, optimizers=(opt, None))
+    assert opt.gradient_clipping == 0.5  # refused: nothing changed
     # max_grad_norm=0 leaves the optimizer's own clipping; equal values agree
     assert trainer(tmp_path, model=model, optimizers=(opt, None), max_grad_norm=0)
+    assert opt.gradient_clipping == 0.5
     opt.close()
     opt = dsopt.torch.AdamW(model.parameters(), gradient_clipping=1.0)
     assert trainer(tmp_path, model=model, optimizers=(opt, None)).dsopt_optimizer is opt
+    opt.close()
+
+
+def test_passed_optimizer_without_clipping_gets_max_grad_norm(tmp_path):
+    """As transformers.Trainer clips a torch.optim optimizer's gradients at
+    max_grad_norm, the Trainer hands max_grad_norm to a dsopt optimizer
+    that does not clip (dsopt then clips the averaged gradient)."""
+    model = worker.DigitsNet(0)
+    opt = dsopt.torch.AdamW(model.parameters())
+    assert opt.gradient_clipping == 0.0
+    assert trainer(tmp_path, model=model, optimizers=(opt, None), max_grad_norm=0.75)
+    assert opt.gradient_clipping == 0.75
     opt.close()
 
 

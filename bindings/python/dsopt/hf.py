@@ -21,8 +21,9 @@ dsopt.torch optimizer (``optimizers=(opt, scheduler)``, or
   averaged gradient inside dsopt's step (its ``gradient_clipping``); the
   Trainer does not call ``clip_grad_norm_`` on ``.grad``. An optimizer the
   Trainer creates gets ``gradient_clipping=max_grad_norm``; one passed in
-  must have been created with that value (or set ``max_grad_norm=0``: the
-  optimizer's own setting applies), else ValueError. The logged
+  that does not clip gets it too (as transformers.Trainer would clip it);
+  one passed in that clips at another value is a ValueError (say which you
+  mean: ``max_grad_norm=0`` keeps the optimizer's own setting). The logged
   ``grad_norm`` is dsopt's (``last_step_info.grad_norm``, the norm of the
   averaged gradient before clipping), logged where dsopt computes it.
 * Whole checkpoints: ``optimizer.pt`` holds every rank's dsopt state
@@ -74,9 +75,9 @@ def _is_dsopt_class(cls):
 
 
 def _clipping(optimizer):
-    """The ``gradient_clipping`` a dsopt.torch optimizer was created with
+    """The ``gradient_clipping`` a dsopt.torch optimizer has
     (0: none)."""
-    return float(optimizer._config.get("gradient_clipping") or 0)
+    return optimizer.gradient_clipping
 
 
 def _kwargs_clipping(kwargs):
@@ -152,11 +153,12 @@ class Trainer(transformers.Trainer):
 
     def _check_dsopt_optimizer(self, opt):
         """ValueError unless this Trainer can run ``opt`` (see the module
-        doc): its clipping is max_grad_norm's, its ranks the Trainer's
-        processes, gradients read from ``.grad``, no per-rank decisions to
-        skip a step, DDP (or one process) rather than FSDP or DeepSpeed."""
+        doc): its clipping is max_grad_norm's (given to it when it does not
+        clip), its ranks the Trainer's processes, gradients read from
+        ``.grad``, no per-rank decisions to skip a step, DDP (or one
+        process) rather than FSDP or DeepSpeed."""
         max_grad_norm = self._max_grad_norm()
-        if max_grad_norm > 0 and _clipping(opt) != max_grad_norm:
+        if max_grad_norm > 0 and _clipping(opt) not in (0.0, max_grad_norm):
             raise _clipping_error(max_grad_norm, _clipping(opt))
         size = opt.dsopt.communicator.size
         if size != self.args.world_size:
@@ -175,6 +177,8 @@ class Trainer(transformers.Trainer):
                 "dsopt.hf.Trainer: a dsopt optimizer runs data-parallel training (DDP or one "
                 "process), not FSDP or DeepSpeed: remove fsdp/deepspeed from the "
                 "TrainingArguments.")
+        if max_grad_norm > 0 and _clipping(opt) == 0.0:
+            opt.gradient_clipping = max_grad_norm  # every rank: the same arguments
         if self.args.world_size > 1 and getattr(self.accelerator, "scaler", None) is not None:
             raise ValueError(
                 "dsopt.hf.Trainer: fp16=True scales the loss with torch's GradScaler, which "
