@@ -166,11 +166,11 @@ def rank_batches(data, *, rank, world, batch, epochs):
     return batches
 
 
-def dsopt_alone(name, data, *, rank, world, batch, epochs, accumulate=1):
+def dsopt_alone(name, data, *, rank, world, batch, epochs, accumulate=1, **optimizer_kwargs):
     """The same training with the dsopt.torch optimizer and no Lightning."""
     batches = rank_batches(data, rank=rank, world=world, batch=batch, epochs=epochs)
     net = make_net(INIT_SEED)
-    opt, sched = make_optimizer(name, net.parameters())
+    opt, sched = make_optimizer(name, net.parameters(), **optimizer_kwargs)
     losses, sent = [], []
     before = written_bytes()
     with warnings.catch_warnings(record=True) as caught:
@@ -262,9 +262,20 @@ def environment_run(out_dir):
                                    accumulate=2)
     alone = dsopt_alone("adamw", data, rank=rank, world=world, batch=BATCH // 2, epochs=1,
                         accumulate=2)
-    results = {"accumulated": {"lightning": accumulated, "alone": alone}, "refused": {
+    # gradient_clip_val is dsopt's clipping of the averaged gradients
+    _, clipped = lightning_fit("adamw", data, devices=2, batch=BATCH, epochs=1,
+                               gradient_clip_val=0.05)
+    clipped_alone = dsopt_alone("adamw", data, rank=rank, world=world, batch=BATCH, epochs=1,
+                                gradient_clipping=0.05)
+    unclipped_alone = dsopt_alone("adamw", data, rank=rank, world=world, batch=BATCH, epochs=1)
+    results = {"accumulated": {"lightning": accumulated, "alone": alone},
+               "clipped": {"lightning": clipped, "alone": clipped_alone,
+                           "unclipped": unclipped_alone}, "refused": {
         "torch_optimizer": refused(data, "torch_adamw"),
-        "gradient_clip_val": refused(data, "adamw", gradient_clip_val=0.5),
+        "gradient_clip_mismatch": refused(data, "adamw", {"gradient_clipping": 0.25},
+                                          gradient_clip_val=0.5),
+        "gradient_clip_value": refused(data, "adamw", gradient_clip_val=0.5,
+                                       gradient_clip_algorithm="value"),
         "local_comm": refused(data, "adamw", {"comm": dsopt.Communicator.local()}),
         # (Lightning's precision="16-mixed" on the CPU is bf16-mixed: the
         # plugin with its GradScaler, as on a GPU)

@@ -14,9 +14,12 @@ variables) and at 1 (lightning_worker.py runs them):
   for AdamW, ZeRO-2 and 1-bit Adam (in its compressed stage), the
   checkpoint holding every rank's dsopt state; ZeRO-2 saved at 2 ranks
   continues at 1 rank (the same samples per step, within fp32 rounding);
-* torch.optim optimizers, Trainer(gradient_clip_val=...), a communicator
-  other than the default group, GradScaler and overlap with accumulation
-  are refused with messages that say what to do instead.
+* Trainer(gradient_clip_val=...) is dsopt's clipping of the averaged
+  gradients: the training of dsopt alone with gradient_clipping set;
+* torch.optim optimizers, a gradient_clip_val other than the optimizer's
+  own clipping, clipping by value, a communicator other than the default
+  group, GradScaler and overlap with accumulation are refused with messages
+  that say what to do instead.
 
 Needs lightning, PyPI torch and scikit-learn (`make test-frameworks`)."""
 
@@ -174,10 +177,18 @@ def test_gradient_accumulation(environment):
         assert lightning_run["bytes_sent"] == alone["bytes_sent"]
 
 
+def test_gradient_clip_val_is_dsopts_clipping(environment):
+    for rank in range(WORLD):
+        run = environment[rank]["clipped"]
+        assert run["lightning"]["losses"] == run["alone"]["losses"], f"rank {rank}"
+        assert run["lightning"]["params"] == run["alone"]["params"], f"rank {rank}"
+        assert run["alone"]["params"] != run["unclipped"]["params"]  # the clipping acted
+
+
 @pytest.mark.parametrize("case, says", [
     ("torch_optimizer", ["AdamW", "not a dsopt.torch optimizer", "strategy='ddp'"]),
-    ("gradient_clip_val", ["gradient_clip_val=0.5", "gradient_clipping=0.5",
-                           '"gradient_clipping"']),
+    ("gradient_clip_mismatch", ["gradient_clip_val=0.5", "gradient_clipping=0.25"]),
+    ("gradient_clip_value", ["gradient_clip_algorithm='value'", "norm"]),
     ("local_comm", ["rank 0 of 1", "of 2", "without comm="]),
     ("fp16_scaler", ["'16-mixed'", "GradScaler", "bf16-mixed"]),
     ("overlap_accumulate", ["overlap=True", "accumulate_grad_batches=2"]),

@@ -39,11 +39,15 @@ dsopt.torch optimizer averages the gradients itself inside ``step()``.
   ``.grad`` and dsopt averages the sum at the step (with ``overlap=True``
   only ``accumulate_grad_batches=1``: the hooks hand over every backward's
   gradients, which Lightning has divided by the accumulation count).
-* Clipping: ``Trainer(gradient_clip_val=...)`` is refused: Lightning clips
-  ``.grad`` before ``step()``, where each rank holds its own gradients,
-  not their average. dsopt clips the global norm of the averaged
-  gradients: create the optimizer with ``gradient_clipping=`` (config key
-  ``"gradient_clipping"``). ``precision="16-mixed"`` is refused too (torch's
+* Clipping: ``Trainer(gradient_clip_val=...)`` becomes dsopt's clipping.
+  Lightning would clip ``.grad`` before ``step()``, where each rank holds
+  its own gradients, not their average; instead the optimizers get
+  ``gradient_clipping = gradient_clip_val`` (``opt.gradient_clipping``) and
+  dsopt clips the global norm of the averaged gradients inside ``step()``,
+  while Lightning's own clipping of dsopt optimizers is skipped. An
+  optimizer created with another ``gradient_clipping`` is an error (say
+  which you mean), and so is ``gradient_clip_algorithm="value"`` (dsopt
+  clips by norm). ``precision="16-mixed"`` is refused (torch's
   GradScaler skips ``step()`` on a rank whose own gradients overflowed,
   while the other ranks enter dsopt's collective step): use
   ``"bf16-mixed"``, ``"32-true"``, or dsopt's loss scaling (``fp16=True``).
@@ -146,6 +150,7 @@ def _strategy_class(pl, qualname):
             if fitting:
                 self.setup_optimizers(trainer)
                 self._check_optimizers(trainer)
+                self._clip_in_dsopt(trainer)
             self.setup_precision_plugin()
             # Not moved by _optimizers_to_device: dsopt keeps its state in
             # its own memory, on the parameters' device.
@@ -156,13 +161,14 @@ def _strategy_class(pl, qualname):
 
         def _check_trainer(self, trainer):
             clip = trainer.gradient_clip_val
-            if clip is not None and clip > 0:
+            algorithm = getattr(trainer.gradient_clip_algorithm, "value",
+                                trainer.gradient_clip_algorithm)
+            if clip is not None and clip > 0 and algorithm not in (None, "norm"):
                 raise MisconfigurationException(
-                    f"DsoptStrategy: Trainer(gradient_clip_val={clip!r}) would clip each rank's "
-                    f"own gradients before the dsopt.torch optimizer averages them. Clip the "
-                    f"global norm of the averaged gradients in dsopt instead: create the "
-                    f"optimizer with gradient_clipping={clip!r} (dsopt config key "
-                    f"\"gradient_clipping\") and drop gradient_clip_val from the Trainer.")
+                    f"DsoptStrategy: Trainer(gradient_clip_algorithm={algorithm!r}): the "
+                    f"dsopt.torch optimizer clips the global norm of the averaged gradients "
+                    f"(gradient_clip_val becomes its gradient_clipping); use "
+                    f"gradient_clip_algorithm='norm'.")
             plugin = self.precision_plugin
             if isinstance(plugin, MixedPrecision) and getattr(plugin, "scaler", None) is not None:
                 raise MisconfigurationException(
@@ -202,6 +208,41 @@ def _strategy_class(pl, qualname):
                         f"hand every backward's gradients to dsopt, which Lightning has divided "
                         f"by the accumulation count. Use overlap=False with "
                         f"accumulate_grad_batches.")
+
+        def _clip_in_dsopt(self, trainer):
+            """gradient_clip_val becomes the dsopt optimizers' clipping (on
+            every rank: the same settings), and the precision plugin's
+            clipping leaves dsopt optimizers alone (it would clip each
+            rank's own ``.grad``), as DeepSpeed's precision plugin leaves
+            clipping to DeepSpeed."""
+            clip = float(trainer.gradient_clip_val or 0)
+            if clip <= 0:
+                return
+            optimizers = [o for o in self.optimizers if isinstance(o, dsopt.torch.Optimizer)]
+            for i, optimizer in enumerate(optimizers):
+                if optimizer.gradient_clipping not in (0.0, clip):
+                    raise MisconfigurationException(
+                        f"DsoptStrategy: Trainer(gradient_clip_val={clip:g}) but the dsopt.torch "
+                        f"optimizer {i} clips at gradient_clipping="
+                        f"{optimizer.gradient_clipping:g}: say which you mean (drop one of them, "
+                        f"or make them equal).")
+            for optimizer in optimizers:
+                optimizer.gradient_clipping = clip
+            plugin = self.precision_plugin
+            if getattr(plugin, "_dsopt_clips", False):
+                return
+            lightning_clip = plugin.clip_gradients
+
+            def clip_gradients(optimizer, clip_val=0.0, gradient_clip_algorithm=None):
+                inner = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer
+                if isinstance(inner, dsopt.torch.Optimizer):
+                    return  # dsopt clips the averaged gradients inside step()
+                if gradient_clip_algorithm is None:
+                    return lightning_clip(optimizer, clip_val)
+                return lightning_clip(optimizer, clip_val, gradient_clip_algorithm)
+
+            plugin.clip_gradients = clip_gradients
+            plugin._dsopt_clips = True
 
         def optimizer_state(self, optimizer):
             """The optimizer's state dict for the checkpoint: for a
