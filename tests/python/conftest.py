@@ -4,6 +4,8 @@ When the cffi extension is not built, only the tests that need no
 extension run, and test_extension_built.py skips with the reason."""
 
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +40,40 @@ def subprocess_env(**extra):
     the dsopt package and this folder importable."""
     paths = [str(BINDING_DIR), str(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **extra)
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(script, args, world, **env):
+    """``script`` (a file of this folder) with ``args`` on ``world``
+    processes that find each other as torchrun's do (RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one OpenMP thread each."""
+    env = subprocess_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), **env)
+    return [subprocess.Popen([sys.executable, str(HERE / script), *map(str, args)],
+                             env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for rank in range(world)]
+
+
+def wait_for(procs, what, timeout=300):
+    """Waits for every process of ``procs``; fails the test (killing them
+    all) when one has not ended within ``timeout`` seconds or one failed."""
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"{what} did not finish within {timeout} s")
+    for rank, (proc, output) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0, f"{what}: process {rank} failed:\n{output[-6000:]}"
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ bytes per step, the bytes this process wrote to its sockets during
 training (/proc/self/io's wchar) and the warnings. bench/ddp_bytes.py
 runs it for longer ($DSOPT_DDP_STEPS steps, default 8).
 
-    python ddp_hook_worker.py RANK WORLD PORT OUT_JSON"""
+    RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python ddp_hook_worker.py OUT_DIR
+
+(torchrun's variables) writes OUT_DIR/rank<RANK>.json."""
 
 import json
 import os
@@ -76,13 +78,12 @@ def train(rank, world, name, mode):
 
 
 def main():
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     results = {name: {mode: train(rank, world, name, mode) for mode in ("alone", "hook", "ddp")}
                for name in OPTIMIZERS}
     torch.distributed.destroy_process_group()
-    with open(out, "w") as f:
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
 
 

@@ -25,7 +25,6 @@ Lightning's models start from a different initialisation on every rank
 
 import json
 import os
-import socket
 import sys
 import warnings
 
@@ -35,6 +34,7 @@ import dsopt
 import dsopt.torch
 import lightning
 from dsopt.lightning import DsoptStrategy
+from conftest import free_port
 from torch_comm_worker import digits
 
 SAMPLES = 128
@@ -68,12 +68,6 @@ def written_bytes():
     sockets' traffic, gloo's included)."""
     with open("/proc/self/io") as f:
         return int(next(line for line in f if line.startswith("wchar:")).split()[1])
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Classifier(lightning.LightningModule):

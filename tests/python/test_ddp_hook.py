@@ -8,8 +8,6 @@ averages every gradient first, dsopt averages the equal gradients again
 Needs torch (PyPI's: `make test-frameworks`) and scikit-learn."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -20,7 +18,6 @@ if not hasattr(torch.nn.parallel.DistributedDataParallel, "register_comm_hook"):
     pytest.skip("DDP communication hooks need torch >= 1.8", allow_module_level=True)
 
 import conftest  # noqa: E402
-from test_torch_comm import free_port  # noqa: E402
 
 WORLD = 2
 NAMES = ("adamw", "adamw_zero2", "onebit_adam", "onebit_lamb", "zero_one_adam")
@@ -29,22 +26,8 @@ NAMES = ("adamw", "adamw_zero2", "onebit_adam", "onebit_lamb", "zero_one_adam")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("ddp_hook")
-    port = str(free_port())
-    env = conftest.subprocess_env(OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(conftest.HERE / "ddp_hook_worker.py"),
-                               str(rank), str(WORLD), port, str(out_dir / f"rank{rank}.json")],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(WORLD)]
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("ddp_hook_worker.py did not finish within 240 s")
-    for proc, output in zip(procs, outputs):
-        assert proc.returncode == 0, f"ddp_hook_worker.py failed:\n{output}"
+    conftest.wait_for(conftest.start_ranks("ddp_hook_worker.py", [out_dir], WORLD),
+                      "ddp_hook_worker.py", timeout=240)
     return [json.loads((out_dir / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 

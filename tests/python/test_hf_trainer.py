@@ -28,7 +28,6 @@ import conftest  # noqa: E402
 import dsopt  # noqa: E402
 import dsopt.torch  # noqa: E402
 import hf_trainer_worker as worker  # noqa: E402
-from test_torch_comm import free_port  # noqa: E402
 
 import dsopt.hf  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
@@ -40,23 +39,8 @@ NUMEL = sum(p.numel() for p in worker.DigitsNet(0).parameters())
 def launch(world, out_dir, phases, *extra, timeout=300):
     """hf_trainer_worker.py on ``world`` processes (RANK, WORLD_SIZE, ...
     as torchrun sets them); {phase: [each rank's result]}."""
-    env = conftest.subprocess_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=str(free_port()), WORLD_SIZE=str(world))
-    procs = [subprocess.Popen([sys.executable, str(conftest.HERE / "hf_trainer_worker.py"),
-                               str(out_dir), ",".join(phases), *extra],
-                              env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(world)]
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"hf_trainer_worker.py on {world} ranks did not finish in {timeout} s")
-    for rank, (proc, output) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"hf_trainer_worker.py rank {rank} failed:\n{output[-6000:]}"
+    procs = conftest.start_ranks("hf_trainer_worker.py", [out_dir, ",".join(phases), *extra], world)
+    conftest.wait_for(procs, f"hf_trainer_worker.py on {world} ranks", timeout)
     return {phase: [torch.load(out_dir / f"{phase}-rank{rank}.pt", weights_only=False)
                     for rank in range(world)] for phase in phases}
 

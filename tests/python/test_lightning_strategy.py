@@ -38,7 +38,6 @@ if subprocess.run([sys.executable, "-c", "import lightning"], capture_output=Tru
                 f"`make test-frameworks` uses a venv that has it)", allow_module_level=True)
 
 import conftest  # noqa: E402
-from test_torch_comm import free_port  # noqa: E402
 
 WORLD = 2
 NAMES = ("adamw", "adamw_zero2", "onebit_adam")
@@ -47,16 +46,7 @@ TIMEOUT = 300
 
 
 def run(procs, what):
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=TIMEOUT)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"lightning_worker.py {what} did not finish within {TIMEOUT} s")
-    for proc, output in zip(procs, outputs):
-        assert proc.returncode == 0, f"lightning_worker.py {what} failed:\n{output}"
+    conftest.wait_for(procs, f"lightning_worker.py {what}", TIMEOUT)
 
 
 def worker(launch, out_dir, **env):
@@ -74,7 +64,7 @@ def read(out_dir, launch, ranks):
 def launcher(tmp_path_factory):
     """Lightning's launcher at 2 ranks, then rank 0 at world size 1."""
     out_dir = tmp_path_factory.mktemp("lightning_launcher")
-    run([worker("launcher", out_dir, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))],
+    run([worker("launcher", out_dir, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(conftest.free_port()))],
         "launcher")
     return read(out_dir, "launcher", range(WORLD)), read(out_dir, "one_rank", [0])[0]
 
@@ -83,11 +73,8 @@ def launcher(tmp_path_factory):
 def environment(tmp_path_factory):
     """One process per rank with the variables torchrun sets."""
     out_dir = tmp_path_factory.mktemp("lightning_environment")
-    port = str(free_port())
-    run([worker("environment", out_dir, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
-                WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=port)
-         for rank in range(WORLD)], "environment")
+    run(conftest.start_ranks("lightning_worker.py", ["environment", out_dir], WORLD,
+                             GROUP_RANK="0", LOCAL_WORLD_SIZE=str(WORLD)), "environment")
     return read(out_dir, "environment", range(WORLD))
 
 

@@ -10,8 +10,6 @@ own 1-bit state dict is refused on rank 1, and loads with
 Needs torch and scikit-learn (`make test-frameworks`)."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,26 +19,13 @@ if not torch.distributed.is_available():
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
 import conftest  # noqa: E402
-from test_torch_comm import free_port  # noqa: E402
 
 NAMES = ("adamw", "adamw_zero2", "onebit_adam")
 
 
 def launch(world, *args):
-    port = str(free_port())
-    env = conftest.subprocess_env(OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(conftest.HERE / "whole_checkpoint_worker.py"),
-                               str(rank), str(world), port, *map(str, args)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(world)]
-    try:
-        outputs = [proc.communicate(timeout=180)[0] for proc in procs]
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        pytest.fail(f"whole_checkpoint_worker.py {args} did not finish within 180 s")
-    for proc, output in zip(procs, outputs):
-        assert proc.returncode == 0, f"whole_checkpoint_worker.py {args} failed:\n{output}"
+    conftest.wait_for(conftest.start_ranks("whole_checkpoint_worker.py", args, world),
+                      f"whole_checkpoint_worker.py {args}", timeout=180)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ SAVED_WORLD, it only resumes the file a run of SAVED_WORLD ranks saved,
 each rank's batch the union of the batches the saved run's ranks it stands
 for had (so the global batch stays the same).
 
-    python whole_checkpoint_worker.py RANK WORLD PORT NAMES OUT_DIR [SAVED_WORLD]
+    RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. \
+        python whole_checkpoint_worker.py NAMES OUT_DIR [SAVED_WORLD]
 
 NAMES: comma-separated keys of OPTIMIZERS."""
 
@@ -62,15 +63,14 @@ def flat(net):
 
 
 def main():
-    rank, world, port, names, out = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                     sys.argv[4].split(","), sys.argv[5])
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    names, out = sys.argv[1].split(","), sys.argv[2]
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     for name in names:
         if name == "foreign":
             foreign(rank, world, out)
-        elif len(sys.argv) > 6:
-            resume_elsewhere(rank, world, name, out, int(sys.argv[6]))
+        elif len(sys.argv) > 3:
+            resume_elsewhere(rank, world, name, out, int(sys.argv[3]))
         else:
             save_and_resume(rank, world, name, out)
     torch.distributed.destroy_process_group()
