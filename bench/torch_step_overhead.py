@@ -11,15 +11,14 @@ call of each run), the variants interleaved run by run so that load from
 elsewhere on the machine hits them alike; the script prints the median,
 min and max over the runs:
 
-* ``step()``, and ``step()`` without the storage checks (both made
-  no-ops, as before they existed): what following moved parameters and
-  moved ``.grad`` costs;
+* ``step()``, and ``step()`` without the check of the parameters'
+  storage (made a no-op, as before it existed): what following moved
+  parameters costs;
 * the same two for the Python part alone (the call into dsopt_step
   replaced by returning the last result);
-* each check alone: the parameters' (``data_ptr()`` and ``dtype`` of
-  every parameter, compared with dsopt's) and the kept ``.grad``'s
-  (``data_ptr()`` of every ``.grad`` kept from the last step); and the
-  read of every ``.grad`` that ``step()`` makes anyway, for scale.
+* the check alone (``data_ptr()`` of every parameter, compared with
+  dsopt's), and the read of every ``.grad`` that ``step()`` makes anyway,
+  for scale.
 
 ``--torch`` adds torch.optim.AdamW (foreach=False and, where it exists,
 foreach=True), slow here (a few hundred ms per step).
@@ -94,28 +93,22 @@ def main():
     opt.step()
     info = opt.last_step_info
     real_step = opt.dsopt._step_with
-    descriptors = opt._grad_descriptors
 
-    def variant(checks, c_step):
+    def variant(check, c_step):
         def setup():
             opt.__dict__.pop("_follow_params", None)
-            descriptors.__dict__.pop("_same_storage", None)
-            if not checks:
+            if not check:
                 opt._follow_params = lambda collective=True: None
-                descriptors._same_storage = lambda grads: True
             opt.dsopt._step_with = real_step if c_step else (lambda *args: info)
         return setup, opt.step
 
     get_grad = operator.attrgetter("grad")
-    grads = list(map(get_grad, params))
     times = time_interleaved({
         "step()": variant(True, True),
-        "step() without the storage checks": variant(False, True),
+        "step() without the storage check": variant(False, True),
         "step(), Python part": variant(True, False),
-        "step(), Python part, without the storage checks": variant(False, False),
-        "the parameters' check alone": (variant(True, True)[0], opt._storage.moved),
-        "the kept .grad's check alone": (variant(True, True)[0],
-                                         lambda: descriptors._same_storage(grads)),
+        "step(), Python part, without the storage check": variant(False, False),
+        "the storage check alone": (variant(True, True)[0], opt._storage.moved),
         "every .grad read (step() does it anyway)": (lambda: None,
                                                       lambda: list(map(get_grad, params))),
     }, a.steps, a.runs)

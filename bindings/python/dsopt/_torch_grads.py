@@ -1,9 +1,7 @@
 """The gradient descriptors of dsopt.torch.Optimizer, kept from step to
 step (see the dsopt.torch module doc): a parameter's ``.grad`` is
 described again only when it is another tensor object than at the last
-step, or the same object on other storage (its ``data_ptr()`` is
-compared: ``model.to(...)`` moves a ``.grad`` in place); a ``.grad``
-that is None is an absent gradient (data NULL).
+step; a ``.grad`` that is None is an absent gradient (data NULL).
 Unlike ``tensors.GradDescriptors`` (the numpy API's, which holds its
 arrays) it keeps weak references: a ``.grad`` torch drops is freed at
 once, which matters for GPU memory."""
@@ -20,7 +18,6 @@ from .tensors import _ABSENT, describe, tensor_records
 
 _get_dtype = operator.attrgetter("dtype")
 _get_layout = operator.attrgetter("layout")
-_data_ptr = torch.Tensor.data_ptr
 _is, _is_not, _eq = operator.is_, operator.is_not, operator.eq
 _deref = weakref.ref.__call__
 
@@ -70,17 +67,6 @@ class TorchGradDescriptors:
         self.refs = [_NEVER_REF] * len(self.params)
         self.freed[0] = False
         self.copies = ()  # contiguous copies described for the step being made
-        # Which .grad were present at the last update, and the storage
-        # described for them (their data pointers, in order).
-        self.present = []
-        self.present_pointers = np.empty(0, np.uintp)
-
-    def _same_storage(self, grads):
-        """Whether the present ``.grad`` of the last update (the same
-        objects) still have the storage they were described with."""
-        pointers = self.present_pointers
-        return np.array_equal(np.fromiter(map(_data_ptr, compress(grads, self.present)),
-                                          np.uintp, len(pointers)), pointers)
 
     def update(self, grads, gradient):
         """Describes the ``.grad`` values ``grads`` (one per parameter)
@@ -92,9 +78,7 @@ class TorchGradDescriptors:
         refs = self.refs
         freed = self.freed[0]
         if not freed and all(map(_is, map(_deref, refs), grads)):
-            if self._same_storage(grads):
-                return
-            freed = True  # a .grad's storage was swapped in place: describe every one
+            return
         n = len(grads)
         changed = None  # every entry
         if not freed:
@@ -124,10 +108,6 @@ class TorchGradDescriptors:
             for i, ref in zip(changed, new_refs):
                 refs[i] = ref
         self.copies = copies
-        data = self.records["data"][:n]
-        present = data != 0  # absent gradients are described with NULL
-        self.present = present.tolist()
-        self.present_pointers = data[present]
 
     @staticmethod
     def _plain_pointers(subset, dtypes, numels):

@@ -63,8 +63,11 @@ What behaves as in torch.optim:
   through the storage it was given, so before every step (and before
   ``state_dict``, ``load_state_dict``, ``torch_state_dict``, ``deepcopy``,
   pickling and ``add_param_group``) the optimizer compares every
-  parameter's ``data_ptr()`` and dtype with dsopt's (about what reading
-  their ``.grad`` costs) and follows what changed:
+  parameter's ``data_ptr()`` with dsopt's (about what reading their
+  ``.grad`` costs) and follows what changed. It keeps the storage dsopt
+  has referenced, so that no other tensor can take that address unseen:
+  the storage a parameter left stays allocated until the optimizer
+  follows it (the next step).
 
   - new storage of the same dtype and device (``model.to(torch.device(
     "cpu", 0))``, which copies every parameter; ``p.data = p.data.clone()``;
@@ -180,11 +183,11 @@ classes infer it).
   at the last step (autograd accumulating into an existing ``.grad``, or
   ``zero_grad(set_to_none=False)``, keeps the object; ``set_to_none=True``
   makes new ones, which are described again). A ``.grad`` that stays the
-  same object is described again when its storage moved (its
-  ``data_ptr()`` is compared: ``model.to(...)``, ``p.grad.data = ...`` and
-  ``p.grad.set_(...)`` move it in place); one changed in place at the same
-  address (``p.grad.resize_(...)``, other strides through ``set_``) needs
-  ``clear_grad_cache()`` before the next ``step()``. Only weak
+  same object must keep its storage: after swapping it in place
+  (``p.grad.set_(...)``, ``p.grad.data = ...``, ``p.grad.resize_(...)``)
+  call ``clear_grad_cache()`` before the next ``step()``; ``model.to(...)``,
+  which moves ``.grad`` along with the parameters, needs none (the
+  parameters' new storage drops the kept descriptors). Only weak
   references to the gradients are kept, so a dropped ``.grad`` is freed
   as before.
 """

@@ -488,8 +488,8 @@ class Optimizer(torch.optim.Optimizer):
     def clear_grad_cache(self):
         """Forgets the gradient descriptors kept from the last ``step()``:
         the next step describes every ``.grad`` afresh (needed after a
-        ``.grad`` was changed in place at the same address: resized, or
-        given other strides; see the module doc)."""
+        ``.grad`` tensor's storage was swapped in place; see the module
+        doc)."""
         self._grad_descriptors.clear()
 
     @property

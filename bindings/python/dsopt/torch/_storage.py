@@ -5,12 +5,17 @@ was given, so a parameter whose storage was replaced (``model.to(...)``,
 rebuilt, for another dtype or device) before dsopt touches it again.
 
 ``ParamStorage.moved()`` is the check made at every step: one
-``data_ptr()`` and one ``dtype`` read per parameter, compared as lists
-(no Python loop). The data pointer covers the device too: CUDA memory and
-host memory share one address space (unified addressing), so a tensor
-on another device always has another address. The dtype is compared as
-well because a cast can land in freed memory at the old address
-(``.to(float64).to(bfloat16)``)."""
+``data_ptr()`` per parameter, compared as a list (no Python loop).
+``ParamStorage`` keeps the storage it describes referenced, so that no
+other tensor can take a parameter's old address while dsopt has not seen
+the change: the storage a moved parameter left stays allocated until the
+optimizer follows it (the next step), and an unchanged address always
+means the storage dsopt has, with its dtype. That also covers the
+``.grad`` that ``model.to(...)`` moves along with the parameters (the
+kept gradient descriptors are dropped when the parameters are followed)
+and the device: CUDA memory and host memory share one address space
+(unified addressing), so a tensor on another device has another
+address."""
 
 import operator
 
@@ -18,6 +23,7 @@ import torch
 
 _data_ptr = torch.Tensor.data_ptr
 _get_dtype = operator.attrgetter("dtype")
+_get_data = operator.attrgetter("data")
 
 # The dtypes dsopt updates (dsopt.tensors takes these).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -25,20 +31,20 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 class ParamStorage:
     """The data pointer, dtype and device of every parameter as dsopt
-    holds them (taken when the dsopt optimizer is made or rebound)."""
+    holds them (taken when the dsopt optimizer is made or rebound), and
+    their storage, kept referenced."""
 
     def __init__(self, tensors):
         self.tensors = tensors
+        self.kept = list(map(_get_data, tensors))  # tensors on the same storage
         self.pointers = list(map(_data_ptr, tensors))
         self.dtypes = list(map(_get_dtype, tensors))
         self.numels = list(map(torch.Tensor.numel, tensors))
         self.device = tensors[0].device if tensors else torch.device("cpu")
 
     def moved(self) -> bool:
-        """Whether some parameter's storage or dtype differs from dsopt's."""
-        tensors = self.tensors
-        return list(map(_data_ptr, tensors)) != self.pointers or \
-            list(map(_get_dtype, tensors)) != self.dtypes
+        """Whether some parameter's storage differs from dsopt's."""
+        return list(map(_data_ptr, self.tensors)) != self.pointers
 
     def dtype_changes(self):
         """The indices of the parameters whose dtype differs from dsopt's."""
