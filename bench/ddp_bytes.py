@@ -26,11 +26,12 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = dict(os.environ, OMP_NUM_THREADS="1", DSOPT_DDP_STEPS=str(steps),
+    env = dict(os.environ, OMP_NUM_THREADS="1", DSOPT_DDP_STEPS=str(steps), WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                PYTHONPATH=os.pathsep.join([str(REPO / "bindings" / "python"), str(TESTS)]))
     with tempfile.TemporaryDirectory() as out:
-        procs = [subprocess.Popen([sys.executable, str(TESTS / "ddp_hook_worker.py"), str(rank),
-                                   "2", port, f"{out}/rank{rank}.json"], env=env)
+        procs = [subprocess.Popen([sys.executable, str(TESTS / "ddp_hook_worker.py"), out],
+                                  env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)))
                  for rank in range(2)]
         if any(p.wait() for p in procs):
             sys.exit("ddp_bytes: a rank failed")
