@@ -3,7 +3,7 @@
 only, as frameworks save, and loaded from that one file on every rank,
 resumes bit for bit at the same world size (AdamW, ZeRO-2, 1-bit Adam in
 its compressed stage: every rank gets its own shard and compression
-errors back), and a ZeRO-2 run saved at 2 ranks continues at 1. Rank 0's
+errors back; AdamW over a model cast to bf16 just before the save), and a ZeRO-2 run saved at 2 ranks continues at 1. Rank 0's
 own 1-bit state dict is refused on rank 1, and loads with
 ``reset_rank_local=True``, which warns.
 
@@ -20,7 +20,7 @@ if not torch.distributed.is_available():
 
 import conftest  # noqa: E402
 
-NAMES = ("adamw", "adamw_zero2", "onebit_adam")
+NAMES = ("adamw", "adamw_zero2", "onebit_adam", "adamw_cast")
 
 
 def launch(world, *args):

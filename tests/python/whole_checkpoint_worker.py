@@ -29,6 +29,8 @@ OPTIMIZERS = {
     "adamw": lambda p: dsopt.torch.AdamW(p, lr=3e-3, weight_decay=0.01),
     "adamw_zero2": lambda p: dsopt.torch.AdamW(p, lr=3e-3, weight_decay=0.01, zero_stage=2),
     "onebit_adam": lambda p: dsopt.torch.OneBitAdam(p, lr=3e-3, freeze_step=3),
+    # AdamW over a model cast to bf16 right before the save (followed there)
+    "adamw_cast": lambda p: dsopt.torch.AdamW(p, lr=3e-3, weight_decay=0.01),
 }
 
 
@@ -51,7 +53,8 @@ def train(net, opt, steps, rank, world, saved_world=None):
     for step in steps:
         xb, yb = batch(step, rank, world, saved_world or world)
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(xb), yb)
+        dtype = next(net.parameters()).dtype
+        loss = torch.nn.functional.cross_entropy(net(xb.to(dtype)).float(), yb)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -59,7 +62,7 @@ def train(net, opt, steps, rank, world, saved_world=None):
 
 
 def flat(net):
-    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]).tolist()
+    return torch.cat([p.detach().reshape(-1).float() for p in net.parameters()]).tolist()
 
 
 def main():
@@ -81,6 +84,8 @@ def save_and_resume(rank, world, name, out):
     net = model()
     opt = OPTIMIZERS[name](net.parameters())
     train(net, opt, range(SAVE_AT), rank, world)
+    if name.endswith("_cast"):
+        net.to(torch.bfloat16)
     whole = opt.state_dict_all_ranks()
     assert (whole is None) == (rank != 0)
     if rank == 0:
@@ -124,6 +129,8 @@ def resume(path, rank, world, name, saved_world):
     """A fresh model and optimizer load the whole checkpoint at ``path``
     and train AFTER steps."""
     net = model()
+    if name.endswith("_cast"):
+        net.to(torch.bfloat16)
     opt = OPTIMIZERS[name](net.parameters())
     saved = torch.load(path, weights_only=False) if "weights_only" in \
         torch.load.__code__.co_varnames else torch.load(path)

@@ -61,6 +61,7 @@ def gather_blobs(comm, blob, dst):
 
 def state_dict_all_ranks(opt, dst):
     """``opt.state_dict_all_ranks(dst)`` (see there)."""
+    opt._follow_params()  # collective here: a cast model is followed on every rank
     state_dict = opt.state_dict()
     blobs = gather_blobs(opt._comm, state_dict["dsopt_state"], dst)
     if blobs is None:
