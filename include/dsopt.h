@@ -412,6 +412,14 @@ DSOPT_API int dsopt_set_lr(dsopt_optimizer *opt, double lr);
 DSOPT_API int dsopt_set_gradient_clipping(dsopt_optimizer *opt, double max_norm);
 DSOPT_API int dsopt_get_gradient_clipping(const dsopt_optimizer *opt, double *out_max_norm);
 
+/* The CPU threads of the optimizer's host work: the config's "threads", or
+ * by default this process's share of the cores it may run on (its CPU
+ * affinity mask) among the ranks of its communicator on the same machine
+ * and cores, at least 1; OMP_NUM_THREADS, when set, is taken as this
+ * process's choice instead (capped by the mask). Returns DSOPT_OK or
+ * DSOPT_EINVAL. Not collective. */
+DSOPT_API int dsopt_get_threads(const dsopt_optimizer *opt, int32_t *out_threads);
+
 /* Size in bytes of the blob dsopt_state_save writes now.
  * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
 DSOPT_API int dsopt_state_size(const dsopt_optimizer *opt, uint64_t *out_size);

@@ -8,6 +8,7 @@
 #include "api/config.hpp"
 #include "api/guard.hpp"
 #include "api/handles.hpp"
+#include "kernels/cpu/thread_budget.hpp"
 #include "optim/factory.hpp"
 
 using namespace dsopt;
@@ -33,29 +34,39 @@ uint64_t shapes_hash(const dsopt_tensor* params, int64_t count) {
 }
 
 // Every rank tells every other whether it built its optimizer and what
-// config and shapes it has; any failure or difference fails every rank.
-// Returns rank 0's run id.
-uint64_t agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash,
-                            uint64_t run_id) {
+// config and shapes it has, and where it runs; any failure or difference
+// fails every rank.
+struct Agreement {
+  uint64_t run_id;  // rank 0's
+  int cpu_peers;    // ranks on this rank's machine and cores, itself included
+};
+
+Agreement agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash,
+                             uint64_t run_id, const CpuPlace& place) {
   const int world = comm.size();
-  if (world == 1) return run_id;
-  int64_t mine[4] = {local_ok ? 1 : 0, int64_t(cfg_hash), int64_t(shape_hash), int64_t(run_id)};
-  std::vector<int64_t> all(size_t(4 * world));
+  if (world == 1) return {run_id, 1};
+  constexpr int kFields = 6;
+  int64_t mine[kFields] = {local_ok ? 1 : 0, int64_t(cfg_hash), int64_t(shape_hash), int64_t(run_id),
+                           int64_t(place.machine), int64_t(place.cores)};
+  std::vector<int64_t> all(size_t(kFields * world));
   auto host = make_cpu_kernels(1);
-  comm.allgather(mine, all.data(), 4, Elem::I64, Mem{host.get(), false});
+  comm.allgather(mine, all.data(), kFields, Elem::I64, Mem{host.get(), false});
   for (int r = 0; r < world; ++r)
-    if (all[size_t(4 * r)] == 0)
+    if (all[size_t(kFields * r)] == 0)
       fail(DSOPT_EMISMATCH, "dsopt_create: rank " + std::to_string(r) +
                                 " could not create its optimizer (see that rank's error)");
+  int cpu_peers = 0;
+  for (int r = 0; r < world; ++r)
+    cpu_peers += all[size_t(kFields * r + 4)] == mine[4] && all[size_t(kFields * r + 5)] == mine[5];
   for (int r = 1; r < world; ++r) {
-    if (all[size_t(4 * r + 1)] != all[1])
+    if (all[size_t(kFields * r + 1)] != all[1])
       fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the config (rank 0 and rank " +
                                 std::to_string(r) + " passed different settings)");
-    if (all[size_t(4 * r + 2)] != all[2])
+    if (all[size_t(kFields * r + 2)] != all[2])
       fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the parameters (rank 0 and rank " +
                                 std::to_string(r) + " passed different numel, dtype or group)");
   }
-  return uint64_t(all[3]);
+  return {uint64_t(all[3]), cpu_peers};
 }
 
 const dsopt::Optimizer& impl(const dsopt_optimizer* opt) {
@@ -107,13 +118,16 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
     uint64_t run_id = 0;
     if (status == DSOPT_OK)
       run_id = run_cfg_hash ^ (shapes * 0x9E3779B97F4A7C15ull) ^ opt->impl->params_fingerprint();
+    const CpuPlace place = this_cpu_place();
+    Agreement agreed{run_id, 1};
     try {
-      run_id = agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes, run_id);
+      agreed = agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes, run_id, place);
     } catch (const Error&) {
       if (status == DSOPT_OK) throw;
     }
     if (status != DSOPT_OK) fail(status, error);  // this rank's own problem comes first
-    opt->impl->set_run_id(run_id);
+    opt->impl->set_run_id(agreed.run_id);
+    opt->impl->set_default_threads(default_threads(place, agreed.cpu_peers));
     *out = opt.release();
   });
 }
@@ -174,6 +188,14 @@ DSOPT_API int dsopt_set_gradient_clipping(dsopt_optimizer* opt, double max_norm)
       fail(DSOPT_EINVAL, "gradient_clipping must be a finite number >= 0 (0: off), got " +
                           std::to_string(max_norm));
     o.set_gradient_clipping(max_norm);
+  });
+}
+
+DSOPT_API int dsopt_get_threads(const dsopt_optimizer* opt, int32_t* out_threads) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    require_nonnull(out_threads, "out_threads");
+    *out_threads = o.threads();
   });
 }
 

@@ -99,6 +99,10 @@ class Kernels {
 
   virtual Device device() const = 0;
   virtual const char* name() const = 0;  // e.g. "avx512", "cuda"
+  // CPU threads of the kernels (0 on a device), and setting them between
+  // calls (results do not depend on them).
+  virtual int threads() const { return 0; }
+  virtual void set_threads(int threads) { (void)threads; }
 
   // Memory of this device. alloc throws Error(DSOPT_ENOMEM) on failure;
   // alloc(0) returns nullptr.

@@ -272,6 +272,12 @@ void Optimizer::set_lr(int32_t group, double lr) {
   groups_[size_t(group)].lr = lr;
 }
 
+void Optimizer::set_default_threads(int threads) {
+  if (cfg_.threads > 0) return;  // the config's "threads" stays
+  host_->set_threads(threads);
+  if (kernels_->device() == Device::Cpu) kernels_->set_threads(threads);
+}
+
 void Optimizer::set_gradient_clipping(double max_norm) {
   refuse_while_handing_over("dsopt_set_gradient_clipping");
   pipeline_.set_gradient_clipping(max_norm);

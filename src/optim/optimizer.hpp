@@ -106,6 +106,10 @@ class Optimizer {
   // The identifier of this run, the same on every rank; blobs carry it so
   // that blobs of different runs are not mixed. Set after creation.
   void set_run_id(uint64_t id) { run_id_ = id; }
+  // The CPU threads of this optimizer's host work (its kernels, on the
+  // CPU), and the default given at create to a config without "threads".
+  int threads() const { return host_->threads(); }
+  void set_default_threads(int threads);
   // A hash of samples of the parameters' current values.
   uint64_t params_fingerprint() const { return params_.fingerprint(); }
 

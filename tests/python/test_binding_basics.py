@@ -1,6 +1,7 @@
 """The Python surface: communicators, life cycle, array checks, errors."""
 
 import gc
+import os
 import weakref
 
 import numpy as np
@@ -259,3 +260,15 @@ def test_nccl_communicator_needs_nccl_and_a_comm():
 def test_from_mpi4py_needs_a_communicator():
     with pytest.raises(TypeError, match="mpi4py"):
         dsopt.Communicator.from_mpi4py(object())
+
+
+def test_threads_are_the_configs_or_this_processs_share_of_its_cores(rng):
+    p = rng.standard_normal(16).astype(np.float32)
+    with dsopt.Optimizer(dict(adam_config("AdamW"), threads=3), [p]) as opt:
+        assert opt.threads == 3
+    usable = len(os.sched_getaffinity(0))
+    # OMP_NUM_THREADS (conftest sets it before libgomp starts) is this
+    # process's own choice, capped by the cores it may run on.
+    wanted = int(os.environ["OMP_NUM_THREADS"])
+    with dsopt.Optimizer(adam_config("AdamW"), [p]) as opt:
+        assert opt.threads == max(1, min(wanted, usable))

@@ -403,6 +403,16 @@ class Optimizer:
     def gradient_clipping(self, max_norm: float) -> None:
         check(lib.dsopt_set_gradient_clipping(self._live(), float(max_norm)))
 
+    @property
+    def threads(self) -> int:
+        """The CPU threads of this optimizer's host work: the config's
+        ``"threads"``, or by default this process's share of the cores it
+        may run on among the communicator's ranks on the same machine and
+        cores (``OMP_NUM_THREADS``, when set, instead; see the README)."""
+        out = ffi.new("int32_t *")
+        check(lib.dsopt_get_threads(self._live(), out))
+        return int(out[0])
+
     #: The names ``get_group_param`` / ``set_group_param`` take.
     GROUP_PARAMS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 

@@ -54,6 +54,8 @@ class CpuKernels final : public Kernels {
  public:
   explicit CpuKernels(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {}
   Device device() const override { return Device::Cpu; }
+  int threads() const override { return threads_; }
+  void set_threads(int threads) override { threads_ = threads; }
   const char* name() const override { return isa().name; }
 
   void* alloc(size_t bytes) override {

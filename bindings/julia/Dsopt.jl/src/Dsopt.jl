@@ -30,7 +30,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        PHASE_SKIPPED, PHASE_FULL, PHASE_COMPRESSED, PHASE_LOCAL, PHASE_SYNC,
        mpi_communicator, nccl_communicator, custom_communicator, Collectives,
        comm_rank, comm_size,
-       step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, group_lr, num_groups, loss_scale,
+       step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, threads, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, param_step, set_param_step!,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage,
        set_momentum_mask!, rebind_params!
@@ -796,6 +796,13 @@ set_lr!(opt::Optimizer, lr::Real) =
 set_gradient_clipping!(opt::Optimizer, max_norm::Real) =
     @check ccall((:dsopt_set_gradient_clipping, libdsopt), Cint, (Ptr{Cvoid}, Cdouble),
                  live(opt), max_norm)
+
+"The CPU threads of the optimizer's host work: `\"threads\"`, or by default this rank's share of its cores."
+function threads(opt::Optimizer)
+    out = Ref{Int32}(0)
+    @check ccall((:dsopt_get_threads, libdsopt), Cint, (Ptr{Cvoid}, Ref{Int32}), live(opt), out)
+    return Int(out[])
+end
 
 "The current `\"gradient_clipping\"` (0.0: off)."
 function gradient_clipping(opt::Optimizer)

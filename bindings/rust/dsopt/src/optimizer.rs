@@ -264,6 +264,15 @@ impl<'a> Optimizer<'a> {
         check(unsafe { sys::dsopt_set_gradient_clipping(self.raw.as_ptr(), max_norm) })
     }
 
+    /// The CPU threads of this optimizer's host work: `"threads"`, or by
+    /// default this rank's share of its cores (`dsopt_get_threads`).
+    pub fn threads(&self) -> Result<i32> {
+        let mut threads = 0;
+        // Safety: the handle is live; `threads` is a valid out pointer.
+        check(unsafe { sys::dsopt_get_threads(self.raw.as_ptr(), &mut threads) })?;
+        Ok(threads)
+    }
+
     /// The current `"gradient_clipping"` (0.0: off).
     pub fn gradient_clipping(&self) -> Result<f64> {
         let mut max_norm = 0.0;

@@ -111,6 +111,18 @@ fn gradient_clipping_is_settable_between_steps() {
 }
 
 #[test]
+fn threads_follow_the_config_or_the_budget() {
+    let mut p = vec![1.0f32; 8];
+    let mut comm = Communicator::local().unwrap();
+    let config = r#"{"optimizer": {"type": "AdamW"}, "threads": 3}"#;
+    let opt = Optimizer::new(config, [ParamSlice::f32(&mut p)], &mut comm).unwrap();
+    assert_eq!(opt.threads().unwrap(), 3);
+    drop(opt);
+    let opt = Optimizer::new(ADAM, [ParamSlice::f32(&mut p)], &mut comm).unwrap();
+    assert!(opt.threads().unwrap() >= 1);
+}
+
+#[test]
 fn set_lr_applies_to_every_group() {
     let (mut a, mut b) = (vec![0.0f32; 4], vec![0.0f32; 4]);
     let config = r#"{"optimizer": {"type": "AdamW"}, "param_groups": [{"lr": 0.1}, {"lr": 0.2}]}"#;
