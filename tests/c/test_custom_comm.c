@@ -25,16 +25,6 @@ typedef struct mpi_ops {
   int released;
 } mpi_ops;
 
-static MPI_Datatype type_of(int32_t elem) {
-  switch (elem) {
-    case DSOPT_COMM_FLOAT32: return MPI_FLOAT;
-    case DSOPT_COMM_FLOAT64: return MPI_DOUBLE;
-    case DSOPT_COMM_INT32: return MPI_INT32_T;
-    case DSOPT_COMM_INT64: return MPI_INT64_T;
-    default: return MPI_UINT8_T;
-  }
-}
-
 /* Before each collective the ranks agree whether one of them failed (as a
  * runtime that propagates failures does, e.g. NCCL's abort or gloo's closed
  * connections): the failing rank and its peers all return an error. */
@@ -61,7 +51,7 @@ static int op_allreduce(const void *send, void *recv, size_t count, int32_t elem
                         void *user) {
   mpi_ops *o = (mpi_ops *)user;
   if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, type_of(elem),
+  return mpi_status(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type_of(elem),
                                   op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, o->comm),
                     o);
 }
@@ -69,19 +59,19 @@ static int op_reduce_scatter(const void *send, void *recv, size_t count, int32_t
                              int32_t device, void *user) {
   mpi_ops *o = (mpi_ops *)user;
   if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Reduce_scatter_block(send, recv, (int)count, type_of(elem),
+  return mpi_status(MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type_of(elem),
                                              op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, o->comm),
                     o);
 }
 static int op_allgather(const void *send, void *recv, size_t count, int32_t elem, int32_t device, void *user) {
   mpi_ops *o = (mpi_ops *)user;
   if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Allgather(send, (int)count, type_of(elem), recv, (int)count, type_of(elem), o->comm), o);
+  return mpi_status(MPI_Allgather(send, (int)count, mpi_type_of(elem), recv, (int)count, mpi_type_of(elem), o->comm), o);
 }
 static int op_alltoall(const void *send, void *recv, size_t count, int32_t elem, int32_t device, void *user) {
   mpi_ops *o = (mpi_ops *)user;
   if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Alltoall(send, (int)count, type_of(elem), recv, (int)count, type_of(elem), o->comm), o);
+  return mpi_status(MPI_Alltoall(send, (int)count, mpi_type_of(elem), recv, (int)count, mpi_type_of(elem), o->comm), o);
 }
 static const char *op_error_message(int code, void *user) {
   (void)code;

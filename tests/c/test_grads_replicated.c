@@ -152,23 +152,13 @@ typedef struct counting {
   long int64_pairs; /* allreduces of 2 int64 maxima (the handshake and the hashes' shape) */
 } counting;
 
-static MPI_Datatype type_of(int32_t elem) {
-  switch (elem) {
-    case DSOPT_COMM_FLOAT32: return MPI_FLOAT;
-    case DSOPT_COMM_FLOAT64: return MPI_DOUBLE;
-    case DSOPT_COMM_INT32: return MPI_INT32_T;
-    case DSOPT_COMM_INT64: return MPI_INT64_T;
-    default: return MPI_UINT8_T;
-  }
-}
-
 static int op_allreduce(const void *send, void *recv, size_t n, int32_t elem, int32_t op, int32_t device,
                         void *user) {
   counting *c = (counting *)user;
   (void)device;
   ++c->calls[ALLREDUCE];
   c->int64_pairs += n == 2 && elem == DSOPT_COMM_INT64 && op == DSOPT_COMM_MAX;
-  return MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)n, type_of(elem),
+  return MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)n, mpi_type_of(elem),
                        op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, c->comm);
 }
 static int op_reduce_scatter(const void *send, void *recv, size_t n, int32_t elem, int32_t op, int32_t device,
@@ -176,20 +166,20 @@ static int op_reduce_scatter(const void *send, void *recv, size_t n, int32_t ele
   counting *c = (counting *)user;
   (void)device;
   ++c->calls[REDUCE_SCATTER];
-  return MPI_Reduce_scatter_block(send, recv, (int)n, type_of(elem), op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM,
+  return MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type_of(elem), op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM,
                                   c->comm);
 }
 static int op_allgather(const void *send, void *recv, size_t n, int32_t elem, int32_t device, void *user) {
   counting *c = (counting *)user;
   (void)device;
   ++c->calls[ALLGATHER];
-  return MPI_Allgather(send, (int)n, type_of(elem), recv, (int)n, type_of(elem), c->comm);
+  return MPI_Allgather(send, (int)n, mpi_type_of(elem), recv, (int)n, mpi_type_of(elem), c->comm);
 }
 static int op_alltoall(const void *send, void *recv, size_t n, int32_t elem, int32_t device, void *user) {
   counting *c = (counting *)user;
   (void)device;
   ++c->calls[ALLTOALL];
-  return MPI_Alltoall(send, (int)n, type_of(elem), recv, (int)n, type_of(elem), c->comm);
+  return MPI_Alltoall(send, (int)n, mpi_type_of(elem), recv, (int)n, mpi_type_of(elem), c->comm);
 }
 
 static void checked_steps_cost_one_allreduce_then_nothing(void) {

@@ -42,6 +42,17 @@ static inline int same_on_every_rank(const void *bytes, uint64_t size) {
   return all_ranks(same);
 }
 
+/* The MPI type of a custom communicator's element type (DSOPT_COMM_*). */
+static inline MPI_Datatype mpi_type_of(int32_t elem) {
+  switch (elem) {
+    case DSOPT_COMM_FLOAT32: return MPI_FLOAT;
+    case DSOPT_COMM_FLOAT64: return MPI_DOUBLE;
+    case DSOPT_COMM_INT32: return MPI_INT32_T;
+    case DSOPT_COMM_INT64: return MPI_INT64_T;
+    default: return MPI_UINT8_T;
+  }
+}
+
 /* The world communicator as dsopt sees it. */
 static inline dsopt_comm *world_comm(void) {
   dsopt_comm *comm = NULL;
