@@ -223,9 +223,14 @@ class CompressedAllreduce::Call {
   }
 
   // fn(first, count) over consecutive views of about kPollElements elements
-  // together, polling the transfers after each.
+  // together, polling the transfers after each. With one piece there is
+  // nothing in flight to poll: one call (one wake-up of the kernel threads).
   template <class Fn>
   void in_slices(const CarViews& v, Fn fn) {
+    if (car_.pieces_.size() <= 1) {
+      if (!v.views.empty()) fn(0, v.views.size());
+      return;
+    }
     size_t first = 0;
     int64_t elements = 0;
     for (size_t k = 0; k < v.views.size(); ++k) {

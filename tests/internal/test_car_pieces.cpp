@@ -4,7 +4,9 @@
 // all-gathers, decode): outputs, worker and server errors bit for bit, and
 // the bytes counted, over several calls (errors carry over) on random data,
 // for tensor sets smaller than one piece, odd sizes and many pieces, with
-// pieces of 1 and 3 sum blocks and the automatic choice.
+// pieces of 1 and 3 sum blocks and the automatic choice; the pieces run on
+// kernels of 1, 2 and 3 threads (the reference on 1): the bits must not
+// depend on the thread count.
 //
 //   mpirun -np P test_car_pieces
 #define OMPI_SKIP_MPICXX 1
@@ -117,14 +119,15 @@ float value(int call, size_t t, int64_t i) {
 
 bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; }
 
-void compare(dsopt::Comm& comm, dsopt::Kernels& kernels, const std::vector<int64_t>& sizes,
-             int64_t piece_blocks) {
+void compare(dsopt::Comm& comm, dsopt::Kernels& ref_kernels, dsopt::Kernels& kernels, int threads,
+             const std::vector<int64_t>& sizes, int64_t piece_blocks) {
   const dsopt::Mem mem{&kernels, false};
-  Reference ref(comm, kernels, sizes);
+  Reference ref(comm, ref_kernels, sizes);
   CompressedAllreduce car(comm, kernels, mem, sizes, piece_blocks);
   std::string name = "sizes";
   for (int64_t n : sizes) name += " " + std::to_string(n);
-  name += ", pieces of " + std::to_string(piece_blocks) + " blocks (" + std::to_string(car.pieces()) + " pieces)";
+  name += ", pieces of " + std::to_string(piece_blocks) + " blocks (" + std::to_string(car.pieces()) + " pieces), " +
+          std::to_string(threads) + " thread(s)";
   for (int call = 0; call < 3; ++call) {
     std::vector<std::vector<float>> a(sizes.size()), b(sizes.size());
     std::vector<float*> pa, pb;
@@ -162,7 +165,7 @@ int main(int argc, char** argv) {
   {
     std::unique_ptr<dsopt::Comm> comm = dsopt::make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
     comm->prepare();
-    std::unique_ptr<dsopt::Kernels> kernels = dsopt::make_cpu_kernels(1);
+    std::unique_ptr<dsopt::Kernels> one = dsopt::make_cpu_kernels(1);
     const std::vector<std::vector<int64_t>> cases = {
         {1},
         {7, 13, 100},
@@ -171,8 +174,12 @@ int main(int argc, char** argv) {
         {1, 70001, 8, 4096 * 8, 333333},
         {(int64_t(1) << 20) + 3},
     };
-    for (const auto& sizes : cases)
-      for (int64_t blocks : {int64_t(1), int64_t(3), int64_t(0)}) compare(*comm, *kernels, sizes, blocks);
+    for (int threads : {1, 2, 3}) {
+      std::unique_ptr<dsopt::Kernels> kernels = dsopt::make_cpu_kernels(threads);
+      for (const auto& sizes : cases)
+        for (int64_t blocks : {int64_t(1), int64_t(3), int64_t(0)})
+          compare(*comm, *one, *kernels, threads, sizes, blocks);
+    }
   }
   int failures = 0;
   MPI_Allreduce(&g_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -22,6 +22,22 @@ class BlockGrid {
   }
   int64_t blocks() const { return first_.back(); }
 
+  // fn's call for block b (any b < blocks(), on any thread): its sum.
+  template <class Fn>
+  double block(int64_t b, Fn& fn) const {
+    const size_t t = size_t(std::upper_bound(first_.begin(), first_.end(), b) - first_.begin()) - 1;
+    const int64_t begin = (b - first_[t]) * kSumBlock;
+    return fn(t, begin, std::min(lengths_[t], begin + kSumBlock), b);
+  }
+  // sums[t] = tensor t's block sums (block_sums[b], one per block) in block order.
+  void totals(const double* block_sums, double* sums) const {
+    for (size_t t = 0; t + 1 < first_.size(); ++t) {
+      double s = 0.0;
+      for (int64_t b = first_[t]; b < first_[t + 1]; ++b) s += block_sums[b];
+      sums[t] = s;
+    }
+  }
+
   // Calls fn(tensor, begin, end, block) for every block, on `threads`
   // threads; fn returns the block's sum of squares (ignored unless `sums`).
   // With `sums`, sums[t] receives tensor t's total.
@@ -44,12 +60,7 @@ class BlockGrid {
         if (sums) block_sums[size_t(b)] = s;
       }
     }
-    if (!sums) return;
-    for (size_t t = 0; t + 1 < first_.size(); ++t) {
-      double s = 0.0;
-      for (int64_t b = first_[t]; b < first_[t + 1]; ++b) s += block_sums[size_t(b)];
-      sums[t] = s;
-    }
+    if (sums) totals(block_sums.data(), sums);
   }
 
  private:
