@@ -47,7 +47,9 @@
 // rounds for sizes below 32M floats, --large-iters for larger ones;
 // --fp32 0 times the CAR alone (no fp32 rounds, no speedup); --piece-blocks
 // sets the CAR's pieces (sum blocks each; 0: its own choice, a large value:
-// one piece, no overlap of arithmetic and transfers).
+// one piece, no overlap of arithmetic and transfers). --threads T: kernel
+// threads per rank (default 1); 0: what a config without "threads" gets
+// (the usable cores shared among the ranks on them, or OMP_NUM_THREADS).
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include "comm/compressed_allreduce.hpp"
@@ -65,6 +67,7 @@
 #include "base/error.hpp"
 #include "bench_util.hpp"
 #include "comm/comm.hpp"
+#include "kernels/cpu/thread_budget.hpp"
 #include "kernels/kernels.hpp"
 
 namespace {
@@ -360,6 +363,18 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
     fail_all("Comm bytes_sent differs from the formula of compressed-allreduce.md section 7");
 }
 
+// The threads dsopt_create gives a config without "threads": the usable
+// cores shared among the ranks on the same machine and cores.
+int budget_threads() {
+  const dsopt::CpuPlace place = dsopt::this_cpu_place();
+  const uint64_t mine[2] = {place.machine, place.cores};
+  std::vector<uint64_t> all(2 * size_t(g_world));
+  MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, MPI_COMM_WORLD);
+  int peers = 0;
+  for (int r = 0; r < g_world; ++r) peers += all[2 * size_t(r)] == mine[0] && all[2 * size_t(r) + 1] == mine[1];
+  return dsopt::default_threads(place, peers);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -373,23 +388,25 @@ int main(int argc, char** argv) {
   const int iters = int(flags.get("--iters", 5, 1, 1000));
   const int large_iters = int(flags.get("--large-iters", 3, 1, 1000));
   const int warmup = int(flags.get("--warmup", 1, 0, 1000));
-  const int threads = int(flags.get("--threads", 1, 1, 256));
+  // --threads 0: what a config without "threads" gets (thread_budget.hpp).
+  const int threads = int(flags.get("--threads", 1, 0, 256));
   const bool with_fp32 = flags.get("--fp32", 1, 0, 1) != 0;
   const int64_t piece_blocks = flags.get("--piece-blocks", 0, 0, int64_t(1) << 40);
   flags.finish(
       "compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I] [--large-iters L]"
       " [--warmup W] [--threads T] [--fp32 0|1] [--piece-blocks B]");
-  omp_set_num_threads(threads);
+  const int kernel_threads = threads > 0 ? threads : budget_threads();
+  omp_set_num_threads(kernel_threads);
   if (g_world < 2) fail_all("needs at least 2 MPI ranks (mpirun -np 4)");
 
   try {
     std::unique_ptr<dsopt::Comm> comm = dsopt::make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
-    std::unique_ptr<dsopt::Kernels> kernels = dsopt::make_cpu_kernels(threads);
+    std::unique_ptr<dsopt::Kernels> kernels = dsopt::make_cpu_kernels(kernel_threads);
     if (g_rank == 0) {
       std::printf("1-bit compressed allreduce vs fp32 MPI_Allreduce, %d ranks\n", g_world);
       std::printf("dsopt:   %s\n", dsopt_build_info());
-      std::printf("machine: %s; %d CPU kernel thread(s) per rank\n", bench::cpu_model().c_str(),
-                  threads);
+      std::printf("machine: %s; %d CPU kernel thread(s) per rank%s\n", bench::cpu_model().c_str(),
+                  kernel_threads, threads > 0 ? "" : " (the default config's thread budget)");
       std::printf("network: %s\n",
                   bench::env_or("DSOPT_BENCH_NETWORK", "not described (set DSOPT_BENCH_NETWORK)"));
       std::printf(

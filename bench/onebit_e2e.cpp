@@ -46,6 +46,10 @@
 //                    [--zoadam 0|1] [--var-freeze-step F] [--var-update-scaler K]
 //                    [--local-step-scaler S] [--local-step-clipper H]
 //
+// --threads T sets "threads" in every config and OpenMP's thread count of
+// the model's loops (default 1); --threads 0 leaves both at their defaults
+// (no "threads" key: the library's choice), as a new user would.
+//
 // --zoadam 1 adds a run of 0/1 Adam ("ZeroOneAdam", the same lr, betas
 // and eps), with var_freeze_step --var-freeze-step (default: 15% of the
 // steps), var_update_scaler --var-update-scaler (1), local_step_scaler
@@ -425,33 +429,41 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   init_params(s, p);
   const std::vector<dsopt_tensor> pv = p.views(s), gv = g.views(s);
 
+  // --threads 0: no "threads" key (the library's default).
+  char threads_key[32] = "";
+  if (o.threads > 0) std::snprintf(threads_key, sizeof threads_key, ", \"threads\": %d", o.threads);
   char config[512];
   if (r.lamb)
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"OneBitLamb\", \"params\": {\"lr\": %g, \"betas\":"
-                  " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
-                  peak, kBeta1, kBeta2, kEps, r.onebit ? o.freeze_step : o.steps + 1, o.threads);
+                  " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}%s}",
+                  peak, kBeta1, kBeta2, kEps, r.onebit ? o.freeze_step : o.steps + 1, threads_key);
   else if (r.zoadam)
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": %g, \"betas\":"
                   " [%g, %g], \"eps\": %g, \"var_freeze_step\": %d, \"var_update_scaler\": %d,"
-                  " \"local_step_scaler\": %d, \"local_step_clipper\": %d}}, \"threads\": %d}",
+                  " \"local_step_scaler\": %d, \"local_step_clipper\": %d}}%s}",
                   kLr, kBeta1, kBeta2, kEps, o.var_freeze_step, o.var_update_scaler,
-                  o.local_step_scaler, o.local_step_clipper, o.threads);
+                  o.local_step_scaler, o.local_step_clipper, threads_key);
   else if (r.onebit)
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": %g, \"betas\":"
-                  " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}, \"threads\": %d}",
-                  kLr, kBeta1, kBeta2, kEps, o.freeze_step, o.threads);
+                  " [%g, %g], \"eps\": %g, \"freeze_step\": %d}}%s}",
+                  kLr, kBeta1, kBeta2, kEps, o.freeze_step, threads_key);
   else
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": %g, \"betas\":"
-                  " [%g, %g], \"eps\": %g, \"bias_correction\": false}}, \"threads\": %d}",
-                  kLr, kBeta1, kBeta2, kEps, o.threads);
+                  " [%g, %g], \"eps\": %g, \"bias_correction\": false}}%s}",
+                  kLr, kBeta1, kBeta2, kEps, threads_key);
   dsopt_comm* comm = nullptr;
   dsopt_optimizer* opt = nullptr;
   E2E_CHECK(dsopt_comm_create_mpi(&comm, MPI_Comm_c2f(MPI_COMM_WORLD)));
   E2E_CHECK(dsopt_create(&opt, config, comm, pv.data(), int64_t(pv.size())));
+  if (o.threads == 0) {
+    int32_t chosen = 0;
+    E2E_CHECK(dsopt_get_threads(opt, &chosen));
+    if (g_rank == 0) std::printf("%s: default config, dsopt_get_threads = %d\n", r.name.c_str(), int(chosen));
+  }
 
   r.eval_initial = eval_loss(s, teacher, p);
   Work w(s, o.batch);
@@ -563,7 +575,7 @@ int main(int argc, char** argv) {
   o.steps = int(flags.get("--steps", 150, 12, 1000000));
   o.freeze_step = int(flags.get("--freeze-step", o.steps / 5, 2, 1000000));
   o.lr_warmup = int(flags.get("--lr-warmup", o.steps / 10, 1, 1000000));
-  o.threads = int(flags.get("--threads", 1, 1, 256));
+  o.threads = int(flags.get("--threads", 1, 0, 256));
   o.print_every = int(flags.get("--print-every", 10, 0, 1000000));
   const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
   const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
@@ -574,7 +586,7 @@ int main(int argc, char** argv) {
   o.local_step_scaler = int(flags.get("--local-step-scaler", 2, 1, 1000000));
   o.local_step_clipper = int(flags.get("--local-step-clipper", 16, 1, 1000000));
   flags.finish(usage);
-  omp_set_num_threads(o.threads);
+  if (o.threads > 0) omp_set_num_threads(o.threads);
   if (o.freeze_step + 4 > o.steps) fail_all("--freeze-step must be at least 4 below --steps");
   if (o.lr_warmup >= o.steps) fail_all("--lr-warmup must be below --steps");
 
@@ -587,7 +599,13 @@ int main(int argc, char** argv) {
                 run_onebit ? (lamb ? "1-bit LAMB and LAMB" : "1-bit Adam") : "",
                 run_zoadam ? (run_onebit ? " and 0/1 Adam" : "0/1 Adam") : "", P);
     std::printf("dsopt:   %s\n", dsopt_build_info());
-    std::printf("machine: %s; %d thread(s) per rank\n", bench::cpu_model().c_str(), o.threads);
+    if (o.threads > 0)
+      std::printf("machine: %s; %d thread(s) per rank (\"threads\": %d)\n", bench::cpu_model().c_str(),
+                  o.threads, o.threads);
+    else
+      std::printf("machine: %s; default config (no \"threads\"; OpenMP default of %d thread(s) per\n"
+                  "         rank for the model's loops)\n",
+                  bench::cpu_model().c_str(), omp_get_max_threads());
     std::printf("network: %s\n",
                 bench::env_or("DSOPT_BENCH_NETWORK", "not described (set DSOPT_BENCH_NETWORK)"));
     if (s.linear())

@@ -5,9 +5,12 @@
 # adam_cpu_peers.py (default 2: OpenMP threads of the reference loops, torch
 # and DeepSpeed, and "threads" of the dsopt config alike); DSOPT_BENCH_PYTHON
 # the interpreter of adam_cpu_peers.py (default python3). The MPI benchmarks
-# run 4 ranks of 1 thread each.
+# run 4 ranks of 1 thread each ("threads": 1, OMP_NUM_THREADS=1: the tuned
+# runs); the compressed allreduce and 1-bit Adam runs are repeated with the
+# default config (no "threads", OMP_NUM_THREADS unset: what a new user's
+# mpirun gets), the rows marked "default config".
 # DSOPT_BENCH_NETEM=0 leaves out the runs on the emulated 1 Gbit/s link
-# (bench/netem.sh; they need root and take about 32 minutes, the 0/1 Adam,
+# (bench/netem.sh; they need root and take about 36 minutes, the 0/1 Adam,
 # ZeRO and overlap runs included).
 # DSOPT_BENCH_LAMB=1 adds the 1-bit LAMB training run on that link (about
 # 12 more minutes).
@@ -99,9 +102,17 @@ loopback() {
     if [ $status -ne 77 ]; then return $status; fi
     echo "run_benchmarks: running on the machine's own loopback instead"
   fi
+  local pass=(-x DSOPT_BENCH_NETWORK)
+  if [ -n "${OMP_NUM_THREADS:-}" ]; then pass+=(-x OMP_NUM_THREADS); fi
   DSOPT_BENCH_NETWORK="the machine's loopback, no rate limit (lo byte counts include any other traffic on lo); TCP between ranks" \
     mpirun -np "$ranks" --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo \
-    --mca oob_tcp_if_include lo -x OMP_NUM_THREADS -x DSOPT_BENCH_NETWORK "$@"
+    --mca oob_tcp_if_include lo "${pass[@]}" "$@"
+}
+
+# The same with the default config: no "threads" (--threads 0) and no
+# OMP_NUM_THREADS, as a new user's mpirun runs it.
+defaults() {
+  (unset OMP_NUM_THREADS; "$@" --threads 0)
 }
 
 # The emulated link; exit status 77 from netem.sh means it could not run
@@ -124,16 +135,28 @@ for name in "${mpi_benchmarks[@]}"; do
       echo "== compressed_allreduce_bench: 1-bit compressed allreduce vs fp32, $ranks ranks, loopback =="
       loopback "$build/bench/compressed_allreduce_bench"
       echo
+      echo "== compressed_allreduce_bench, default config: $ranks ranks, loopback =="
+      defaults loopback "$build/bench/compressed_allreduce_bench"
+      echo
       echo "== compressed_allreduce_bench: $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/compressed_allreduce_bench"
+      echo
+      echo "== compressed_allreduce_bench, default config: $ranks ranks on an emulated 1 Gbit/s link =="
+      defaults emulated "$build/bench/compressed_allreduce_bench"
       ;;
     onebit_e2e_bench)
       echo
       echo "== onebit_e2e_bench: training steps, 1-bit Adam vs Adam, $ranks ranks, loopback (30 steps: step times only) =="
       loopback "$build/bench/onebit_e2e_bench" --steps 30 --freeze-step 6 --print-every 0
       echo
+      echo "== onebit_e2e_bench, default config: 1-bit Adam vs Adam, $ranks ranks, loopback (30 steps: step times only) =="
+      defaults loopback "$build/bench/onebit_e2e_bench" --steps 30 --freeze-step 6 --print-every 0
+      echo
       echo "== onebit_e2e_bench: training, 1-bit Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/onebit_e2e_bench"
+      echo
+      echo "== onebit_e2e_bench, default config: 1-bit Adam vs Adam, $ranks ranks on an emulated 1 Gbit/s link (30 steps: step times only) =="
+      defaults emulated "$build/bench/onebit_e2e_bench" --steps 30 --freeze-step 6 --print-every 0
       if [ "${DSOPT_BENCH_LAMB:-0}" = 1 ]; then
         echo
         echo "== onebit_e2e_bench --lamb 1: 1-bit LAMB vs LAMB and Adam, $ranks ranks on an emulated 1 Gbit/s link =="
