@@ -11,7 +11,9 @@
 #      moved or cast after the optimizer exists, over that library
 #      (run_torch_asan.sh; skips without a Python with torch).
 #   2. <tsan-build>: ThreadSanitizer, test_threads_many_handles (threads
-#      with their own handles of every optimizer kind, concurrently).
+#      with their own handles of every optimizer kind, concurrently),
+#      test_car_pieces (the compressed allreduce's thread pool) and
+#      test_grad_ready (reductions on dsopt's own thread).
 #
 #   tests/sanitize/run_sanitizers.sh [asan-build [tsan-build]]
 #   (defaults build-asan, build-tsan; JOBS = parallel compile jobs;
@@ -108,6 +110,14 @@ echo "== sanitize: test_threads_many_handles under TSan ($tsan_build)"
   DSOPT_TEST_KERNEL_THREADS=1 \
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --output-on-failure --timeout 600 -R '^test_threads_many_handles$')
+
+# The compressed allreduce's thread pool (cpu_car.cpp): its pieces on 1, 2
+# and 3 threads against 1, two ranks (tsan.supp as below).
+echo "== sanitize: test_car_pieces (2 ranks, the compressed allreduce's pool) under TSan ($tsan_build)"
+cmake --build "$tsan_build" -j"$jobs" --target test_car_pieces
+(cd "$tsan_build" &&
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp" \
+  mpirun -np 2 --oversubscribe tests/internal/test_car_pieces)
 
 # dsopt_grad_ready's reductions on dsopt's own thread (CommRunner) while the
 # caller's thread packs the next buckets: two ranks under MPI_THREAD_MULTIPLE.
