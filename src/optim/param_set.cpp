@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.hpp"
+#include "base/fnv.hpp"
 
 namespace dsopt {
 namespace {
@@ -64,15 +65,12 @@ void sample_ends(Kernels& kernels, const void* data, size_t bytes, std::vector<u
 }
 
 uint64_t ParamSet::fingerprint() const {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  uint64_t h = kFnvOffset;
   std::vector<uint8_t> first, last;
-  const auto mix = [&](const std::vector<uint8_t>& bytes) {
-    for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
-  };
   for (const Param& p : params_) {
     sample_ends(kernels_, p.data, size_t(p.numel) * dtype_size(p.dtype), first, last);
-    mix(first);
-    mix(last);
+    h = fnv1a(first.data(), first.size(), h);
+    h = fnv1a(last.data(), last.size(), h);
   }
   return h;
 }

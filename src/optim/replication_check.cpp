@@ -2,18 +2,11 @@
 
 #include <algorithm>
 
+#include "base/fnv.hpp"
 #include "optim/param_set.hpp"
 
 namespace dsopt {
 namespace {
-
-constexpr uint64_t kFnvOffset = 1469598103934665603ull, kFnvPrime = 1099511628211ull;
-
-uint64_t fnv(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
-  return h;
-}
 
 // splitmix64's finalizer: the per-gradient hashes are summed, so each
 // should look uniformly random.
@@ -41,11 +34,11 @@ void ReplicationCheck::begin() {
 void ReplicationCheck::add(int64_t index, const dsopt_tensor& grad) {
   const size_t bytes = size_t(grad.numel) * dtype_size(DType(grad.dtype));
   sample_ends(kernels_, grad.data, bytes, first_, last_);
-  uint64_t h = fnv(kFnvOffset, &index, sizeof index);
-  h = fnv(h, &grad.dtype, sizeof grad.dtype);
-  h = fnv(h, &grad.numel, sizeof grad.numel);
-  h = fnv(h, first_.data(), first_.size());
-  h = fnv(h, last_.data(), last_.size());
+  uint64_t h = fnv1a(&index, sizeof index);
+  h = fnv1a(&grad.dtype, sizeof grad.dtype, h);
+  h = fnv1a(&grad.numel, sizeof grad.numel, h);
+  h = fnv1a(first_.data(), first_.size(), h);
+  h = fnv1a(last_.data(), last_.size(), h);
   sum_ += mix(h);
   const size_t size = dtype_size(DType(grad.dtype));
   nonzero_ = nonzero_ || any_nonzero(first_, size) || any_nonzero(last_, size);

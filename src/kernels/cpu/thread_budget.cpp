@@ -9,14 +9,10 @@
 #include <fstream>
 #include <string>
 
+#include "base/fnv.hpp"
+
 namespace dsopt {
 namespace {
-
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
 
 // The host name and the kernel's boot id (containers on one machine may
 // share a host name with other machines' containers, never a boot id).
