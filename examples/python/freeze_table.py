@@ -1,9 +1,10 @@
 """Measures the README's freeze_step guidance on the digits MLP of
 small_models.py: 1-bit Adam with freeze_step and 0/1 Adam with
 var_freeze_step at 5%, 15% and 50% of the run,
-stabilized (the default) and with DeepSpeed's rule ("stabilize": false), on
-1 rank and on 4, against the uncompressed rules: 1-bit Adam's warmup rule
-(Adam without bias correction: freeze_step after the run) and AdamW.
+with dsopt's rule (the defaults: stabilized, bias-corrected) and with
+DeepSpeed's ("stabilize" and "bias_correction" false), on 1 rank and on 4,
+against the uncompressed rules: 1-bit Adam's warmup rule (freeze_step after
+the run: AdamW up to rounding) and AdamW.
 User settings: 300 steps, global batch 64, lr 1e-3, weight_decay 0.01,
 default betas; every row over 3 seeds. Prints a Markdown table.
 
@@ -32,14 +33,14 @@ MPI_WORLD = 4
 
 
 def rows_for(steps):
-    """[(row label, freeze_step or None, stabilize or None, config)]"""
+    """[(row label, freeze_step or None, dsopt's rule (True) / DeepSpeed's (False) / None, config)]"""
     rows = [("AdamW", None, None, adamw_config()),
-            ("Adam without bias correction (1-bit Adam, no freeze)", None, None, onebit_config(freeze_step=100000))]
+            ("1-bit Adam, no freeze (its warmup rule)", None, None, onebit_config(freeze_step=100000))]
     for fraction in FREEZE_FRACTIONS:
         freeze_step = max(1, round(fraction * steps))
         for stabilize in (True, False):
             rows.append((f"1-bit Adam, freeze at {fraction:.0%}", freeze_step, stabilize,
-                         onebit_config(freeze_step=freeze_step, stabilize=stabilize)))
+                         onebit_config(freeze_step=freeze_step, stabilize=stabilize, bias_correction=stabilize)))
     # 0/1 Adam: the freeze_step column is its var_freeze_step (schedules of
     # training_runs.zoadam_config: var_update_scaler 16, local_step_scaler 10,
     # local_step_clipper 16).
@@ -47,7 +48,7 @@ def rows_for(steps):
         var_freeze_step = max(1, round(fraction * steps))
         for stabilize in (True, False):
             rows.append((f"0/1 Adam, var_freeze_step at {fraction:.0%}", var_freeze_step, stabilize,
-                         zoadam_config(var_freeze_step, stabilize=stabilize)))
+                         zoadam_config(var_freeze_step, stabilize=stabilize, bias_correction=stabilize)))
     return rows
 
 
@@ -88,7 +89,7 @@ def main():
     print(f"digits MLP {'-'.join(map(str, model.sizes))} ({model.num_params():,} parameters), {args.steps} steps, "
           f"global batch {args.batch}, lr 1e-3, weight_decay 0.01, seeds {args.seeds}; "
           f"{os.cpu_count()} cores, {elapsed:.0f} s\n")
-    print(table_line(["ranks", "optimizer", "freeze_step", "stabilize", "final train loss: median (min-max)",
+    print(table_line(["ranks", "optimizer", "freeze_step", "rule", "final train loss: median (min-max)",
                       "test accuracy (median of finite runs)", "skipped steps per seed", "bytes on the wire (all ranks, median)"]))
     print(table_line(["---:", "---", "---:", "---", "---:", "---:", "---", "---:"]))
     for world, results in by_world.items():
@@ -103,7 +104,7 @@ def main():
             accuracy = f"{np.median(accuracies):.3f}" if accuracies else "-"
             sent = np.median([sum(r.bytes_sent for r in ranks) for ranks in per_seed])
             print(table_line([str(world), label, "" if freeze_step is None else str(freeze_step),
-                              "" if stabilize is None else ("on" if stabilize else "off"), loss,
+                              "" if stabilize is None else ("dsopt" if stabilize else "DeepSpeed"), loss,
                               accuracy, ", ".join(outcome(ranks[0]) for ranks in per_seed),
                               f"{sent:,.0f}"]))
 

@@ -120,11 +120,13 @@ void read_onebit(const json& params, const std::string& path, OptimizerConfig& c
     bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
                                     "clip with the top-level \"gradient_clipping\"");
   read_hyper(params, path, cfg.defaults);
-  // DeepSpeed accepts these and ignores them: no bias correction, eps
-  // outside the square root.
-  boolean(params, path, "bias_correction", true);
+  // 1-bit Adam and 0/1 Adam correct both moments by default (false:
+  // DeepSpeed's rule). 1-bit LAMB accepts the key and ignores it: its trust
+  // ratio cancels a per-tensor factor. eps_inside_sqrt is accepted and
+  // ignored: eps is always outside the square root.
+  const bool corrected = boolean(params, path, "bias_correction", true);
+  cfg.defaults.bias_correction = cfg.type != "OneBitLamb" && corrected;
   boolean(params, path, "eps_inside_sqrt", false);
-  cfg.defaults.bias_correction = false;
   cfg.defaults.decoupled = true;
   cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
   cfg.stabilize = boolean(params, path, "stabilize", true);

@@ -31,6 +31,10 @@ struct AdamConsts {
   // element is clamped to +-momentum_limit * sqrt(v) (math/onebit_adam.hpp);
   // 0: not clamped (DeepSpeed's rule, and every other rule).
   float momentum_limit = 0.0f;
+  // 1-bit Adam and 0/1 Adam with bias correction: the momentum is
+  // multiplied by 1 / (1 - beta1^t) before it is used (and rbc2 corrects
+  // the variance by its own update count); 1: uncorrected (DeepSpeed's rule).
+  float momentum_scale = 1.0f;
   // 1-bit LAMB compression stage: the tensor's scaling_coeff, fp32
   // (math/onebit_lamb.hpp); the constants are then per tensor.
   float tensor_scale = 1.0f;

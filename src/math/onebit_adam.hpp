@@ -1,22 +1,49 @@
-// The 1-bit Adam element rules (spec onebit-adam.md section 5): Adam
-// without bias correction, decoupled weight decay added to the update, and
-// the momentum update split from the parameter update around the
-// compressed allreduce. Written once for every backend.
+// The 1-bit Adam element rules (README "1-bit Adam"): Adam with bias
+// correction by default (without it: DeepSpeed's rule), decoupled weight
+// decay added to the update, and the momentum update split from the
+// parameter update around the compressed allreduce. Written once for every
+// backend.
 #pragma once
+#include <cmath>
+#include <cstdint>
+
 #include "math/adam.hpp"
 #include "math/stabilized_momentum.hpp"
 
 namespace dsopt {
 DSOPT_ISA_BEGIN
 
-// Constants for the 1-bit rules: step_size = -lr, wd = the decoupled decay
-// coefficient, no bias correction.
-inline AdamConsts onebit_consts(const AdamHyper& h) {
+// 1 / (1 - beta1^t), the bias correction of a momentum after t updates
+// (t < 1 taken as 1); 1 without bias correction. beta1 as the kernels see
+// it (fp32), the power in double.
+inline double onebit_momentum_scale(const AdamHyper& h, bool bias_correction, int64_t t) {
+  if (!bias_correction) return 1.0;
+  return 1.0 / (1.0 - std::pow(double(float(h.beta1)), double(t < 1 ? 1 : t)));
+}
+
+// Constants for the 1-bit rules at update t, whose v has had
+// `variance_updates` updates: step_size = -lr, wd = the decoupled decay
+// coefficient; with bias correction momentum_scale = 1 / (1 - beta1^t) and
+// rbc2 = 1 / sqrt(1 - beta2^variance_updates), else both 1.
+inline AdamConsts onebit_consts(const AdamHyper& h, bool bias_correction, int64_t t,
+                                int64_t variance_updates) {
   AdamConsts c = adam_consts(AdamHyper{h.lr, h.beta1, h.beta2, h.eps, 0.0, false, true}, 1);
   c.wd = float(h.weight_decay);
   c.wdecay = 0.0f;
   c.momentum_limit = 0.0f;
+  if (bias_correction) {
+    const int64_t k = variance_updates < 1 ? 1 : variance_updates;
+    c.momentum_scale = float(onebit_momentum_scale(h, true, t));
+    c.rbc2 = float(1.0 / std::sqrt(1.0 - std::pow(double(c.beta2), double(k))));
+  }
   return c;
+}
+
+// sqrt(v) rbc2 + eps from root = sqrt(v), in one fma (root + eps exactly
+// when rbc2 is 1).
+template <class Ops>
+DSOPT_HD typename Ops::F onebit_denominator(typename Ops::F root, const AdamConsts& c) {
+  return Ops::fma(root, Ops::set1(c.rbc2), Ops::set1(c.eps));
 }
 
 // m = beta1 m + (1 - beta1) g
@@ -33,14 +60,17 @@ DSOPT_HD void onebit_variance(typename Ops::F& v, typename Ops::F g, const AdamC
   v = Ops::fma(Ops::mul(g, g), Ops::set1(c.one_minus_beta2), v);
 }
 
-// q = m / (sqrt(v) + eps). With c.momentum_limit = L > 0 (the stabilized
-// compression stage, math/stabilized_momentum.hpp) m is first clamped to
-// [-L sqrt(v), L sqrt(v)]. The stored momentum is not clamped.
+// q = m' / (sqrt(v) rbc2 + eps), m' = m momentum_scale: the bias-corrected
+// direction, eps placed as AdamW places it (with both factors 1, DeepSpeed's
+// m / (sqrt(v) + eps) bit for bit). With c.momentum_limit = L > 0 (the
+// stabilized compression stage, math/stabilized_momentum.hpp) m' is first
+// clamped to [-L sqrt(v), L sqrt(v)]. The stored momentum is not changed.
 template <class Ops>
 DSOPT_HD typename Ops::F onebit_direction(typename Ops::F m, typename Ops::F v, const AdamConsts& c) {
   const typename Ops::F root = Ops::sqrt(v);
+  m = Ops::mul(m, Ops::set1(c.momentum_scale));
   m = stabilized_momentum<Ops>(m, root, c.momentum_limit);
-  return Ops::div(m, Ops::add(root, Ops::set1(c.eps)));
+  return Ops::div(m, onebit_denominator<Ops>(root, c));
 }
 
 // u = q + wd p: the update direction with decoupled weight decay.
@@ -49,7 +79,7 @@ DSOPT_HD typename Ops::F onebit_with_decay(typename Ops::F q, typename Ops::F p,
   return c.wd > 0.0f ? Ops::fma(Ops::set1(c.wd), p, q) : q;
 }
 
-// p = p - lr (m / (sqrt(v) + eps) + wd p), m clamped as onebit_direction says.
+// p = p - lr (q + wd p), q = onebit_direction(m, v).
 template <class Ops>
 DSOPT_HD void onebit_apply(typename Ops::F& p, typename Ops::F m, typename Ops::F v,
                            const AdamConsts& c) {

@@ -32,17 +32,19 @@ DSOPT_HD void zoadam_local(typename Ops::F& p, typename Ops::F& m, typename Ops:
   p = Ops::fma(step, u, p);
 }
 
-// Sync, before the compressed allreduce: acc = acc * (sqrt(v) + eps), the
-// accumulated update turned back into a sum of lr-weighted momenta.
+// Sync, before the compressed allreduce: acc = acc * (sqrt(v) rbc2 + eps),
+// the accumulated update turned back into a sum of momenta weighted by the
+// local steps' lr (times their bias correction, momentum_scale).
 template <class Ops>
 DSOPT_HD void zoadam_sync_prepare(typename Ops::F& acc, typename Ops::F v, const AdamConsts& c) {
-  acc = Ops::mul(acc, Ops::add(Ops::sqrt(v), Ops::set1(c.eps)));
+  acc = Ops::mul(acc, onebit_denominator<Ops>(Ops::sqrt(v), c));
 }
 
 // Sync, after it (acc is the average, identical on every rank, masked):
-// m = -(acc / lrs); p = anchor + acc / (sqrt(v) + eps), from the parameters
+// m = -(acc / lrs); p = anchor + acc / (sqrt(v) rbc2 + eps), from the parameters
 // of the last sync rather than by undoing this rank's own accumulator, so
-// every rank ends with the same bits. With c.momentum_limit > 0 (the
+// every rank ends with the same bits. lrs sums lr x momentum_scale over the
+// interval, so m is the weighted mean of the uncorrected momenta. With c.momentum_limit > 0 (the
 // stabilized rule, then fl(L * lrs)) the acc of the correction is clamped
 // to +-momentum_limit * sqrt(v): no coordinate moves further than lrs times
 // its own bound. decoupled_sync: the anchor first decays by anchor_decay.
@@ -56,7 +58,7 @@ DSOPT_HD void zoadam_sync_apply(typename Ops::F& p, typename Ops::F& m, typename
   const F root = Ops::sqrt(v);
   acc = stabilized_momentum<Ops>(acc, root, c.momentum_limit);
   if (c.decoupled_sync) anchor = Ops::mul(anchor, Ops::set1(c.anchor_decay));
-  p = Ops::add(anchor, Ops::div(acc, Ops::add(root, Ops::set1(c.eps))));
+  p = Ops::add(anchor, Ops::div(acc, onebit_denominator<Ops>(root, c)));
 }
 
 DSOPT_ISA_END

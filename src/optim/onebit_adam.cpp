@@ -4,11 +4,13 @@
 
 #include "base/error.hpp"
 #include "math/onebit_adam.hpp"
+#include "optim/bias_correction_rule.hpp"
 
 namespace dsopt {
 namespace {
 const char* kStage = "onebit.stage";
 const char* kStabilize = "onebit.stabilize";
+const char* kRule = "onebit.rule";  // int32 bias_correction; blobs without it: none
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
 
 // The world size a blob's errors were saved at (0: it has none).
@@ -25,7 +27,8 @@ OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       moments_(this->params(), this->kernels(), "onebit"),
       masks_(count),
-      errors_("onebit", {}) {
+      errors_("onebit", {}),
+      bias_correction_(cfg.defaults.bias_correction) {
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < count; ++i) {
     (non_freeze(i) ? full_ : compressed_).push_back(i);
@@ -41,10 +44,12 @@ bool OneBitAdam::non_freeze(int64_t i) const {
 std::vector<AdamConsts> OneBitAdam::consts() const {
   std::vector<AdamConsts> c;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    c.push_back(onebit_consts(group(g)));
-    // non_freeze groups keep warmup math: their momentum is never compressed.
-    if (stage_.compressing && !config().non_freeze[size_t(g)])
-      c.back().momentum_limit = config().momentum_limit(group(g).beta2, stage_.frozen_after);
+    // v is updated on every warmup step, and always in non_freeze groups,
+    // whose momentum is never compressed and which keep warmup math.
+    const bool frozen = stage_.compressing && !config().non_freeze[size_t(g)];
+    const int64_t t = group_step(g);
+    c.push_back(onebit_consts(group(g), bias_correction_, t, frozen ? stage_.frozen_after : t));
+    if (frozen) c.back().momentum_limit = config().momentum_limit(group(g).beta2, stage_.frozen_after);
   }
   return c;
 }
@@ -111,6 +116,7 @@ void OneBitAdam::save_sections(BlobWriter& w) const {
   FieldWriter st;
   st.add(stage_.frozen_after);
   w.section(kStabilize, st.bytes().data(), st.bytes().size());
+  save_bias_correction(w, kRule, bias_correction_);
   errors_.save(w, car_.get(), kernels());
 }
 
@@ -119,6 +125,7 @@ void OneBitAdam::check_sections(const BlobReader& r) const {
   errors_.check(r, error_world(r));
   FieldReader st(r.section(kStabilize, 8), 8);
   if (st.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
+  saved_bias_correction(r, kRule);
 }
 
 void OneBitAdam::restore_sections(const BlobReader& r) {
@@ -130,6 +137,7 @@ void OneBitAdam::restore_sections(const BlobReader& r) {
   const int32_t error_world = f.get<int32_t>();
   FieldReader st(r.section(kStabilize, 8), 8);
   saved.frozen_after = st.get<int64_t>();
+  bias_correction_ = saved_bias_correction(r, kRule);
   const FreezeStage resumed =
       FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
   car_.reset();

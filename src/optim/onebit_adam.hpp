@@ -1,6 +1,5 @@
-// 1-bit Adam (spec onebit-adam.md, DECISIONS G2, O1-O3, K1-K2): Adam
-// without bias correction for a warmup, then frozen variance and momentum
-// averaged through the 1-bit compressed allreduce.
+// 1-bit Adam (README "1-bit Adam"): Adam for a warmup, then frozen
+// variance and momentum averaged through the 1-bit compressed allreduce.
 #pragma once
 #include <memory>
 #include <vector>
@@ -24,7 +23,7 @@ class OneBitAdam final : public Optimizer {
   std::string algorithm() const override { return "OneBitAdam"; }
   bool averaged(int64_t i) const override { return !stage_.compressing || non_freeze(i); }
   bool update(const PreparedGrads& grads) override;
-  uint32_t section_count() const override { return 6; }
+  uint32_t section_count() const override { return 7; }
   std::string divergence_hint() const override;
   void save_sections(BlobWriter& w) const override;
   void check_sections(const BlobReader& r) const override;
@@ -46,6 +45,8 @@ class OneBitAdam final : public Optimizer {
   MomentumMasks masks_;
   CarErrors errors_;  // compressed tensors' error buffers in the blob
   std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
+  // Both moments bias-corrected: the config's choice, or a loaded blob's.
+  bool bias_correction_;
 };
 
 }  // namespace dsopt

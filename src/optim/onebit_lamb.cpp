@@ -65,7 +65,7 @@ std::vector<AdamConsts> OneBitLamb::consts() const {
   std::vector<AdamConsts> c;
   for (size_t i = 0; i < size_t(params().count()); ++i) {
     const AdamHyper& h = group(params().params()[i].group);
-    c.push_back(onebit_consts(h));
+    c.push_back(onebit_consts(h, false, 1, 1));  // no bias correction (README "1-bit LAMB")
     if (!stage_.compressing) continue;
     c.back().tensor_scale = float(scaling_[i]);
     c.back().momentum_limit = config().momentum_limit(h.beta2, stage_.frozen_after);

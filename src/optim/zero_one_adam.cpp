@@ -5,6 +5,7 @@
 
 #include "base/error.hpp"
 #include "math/onebit_adam.hpp"
+#include "optim/bias_correction_rule.hpp"
 
 namespace dsopt {
 namespace {
@@ -12,6 +13,7 @@ const char* kSchedule = "zoadam.schedule";
 const char* kInterval = "zoadam.interval";  // per group: lrs and decay since the last sync
 const char* kAccumulator = "zoadam.accumulator";
 const char* kAnchor = "zoadam.anchor";
+const char* kRule = "zoadam.rule";  // int32 bias_correction; blobs without it: none
 constexpr uint64_t kScheduleBytes = 4 + 5 * 8 + 4;  // Schedule, world of the errors
 // No schedule value exceeds the largest step count (configs cap
 // var_freeze_step and local_step_clipper at 2^62); blobs beyond it are corrupt.
@@ -32,7 +34,8 @@ ZeroOneAdam::ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       moments_(this->params(), this->kernels(), "zoadam"),
       masks_(count),
-      errors_("zoadam", all_sizes(params, count)) {
+      errors_("zoadam", all_sizes(params, count)),
+      bias_correction_(cfg.defaults.bias_correction) {
   const size_t bytes = size_t(this->params().total_numel()) * 4;
   acc_ = DeviceBuffer(this->kernels(), bytes);
   anchor_ = DeviceBuffer(this->kernels(), bytes);
@@ -58,7 +61,7 @@ bool ZeroOneAdam::averaged(int64_t) const {
 std::vector<AdamConsts> ZeroOneAdam::consts(bool clamp) const {
   std::vector<AdamConsts> c;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    c.push_back(onebit_consts(group(g)));
+    c.push_back(onebit_consts(group(g), bias_correction_, group_step(g), sched_.variance_updates));
     c.back().decoupled_sync = config().decoupled_sync_weight_decay;
     if (clamp) c.back().momentum_limit = config().momentum_limit(group(g).beta2, sched_.variance_updates);
   }
@@ -148,7 +151,10 @@ void ZeroOneAdam::freeze() {
 
 void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
   for (int32_t g = 0; g < num_groups(); ++g) {
-    lrs_[size_t(g)] += group(g).lr;
+    // The sync turns the accumulator back into a momentum by dividing by
+    // the interval's lr, each weighted by the bias correction its step
+    // applied to the momentum.
+    lrs_[size_t(g)] += group(g).lr * onebit_momentum_scale(group(g), bias_correction_, group_step(g));
     decay_[size_t(g)] *= 1.0 - group(g).lr * group(g).weight_decay;
   }
   const std::vector<AdamConsts> c = consts(true);
@@ -202,6 +208,7 @@ void ZeroOneAdam::save_sections(BlobWriter& w) const {
   w.section_from_device(kAccumulator, acc_.get(), acc_.bytes(), kernels());
   w.section_from_device(kAnchor, anchor_.get(), anchor_.bytes(), kernels());
   errors_.save(w, car_.get(), kernels());
+  save_bias_correction(w, kRule, bias_correction_);
 }
 
 void ZeroOneAdam::check_sections(const BlobReader& r) const {
@@ -219,6 +226,7 @@ void ZeroOneAdam::check_sections(const BlobReader& r) const {
   r.section(kInterval, uint64_t(num_groups()) * 16);
   r.section(kAccumulator, acc_.bytes());
   r.section(kAnchor, anchor_.bytes());
+  saved_bias_correction(r, kRule);
 }
 
 void ZeroOneAdam::restore_sections(const BlobReader& r) {
@@ -230,6 +238,7 @@ void ZeroOneAdam::restore_sections(const BlobReader& r) {
   sched_.local_interval = f.get<int64_t>();
   sched_.local_counter = f.get<int64_t>();
   sched_.variance_updates = f.get<int64_t>();
+  bias_correction_ = saved_bias_correction(r, kRule);
   const int32_t error_world = rank_local_world(f.get<int32_t>());
   const bool same_world = error_world == CarErrors::world_of(car_.get());
   if (car_) car_->reset_errors();

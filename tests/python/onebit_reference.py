@@ -253,6 +253,24 @@ def stabilized_momentum(m, v, limit):
     return np.where(used < bound, used, bound).astype(np.float32)
 
 
+def bias_consts(beta1, beta2, t, variance_updates, bias_correction):
+    """The bias correction of a 1-bit Adam / 0/1 Adam update (src/math/onebit_adam.hpp):
+    scale = float(1 / (1 - beta1^t)) multiplies the momentum, rbc2 =
+    float(1 / sqrt(1 - beta2^K)) the root of v after K variance updates
+    (counts below 1 taken as 1), in double from the fp32 betas; both 1
+    without bias correction (DeepSpeed's rule)."""
+    if not bias_correction:
+        return dict(scale=F32(1.0), rbc2=F32(1.0))
+    t, k = max(int(t), 1), max(int(variance_updates), 1)
+    return dict(scale=F32(1.0 / (1.0 - float(beta1) ** float(t))),
+                rbc2=F32(1.0 / np.sqrt(1.0 - float(beta2) ** float(k))))
+
+
+def denominator(v, c):
+    """fl(sqrt(v) * rbc2 + eps) in one fma: sqrt(v) + eps when rbc2 is 1."""
+    return fma32(np.sqrt(v).astype(np.float32), c["rbc2"], c["eps"])
+
+
 def momentum_limit(stabilize_limit, beta2, frozen_after):
     """L = float(limit / sqrt(1 - beta2^K)) in double, K < 1 taken as 1."""
     b2t = float(beta2) ** float(max(frozen_after, 1))
@@ -274,6 +292,7 @@ class OneBitAdamReference:
         self.freeze_step = int(p.get("freeze_step", 100000))
         self.stabilize = bool(p.get("stabilize", True))
         self.stabilize_limit = float(p.get("stabilize_limit", 1.0))
+        self.bias_correction = bool(p.get("bias_correction", True))
         self.frozen_after = 0   # K: warmup updates when v was frozen (0 in warmup)
         self.clamped = 0        # applied momenta clamped where v > 0 (where L matters), summed over updates
         self.clip = float(config.get("gradient_clipping", 0.0))
@@ -331,7 +350,7 @@ class OneBitAdamReference:
         if compressing:
             per_rank = {}
             for i in self.compressed_indices():
-                c = self._consts(i)
+                c = self._consts(i, self.updates + 1, self.frozen_after)
                 per_rank[i] = []
                 for r in range(P):
                     g = (local[r][i] * mul).astype(np.float32)
@@ -346,19 +365,22 @@ class OneBitAdamReference:
                     out = (out * self.masks[i]).astype(np.float32)
                 new_m[i] = out
 
+        t = self.updates + 1
         for i in range(count):
-            c = self._consts(i)
             if compressing and i in new_m:
+                c = self._consts(i, t, self.frozen_after)
                 self.m[i] = new_m[i]
                 limit = self.momentum_limit(self.group_of[i]) if self.stabilize else None
-                self.master[i] = self._apply(self.master[i], self._clamp(self.m[i], self.v[i], limit), self.v[i], c)
+                used = self._clamp(self.corrected(self.m[i], c), self.v[i], limit)
+                self.master[i] = self._apply(self.master[i], used, self.v[i], c)
             else:
+                c = self._consts(i, t, t)
                 g = (averaged[i] * mul).astype(np.float32)
                 m = (self.m[i] * c["beta1"]).astype(np.float32)
                 self.m[i] = fma32(g, c["omb1"], m)
                 v = (self.v[i] * c["beta2"]).astype(np.float32)
                 self.v[i] = fma32((g * g).astype(np.float32), c["omb2"], v)
-                self.master[i] = self._apply(self.master[i], self.m[i], self.v[i], c)
+                self.master[i] = self._apply(self.master[i], self.corrected(self.m[i], c), self.v[i], c)
 
         self.updates += 1
         if not compressing and self.updates + 1 >= self.freeze_step:
@@ -367,11 +389,20 @@ class OneBitAdamReference:
                     stage_compression=compressing)
 
     # -- internals -----------------------------------------------------------
-    def _consts(self, i):
+    def _consts(self, i, t, variance_updates):
+        """Constants of update t of parameter i whose v has had
+        `variance_updates` updates (bias_consts)."""
         g = self.groups[self.group_of[i]]
         beta1, beta2 = F32(g.beta1), F32(g.beta2)
-        return dict(beta1=beta1, beta2=beta2, omb1=F32(F32(1.0) - beta1), omb2=F32(F32(1.0) - beta2),
-                    eps=F32(g.eps), wd=F32(g.weight_decay), step_size=F32(-F32(g.lr)))
+        c = dict(beta1=beta1, beta2=beta2, omb1=F32(F32(1.0) - beta1), omb2=F32(F32(1.0) - beta2),
+                 eps=F32(g.eps), wd=F32(g.weight_decay), step_size=F32(-F32(g.lr)))
+        c.update(bias_consts(beta1, beta2, t, variance_updates, self.bias_correction))
+        return c
+
+    @staticmethod
+    def corrected(m, c):
+        """The bias-corrected momentum fl(m * scale) (m itself with scale 1)."""
+        return (m * c["scale"]).astype(np.float32)
 
     def _clamp(self, m, v, limit):
         """The momentum the stabilized rule applies: m clamped to [-bound,
@@ -383,8 +414,7 @@ class OneBitAdamReference:
 
     @staticmethod
     def _apply(p, m, v, c):
-        d = (np.sqrt(v) + c["eps"]).astype(np.float32)
-        u = (m / d).astype(np.float32)
+        u = (m / denominator(v, c)).astype(np.float32)
         if c["wd"] > 0:
             u = fma32(c["wd"], p, u)
         return fma32(c["step_size"], u, p)

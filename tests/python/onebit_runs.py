@@ -50,8 +50,8 @@ SIZES = [1000, 7, 33, 4097, 64]
 
 
 def deepspeed_config(**kw):
-    """DeepSpeed's compression stage ("stabilize": false): the parity runs."""
-    return onebit_config(stabilize=False, **kw)
+    """DeepSpeed's rule ("stabilize": false, "bias_correction": false): the parity runs."""
+    return onebit_config(stabilize=False, bias_correction=False, **kw)
 
 
 SCENARIOS = [
@@ -83,15 +83,18 @@ COLD = 40
 
 
 def stabilized(sc: Scenario, seed: int) -> Scenario:
-    """The scenario on the default rule (the stabilized compression stage),
-    with its own data, and parameter 0's first COLD elements never updated in
-    warmup: those are where DeepSpeed's rule divides by eps. 8 steps (5
-    compressed) keep the multi-rank runs short."""
+    """The scenario on the default rule (the stabilized compression stage,
+    bias correction), with its own data, and parameter 0's first COLD
+    elements never updated in warmup: those are where DeepSpeed's rule
+    divides by eps. 8 steps (5 compressed) keep the multi-rank runs short."""
     config = copy.deepcopy(sc.config)
     del config["optimizer"]["params"]["stabilize"]
+    del config["optimizer"]["params"]["bias_correction"]
     return dataclasses.replace(sc, name="stable_" + sc.name, config=config, seed=seed, steps=8, cold={0: COLD})
 
 
+# Bias correction without the clamp.
+SCENARIOS.append(Scenario("bias_corrected", onebit_config(stabilize=False, weight_decay=0.01), SIZES, seed=12))
 SCENARIOS += [stabilized(sc, 20 + sc.seed) for sc in SCENARIOS
               if sc.name in ("plain", "weight_decay", "mask", "non_freeze", "fp16", "bf16", "clipping")]
 # The scenarios whose blobs are saved and resumed (after 2 updates: warmup;

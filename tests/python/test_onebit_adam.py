@@ -231,9 +231,11 @@ STABILIZED = [s.name for s in runs.SCENARIOS if s.name.startswith("stable_")]
 
 
 def on_deepspeed_rule(sc):
-    """The same scenario and data with "stabilize": false."""
+    """The same scenario and data with DeepSpeed's rule ("stabilize" and
+    "bias_correction" false)."""
     config = copy.deepcopy(sc.config)
     config["optimizer"]["params"]["stabilize"] = False
+    config["optimizer"]["params"]["bias_correction"] = False
     return dataclasses.replace(sc, config=config)
 
 

@@ -156,6 +156,8 @@ BAD_VALUES = [
     (dsopt.torch.Adam, {"decoupled_weight_decay": "yes"}, "decoupled_weight_decay"),
     (dsopt.torch.OneBitAdam, {"freeze_step": 0}, "freeze_step"),
     (dsopt.torch.OneBitAdam, {"stabilize": "no"}, "stabilize"),
+    (dsopt.torch.OneBitAdam, {"bias_correction": 1}, "bias_correction"),
+    (dsopt.torch.ZeroOneAdam, {"bias_correction": None}, "bias_correction"),
     (dsopt.torch.OneBitAdam, {"stabilize_limit": 0}, "stabilize_limit"),
     (dsopt.torch.OneBitAdam, {"zero_stage": 2}, "zero_stage"),
     (dsopt.torch.OneBitLamb, {"max_coeff": 0.001}, "max_coeff"),

@@ -9,8 +9,8 @@ The CAR, fma and fp32 helpers are onebit_reference's."""
 
 import numpy as np
 
-from onebit_reference import (F32, CarReference, _from_param, _to_param_dtype, f32, fma32,
-                              groups_from_config, sum_squares)
+from onebit_reference import (F32, CarReference, _from_param, _to_param_dtype, bias_consts, denominator, f32,
+                              fma32, groups_from_config, sum_squares)
 
 SKIPPED, FULL, COMPRESSED, LOCAL, SYNC = 0, 1, 2, 3, 4
 
@@ -38,6 +38,7 @@ class ZeroOneAdamReference:
         self.decoupled = bool(p.get("decoupled_sync_weight_decay", False))
         self.stabilize = bool(p.get("stabilize", True))
         self.stabilize_limit = float(p.get("stabilize_limit", 4.0))  # the library's default for this type
+        self.bias_correction = bool(p.get("bias_correction", True))
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))
         self.loss_scale = float(loss_scale)
@@ -113,10 +114,20 @@ class ZeroOneAdamReference:
 
     # -- phases --------------------------------------------------------------
     def _consts(self, i):
+        """Constants of this update (t = updates + 1) with v's variance_updates."""
         g = self.groups[self.group_of[i]]
         beta1, beta2 = F32(g.beta1), F32(g.beta2)
-        return dict(beta1=beta1, beta2=beta2, omb1=F32(F32(1.0) - beta1), omb2=F32(F32(1.0) - beta2),
-                    eps=F32(g.eps), wd=F32(g.weight_decay), step_size=F32(-F32(g.lr)))
+        c = dict(beta1=beta1, beta2=beta2, omb1=F32(F32(1.0) - beta1), omb2=F32(F32(1.0) - beta2),
+                 eps=F32(g.eps), wd=F32(g.weight_decay), step_size=F32(-F32(g.lr)))
+        c.update(bias_consts(beta1, beta2, self.updates + 1, self.variance_updates, self.bias_correction))
+        return c
+
+    def _lr_weight(self, group):
+        """What a local step adds to the interval's lr sum: lr times the
+        momentum's bias correction, in double (src/optim/zero_one_adam.cpp)."""
+        if not self.bias_correction:
+            return group.lr
+        return group.lr * (1.0 / (1.0 - float(F32(group.beta1)) ** float(self.updates + 1)))
 
     def limit(self, i):
         """L = float(limit / sqrt(1 - beta2^K)), K the variance updates so far."""
@@ -127,10 +138,10 @@ class ZeroOneAdamReference:
 
     @staticmethod
     def _direction(m, v, c, limit):
-        root = np.sqrt(v).astype(np.float32)
+        m = (m * c["scale"]).astype(np.float32)
         if limit is not None:
             m = clamp(m, v, limit)
-        return (m / (root + c["eps"]).astype(np.float32)).astype(np.float32)
+        return (m / denominator(v, c)).astype(np.float32)
 
     @staticmethod
     def _with_decay(q, p, c):
@@ -188,7 +199,7 @@ class ZeroOneAdamReference:
     def _local_step(self, local, mul, k):
         P = self.world
         for g, group in enumerate(self.groups):
-            self.lrs[g] += group.lr
+            self.lrs[g] += self._lr_weight(group)
             self.decay[g] *= 1.0 - group.lr * group.weight_decay
         for i in range(len(self.v)):
             c = self._consts(i)
@@ -215,8 +226,7 @@ class ZeroOneAdamReference:
         for i in range(len(self.v)):
             c = self._consts(i)
             gi = self.group_of[i]
-            root = np.sqrt(self.v[i]).astype(np.float32)
-            d = (root + c["eps"]).astype(np.float32)
+            d = denominator(self.v[i], c)
             xs = [(self.acc[r][i] * d).astype(np.float32) for r in range(P)]
             a = self.cars[i].run(xs)[0] if P > 1 else xs[0]
             if self.masks[i] is not None:

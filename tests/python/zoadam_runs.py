@@ -28,7 +28,8 @@ def zoadam_config(lr=1e-2, **params):
 
 
 def deepspeed_config(**kw):
-    return zoadam_config(stabilize=False, **kw)
+    """DeepSpeed's rule ("stabilize": false, "bias_correction": false)."""
+    return zoadam_config(stabilize=False, bias_correction=False, **kw)
 
 
 TWO_GROUPS = [{}, {"lr": 3e-3, "weight_decay": 0.1}]
@@ -52,6 +53,11 @@ SCENARIOS = [
              SIZES, groups=[0, 1, 0, 1, 1], steps=STEPS, seed=10, cold={0: 40, 3: 100}),
     # the default limit (4) rarely binds on these short runs; a tight one does
     Scenario("stable_tight_limit", zoadam_config(stabilize_limit=0.5), SIZES, steps=STEPS, seed=11, cold={0: 40}),
+    # bias correction with the accumulator's lr weights, and without the clamp
+    Scenario("stable_decoupled_wd", with_top(zoadam_config(weight_decay=0.01, decoupled_sync_weight_decay=True),
+                                             param_groups=TWO_GROUPS),
+             SIZES, groups=[0, 1, 1, 0, 1], steps=STEPS, seed=12, cold={0: 40}),
+    Scenario("bias_corrected", zoadam_config(stabilize=False, weight_decay=0.01), SIZES, steps=STEPS, seed=13),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}
 # Saved after 2 (phase 1), 5 (phase 1, interval 2), 8 (the phase change just

@@ -292,12 +292,13 @@ def _stabilize(stabilize, stabilize_limit):
 
 class OneBitAdam(_TorchStyle):
     """1-bit Adam (dsopt ``"OneBitAdam"``; README "1-bit Adam") with
-    torch-style hyperparameters; weight decay is decoupled, there is no
-    bias correction (as DeepSpeed's).
+    torch-style hyperparameters; weight decay is decoupled, both moments are
+    bias-corrected as AdamW's (``bias_correction=False`` with
+    ``stabilize=False``: DeepSpeed's rule).
 
     ``OneBitAdam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-    weight_decay=0, *, freeze_step=100000, stabilize=True,
-    stabilize_limit=1.0, ...)``: updates ``1 .. freeze_step-1`` are warmup
+    weight_decay=0, *, freeze_step=100000, bias_correction=True,
+    stabilize=True, stabilize_limit=1.0, ...)``: updates ``1 .. freeze_step-1`` are warmup
     (plain averaged gradients), later ones communicate the momentum
     compressed to 1 bit. Groups may set ``non_freeze=True`` (warmup math for
     the whole run). A parameter without ``.grad`` steps with a zero
@@ -307,12 +308,13 @@ class OneBitAdam(_TorchStyle):
     _CONFIG_TYPE = "OneBitAdam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, *,
-                 freeze_step=100000, stabilize=True, stabilize_limit=1.0, comm=None,
+                 freeze_step=100000, bias_correction=True, stabilize=True, stabilize_limit=1.0, comm=None,
                  overlap=False, gradient_clipping=None, fp16=None, bf16=None,
                  skip_nonfinite=None, max_consecutive_skips=None,
                  gradient_accumulation_steps=None, zero_optimization=None, zero_stage=None,
                  device=None, threads=None):
-        algorithm = {"freeze_step": _check_int("freeze_step", freeze_step, 1)}
+        algorithm = {"freeze_step": _check_int("freeze_step", freeze_step, 1),
+                     "bias_correction": _check_bool("bias_correction", bias_correction)}
         algorithm.update(_stabilize(stabilize, stabilize_limit))
         self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
@@ -357,11 +359,12 @@ class OneBitLamb(_TorchStyle):
 
 class ZeroOneAdam(_TorchStyle):
     """0/1 Adam (dsopt ``"ZeroOneAdam"``; README "0/1 Adam") with
-    torch-style hyperparameters; weight decay is decoupled, no bias
-    correction.
+    torch-style hyperparameters; weight decay is decoupled, both moments are
+    bias-corrected (``bias_correction=False`` with ``stabilize=False``:
+    DeepSpeed's rule).
 
     ``ZeroOneAdam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-    weight_decay=0, *, var_freeze_step=100000, var_update_scaler=16,
+    weight_decay=0, *, var_freeze_step=100000, bias_correction=True, var_update_scaler=16,
     local_step_scaler=32678, local_step_clipper=16,
     decoupled_sync_weight_decay=False, stabilize=True, stabilize_limit=4.0,
     ...)``. A parameter without ``.grad`` steps with a zero gradient.
@@ -370,7 +373,7 @@ class ZeroOneAdam(_TorchStyle):
     _CONFIG_TYPE = "ZeroOneAdam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, *,
-                 var_freeze_step=100000, var_update_scaler=16, local_step_scaler=32678,
+                 var_freeze_step=100000, bias_correction=True, var_update_scaler=16, local_step_scaler=32678,
                  local_step_clipper=16, decoupled_sync_weight_decay=False, stabilize=True,
                  stabilize_limit=4.0, comm=None, overlap=False, gradient_clipping=None,
                  fp16=None, bf16=None, skip_nonfinite=None, max_consecutive_skips=None,
@@ -378,6 +381,7 @@ class ZeroOneAdam(_TorchStyle):
                  device=None, threads=None):
         algorithm = {
             "var_freeze_step": _check_int("var_freeze_step", var_freeze_step, 0),
+            "bias_correction": _check_bool("bias_correction", bias_correction),
             "var_update_scaler": _check_int("var_update_scaler", var_update_scaler, 1),
             "local_step_scaler": _check_int("local_step_scaler", local_step_scaler, 1),
             "local_step_clipper": _check_int("local_step_clipper", local_step_clipper, 1),
