@@ -173,6 +173,14 @@ def mpi_worker_main(specs_path, out_dir):
     specs = [RunSpec(**s) for s in json.loads(Path(specs_path).read_text())]
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
+    with dsopt.Communicator.from_mpi4py(world) as comm:
+        run_specs(specs, comm, rank, world.Get_size(), on_result=result_writer(out_dir, rank))
+
+
+def result_writer(out_dir, rank):
+    """save(name, result): adds a finished run's result (a dataclass) to
+    rank<rank>.json in out_dir, rewritten whole after every run (what
+    run_under_mpirun reads back)."""
     done = {}
 
     def save(name, result):
@@ -180,9 +188,7 @@ def mpi_worker_main(specs_path, out_dir):
         path = Path(out_dir) / f"rank{rank}.json"
         path.with_suffix(".tmp").write_text(json.dumps(done))
         path.with_suffix(".tmp").replace(path)
-
-    with dsopt.Communicator.from_mpi4py(world) as comm:
-        run_specs(specs, comm, rank, world.Get_size(), on_result=save)
+    return save
 
 
 def mpi_available():
@@ -205,12 +211,14 @@ class MpirunFailed(RuntimeError):
         self.finished = finished
 
 
-def run_under_mpirun(worker_args, specs, world, timeout=120):
+def run_under_mpirun(worker_args, specs, world, timeout=120, result_type=RunResult):
     """Runs `specs` on `world` ranks: ``mpirun -np world python3
     *worker_args SPECS OUT_DIR``, the worker calling mpi_worker_main(SPECS,
     OUT_DIR). Returns {name: [RunResult of each rank]} (loss and accuracy
     in rank 0's); raises MpirunFailed (with mpirun's output) when it times
-    out or some rank did not finish all."""
+    out or some rank did not finish all. Other workers run other specs
+    (dataclasses with a ``name``, written with asdict) and write their
+    results with result_writer: `result_type` rebuilds them."""
     import dsopt
 
     if len({s.name for s in specs}) < len(specs):
@@ -238,7 +246,7 @@ def run_under_mpirun(worker_args, specs, world, timeout=120):
         for rank in range(world):
             path = Path(tmp) / f"rank{rank}.json"
             per_rank.append(json.loads(path.read_text()) if path.exists() else {})
-    finished = {s.name: [RunResult(**per_rank[r][s.name]) for r in range(world)]
+    finished = {s.name: [result_type(**per_rank[r][s.name]) for r in range(world)]
                 for s in specs if all(s.name in per_rank[r] for r in range(world))}
     if len(finished) < len(specs):
         unfinished = [s.name for s in specs if s.name not in finished]

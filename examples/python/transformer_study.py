@@ -1,0 +1,131 @@
+"""The 1-bit optimizers against AdamW on the GPT of gpt.py: final validation
+loss relative to the baseline, mean over seeds.
+
+Runs, per model size and corpus and per seed, at P ranks (default 4) with
+transformer_runs' user settings: AdamW, OneBitAdam, ZeroOneAdam, OneBitLamb
+and LAMB without compression (OneBitLamb with freeze_step after the run).
+The baseline of 1-bit Adam and 0/1 Adam is AdamW; that of 1-bit LAMB is
+the better of AdamW and uncompressed LAMB (per seed). The goal: every
+ratio's mean within 3% of 1, no skipped step.
+
+    python3 examples/python/transformer_study.py [--seeds 0,1,2] [--ranks 4]
+        [--models tiny:licenses,small:python] [--steps 300]
+        [--results study.json] [--extra NAME:CLASS:JSON_OPTIONS ...]
+
+``--extra`` adds runs of a variant (e.g. ``zo_interval1:ZeroOneAdam:
+'{"local_step_scaler": 1, "local_step_clipper": 1}'``), compared with
+AdamW. Results accumulate in the --results file (runs already there are
+not run again), one mpirun per model and seed. Needs torch and mpi4py
+(Debian's /usr/bin/python3 with python3-torch and python3-mpi4py).
+"""
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import transformer_runs
+from transformer_runs import TransformerRun
+
+BASE_RUNS = {  # name -> (class, options over the user settings)
+    "AdamW": ("AdamW", {}),
+    "OneBitAdam": ("OneBitAdam", {}),
+    "ZeroOneAdam": ("ZeroOneAdam", {}),
+    "OneBitLamb": ("OneBitLamb", {}),
+    "LAMB": ("OneBitLamb", {"freeze_step": None}),  # None: after the run
+}
+
+
+def runs_for(model, corpus, seed, steps, extra):
+    """The TransformerRuns of one model and seed: BASE_RUNS and `extra`
+    ({name: (class, options)}), named model/corpus/seed/name."""
+    runs = []
+    for name, (cls, options) in {**BASE_RUNS, **extra}.items():
+        options = {k: (steps + 1 if v is None else v) for k, v in options.items()}
+        runs.append(TransformerRun(f"{model}/{corpus}/{seed}/{name}", cls, size=model, corpus=corpus,
+                                   steps=steps, seed=seed, options=options))
+    return runs
+
+
+def run_study(models, seeds, steps, ranks, results_path, extra):
+    """Runs what the results file lacks; returns {name: [result per rank]}."""
+    path = Path(results_path)
+    results = transformer_runs.load_results(path) if path.exists() else {}
+    for model, corpus in models:
+        for seed in seeds:
+            todo = [r for r in runs_for(model, corpus, seed, steps, extra) if r.name not in results]
+            if not todo:
+                continue
+            start = time.perf_counter()
+            got = transformer_runs.run_under_mpirun(todo, ranks, timeout=600 + 120 * len(todo))
+            print(f"{model}/{corpus} seed {seed}: {len(todo)} runs in {time.perf_counter() - start:.0f} s",
+                  flush=True)
+            results.update(got)
+            transformer_runs.save_results(results, path)
+    return results
+
+
+def baseline_name(name):
+    """The run(s) a run is compared with."""
+    return ["AdamW", "LAMB"] if name == "OneBitLamb" else ["AdamW"]
+
+
+def table(results, models, seeds, names):
+    """Markdown rows: per model and run, the final validation loss (rank 0)
+    per seed, its ratio to the baseline per seed and their mean, the
+    skipped steps, the bytes sent relative to AdamW's and the training
+    seconds (rank 0, median over seeds)."""
+    lines = ["| model | run | final validation loss per seed | ratio to baseline per seed | mean ratio "
+             "| skipped | bytes vs AdamW | seconds (median) |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for model, corpus in models:
+        for name in names:
+            finals, ratios, skipped, byte_ratios, seconds = [], [], 0, [], []
+            for seed in seeds:
+                key = f"{model}/{corpus}/{seed}"
+                if f"{key}/{name}" not in results:
+                    continue
+                ranks = results[f"{key}/{name}"]
+                final = ranks[0].final_validation
+                base = min(results[f"{key}/{b}"][0].final_validation for b in baseline_name(name))
+                finals.append(final)
+                ratios.append(final / base)
+                skipped += sum(r.skipped for r in ranks) + sum(bool(r.error) for r in ranks)
+                sent = sum(sum(r.info["bytes_sent"]) for r in ranks)
+                adamw_sent = sum(sum(r.info["bytes_sent"]) for r in results[f"{key}/AdamW"])
+                byte_ratios.append(sent / adamw_sent if adamw_sent else float("nan"))
+                seconds.append(ranks[0].seconds)
+            if not finals:
+                continue
+            lines.append(f"| {model}/{corpus} | {name} | {', '.join(f'{f:.4f}' for f in finals)} | "
+                         f"{', '.join(f'{r:.3f}' for r in ratios)} | {statistics.mean(ratios):.3f} | {skipped} | "
+                         f"{statistics.median(byte_ratios):.3f} | {statistics.median(seconds):.1f} |")
+    return "\n".join(lines)
+
+
+def parse_extra(items):
+    extra = {}
+    for item in items:
+        name, cls, options = item.split(":", 2)
+        extra[name] = (cls, json.loads(options))
+    return extra
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--models", default="tiny:licenses,small:python")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--results", default="transformer_study.json")
+    parser.add_argument("--extra", action="append", default=[])
+    args = parser.parse_args()
+    models = [tuple(m.split(":")) for m in args.models.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    extra = parse_extra(args.extra)
+    results = run_study(models, seeds, args.steps, args.ranks, args.results, extra)
+    print(table(results, models, seeds, [*BASE_RUNS, *extra]))
+
+
+if __name__ == "__main__":
+    main()
