@@ -14,6 +14,13 @@
 # ZeRO and overlap runs included).
 # DSOPT_BENCH_LAMB=1 adds the 1-bit LAMB training run on that link (about
 # 12 more minutes).
+# bench/time_to_quality.py (a GPT trained with AdamW and the 1-bit
+# optimizers on that link, about 10 minutes) runs under the first Python
+# that has torch, mpi4py and the dsopt binding: DSOPT_BENCH_TORCH_PYTHON,
+# else the framework venv's (scripts/framework_venv.sh; used when it exists,
+# mpi4py added to it), python3, /usr/bin/python3; its JSON goes to
+# DSOPT_BENCH_TTQ_OUT (default <builddir>/bench/time_to_quality).
+# DSOPT_BENCH_TTQ=0 leaves it out.
 set -euo pipefail
 
 build=${1:?usage: run_benchmarks.sh <builddir> [adam_cpu_bench arguments]}
@@ -184,3 +191,45 @@ for name in "${mpi_benchmarks[@]}"; do
       ;;
   esac
 done
+
+# A Python for time_to_quality.py: one with torch, mpi4py and the dsopt
+# binding (see the top). Prints its path; fails when there is none.
+torch_python() {
+  local venv=${DSOPT_FRAMEWORK_VENV:-$HOME/.cache/dsopt/venv-frameworks}
+  local candidates=()
+  if [ -n "${DSOPT_BENCH_TORCH_PYTHON:-}" ]; then
+    candidates=("$DSOPT_BENCH_TORCH_PYTHON")
+  else
+    if [ -x "$venv/bin/python" ]; then
+      if ! "$venv/bin/python" -c "import mpi4py" 2>/dev/null; then
+        echo "run_benchmarks: pip install mpi4py into $venv" >&2
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check mpi4py >&2 || true
+      fi
+      candidates+=("$venv/bin/python")
+    fi
+    candidates+=(python3 /usr/bin/python3)
+  fi
+  local py
+  for py in "${candidates[@]}"; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    if with_build "$py" -c "import torch, mpi4py, dsopt.torch" 2>/dev/null; then
+      echo "$py"
+      return 0
+    fi
+  done
+  return 1
+}
+
+echo
+echo "== time_to_quality.py: a GPT to AdamW's validation loss, AdamW vs 1-bit Adam, 0/1 Adam, 1-bit LAMB, $ranks ranks on an emulated 1 Gbit/s link =="
+if [ "${DSOPT_BENCH_TTQ:-1}" = 0 ]; then
+  echo "run_benchmarks: skipped (DSOPT_BENCH_TTQ=0)"
+elif [ "${DSOPT_BENCH_NETEM:-1}" = 0 ]; then
+  echo "run_benchmarks: skipped (DSOPT_BENCH_NETEM=0)"
+elif ! ttq_python=$(torch_python); then
+  echo "run_benchmarks: time_to_quality.py skipped (no Python with torch, mpi4py and the dsopt binding;" \
+       "set DSOPT_BENCH_TORCH_PYTHON)"
+else
+  with_build emulated "$ttq_python" "$here/time_to_quality.py" \
+    --out "${DSOPT_BENCH_TTQ_OUT:-$build/bench/time_to_quality}"
+fi
