@@ -57,6 +57,8 @@ class TransformerRun:
     eval_every: int = 25       # rank 0's validation loss every this many steps
     options: dict = field(default_factory=dict)  # keyword arguments over the user settings
     report_grad_norm: bool = False  # StepInfo.grad_norm on every step
+    tensor_groups: bool = False     # one parameter group per tensor (else one group)
+    hook: dict = field(default_factory=dict)  # settings of the worker's before_step hook, if it has one
 
 
 @dataclass
@@ -99,9 +101,12 @@ def warmup_cosine(steps, warmup_fraction=WARMUP_FRACTION, final=FINAL_LR_FRACTIO
     return factor
 
 
-def train(run, comm=None, rank=0, world=1):
+def train(run, comm=None, rank=0, world=1, before_step=None):
     """Trains the run's GPT on this rank (comm: an mpi4py communicator, or
-    None for one process) and returns this rank's TransformerResult."""
+    None for one process) and returns this rank's TransformerResult.
+    before_step(step, model, opt), if given, is called after backward and
+    the learning-rate schedule, before each optimizer step (it may change
+    the groups' settings for that step: LambdaLR sets lr again next step)."""
     import torch
 
     import dsopt
@@ -112,7 +117,8 @@ def train(run, comm=None, rank=0, world=1):
     corpus = gpt.load_corpus(run.corpus)
     model = gpt.build_model(config, run.seed)
     optimizer_class = getattr(dsopt.torch, run.optimizer)
-    opt = optimizer_class(model.parameters(), comm=comm, **optimizer_kwargs(run))
+    params = [{"params": [p]} for p in model.parameters()] if run.tensor_groups else model.parameters()
+    opt = optimizer_class(params, comm=comm, **optimizer_kwargs(run))
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(run.steps))
     if run.batch % world:
         raise ValueError(f"batch {run.batch} does not split over {world} ranks")
@@ -130,6 +136,8 @@ def train(run, comm=None, rank=0, world=1):
         opt.zero_grad(set_to_none=True)
         loss = model.loss(x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local])
         loss.backward()
+        if before_step is not None:
+            before_step(step, model, opt)
         result.lr.append(opt.param_groups[0]["lr"])
         try:
             opt.step()
@@ -157,25 +165,28 @@ def run_local(runs):
     return {run.name: train(run) for run in runs}
 
 
-def mpi_worker_main(specs_path, out_dir):
+def mpi_worker_main(specs_path, out_dir, make_hook=None):
     """The body of the worker under mpirun: trains every TransformerRun of
     the JSON file in turn on COMM_WORLD; rank r rewrites rank<r>.json in
-    out_dir after every run."""
+    out_dir after every run. make_hook(run, comm), if given, returns the
+    run's before_step hook (or None)."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     save = training_runs.result_writer(out_dir, world.Get_rank())
     for spec in json.loads(Path(specs_path).read_text()):
         run = TransformerRun(**spec)
-        save(run.name, train(run, world, world.Get_rank(), world.Get_size()))
+        hook = make_hook(run, world) if make_hook is not None else None
+        save(run.name, train(run, world, world.Get_rank(), world.Get_size(), before_step=hook))
 
 
-def run_under_mpirun(runs, world, timeout=600):
+def run_under_mpirun(runs, world, timeout=600, worker_args=None):
     """{name: [TransformerResult of each rank]} of the runs on `world`
-    ranks (one mpirun); raises training_runs.MpirunFailed with the runs
-    that finished when some did not."""
-    return training_runs.run_under_mpirun([Path(__file__).resolve()], runs, world, timeout=timeout,
-                                          result_type=TransformerResult)
+    ranks (one mpirun of ``python3 *worker_args SPECS OUT_DIR``, by default
+    this file); raises training_runs.MpirunFailed with the runs that
+    finished when some did not."""
+    return training_runs.run_under_mpirun(worker_args or [Path(__file__).resolve()], runs, world,
+                                          timeout=timeout, result_type=TransformerResult)
 
 
 def save_results(results, path):

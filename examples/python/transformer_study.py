@@ -36,28 +36,35 @@ BASE_RUNS = {  # name -> (class, options over the user settings)
 }
 
 
-def runs_for(model, corpus, seed, steps, extra):
-    """The TransformerRuns of one model and seed: BASE_RUNS and `extra`
-    ({name: (class, options)}), named model/corpus/seed/name."""
+def runs_for(model, corpus, seed, steps, extra, base_runs=None):
+    """The TransformerRuns of one model and seed: BASE_RUNS (or those
+    named in `base_runs`) and `extra` ({name: (class, options)}), named
+    model/corpus/seed/name."""
     runs = []
-    for name, (cls, options) in {**BASE_RUNS, **extra}.items():
-        options = {k: (steps + 1 if v is None else v) for k, v in options.items()}
-        runs.append(TransformerRun(f"{model}/{corpus}/{seed}/{name}", cls, size=model, corpus=corpus,
-                                   steps=steps, seed=seed, options=options))
+    base = {n: BASE_RUNS[n] for n in (BASE_RUNS if base_runs is None else base_runs)}
+    for name, spec in {**base, **extra}.items():
+        fields = dict(spec) if isinstance(spec, dict) else {"optimizer": spec[0], "options": spec[1]}
+        fields["options"] = {k: (steps + 1 if v is None else v) for k, v in fields.get("options", {}).items()}
+        runs.append(TransformerRun(f"{model}/{corpus}/{seed}/{name}", size=model, corpus=corpus, steps=steps,
+                                   seed=seed, **fields))
     return runs
 
 
-def run_study(models, seeds, steps, ranks, results_path, extra):
-    """Runs what the results file lacks; returns {name: [result per rank]}."""
+def run_study(models, seeds, steps, ranks, results_path, extra, base_runs=None, worker_args=None):
+    """Runs what the results file lacks; returns {name: [result per rank]}.
+    extra: {name: (class, options)} or {name: TransformerRun fields}, the
+    name, size, corpus, steps and seed filled in; worker_args: the mpirun worker
+    command (default transformer_runs.py)."""
     path = Path(results_path)
     results = transformer_runs.load_results(path) if path.exists() else {}
     for model, corpus in models:
         for seed in seeds:
-            todo = [r for r in runs_for(model, corpus, seed, steps, extra) if r.name not in results]
+            todo = [r for r in runs_for(model, corpus, seed, steps, extra, base_runs) if r.name not in results]
             if not todo:
                 continue
             start = time.perf_counter()
-            got = transformer_runs.run_under_mpirun(todo, ranks, timeout=600 + 120 * len(todo))
+            got = transformer_runs.run_under_mpirun(todo, ranks, timeout=600 + 120 * len(todo),
+                                                    worker_args=worker_args)
             print(f"{model}/{corpus} seed {seed}: {len(todo)} runs in {time.perf_counter() - start:.0f} s",
                   flush=True)
             results.update(got)
@@ -66,8 +73,9 @@ def run_study(models, seeds, steps, ranks, results_path, extra):
 
 
 def baseline_name(name):
-    """The run(s) a run is compared with."""
-    return ["AdamW", "LAMB"] if name == "OneBitLamb" else ["AdamW"]
+    """The run(s) a run is compared with: 1-bit LAMB's (OneBitLamb and
+    variants named OneBitLamb_*) the better of AdamW and LAMB."""
+    return ["AdamW", "LAMB"] if name.split("_")[0] == "OneBitLamb" else ["AdamW"]
 
 
 def table(results, models, seeds, names):
