@@ -7,8 +7,8 @@ that the library reports what ``replay`` says.
     python3 examples/python/divergence_rule.py SERIES.json [...] [--factor 100 ...]
 
 A SERIES file is JSON: a list of per-step global gradient norms (skipped
-steps as null or NaN), or an object {"grad_norm": [...]} , or an object of
-such series by name. Prints, per series, the first reported step (counted
+steps as null or NaN), or an object holding one under "grad_norm",
+"grad_norms" or "norms", or an object of such series by name. Prints, per series, the first reported step (counted
 from 1), the episodes, the reported steps and the margin (see ``margin``).
 """
 import argparse
@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 DEFAULTS = dict(factor=100.0, min_steps=10, horizon=50, count=3, window=8)
+SERIES_KEYS = ("grad_norm", "grad_norms", "norms")  # where a SERIES object holds its norms
 
 
 @dataclass
@@ -97,13 +98,18 @@ def episodes(flags):
     return out
 
 
-def _series(path):
-    data = json.load(open(path))
-    if isinstance(data, list):
-        return {path: data}
-    if "grad_norm" in data:
-        return {path: data["grad_norm"]}
-    return {f"{path}:{name}": (v["grad_norm"] if isinstance(v, dict) else v) for name, v in data.items()}
+def load_series(path):
+    """{name: [norm per step]} of a SERIES file (see the top)."""
+    def norms(value):
+        if isinstance(value, list):
+            return value
+        return next((value[k] for k in SERIES_KEYS if isinstance(value, dict) and k in value), None)
+
+    with open(path) as f:
+        data = json.load(f)
+    if norms(data) is not None:
+        return {path: norms(data)}
+    return {f"{path}:{name}": norms(v) for name, v in data.items() if norms(v) is not None}
 
 
 def main():
@@ -114,7 +120,7 @@ def main():
     args = parser.parse_args()
     settings = {key: getattr(args, key) for key in DEFAULTS}
     for path in args.series:
-        for name, norms in _series(path).items():
+        for name, norms in load_series(path).items():
             flags, ratios = replay(norms, **settings)
             eps = episodes(flags)
             first = eps[0][0] if eps else None
