@@ -43,13 +43,14 @@ HEALTHY = {
                                                             "allgather_bucket_size": 4096}),
 }
 STRESS = {
-    "1-bit Adam, DeepSpeed's rule": onebit_config(FREEZE, stabilize=False),
+    "1-bit Adam, DeepSpeed's rule": onebit_config(FREEZE, stabilize=False, bias_correction=False),
     "1-bit LAMB, DeepSpeed's rule": lamb_config(FREEZE, stabilize=False),
-    "0/1 Adam, DeepSpeed's rule": zoadam_config(FREEZE, stabilize=False),
+    "0/1 Adam, DeepSpeed's rule": zoadam_config(FREEZE, stabilize=False, bias_correction=False),
     "1-bit LAMB lr 4e-2": lamb_config(FREEZE, lr=4e-2),
     "1-bit LAMB lr 8e-2": lamb_config(FREEZE, lr=8e-2),
     "1-bit LAMB lr 1.6e-1": lamb_config(FREEZE, lr=1.6e-1),
-    "1-bit Adam lr 1e-2, freeze_step 10, DeepSpeed's rule": onebit_config(10, lr=1e-2, stabilize=False),
+    "1-bit Adam lr 1e-2, freeze_step 10, DeepSpeed's rule": onebit_config(10, lr=1e-2, stabilize=False,
+                                                                          bias_correction=False),
     "1-bit Adam lr 1e-2, freeze_step 2": onebit_config(2, lr=1e-2),
 }
 MPI_WORLD = 4
