@@ -55,3 +55,23 @@ def test_each_blow_up_warns_once_on_its_first_reported_step(make):
     firsts = [k for k in range(1, len(flags) + 1) if flags[k - 1] and (k == 1 or not flags[k - 2])]
     assert firsts == [first + 2 for first, _ in BLOW_UPS]  # the third step of each
     assert warned == firsts
+
+
+def test_the_classes_take_divergence_check():
+    flags, warned = train(lambda model: dsopt.torch.AdamW(model.parameters(), lr=0.0, divergence_check=False))
+    assert not any(flags) and not warned
+    tuned = {"factor": 1e6}  # the 1e4 blow-ups stay below it
+    flags, warned = train(lambda model: dsopt.torch.OneBitLamb(model.parameters(), lr=0.0, divergence_check=tuned))
+    assert not any(flags) and not warned
+    flags, _ = train(lambda model: dsopt.torch.ZeroOneAdam(model.parameters(), lr=0.0, divergence_check=True))
+    assert any(flags)
+
+
+@pytest.mark.parametrize("value, error, words", [
+    ("off", ValueError, "divergence_check"),
+    ({"factor": 1.0}, dsopt.InvalidArgument, "divergence_check.factor"),
+])
+def test_bad_divergence_check_values_are_errors_naming_it(value, error, words):
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(error, match=words.replace(".", r"\.")):
+        dsopt.torch.Adam(model.parameters(), divergence_check=value)
