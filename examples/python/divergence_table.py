@@ -12,8 +12,13 @@ would have reported (divergence_rule.margin; below 100, the default, means
 not reported).
 
     python3 examples/python/divergence_table.py [--steps 300] [--models digits chars]
+    python3 examples/python/divergence_table.py --transformers   (needs torch)
     python3 examples/python/divergence_table.py --replay SERIES.json ...
 
+--transformers runs the tiny GPT of gpt.py instead (transformer_runs.py's
+user settings, 300 steps, 4 ranks): the four optimizers and LAMB without
+compression, then each at larger learning rates and 1-bit Adam with
+freeze_step 2 (the final loss column is then the validation loss).
 --replay prints the same columns for recorded norm series instead
 (divergence_rule.py's formats). The 4-rank rows run in one ``mpirun -np 4``
 of this script (started by it; skipped, said so, without mpirun or mpi4py).
@@ -55,6 +60,21 @@ STRESS = {
 }
 MPI_WORLD = 4
 
+# transformer_runs cases: name -> (dsopt.torch class, options over the user settings)
+TRANSFORMERS = {
+    "healthy: AdamW": ("AdamW", {}),
+    "healthy: 1-bit Adam": ("OneBitAdam", {}),
+    "healthy: 1-bit LAMB": ("OneBitLamb", {}),
+    "healthy: 0/1 Adam": ("ZeroOneAdam", {}),
+    "healthy: LAMB without compression": ("OneBitLamb", {"freeze_step": 100000}),
+    "stress: AdamW lr 1e-2": ("AdamW", {"lr": 1e-2}),
+    "stress: 1-bit LAMB lr 4e-2": ("OneBitLamb", {"lr": 4e-2}),
+    "stress: 1-bit Adam lr 1e-2": ("OneBitAdam", {"lr": 1e-2}),
+    "stress: 1-bit Adam lr 3e-2": ("OneBitAdam", {"lr": 3e-2}),
+    "stress: 1-bit Adam freeze_step 2": ("OneBitAdam", {"freeze_step": 2}),
+    "stress: 0/1 Adam lr 1e-2": ("ZeroOneAdam", {"lr": 1e-2}),
+}
+
 
 def specs(models, steps):
     out = []
@@ -77,8 +97,8 @@ def row(cells):
     print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
-def print_header(first):
-    row([first, "ranks", "final train loss", "skipped", "first reported", "episodes", "margin"])
+def print_header(first, loss="final train loss"):
+    row([first, "ranks", loss, "skipped", "first reported", "episodes", "margin"])
     row(["---"] * 7)
 
 
@@ -89,6 +109,21 @@ def print_results(results, ranks):
         loss = f"stopped at step {result.error_step} (NonFiniteError)" if result.error \
             else f"{result.train_loss:.3g}"
         row([f"{model}, {kind}: {label}", ranks, loss, result.skipped, first, eps, f"{margin:.3g}"])
+
+
+def transformer_rows(steps):
+    import transformer_runs
+    from transformer_runs import TransformerRun
+
+    runs = [TransformerRun(name, cls, steps=steps, options=options, report_grad_norm=True)
+            for name, (cls, options) in TRANSFORMERS.items()]
+    print_header("tiny GPT run", "final validation loss")
+    for name, per_rank in transformer_runs.run_under_mpirun(runs, MPI_WORLD, timeout=3600).items():
+        r = per_rank[0]
+        norms = [float("nan") if s else n for n, s in zip(r.info["grad_norm"], r.info["skipped"])]
+        first, eps, margin = columns(norms, [int(d) for d in r.info["diverging"]])
+        loss = f"stopped at step {r.error_step} (NonFiniteError)" if r.error else f"{r.final_validation:.3g}"
+        row([name, MPI_WORLD, loss, r.skipped, first, eps, f"{margin:.3g}"])
 
 
 def replay_rows(paths):
@@ -106,6 +141,7 @@ def main():
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--models", nargs="+", default=["digits", "chars"])
     parser.add_argument("--replay", nargs="+", help="recorded norm series instead of runs")
+    parser.add_argument("--transformers", action="store_true", help="the tiny GPT instead (torch)")
     parser.add_argument("--mpi-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     import dsopt
@@ -117,6 +153,9 @@ def main():
         return
     if args.replay:
         replay_rows(args.replay)
+        return
+    if args.transformers:
+        transformer_rows(args.steps)
         return
     print_header("run")
     print_results(training_runs.run_local(specs(args.models, args.steps)), 1)
