@@ -261,11 +261,13 @@ typedef struct dsopt_step_info {
  * diverging (callers built before it read reserved3, always 0): with x =
  * ln(global gradient norm) and r a running mean of x (the mean of the first
  * 50 steps, then an exponential average over 50, each x clamped to r +-
- * ln(100)), a step is above when x - r > ln(100) after 10 steps; diverging
- * becomes 1 once 3 of the last 8 steps were above and stays 1, skipped
- * steps included, until 8 in a row were not. "divergence_check" in the
- * config tunes or turns off the rule (README "Divergence that stays
- * finite"); its state is part of the state blob. */
+ * ln 2; one r for steps with averaged gradients, one for steps whose
+ * gradients stayed local at several ranks), a step is above when
+ * x - r > ln(20) after 10 steps; diverging becomes 1 once 3 of the last 8
+ * steps were above and stays 1, skipped steps included, until 8 in a row
+ * were not. "divergence_check" in the config tunes or turns off the rule
+ * (README "Divergence that stays finite"); its state is part of the state
+ * blob. */
 #define DSOPT_PHASE_SKIPPED    0 /* the step was skipped: nothing applied */
 #define DSOPT_PHASE_FULL       1 /* full-precision averaged gradients: Adam, 1-bit Adam's warmup,
                                     0/1 Adam's variance-update steps */

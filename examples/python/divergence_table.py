@@ -17,15 +17,18 @@ not reported).
 
 --transformers runs the tiny GPT of gpt.py instead (transformer_runs.py's
 user settings, 300 steps, 4 ranks): the four optimizers and LAMB without
-compression, then each at larger learning rates and 1-bit Adam with
-freeze_step 2 (the final loss column is then the validation loss).
+compression, then at larger learning rates, 1-bit Adam with freeze_step 2,
+DeepSpeed's rule, and runs that blow up with every value finite (1-bit
+LAMB and LAMB at lr 2e-1 and 5e-1, 1-bit Adam with DeepSpeed's rule and
+freeze_step 10); the final loss column is then the validation loss.
+Every table checks that the library reported what divergence_rule.replay
+says.
 --replay prints the same columns for recorded norm series instead
 (divergence_rule.py's formats). The 4-rank rows run in one ``mpirun -np 4``
 of this script (started by it; skipped, said so, without mpirun or mpi4py).
 PYTHONPATH must reach the dsopt package (bindings/python).
 """
 import argparse
-import math
 import os
 import warnings
 
@@ -73,6 +76,12 @@ TRANSFORMERS = {
     "stress: 1-bit Adam lr 3e-2": ("OneBitAdam", {"lr": 3e-2}),
     "stress: 1-bit Adam freeze_step 2": ("OneBitAdam", {"freeze_step": 2}),
     "stress: 0/1 Adam lr 1e-2": ("ZeroOneAdam", {"lr": 1e-2}),
+    "stress: 0/1 Adam, DeepSpeed's rule": ("ZeroOneAdam", {"stabilize": False, "bias_correction": False}),
+    "blow-up: 1-bit LAMB lr 2e-1": ("OneBitLamb", {"lr": 2e-1}),
+    "blow-up: 1-bit LAMB lr 5e-1": ("OneBitLamb", {"lr": 5e-1}),
+    "blow-up: LAMB without compression lr 2e-1": ("OneBitLamb", {"lr": 2e-1, "freeze_step": 100000}),
+    "blow-up: 1-bit Adam, DeepSpeed's rule, freeze_step 10": (
+        "OneBitAdam", {"stabilize": False, "bias_correction": False, "freeze_step": 10}),
 }
 
 
@@ -86,10 +95,14 @@ def specs(models, steps):
     return out
 
 
-def columns(norms, flags):
-    """(first reported step or '-', episodes, margin) of one run."""
+def columns(series, flags):
+    """(first reported step or '-', episodes, margin) of one run (a
+    divergence_rule.Series) whose steps reported `flags`; checks that they
+    are what the rule says."""
+    replayed, ratios = divergence_rule.replay(series.norms, series.local, series.world)
+    if [bool(f) for f in flags] != replayed:
+        raise AssertionError("the library's StepInfo.diverging differs from divergence_rule.replay")
     eps = divergence_rule.episodes(flags)
-    _, ratios = divergence_rule.replay(norms)
     return (eps[0][0] if eps else "-"), len(eps), divergence_rule.margin(ratios)
 
 
@@ -105,7 +118,8 @@ def print_header(first, loss="final train loss"):
 def print_results(results, ranks):
     for name, result in results.items():
         model, kind, label = name.split("|")
-        first, eps, margin = columns(result.grad_norms, result.diverging)
+        series = divergence_rule.Series(result.grad_norms, divergence_rule.local_steps(result.phases, ranks), ranks)
+        first, eps, margin = columns(series, result.diverging)
         loss = f"stopped at step {result.error_step} (NonFiniteError)" if result.error \
             else f"{result.train_loss:.3g}"
         row([f"{model}, {kind}: {label}", ranks, loss, result.skipped, first, eps, f"{margin:.3g}"])
@@ -121,7 +135,8 @@ def transformer_rows(steps):
     for name, per_rank in transformer_runs.run_under_mpirun(runs, MPI_WORLD, timeout=3600).items():
         r = per_rank[0]
         norms = [float("nan") if s else n for n, s in zip(r.info["grad_norm"], r.info["skipped"])]
-        first, eps, margin = columns(norms, [int(d) for d in r.info["diverging"]])
+        series = divergence_rule.Series(norms, divergence_rule.local_steps(r.info["phase"], MPI_WORLD), MPI_WORLD)
+        first, eps, margin = columns(series, r.info["diverging"])
         loss = f"stopped at step {r.error_step} (NonFiniteError)" if r.error else f"{r.final_validation:.3g}"
         row([name, MPI_WORLD, loss, r.skipped, first, eps, f"{margin:.3g}"])
 
@@ -129,11 +144,11 @@ def transformer_rows(steps):
 def replay_rows(paths):
     print_header("series")
     for path in paths:
-        for name, norms in divergence_rule.load_series(path).items():
-            flags, _ = divergence_rule.replay(norms)
-            first, eps, margin = columns(norms, flags)
-            skipped = sum(1 for n in norms if n is None or (isinstance(n, float) and math.isnan(n)))
-            row([name, "-", "-", skipped, first, eps, f"{margin:.3g}"])
+        for name, series in divergence_rule.load_series(path).items():
+            flags, _ = divergence_rule.replay(series.norms, series.local, series.world)
+            first, eps, margin = columns(series, flags)
+            skipped = sum(1 for n in series.norms if divergence_rule.is_nan(n))
+            row([name, series.world, "-", skipped, first, eps, f"{margin:.3g}"])
 
 
 def main():

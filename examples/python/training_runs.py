@@ -34,6 +34,7 @@ class RunResult:
     losses: list = field(default_factory=list)  # this rank's batch loss per step
     diverging: list = field(default_factory=list)  # StepInfo.diverging per step (0/1)
     grad_norms: list = field(default_factory=list)  # StepInfo.grad_norm per step (-1: not reported; NaN: skipped)
+    phases: list = field(default_factory=list)  # StepInfo.phase per step
 
 
 def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, on_step=None, evaluate=True):
@@ -81,6 +82,7 @@ def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, o
             result.losses.append(loss)
             result.diverging.append(int(info.diverging))
             result.grad_norms.append(float("nan") if info.skipped else float(info.grad_norm))
+            result.phases.append(int(info.phase))
             if on_step is not None:
                 on_step(step, loss, info)
         result.memory_bytes = sum(opt.memory_usage().values())

@@ -25,7 +25,7 @@ struct LossScaleConfig {
 // optim/divergence_check.hpp).
 struct DivergenceConfig {
   bool enabled = true;
-  double factor = 100.0;   // a step is above when its norm exceeds factor x the reference
+  double factor = 20.0;    // a step is above when its norm exceeds factor x the reference
   int64_t min_steps = 10;  // observed steps before any step can be above
   int64_t horizon = 50;    // the reference's averaging horizon, in observed steps
   int count = 3;           // an episode starts when `count` of the last `window` steps were above

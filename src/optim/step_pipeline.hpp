@@ -20,6 +20,8 @@ struct PreparedGrads {
   std::vector<TensorRef> grads;   // one per parameter: what the update reads
   float mul1 = 1.0f, mul2 = 1.0f; // the update multiplies each element by mul1, then mul2
   double grad_norm = -1.0;        // unscaled, before clipping; -1 when not computed (wants_norm)
+  bool local_norm = false;        // at P > 1 some gradient stayed local: the norm is
+                                  // sqrt(mean over ranks of ||g_r||^2) of that part
 };
 
 class StepPipeline {

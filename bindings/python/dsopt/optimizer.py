@@ -372,7 +372,7 @@ class Optimizer:
         norm = f" (global gradient norm {info.grad_norm:.3g})" if info.grad_norm >= 0 else ""
         warnings.warn(
             f"dsopt: the run is diverging at step {info.step}: the global gradient norm{norm} "
-            f"has stayed far above its recent history (by default 100x its running average, "
+            f"has stayed far above its recent history (by default 20x its running average, "
             f"on 3 of the last 8 steps), though every value is finite. Try a lower lr or "
             f"\"gradient_clipping\"; the config key \"divergence_check\" tunes or turns off "
             f"this check. Warned once per episode (StepInfo.diverging stays True during it).",
