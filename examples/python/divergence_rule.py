@@ -12,6 +12,9 @@ steps as null or NaN), or an object holding one under "grad_norm",
 "ranks", the world size, when the run had several ranks), or an object of
 such series by name. Prints, per series, the first reported step (counted
 from 1), the episodes, the reported steps and the margin (see ``margin``).
+``--as-world P`` replays a series of fewer ranks as if P ranks had run it,
+in the worst case for the local norms: gradient noise dominates them, so
+they grow by sqrt(P / ranks) (see ``as_world``).
 """
 import argparse
 import json
@@ -124,6 +127,18 @@ class Series:
     world: int = 1
 
 
+def as_world(series, world):
+    """The series as `world` ranks would have produced it if gradient noise
+    dominated every local norm (each rank's batch 1/world of the global
+    one): local norms times sqrt(world / series.world), averaged ones as
+    they are."""
+    if series.local is None or series.world == 1:
+        return series
+    grow = math.sqrt(world / series.world)
+    norms = [n * grow if local and not is_nan(n) else n for n, local in zip(series.norms, series.local)]
+    return Series(norms, series.local, world)
+
+
 def load_series(path):
     """{name: Series} of a SERIES file (see the top)."""
     def series(value):
@@ -152,10 +167,13 @@ def main():
     parser.add_argument("series", nargs="+")
     for key, value in DEFAULTS.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--as-world", type=int, default=0, help="replay as if this many ranks had run it")
     args = parser.parse_args()
     settings = {key: getattr(args, key) for key in DEFAULTS}
     for path in args.series:
         for name, s in load_series(path).items():
+            if args.as_world:
+                s = as_world(s, args.as_world)
             flags, ratios = replay(s.norms, s.local, s.world, **settings)
             eps = episodes(flags)
             first = eps[0][0] if eps else None
