@@ -50,6 +50,11 @@ if [ ${#mpi_benchmarks[@]} -gt 0 ]; then build_targets "${mpi_benchmarks[@]}"; f
 echo "== adam_cpu_bench: AdamW step throughput on the CPU =="
 OMP_NUM_THREADS=$threads "$build/bench/adam_cpu_bench" --threads "$threads" "$@"
 
+build_targets divergence_check_cost
+echo
+echo "== divergence_check_cost: the divergence check's cost in a CPU AdamW step =="
+OMP_NUM_THREADS=$threads "$build/bench/divergence_check_cost" --threads "$threads"
+
 # dsopt against torch's and DeepSpeed's CPU AdamW in one Python process.
 # DSOPT_BENCH_PYTHON names the interpreter (one with torch, and DeepSpeed if
 # it is to be compared; a missing contender is skipped with a message); the

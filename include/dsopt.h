@@ -234,7 +234,8 @@ typedef struct dsopt_step_info {
   int32_t  reserved;
   int64_t  step;         /* updates applied so far, this one included; skipped steps do not count */
   double   loss_scale;   /* loss scale to use for the next backward; 1.0 when loss scaling is off */
-  double   grad_norm;    /* global gradient norm before clipping, or -1.0 when not computed */
+  double   grad_norm;    /* global gradient norm before clipping; -1.0 without clipping and
+                            without "report_grad_norm" */
   uint64_t bytes_sent;   /* bytes this rank sent through the communicator during this step */
   int64_t  consecutive_skips; /* steps skipped in a row, this one included; 0 when this step applied */
   int32_t  phase;        /* what this step did: one of DSOPT_PHASE_* below */
@@ -244,7 +245,10 @@ typedef struct dsopt_step_info {
                                 averaged them already and dsopt averaged them again. Checked on
                                 the run's first 3 steps only (see below); 0 on the others and at
                                 one rank */
-  int32_t  reserved3;
+  int32_t  diverging;    /* 1 while the run's global gradient norm stays far above its own recent
+                            history (see below): a divergence whose values are all finite, so
+                            that no step is skipped; 0 otherwise and with "divergence_check"
+                            off. Every rank reports the same */
 } dsopt_step_info;
 
 /* dsopt_step_info.phase. Callers built against an older header pass a
@@ -253,7 +257,17 @@ typedef struct dsopt_step_info {
  * steps do not count; a run resumed from a blob counts from its steps),
  * each rank hashes samples of its local gradients (the first and last KiB
  * of each) and one 16-byte allreduce compares the hashes; later steps
- * compute and send nothing for it. */
+ * compute and send nothing for it.
+ * diverging (callers built before it read reserved3, always 0): with x =
+ * ln(global gradient norm) and r a running mean of x (the mean of the first
+ * 50 steps, then an exponential average over 50, each x clamped to r +-
+ * ln 2; one r for steps with averaged gradients, one for steps whose
+ * gradients stayed local at several ranks), a step is above when
+ * x - r > ln(20) after 10 steps; diverging becomes 1 once 3 of the last 8
+ * steps were above and stays 1, skipped steps included, until 8 in a row
+ * were not. "divergence_check" in the config tunes or turns off the rule
+ * (README "Divergence that stays finite"); its state is part of the state
+ * blob. */
 #define DSOPT_PHASE_SKIPPED    0 /* the step was skipped: nothing applied */
 #define DSOPT_PHASE_FULL       1 /* full-precision averaged gradients: Adam, 1-bit Adam's warmup,
                                     0/1 Adam's variance-update steps */

@@ -32,6 +32,9 @@ class RunResult:
     bytes_sent: int = 0          # this rank's bytes through the communicator
     memory_bytes: int = 0        # what dsopt holds for the optimizer on this rank (host + device)
     losses: list = field(default_factory=list)  # this rank's batch loss per step
+    diverging: list = field(default_factory=list)  # StepInfo.diverging per step (0/1)
+    grad_norms: list = field(default_factory=list)  # StepInfo.grad_norm per step (-1: not reported; NaN: skipped)
+    phases: list = field(default_factory=list)  # StepInfo.phase per step
 
 
 def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, on_step=None, evaluate=True):
@@ -77,6 +80,9 @@ def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, o
             result.skipped += int(info.skipped)
             result.bytes_sent += int(info.bytes_sent)
             result.losses.append(loss)
+            result.diverging.append(int(info.diverging))
+            result.grad_norms.append(float("nan") if info.skipped else float(info.grad_norm))
+            result.phases.append(int(info.phase))
             if on_step is not None:
                 on_step(step, loss, info)
         result.memory_bytes = sum(opt.memory_usage().values())

@@ -305,6 +305,23 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
                              "optimizers run with stage 0)");
 }
 
+// divergence_check: the rule of dsopt_step_info.diverging
+// (optim/divergence_check.hpp).
+void read_divergence(const json& d, DivergenceConfig& dc) {
+  const std::string path = "divergence_check";
+  check_keys(d, path, {"enabled", "factor", "min_steps", "horizon", "count", "window"});
+  const int64_t big = int64_t(1) << 40;
+  dc.enabled = boolean(d, path, "enabled", dc.enabled);
+  dc.factor = number(d, path, "factor", dc.factor);
+  require(dc.factor > 1.0, sub(path, "factor"), "must be > 1, got " + std::to_string(dc.factor));
+  dc.min_steps = integer(d, path, "min_steps", dc.min_steps, 0, big);
+  dc.horizon = integer(d, path, "horizon", dc.horizon, 1, big);
+  dc.window = int(integer(d, path, "window", dc.window, 1, 64));
+  dc.count = int(integer(d, path, "count", dc.count, 1, 64));
+  require(dc.count <= dc.window, sub(path, "count"),
+          "must be <= window (" + std::to_string(dc.window) + "), got " + std::to_string(dc.count));
+}
+
 // Arrays and objects nested deeper than this are rejected before parsing:
 // dsopt's configs nest 4 levels, and nlohmann::json's dump() (error
 // messages, the canonical text) recurses once per level.
@@ -344,7 +361,8 @@ OptimizerConfig parse_config(const char* json_text) {
   check_keys(root, "",
              {"device", "optimizer", "param_groups", "fp16", "bf16", "gradient_clipping",
               "skip_nonfinite", "report_grad_norm", "threads", "zero_optimization", "cuda_aware",
-              "max_consecutive_skips", "comm_timeout", "gradient_accumulation_steps"},
+              "max_consecutive_skips", "comm_timeout", "gradient_accumulation_steps",
+              "divergence_check"},
              {"train_batch_size", "train_micro_batch_size_per_gpu", "steps_per_print",
               "wall_clock_breakdown"});
   OptimizerConfig cfg;
@@ -370,6 +388,7 @@ OptimizerConfig parse_config(const char* json_text) {
   cfg.micro_batches = int(integer(root, "", "gradient_accumulation_steps", 1, 1, 1 << 20));
   if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
   if (root.contains("zero_optimization")) read_zero(root.at("zero_optimization"), cfg);
+  if (root.contains("divergence_check")) read_divergence(root.at("divergence_check"), p.divergence);
   cfg.canonical = root.dump();
   json run = root;
   for (const char* key : {"device", "threads", "cuda_aware", "comm_timeout",

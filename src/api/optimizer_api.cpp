@@ -157,7 +157,7 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
       full.phase = r.phase;
       full.reserved2 = 0;
       full.grads_replicated = r.grads_replicated ? 1 : 0;
-      full.reserved3 = 0;
+      full.diverging = r.diverging ? 1 : 0;
       std::memcpy(info, &full, std::min<size_t>(info->struct_size, sizeof full));
     }
     if (!r.alarm.empty()) fail(DSOPT_ENONFINITE, r.alarm);

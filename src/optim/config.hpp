@@ -21,8 +21,20 @@ struct LossScaleConfig {
   double min_scale = 1.0;
 };
 
+// "divergence_check" (README "Divergence that stays finite"; the rule in
+// optim/divergence_check.hpp).
+struct DivergenceConfig {
+  bool enabled = true;
+  double factor = 20.0;    // a step is above when its norm exceeds factor x the reference
+  int64_t min_steps = 10;  // observed steps before any step can be above
+  int64_t horizon = 50;    // the reference's averaging horizon, in observed steps
+  int count = 3;           // an episode starts when `count` of the last `window` steps were above
+  int window = 8;          // and ends once `window` steps in a row were not (at most 64)
+};
+
 struct PipelineConfig {
   LossScaleConfig loss_scale;
+  DivergenceConfig divergence;
   double gradient_clipping = 0.0;
   bool skip_nonfinite = true;
   bool report_grad_norm = false;

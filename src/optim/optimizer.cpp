@@ -17,7 +17,10 @@ const char* kRunSection = "common.run";
 // Sections added in 0.2 (optional on load: older blobs lack them).
 const char* kParamStepsSection = "common.param_steps";  // int64 per parameter
 const char* kHyperSection = "common.hyper";  // per group: beta1, beta2, eps, weight_decay
-constexpr uint32_t kCommonSections = 7;
+// Added later still (optional on load: older blobs lack it): the divergence
+// check's state (optim/divergence_check.hpp).
+const char* kDivergenceSection = "common.divergence";
+constexpr uint32_t kCommonSections = 8;
 constexpr uint64_t kHyperDoubles = 4;
 constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
 
@@ -51,7 +54,8 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
       groups_(cfg.groups),
       steps_(cfg.groups.size(), 0),
       param_steps_(size_t(count), 0),
-      replication_(*kernels_) {
+      replication_(*kernels_),
+      divergence_(cfg.pipeline.divergence) {
   for (const Param& p : params_.params()) param_groups_.push_back(p.group);
 }
 
@@ -222,6 +226,8 @@ StepResult Optimizer::apply(const PreparedGrads& prepared) {
     for (size_t i = 0; i < param_steps_.size(); ++i)
       if (inactive_.empty() || !inactive_[i]) ++param_steps_[i];
     compressed = update(prepared);
+    if (pipeline_.config().divergence.enabled)
+      divergence_.observe(prepared.grad_norm, prepared.local_norm, comm_.size());
   }
   inactive_.clear();
   const double scale_used = pipeline_.scaler().scale();
@@ -232,7 +238,8 @@ StepResult Optimizer::apply(const PreparedGrads& prepared) {
   r.compressed = compressed;
   r.step = steps_[0];
   r.loss_scale = pipeline_.scaler().scale();
-  r.grad_norm = prepared.grad_norm;
+  r.grad_norm = pipeline_.reports_norm() ? prepared.grad_norm : -1.0;
+  r.diverging = divergence_.diverging();
   r.consecutive_skips = consecutive_skips_;
   r.phase = prepared.skip ? DSOPT_PHASE_SKIPPED : step_phase(compressed);
   r.alarm = alarm(stuck_at_min_scale, scale_used);
@@ -333,6 +340,8 @@ uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   for (const AdamHyper& g : groups_)
     hyper.insert(hyper.end(), {g.beta1, g.beta2, g.eps, g.weight_decay});
   w.section(kHyperSection, hyper.data(), hyper.size() * 8);
+  const std::vector<uint8_t> divergence = divergence_.save();
+  w.section(kDivergenceSection, divergence.data(), divergence.size());
   w.section_from_device(kMastersSection, params_.masters(), uint64_t(params_.master_numel()) * 4,
                         *kernels_);
   save_sections(w);
@@ -365,6 +374,8 @@ std::unique_ptr<const BlobReader> Optimizer::read_blob(const void* src, uint64_t
     }
   }
   if (reader->has(kHyperSection)) reader->section(kHyperSection, groups_.size() * kHyperDoubles * 8);
+  if (reader->has(kDivergenceSection))
+    DivergenceCheck::check(reader->section(kDivergenceSection, DivergenceCheck::kStateBytes));
   return reader;
 }
 
@@ -538,6 +549,10 @@ void Optimizer::restore_common(const BlobReader& r) {
       groups_[g].weight_decay = v[3];
     }
   }
+  if (r.has(kDivergenceSection))
+    divergence_.restore(r.section(kDivergenceSection, DivergenceCheck::kStateBytes));
+  else  // saved before the check existed: it starts over
+    divergence_.reset();
 }
 
 void Optimizer::restore_masters(const float* host) {

@@ -14,6 +14,7 @@
 #include "kernels/kernels.hpp"
 #include "optim/adam_step_consts.hpp"
 #include "optim/config.hpp"
+#include "optim/divergence_check.hpp"
 #include "optim/param_set.hpp"
 #include "optim/replication_check.hpp"
 #include "optim/step_pipeline.hpp"
@@ -30,6 +31,7 @@ struct StepResult {
   int64_t consecutive_skips = 0;  // skipped steps in a row, this one included
   int32_t phase = DSOPT_PHASE_SKIPPED;  // what the step did (DSOPT_PHASE_*)
   bool grads_replicated = false;  // a checked step's gradients were equal on every rank
+  bool diverging = false;  // in a divergence episode (optim/divergence_check.hpp)
   // Non-empty when the run is not progressing (DECISIONS S2): dsopt_step
   // then returns DSOPT_ENONFINITE with this message.
   std::string alarm;
@@ -302,6 +304,7 @@ class Optimizer {
   int64_t calls_ = 0;  // collective calls made (enter_collective)
   uint64_t handover_bytes_start_ = 0;
   ReplicationCheck replication_;
+  DivergenceCheck divergence_;
   bool resetting_rank_local_ = false;  // see rank_local_world()
   mutable std::string state_names_;  // state_names(), formed on first use
 };

@@ -104,6 +104,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     nonfinite = agree(ok, nonfinite, &local_sumsq, local_error);
 
   out.skip = nonfinite && cfg_.skip_nonfinite;
+  out.local_norm = world > 1 && !local_refs.empty();
   set_multipliers(out, avg_sumsq + local_sumsq);
   return out;
 }
@@ -145,6 +146,7 @@ PreparedGrads StepPipeline::prepare_handed_over() {
     nonfinite = agree(true, nonfinite, &local_sumsq, "");
   packed_.close();
   out.skip = nonfinite && cfg_.skip_nonfinite;
+  out.local_norm = world > 1 && !local.empty();
   set_multipliers(out, avg_sumsq + local_sumsq);
   return out;
 }

@@ -19,7 +19,9 @@ struct PreparedGrads {
   bool skip = false;              // a non-finite gradient somewhere: skip this step
   std::vector<TensorRef> grads;   // one per parameter: what the update reads
   float mul1 = 1.0f, mul2 = 1.0f; // the update multiplies each element by mul1, then mul2
-  double grad_norm = -1.0;        // unscaled, before clipping; -1 when not computed
+  double grad_norm = -1.0;        // unscaled, before clipping; -1 when not computed (wants_norm)
+  bool local_norm = false;        // at P > 1 some gradient stayed local: the norm is
+                                  // sqrt(mean over ranks of ||g_r||^2) of that part
 };
 
 class StepPipeline {
@@ -50,8 +52,12 @@ class StepPipeline {
 
   // Pieces for optimizers that prepare gradients their own way (ZeRO).
   const PipelineConfig& config() const { return cfg_; }
-  // Whether the step computes the global gradient norm.
-  bool wants_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
+  // Whether the step computes the global gradient norm: for clipping,
+  // info.grad_norm or the divergence check (fused into the non-finite
+  // check's pass over the gradients).
+  bool wants_norm() const { return reports_norm() || cfg_.divergence.enabled; }
+  // Whether info.grad_norm reports it (else -1).
+  bool reports_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
   // "gradient_clipping" from the next step on (0: off).
   void set_gradient_clipping(double max_norm) { cfg_.gradient_clipping = max_norm; }
   // out.grad_norm and out.mul2 (unscale and clip) from the global sum of

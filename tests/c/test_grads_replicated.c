@@ -69,7 +69,7 @@ static void run(dsopt_comm *comm, const char *config, enum grads_kind kind, int 
       } else {
         CHECK_OK(dsopt_step(opt, m.grads, NUM_TENSORS, &info));
       }
-      CHECK_EQ_INT(info.reserved3, 0);
+      CHECK_EQ_INT(info.diverging, 0);
       replicated[k - 1] = info.grads_replicated;
     }
   }
@@ -135,7 +135,7 @@ static void an_older_struct_never_sees_the_field(void) {
     CHECK_OK(dsopt_step(opt, m.grads, NUM_TENSORS, &info));
     CHECK_EQ_INT(info.step, 1);
     CHECK_EQ_INT(info.grads_replicated, 0x55555555);
-    CHECK_EQ_INT(info.reserved3, 0x55555555);
+    CHECK_EQ_INT(info.diverging, 0x55555555);
   }
   dsopt_destroy(opt);
   dsopt_comm_destroy(comm);

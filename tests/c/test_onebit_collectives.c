@@ -249,8 +249,10 @@ static void collectives_do_not_grow_with_clipping(void) {
 
 static void collectives_do_not_grow_with_a_non_freeze_group(void) {
   /* the non_freeze group's gradients are averaged (one allreduce with the status) */
-  compare(ONEBIT(", \"non_freeze\": true", ""), "non_freeze", 1);
-  /* with clipping the local part's norm needs the control allreduce too */
+  compare(ONEBIT(", \"non_freeze\": true", ", \"divergence_check\": {\"enabled\": false}"), "non_freeze", 1);
+  /* the global norm (clipping, or the divergence check, on by default): the
+   * local part's norm needs the control allreduce too */
+  compare(ONEBIT(", \"non_freeze\": true", ""), "non_freeze + divergence check", 2);
   compare(ONEBIT(", \"non_freeze\": true", ", \"gradient_clipping\": 1.0"), "non_freeze + clipping", 2);
 }
 

@@ -85,7 +85,9 @@ def rng(request):
 
 
 def pytest_configure(config):
-    # Tests that skip steps on purpose would each print the binding's
-    # SkippedStepWarning; test_skip_reporting.py records it explicitly.
+    # Tests that skip steps or diverge on purpose would each print the
+    # binding's SkippedStepWarning or DivergenceWarning;
+    # test_skip_reporting.py and test_divergence_reporting.py record them.
     if DSOPT_IMPORT_ERROR is None:
         config.addinivalue_line("filterwarnings", "ignore::dsopt.SkippedStepWarning")
+        config.addinivalue_line("filterwarnings", "ignore::dsopt.DivergenceWarning")

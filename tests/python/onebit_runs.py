@@ -303,7 +303,8 @@ def _step_bytes(sc: Scenario, world: int, ref_info: dict) -> int:
 def compressed_bytes(sc: Scenario, world: int) -> int:
     """Per compressed step: the 16-byte control allreduce (status, norm),
     the non_freeze groups' gradient allreduce (+ status float, in place of
-    the control one unless a norm is needed), and the CAR of the rest."""
+    the control one unless a norm is needed: clipping, report_grad_norm or
+    the divergence check, on by default), and the CAR of the rest."""
     P = world
     if P == 1:
         return 0
@@ -312,7 +313,8 @@ def compressed_bytes(sc: Scenario, world: int) -> int:
     nf = [pg[g].get("non_freeze", False) for g in groups]
     comp = [n for n, f in zip(sc.sizes, nf) if not f]
     full = [n for n, f in zip(sc.sizes, nf) if f]
-    wants_norm = sc.config.get("gradient_clipping", 0) > 0 or sc.config.get("report_grad_norm", False)
+    wants_norm = (sc.config.get("gradient_clipping", 0) > 0 or sc.config.get("report_grad_norm", False)
+                  or sc.config.get("divergence_check", {}).get("enabled", True))
     total = 0
     if full:
         total += 2 * (P - 1) * 4 * (sum(full) + 1) // P

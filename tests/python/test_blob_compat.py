@@ -1,7 +1,8 @@
-"""State blobs keep each parameter's step count and the groups' betas, eps
-and weight decay; blobs written before those sections existed still load
-(each parameter then takes its group's step count, the hyperparameters
-stay the config's)."""
+"""State blobs keep each parameter's step count, the groups' betas, eps
+and weight decay, and the divergence check's state; blobs written before
+those sections existed still load (each parameter then takes its group's
+step count, the hyperparameters stay the config's, the divergence check
+starts over)."""
 
 import struct
 import zlib
@@ -13,7 +14,7 @@ import dsopt
 
 CONFIG = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.05}},
           "param_groups": [{}, {"lr": 0.003, "betas": [0.8, 0.95]}], "threads": 1}
-NEW_SECTIONS = ("common.param_steps", "common.hyper")
+NEW_SECTIONS = ("common.param_steps", "common.hyper", "common.divergence")
 
 
 def make(seed=0):

@@ -10,7 +10,9 @@ status code) whose text includes the library's detail message. A step skipped
 for Inf/NaN gradients warns (``dsopt.SkippedStepWarning``, rate-limited); a
 run that stops progressing raises ``dsopt.NonFiniteError``. Gradients that
 something else has already averaged across ranks warn once
-(``dsopt.DoubleReductionWarning``).
+(``dsopt.DoubleReductionWarning``). A run whose gradient norm stays far above
+its own recent history while every value is finite warns once per episode
+(``dsopt.DivergenceWarning``).
 """
 
 from ._lib import ffi, lib
@@ -31,7 +33,7 @@ from .errors import (
     Unsupported,
     check,
 )
-from .optimizer import Optimizer, SkippedStepWarning, StateView, StepInfo
+from .optimizer import DivergenceWarning, Optimizer, SkippedStepWarning, StateView, StepInfo
 from .tensors import bf16
 
 
@@ -58,7 +60,7 @@ __version__ = ".".join(map(str, HEADER_VERSION))
 
 __all__ = [
     "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
-    "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument",
+    "DivergenceWarning", "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument",
     "InvalidArgumentType", "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory",
     "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
     "Unsupported",

@@ -22,7 +22,7 @@ class StepInfo:
     compressed: bool   # the step used 1-bit compressed communication
     step: int          # updates applied so far, this one included
     loss_scale: float  # scale for the next backward (1.0 without loss scaling)
-    grad_norm: float   # global gradient norm before clipping; -1.0 when not computed
+    grad_norm: float   # global gradient norm before clipping; -1.0 without clipping / report_grad_norm
     bytes_sent: int    # bytes this rank sent during the step
     consecutive_skips: int  # steps skipped in a row, this one included; 0 when it applied
     phase: int = 0     # what the step did: dsopt.PHASE_SKIPPED/FULL/COMPRESSED/LOCAL/SYNC
@@ -30,6 +30,10 @@ class StepInfo:
     # applied fewer than 3 steps): something else (DistributedDataParallel)
     # had averaged them already
     grads_replicated: bool = False
+    # the global gradient norm has stayed far above its own recent history
+    # (every value finite): 1 on every step of such an episode
+    # ("divergence_check" in the config; README "Divergence that stays finite")
+    diverging: bool = False
 
     @classmethod
     def _from_c(cls, info) -> "StepInfo":
@@ -43,6 +47,7 @@ class StepInfo:
             consecutive_skips=int(info.consecutive_skips),
             phase=int(info.phase),
             grads_replicated=bool(info.grads_replicated),
+            diverging=bool(info.diverging),
         )
 
 
@@ -91,6 +96,16 @@ class SkippedStepWarning(RuntimeWarning):
     steps, so the occasional overflow of fp16 loss scaling does not flood the
     log. Every rank warns alike. A step that raises ``NonFiniteError`` does
     not warn (the exception reports it)."""
+
+
+class DivergenceWarning(RuntimeWarning):
+    """The run's global gradient norm has stayed far above its own recent
+    history while every value is finite (``StepInfo.diverging``): a
+    divergence that skips no step. ``Optimizer.step`` (and the
+    ``dsopt.torch`` optimizers) warn once per episode, on its first step;
+    every rank warns alike. The rule and its config key
+    ``"divergence_check"`` are in the README ("Divergence that stays
+    finite")."""
 
 
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -150,6 +165,7 @@ class Optimizer:
         self._grads = GradDescriptors(len(self._params))  # step's, see step()
         self._skip_reported = False
         self._double_reduction_reported = False
+        self._diverging = False  # the last step's info.diverging: warn when it turns on
 
     # ---- life cycle ------------------------------------------------------
 
@@ -295,7 +311,11 @@ class Optimizer:
         except NonFiniteError as error:
             error.info = info
             self._skip_reported = True
+            self._diverging = info.diverging
             raise
+        if info.diverging and not self._diverging:
+            self._warn_diverging(info, stacklevel)
+        self._diverging = info.diverging
         if info.skipped:
             self._warn_skipped(info, stacklevel)
         if info.grads_replicated and not self._double_reduction_reported:
@@ -346,6 +366,17 @@ class Optimizer:
             f"default 50; 0 turns it off) step() raises dsopt.NonFiniteError. Further "
             f"skips warn only when a run reaches 10, 100, 1000, ... steps.",
             SkippedStepWarning, stacklevel=stacklevel)
+
+    def _warn_diverging(self, info: StepInfo, stacklevel: int) -> None:
+        """Warns on the first step of a divergence episode."""
+        norm = f" (global gradient norm {info.grad_norm:.3g})" if info.grad_norm >= 0 else ""
+        warnings.warn(
+            f"dsopt: the run is diverging at step {info.step}: the global gradient norm{norm} "
+            f"has stayed far above its recent history (by default 20x its running average, "
+            f"on 3 of the last 8 steps), though every value is finite. Try a lower lr or "
+            f"\"gradient_clipping\"; the config key \"divergence_check\" tunes or turns off "
+            f"this check. Warned once per episode (StepInfo.diverging stays True during it).",
+            DivergenceWarning, stacklevel=stacklevel)
 
     def _warn_double_reduction(self, stacklevel: int) -> None:
         """Warns once per optimizer that the gradients came averaged."""
@@ -589,4 +620,4 @@ class Optimizer:
         return f"<dsopt.Optimizer {state}>"
 
 
-__all__ = ["Optimizer", "SkippedStepWarning", "StateView", "StepInfo"]
+__all__ = ["DivergenceWarning", "Optimizer", "SkippedStepWarning", "StateView", "StepInfo"]

@@ -41,3 +41,24 @@ void blob_fix_checksum(uint8_t *blob, uint64_t size) {
   const uint32_t crc = crc32_of(blob, (size_t)(size - 4));
   memcpy(blob + size - 4, &crc, 4);
 }
+
+uint64_t blob_drop_section(uint8_t *blob, uint64_t size, const char *name) {
+  uint64_t len = 0;
+  uint8_t *data = blob_section(blob, name, &len);
+  if (!data) return size;
+  const uint64_t name_len = strlen(name);
+  uint8_t *start = data - 8 - name_len - 4; /* its name length field */
+  const uint64_t cut = 4 + name_len + 8 + len;
+  memmove(start, start + cut, (size_t)(blob + size - (start + cut)));
+  size -= cut;
+  /* the section count follows the parameters (see blob_section) */
+  uint64_t at = 24;
+  at += 4 + get_u32(blob + at);
+  at += 8;
+  at += 8 + 16 * get_u64(blob + at);
+  const uint32_t nsections = get_u32(blob + at) - 1;
+  memcpy(blob + at, &nsections, 4);
+  memcpy(blob + 16, &size, 8); /* total size */
+  blob_fix_checksum(blob, size);
+  return size;
+}

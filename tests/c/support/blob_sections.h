@@ -14,4 +14,9 @@ uint8_t *blob_section(const uint8_t *blob, const char *name, uint64_t *len);
  * changed, so that the load reads the changed values. */
 void blob_fix_checksum(uint8_t *blob, uint64_t size);
 
+/* Removes section `name` from a well-formed `size`-byte blob in place, as
+ * a blob written before that section existed (count, total size and
+ * checksum rewritten). Returns the new size (`size` when it is absent). */
+uint64_t blob_drop_section(uint8_t *blob, uint64_t size, const char *name);
+
 #endif /* DSOPT_TESTS_BLOB_SECTIONS_H */

@@ -568,14 +568,14 @@ struct CStepInfo
     phase::Int32
     reserved2::Int32
     grads_replicated::Int32
-    reserved3::Int32
+    diverging::Int32
 end
 
 """
 What one [`step!`](@ref) did: whether it was `skipped` (a non-finite gradient
 on some rank) or `compressed` (1-bit communication), the number of updates
 applied so far (`step`), the `loss_scale` for the next backward pass,
-`grad_norm` (`nothing` when not computed), the `bytes_sent` by this rank and
+`grad_norm` (`nothing` without clipping or `"report_grad_norm"`), the `bytes_sent` by this rank and
 `consecutive_skips` (steps skipped in a row, this one included; 0 when this
 step applied) and the `phase`: `PHASE_SKIPPED`, `PHASE_FULL` (full-precision
 averaged gradients), `PHASE_COMPRESSED` (1-bit communication), `PHASE_LOCAL`
@@ -584,6 +584,10 @@ step followed by the 1-bit sync). `grads_replicated`: every rank's local
 gradients were bit-identical (and not all zero), so something else had
 averaged them already and dsopt averaged them again; checked while the run
 has applied fewer than 3 steps, `false` on later steps and at one rank.
+`diverging`: the global gradient norm has stayed far above its own recent
+history while every value is finite; `true` on every step of such an
+episode, the same on every rank (README "Divergence that stays finite", the
+config key `"divergence_check"`).
 """
 struct StepInfo
     skipped::Bool
@@ -595,6 +599,7 @@ struct StepInfo
     consecutive_skips::Int64
     phase::Int32
     grads_replicated::Bool
+    diverging::Bool
 end
 
 # StepInfo.phase (DSOPT_PHASE_* of dsopt.h).
@@ -757,7 +762,7 @@ end
 step_info(i::CStepInfo) =
     StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
              i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent,
-             i.consecutive_skips, i.phase, i.grads_replicated != 0)
+             i.consecutive_skips, i.phase, i.grads_replicated != 0, i.diverging != 0)
 
 """
     grad_ready!(opt, index, grad)

@@ -118,7 +118,10 @@ What differs from torch.optim:
 * Skipped steps (Inf/NaN gradients on some rank) warn
   ``dsopt.SkippedStepWarning`` (rate-limited); when the run stops
   progressing ``step`` raises ``dsopt.NonFiniteError`` (its ``.info`` is
-  also ``last_step_info``), as ``dsopt.Optimizer.step`` does.
+  also ``last_step_info``), as ``dsopt.Optimizer.step`` does. A gradient
+  norm that stays far above its recent history (every value finite) warns
+  ``dsopt.DivergenceWarning`` once per episode
+  (``last_step_info.diverging``).
 * Pickled (``torch.save(opt)``) and unpickled, an optimizer is a new one
   over the unpickled parameters on a communicator of its own, as
   ``copy.deepcopy`` makes; checkpoint with ``state_dict()``.

@@ -26,8 +26,11 @@ _DSOPT_SETTINGS_DOC = """
     raise), ``gradient_accumulation_steps`` (with ``overlap``),
     ``zero_optimization`` (a dict of the config's section) or
     ``zero_stage`` (0, 1 or 2; Adam/AdamW), ``device`` ("cpu" or "cuda";
-    default: where the parameters are) and ``threads`` (CPU kernel threads;
-    0 = OpenMP's default). An unknown keyword is a TypeError, a bad value a
+    default: where the parameters are), ``threads`` (CPU kernel threads;
+    0 = OpenMP's default) and ``divergence_check`` (False turns the check of
+    a gradient norm far above its history off; a dict is the config's
+    section: ``factor``, ``min_steps``, ``horizon``, ``count``,
+    ``window``). An unknown keyword is a TypeError, a bad value a
     ValueError naming it.
 """
 
@@ -114,7 +117,7 @@ def _device(device, tensors):
 
 def _settings_config(tensors, one_bit, *, gradient_clipping, fp16, bf16, skip_nonfinite,
                      max_consecutive_skips, gradient_accumulation_steps, zero_optimization,
-                     zero_stage, device, threads):
+                     zero_stage, device, threads, divergence_check=None):
     """The top-level config keys of dsopt's settings."""
     config = {}
     kind = _device(device, tensors)
@@ -145,6 +148,14 @@ def _settings_config(tensors, one_bit, *, gradient_clipping, fp16, bf16, skip_no
             "gradient_accumulation_steps", gradient_accumulation_steps, 1)
     if threads is not None:
         config["threads"] = _check_int("threads", threads, 0)
+    if divergence_check is not None:
+        if isinstance(divergence_check, bool):
+            config["divergence_check"] = {"enabled": divergence_check}
+        elif isinstance(divergence_check, dict):
+            config["divergence_check"] = dict(divergence_check)
+        else:
+            raise ValueError(f"divergence_check must be True, False or a dict of the config's "
+                             f"section (factor, min_steps, ...), got {divergence_check!r}")
     zero = None
     if zero_optimization is not None:
         if not isinstance(zero_optimization, dict):
@@ -207,12 +218,13 @@ class _TorchStyle(Optimizer):
 
 
 def _settings(gradient_clipping, fp16, bf16, skip_nonfinite, max_consecutive_skips,
-              gradient_accumulation_steps, zero_optimization, zero_stage, device, threads):
+              gradient_accumulation_steps, zero_optimization, zero_stage, device, threads,
+              divergence_check=None):
     return dict(gradient_clipping=gradient_clipping, fp16=fp16, bf16=bf16,
                 skip_nonfinite=skip_nonfinite, max_consecutive_skips=max_consecutive_skips,
                 gradient_accumulation_steps=gradient_accumulation_steps,
                 zero_optimization=zero_optimization, zero_stage=zero_stage, device=device,
-                threads=threads)
+                threads=threads, divergence_check=divergence_check)
 
 
 class Adam(_TorchStyle):
@@ -240,7 +252,7 @@ class Adam(_TorchStyle):
                  overlap=False, gradient_clipping=None, fp16=None, bf16=None,
                  skip_nonfinite=None, max_consecutive_skips=None,
                  gradient_accumulation_steps=None, zero_optimization=None, zero_stage=None,
-                 device=None, threads=None):
+                 device=None, threads=None, divergence_check=None):
         _torch_flags(amsgrad, maximize, capturable, differentiable)
         decoupled = _check_bool("decoupled_weight_decay", decoupled_weight_decay)
         group_defaults = {"foreach": foreach, "fused": fused}
@@ -250,7 +262,8 @@ class Adam(_TorchStyle):
                     group_defaults, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
-                              zero_optimization, zero_stage, device, threads))
+                              zero_optimization, zero_stage, device, threads,
+                              divergence_check))
 
 
 class AdamW(_TorchStyle):
@@ -274,7 +287,7 @@ class AdamW(_TorchStyle):
                  differentiable=False, fused=_ADAMW_FUSED, comm=None, overlap=False,
                  gradient_clipping=None, fp16=None, bf16=None, skip_nonfinite=None,
                  max_consecutive_skips=None, gradient_accumulation_steps=None,
-                 zero_optimization=None, zero_stage=None, device=None, threads=None):
+                 zero_optimization=None, zero_stage=None, device=None, threads=None, divergence_check=None):
         _torch_flags(amsgrad, maximize, capturable, differentiable)
         group_defaults = {"foreach": foreach, "fused": fused}
         if _groups.torch_adam_has_decoupled_weight_decay():
@@ -282,7 +295,8 @@ class AdamW(_TorchStyle):
         self._build(params, lr, betas, eps, weight_decay, {}, group_defaults, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
-                              zero_optimization, zero_stage, device, threads))
+                              zero_optimization, zero_stage, device, threads,
+                              divergence_check))
 
 
 def _stabilize(stabilize, stabilize_limit):
@@ -312,14 +326,15 @@ class OneBitAdam(_TorchStyle):
                  overlap=False, gradient_clipping=None, fp16=None, bf16=None,
                  skip_nonfinite=None, max_consecutive_skips=None,
                  gradient_accumulation_steps=None, zero_optimization=None, zero_stage=None,
-                 device=None, threads=None):
+                 device=None, threads=None, divergence_check=None):
         algorithm = {"freeze_step": _check_int("freeze_step", freeze_step, 1),
                      "bias_correction": _check_bool("bias_correction", bias_correction)}
         algorithm.update(_stabilize(stabilize, stabilize_limit))
         self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
-                              zero_optimization, zero_stage, device, threads))
+                              zero_optimization, zero_stage, device, threads,
+                              divergence_check))
 
 
 class OneBitLamb(_TorchStyle):
@@ -342,7 +357,7 @@ class OneBitLamb(_TorchStyle):
                  stabilize_limit=4.0, comm=None, overlap=False, gradient_clipping=None,
                  fp16=None, bf16=None, skip_nonfinite=None, max_consecutive_skips=None,
                  gradient_accumulation_steps=None, zero_optimization=None, zero_stage=None,
-                 device=None, threads=None):
+                 device=None, threads=None, divergence_check=None):
         algorithm = {"freeze_step": _check_int("freeze_step", freeze_step, 1),
                      "max_coeff": _check_number("max_coeff", max_coeff, positive=True),
                      "min_coeff": _check_number("min_coeff", min_coeff, positive=True),
@@ -354,7 +369,8 @@ class OneBitLamb(_TorchStyle):
         self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
-                              zero_optimization, zero_stage, device, threads))
+                              zero_optimization, zero_stage, device, threads,
+                              divergence_check))
 
 
 class ZeroOneAdam(_TorchStyle):
@@ -378,7 +394,7 @@ class ZeroOneAdam(_TorchStyle):
                  stabilize_limit=4.0, comm=None, overlap=False, gradient_clipping=None,
                  fp16=None, bf16=None, skip_nonfinite=None, max_consecutive_skips=None,
                  gradient_accumulation_steps=None, zero_optimization=None, zero_stage=None,
-                 device=None, threads=None):
+                 device=None, threads=None, divergence_check=None):
         algorithm = {
             "var_freeze_step": _check_int("var_freeze_step", var_freeze_step, 0),
             "bias_correction": _check_bool("bias_correction", bias_correction),
@@ -391,7 +407,8 @@ class ZeroOneAdam(_TorchStyle):
         self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
-                              zero_optimization, zero_stage, device, threads))
+                              zero_optimization, zero_stage, device, threads,
+                              divergence_check))
 
 
 for _cls in (Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam):

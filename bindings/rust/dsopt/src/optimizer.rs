@@ -21,7 +21,8 @@ pub struct StepInfo {
     pub step: i64,
     /// Loss scale for the next backward pass (1.0 without loss scaling).
     pub loss_scale: f64,
-    /// Global gradient norm before clipping, when computed.
+    /// Global gradient norm before clipping, with clipping or
+    /// `"report_grad_norm"` (else `None`).
     pub grad_norm: Option<f64>,
     /// Bytes this rank sent through the communicator during the step.
     pub bytes_sent: u64,
@@ -34,6 +35,11 @@ pub struct StepInfo {
     /// again. Checked while the run has applied fewer than 3 steps; false on
     /// later steps and at one rank.
     pub grads_replicated: bool,
+    /// The global gradient norm has stayed far above its own recent history
+    /// while every value is finite: true on every step of such an episode,
+    /// the same on every rank (README "Divergence that stays finite"; the
+    /// config key `"divergence_check"`).
+    pub diverging: bool,
 }
 
 /// What [`Optimizer::memory_usage`] reports: bytes dsopt holds for one
@@ -69,6 +75,7 @@ impl StepInfo {
             consecutive_skips: info.consecutive_skips,
             phase: info.phase,
             grads_replicated: info.grads_replicated != 0,
+            diverging: info.diverging != 0,
         }
     }
 }

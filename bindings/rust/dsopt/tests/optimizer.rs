@@ -221,6 +221,25 @@ fn zero_one_adam_reports_the_phase_of_every_step() {
 }
 
 #[test]
+fn a_gradient_norm_far_above_its_history_is_reported_as_diverging() {
+    // 40 steps at the usual scale, then 1000x: the third step above reports,
+    // and the report lasts while the norm stays there.
+    let mut w = vec![0.5f32; 64];
+    let mut comm = Communicator::local().unwrap();
+    let config = r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.0}}}"#;
+    let mut opt = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    let diverging: Vec<bool> = (0..50)
+        .map(|s| {
+            let scale = if s >= 40 { 1000.0 } else { 1.0 };
+            let g: Vec<f32> = grads(s, 64).iter().map(|x| x * scale).collect();
+            opt.step(&[GradSlice::f32(&g)]).unwrap().diverging
+        })
+        .collect();
+    assert!(diverging[..42].iter().all(|d| !d), "{diverging:?}");
+    assert!(diverging[42..].iter().all(|d| *d), "{diverging:?}");
+}
+
+#[test]
 fn momentum_masks_belong_to_one_bit_optimizers() {
     let mut w = vec![0.5f32; 8];
     let mut comm = Communicator::local().unwrap();
