@@ -37,7 +37,6 @@ steps and to compute. A Markdown table on stdout, everything in ``DIR/time_to_qu
 """
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
@@ -51,8 +50,6 @@ OPTIMIZERS = ["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"]
 LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2}
 FREEZE_ARGUMENT = {"OneBitAdam": "freeze_step", "OneBitLamb": "freeze_step", "ZeroOneAdam": "var_freeze_step"}
 FREEZE_FRACTION = 0.15
-WARMUP_FRACTION = 0.10
-FINAL_LR_FRACTION = 0.10
 PHASES = ["full", "1-bit", "local", "sync", "skipped"]
 
 
@@ -80,19 +77,6 @@ def parse_args(argv=None):
     if args.steps % args.eval_every:
         p.error("--steps must be a multiple of --eval-every (AdamW's last step is evaluated)")
     return args
-
-
-def warmup_cosine(steps):
-    """LambdaLR's factor of step s: linear warmup to 1 over WARMUP_FRACTION of
-    `steps`, then a cosine down to FINAL_LR_FRACTION at `steps`, constant after."""
-    warmup = max(1, int(WARMUP_FRACTION * steps))
-
-    def factor(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-        return FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
 
 
 def optimizer_kwargs(name, steps):
@@ -143,7 +127,7 @@ def train(name, args, config, corpus, world, target=None):
     model = gpt.build_model(config, args.seed)
     kwargs = optimizer_kwargs(name, args.steps)
     opt = getattr(dsopt.torch, name)(model.parameters(), comm=world, **kwargs)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(args.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(args.steps))
     max_steps = args.steps if target is None else int(args.cap * args.steps)
     steps = {"compute": [], "step": [], "phase": [], "bytes": []}  # this rank's, per step
     evals = []  # [step, clock seconds, validation loss] (rank 0's loss, sent to all)
@@ -284,8 +268,8 @@ def main(argv=None):
     setup = {"ranks": size, "parameters": params, "config": vars(config), "steps": args.steps, "cap": args.cap,
              "batch": args.batch, "batch_per_rank": args.batch // size, "eval_every": args.eval_every,
              "eval_windows": args.eval_windows, "corpus": args.corpus, "seed": args.seed,
-             "freeze_fraction": FREEZE_FRACTION, "warmup_fraction": WARMUP_FRACTION,
-             "final_lr_fraction": FINAL_LR_FRACTION, "python": sys.executable, "torch": torch.__version__,
+             "freeze_fraction": FREEZE_FRACTION, "warmup_fraction": gpt.WARMUP_FRACTION,
+             "final_lr_fraction": gpt.FINAL_LR_FRACTION, "python": sys.executable, "torch": torch.__version__,
              "torch_blas": blas_of_torch(), "cpus": os.cpu_count(),
              "loadavg_at_start": os.getloadavg(),
              "network": os.environ.get("DSOPT_BENCH_NETWORK", "not given (DSOPT_BENCH_NETWORK unset)")}

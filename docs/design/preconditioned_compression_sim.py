@@ -106,7 +106,7 @@ def simulate(run, world, preconditioned):
                                     [p.detach().numpy().ravel().copy() for p in tensors], world)
     if preconditioned:
         ref = precondition(ref)
-    factor = transformer_runs.warmup_cosine(run.steps)
+    factor = gpt.warmup_cosine(run.steps)
     local = run.batch // world
 
     def load(rank):

@@ -19,6 +19,8 @@ transformer language model.
   step, the same for a (seed, step) pair on every rank and for every
   optimizer; ``validation_loss(model, corpus, context)`` over fixed windows
   of the held-out text.
+* ``warmup_cosine(steps)``: the learning-rate schedule of the runs, a
+  ``torch.optim.lr_scheduler.LambdaLR`` factor.
 
 Works with torch 1.13 and 2.x: attention is written out (no
 scaled_dot_product_attention).
@@ -196,3 +198,22 @@ def validation_loss(model, corpus, context, limit=64):
         loss = float(model.loss(x, y))
     model.train(was_training)
     return loss
+
+
+# The runs' schedule: a linear warmup over WARMUP_FRACTION of the steps,
+# then a cosine down to FINAL_LR_FRACTION of the peak.
+WARMUP_FRACTION = 0.10
+FINAL_LR_FRACTION = 0.10
+
+
+def warmup_cosine(steps, warmup_fraction=WARMUP_FRACTION, final=FINAL_LR_FRACTION):
+    """LambdaLR's factor of step s: linear warmup to 1, then a cosine to
+    `final` at `steps`, constant after."""
+    warmup = max(1, int(warmup_fraction * steps))
+
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor

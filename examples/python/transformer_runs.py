@@ -26,7 +26,6 @@ Run as a script, this file is the worker of run_under_mpirun:
 ``transformer_runs.py SPECS OUT_DIR``.
 """
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -38,8 +37,6 @@ import training_runs
 LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2}
 WEIGHT_DECAY = 0.01
 FREEZE_FRACTION = 0.15
-WARMUP_FRACTION = 0.10
-FINAL_LR_FRACTION = 0.10
 # A clipping threshold no gradient norm reaches: dsopt then computes
 # StepInfo.grad_norm, and scales the gradients by exactly 1.
 REPORT_GRAD_NORM = 1e30
@@ -89,18 +86,6 @@ def optimizer_kwargs(run):
     return kwargs
 
 
-def warmup_cosine(steps, warmup_fraction=WARMUP_FRACTION, final=FINAL_LR_FRACTION):
-    """LambdaLR's factor of step s: linear warmup to 1, then a cosine to `final`."""
-    warmup = max(1, int(warmup_fraction * steps))
-
-    def factor(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-        return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
-
-
 def train(run, comm=None, rank=0, world=1, before_step=None):
     """Trains the run's GPT on this rank (comm: an mpi4py communicator, or
     None for one process) and returns this rank's TransformerResult.
@@ -119,7 +104,7 @@ def train(run, comm=None, rank=0, world=1, before_step=None):
     optimizer_class = getattr(dsopt.torch, run.optimizer)
     params = [{"params": [p]} for p in model.parameters()] if run.tensor_groups else model.parameters()
     opt = optimizer_class(params, comm=comm, **optimizer_kwargs(run))
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(run.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(run.steps))
     if run.batch % world:
         raise ValueError(f"batch {run.batch} does not split over {world} ranks")
     local = run.batch // world
