@@ -98,7 +98,9 @@ void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, 
       return run_all<UpdateRule::ZeroOneGradient>(stream, lists, consts_dev, mul1, mul2);
     case UpdateRule::ZeroOneLocal:
       return run_all<UpdateRule::ZeroOneLocal>(stream, lists, consts_dev, mul1, mul2);
-    case UpdateRule::ZeroOneSyncPrepare:  // one list: no gradient, no parameter
+    case UpdateRule::ZeroOneGradientPrepare:  // one list: no gradient, no parameter
+      return run<UpdateRule::ZeroOneGradientPrepare, DType::F32, DType::F32>(stream, lists[0][0], consts_dev, 1.0f, 1.0f);
+    case UpdateRule::ZeroOneSyncPrepare:
       return run<UpdateRule::ZeroOneSyncPrepare, DType::F32, DType::F32>(stream, lists[0][0], consts_dev, 1.0f, 1.0f);
     case UpdateRule::ZeroOneSyncApply:
       return run_params<UpdateRule::ZeroOneSyncApply>(stream, lists, consts_dev);

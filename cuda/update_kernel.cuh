@@ -4,9 +4,11 @@
 // run (src/kernels/cpu/cpu_loops.hpp, rule_at), and loads and stores what
 // rule_at does, so both give the same bits:
 //   Adam, OneBitWarmup  read g, p, m, v; write m, v, p (and the 16-bit copy)
-//   OneBitMomentum      reads g, m; writes m
-//   OneBitApply         reads p, m, v (and the mask); writes m (when masked),
-//                       p and the 16-bit copy; reads no gradient
+//   OneBitMomentum      reads g, m (and v in the update's units); writes m
+//   OneBitApply         reads p, m, v (and the mask); writes m (when masked
+//                       or in the update's units), p and the 16-bit copy;
+//                       reads no gradient
+//   ZeroOneGradientPrepare  reads v, acc; writes acc
 //   ZeroOneGradient     reads g, mask, p, m, v; writes m, p
 //   ZeroOneLocal        reads g, p, m, v, acc; writes m, acc, p
 //   ZeroOneSyncPrepare  reads v, acc; writes acc
@@ -36,11 +38,14 @@ constexpr int kUpdateIlp = 4;  // elements in flight per thread
 // `Param16` is the dtype of the 16-bit parameter copy, or F32 for none;
 // `Grad` the gradient's dtype (ignored by OneBitApply).
 constexpr bool reads_grad(UpdateRule r) {
-  return r != UpdateRule::OneBitApply && r != UpdateRule::ZeroOneSyncPrepare &&
-         r != UpdateRule::ZeroOneSyncApply;
+  return r != UpdateRule::OneBitApply && r != UpdateRule::ZeroOneGradientPrepare &&
+         r != UpdateRule::ZeroOneSyncPrepare && r != UpdateRule::ZeroOneSyncApply;
+}
+constexpr bool prepares_car(UpdateRule r) {
+  return r == UpdateRule::ZeroOneGradientPrepare || r == UpdateRule::ZeroOneSyncPrepare;
 }
 constexpr bool writes_param(UpdateRule r) {
-  return r != UpdateRule::OneBitMomentum && r != UpdateRule::ZeroOneSyncPrepare;
+  return r != UpdateRule::OneBitMomentum && !prepares_car(r);
 }
 constexpr bool reads_mask(UpdateRule r) {
   return r == UpdateRule::OneBitApply || r == UpdateRule::ZeroOneGradient ||
@@ -53,11 +58,16 @@ __device__ __forceinline__ void update_element(float& p, float& m, float& v, flo
                                                float& acc, float& anchor, bool masked,
                                                const AdamConsts& c) {
   if constexpr (R == UpdateRule::OneBitApply) {
+    if (c.update_units) m = onebit_from_update_units<ScalarOps>(m, v, c);
     if (masked) m = ScalarOps::mul(m, mk);
     onebit_apply<ScalarOps>(p, m, v, c);
   } else if constexpr (R == UpdateRule::OneBitMomentum) {
     onebit_momentum<ScalarOps>(m, g, c);
+    if (c.update_units) m = onebit_to_update_units<ScalarOps>(m, v, c);
+  } else if constexpr (R == UpdateRule::ZeroOneGradientPrepare) {
+    acc = onebit_to_update_units<ScalarOps>(acc, v, c);
   } else if constexpr (R == UpdateRule::ZeroOneGradient) {
+    if (c.update_units) g = onebit_from_update_units<ScalarOps>(g, v, c);
     if (masked) g = ScalarOps::mul(g, mk);
     zoadam_gradient<ScalarOps>(p, m, v, g, c);
   } else if constexpr (R == UpdateRule::ZeroOneLocal) {
@@ -65,6 +75,7 @@ __device__ __forceinline__ void update_element(float& p, float& m, float& v, flo
   } else if constexpr (R == UpdateRule::ZeroOneSyncPrepare) {
     zoadam_sync_prepare<ScalarOps>(acc, v, c);
   } else if constexpr (R == UpdateRule::ZeroOneSyncApply) {
+    if (c.update_units) acc = onebit_from_update_units<ScalarOps>(acc, v, c);
     if (masked) acc = ScalarOps::mul(acc, mk);
     zoadam_sync_apply<ScalarOps>(p, m, v, acc, anchor, c);
     anchor = p;
@@ -84,13 +95,13 @@ struct UpdateFunctor {
   static constexpr bool kWritesParam = writes_param(R);
   static constexpr bool kReadsMask = reads_mask(R);
   static constexpr bool kReadsParam = kWritesParam && R != UpdateRule::ZeroOneSyncApply;
-  static constexpr bool kUsesM = R != UpdateRule::ZeroOneSyncPrepare;
+  static constexpr bool kUsesM = !prepares_car(R);
   static constexpr bool kReadsM = kUsesM && R != UpdateRule::ZeroOneSyncApply;
   static constexpr bool kWritesM = kUsesM && !(R == UpdateRule::OneBitApply);
   static constexpr bool kWritesV = R == UpdateRule::Adam || R == UpdateRule::OneBitWarmup;
+  // OneBitMomentum reads v only in the update's units (c.update_units).
   static constexpr bool kReadsV = R != UpdateRule::OneBitMomentum;
-  static constexpr bool kUsesAcc = R == UpdateRule::ZeroOneLocal ||
-                                   R == UpdateRule::ZeroOneSyncPrepare ||
+  static constexpr bool kUsesAcc = R == UpdateRule::ZeroOneLocal || prepares_car(R) ||
                                    R == UpdateRule::ZeroOneSyncApply;
   static constexpr bool kUsesAnchor = R == UpdateRule::ZeroOneSyncApply;
 
@@ -125,7 +136,7 @@ struct UpdateFunctor {
           if constexpr (kReadsGrad) g[k] = load_float<Grad>(grad, i);
           if constexpr (kReadsParam) p[k] = master[i];
           if constexpr (kReadsM) mm[k] = m[i];
-          if constexpr (kReadsV) vv[k] = v[i];
+          if (kReadsV || (R == UpdateRule::OneBitMomentum && c.update_units)) vv[k] = v[i];
           if constexpr (kReadsMask) mk[k] = masked ? mask[i] : 1.0f;
           if constexpr (kUsesAcc) aa[k] = acc[i];
           if constexpr (kUsesAnchor) an[k] = anchor[i];
@@ -140,7 +151,7 @@ struct UpdateFunctor {
         update_element<R>(p[k], mm[k], vv[k], gk, mk[k], aa[k], an[k], masked, c);
         if constexpr (kWritesM) m[i] = mm[k];
         if constexpr (R == UpdateRule::OneBitApply) {
-          if (masked) m[i] = mm[k];
+          if (masked || c.update_units) m[i] = mm[k];
         }
         if constexpr (kWritesV) v[i] = vv[k];
         if constexpr (kUsesAcc) acc[i] = aa[k];

@@ -45,6 +45,11 @@ struct AdamConsts {
   float lrs = 0.0f;
   float anchor_decay = 1.0f;
   bool decoupled_sync = false;
+  // 1-bit Adam and 0/1 Adam, stabilized rule, more than one rank: what
+  // goes through the compressed allreduce is in the update's units, x / d
+  // with d = sqrt(v) rbc2 + eps, and comes back multiplied by d
+  // (math/onebit_adam.hpp, onebit_to_update_units).
+  bool update_units = false;
 };
 
 DSOPT_ISA_BEGIN

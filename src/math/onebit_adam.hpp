@@ -46,6 +46,21 @@ DSOPT_HD typename Ops::F onebit_denominator(typename Ops::F root, const AdamCons
   return Ops::fma(root, Ops::set1(c.rbc2), Ops::set1(c.eps));
 }
 
+// Compression in the update's units (the stabilized rule): a momentum,
+// gradient or accumulator x goes through the compressed allreduce as x / d
+// and comes back multiplied by d, d = sqrt(v) rbc2 + eps of the tensor's v
+// (the same on every rank). One scale per chunk then fits elements whose v
+// differ by orders of magnitude, as AdamW's updates do.
+template <class Ops>
+DSOPT_HD typename Ops::F onebit_to_update_units(typename Ops::F x, typename Ops::F v, const AdamConsts& c) {
+  return Ops::div(x, onebit_denominator<Ops>(Ops::sqrt(v), c));
+}
+template <class Ops>
+DSOPT_HD typename Ops::F onebit_from_update_units(typename Ops::F x, typename Ops::F v,
+                                                  const AdamConsts& c) {
+  return Ops::mul(x, onebit_denominator<Ops>(Ops::sqrt(v), c));
+}
+
 // m = beta1 m + (1 - beta1) g
 template <class Ops>
 DSOPT_HD void onebit_momentum(typename Ops::F& m, typename Ops::F g, const AdamConsts& c) {

@@ -32,12 +32,14 @@ DSOPT_HD void zoadam_local(typename Ops::F& p, typename Ops::F& m, typename Ops:
   p = Ops::fma(step, u, p);
 }
 
-// Sync, before the compressed allreduce: acc = acc * (sqrt(v) rbc2 + eps),
-// the accumulated update turned back into a sum of momenta weighted by the
-// local steps' lr (times their bias correction, momentum_scale).
+// Sync, before the compressed allreduce (in the update's units the
+// accumulator goes as it is, and this is applied to the allreduce's
+// result, before the mask): acc = acc * (sqrt(v) rbc2 + eps), the accumulated
+// update turned back into a sum of momenta weighted by the local steps' lr
+// (times their bias correction, momentum_scale).
 template <class Ops>
 DSOPT_HD void zoadam_sync_prepare(typename Ops::F& acc, typename Ops::F v, const AdamConsts& c) {
-  acc = Ops::mul(acc, onebit_denominator<Ops>(Ops::sqrt(v), c));
+  acc = onebit_from_update_units<Ops>(acc, v, c);
 }
 
 // Sync, after it (acc is the average, identical on every rank, masked):

@@ -4,13 +4,14 @@
 
 #include "base/error.hpp"
 #include "math/onebit_adam.hpp"
-#include "optim/bias_correction_rule.hpp"
+#include "optim/rule_flag.hpp"
 
 namespace dsopt {
 namespace {
 const char* kStage = "onebit.stage";
 const char* kStabilize = "onebit.stabilize";
-const char* kRule = "onebit.rule";  // int32 bias_correction; blobs without it: none
+const char* kRule = "onebit.rule";    // bias_correction (optim/rule_flag.hpp)
+const char* kUnits = "onebit.units";  // compression in the update's units
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
 
 // The world size a blob's errors were saved at (0: it has none).
@@ -28,7 +29,8 @@ OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
       moments_(this->params(), this->kernels(), "onebit"),
       masks_(count),
       errors_("onebit", {}),
-      bias_correction_(cfg.defaults.bias_correction) {
+      bias_correction_(cfg.defaults.bias_correction),
+      update_units_(cfg.stabilize) {
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < count; ++i) {
     (non_freeze(i) ? full_ : compressed_).push_back(i);
@@ -50,6 +52,7 @@ std::vector<AdamConsts> OneBitAdam::consts() const {
     const int64_t t = group_step(g);
     c.push_back(onebit_consts(group(g), bias_correction_, t, frozen ? stage_.frozen_after : t));
     if (frozen) c.back().momentum_limit = config().momentum_limit(group(g).beta2, stage_.frozen_after);
+    c.back().update_units = frozen && update_units_ && car_ != nullptr;
   }
   return c;
 }
@@ -116,7 +119,8 @@ void OneBitAdam::save_sections(BlobWriter& w) const {
   FieldWriter st;
   st.add(stage_.frozen_after);
   w.section(kStabilize, st.bytes().data(), st.bytes().size());
-  save_bias_correction(w, kRule, bias_correction_);
+  save_rule_flag(w, kRule, bias_correction_);
+  save_rule_flag(w, kUnits, update_units_);
   errors_.save(w, car_.get(), kernels());
 }
 
@@ -125,7 +129,8 @@ void OneBitAdam::check_sections(const BlobReader& r) const {
   errors_.check(r, error_world(r));
   FieldReader st(r.section(kStabilize, 8), 8);
   if (st.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
-  saved_bias_correction(r, kRule);
+  saved_rule_flag(r, kRule, kBiasCorrectionRule);
+  saved_rule_flag(r, kUnits, kUnitsRule);
 }
 
 void OneBitAdam::restore_sections(const BlobReader& r) {
@@ -137,7 +142,8 @@ void OneBitAdam::restore_sections(const BlobReader& r) {
   const int32_t error_world = f.get<int32_t>();
   FieldReader st(r.section(kStabilize, 8), 8);
   saved.frozen_after = st.get<int64_t>();
-  bias_correction_ = saved_bias_correction(r, kRule);
+  bias_correction_ = saved_rule_flag(r, kRule, kBiasCorrectionRule);
+  update_units_ = saved_rule_flag(r, kUnits, kUnitsRule);
   const FreezeStage resumed =
       FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
   car_.reset();

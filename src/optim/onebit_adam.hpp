@@ -23,7 +23,7 @@ class OneBitAdam final : public Optimizer {
   std::string algorithm() const override { return "OneBitAdam"; }
   bool averaged(int64_t i) const override { return !stage_.compressing || non_freeze(i); }
   bool update(const PreparedGrads& grads) override;
-  uint32_t section_count() const override { return 7; }
+  uint32_t section_count() const override { return 8; }
   std::string divergence_hint() const override;
   void save_sections(BlobWriter& w) const override;
   void check_sections(const BlobReader& r) const override;
@@ -45,8 +45,10 @@ class OneBitAdam final : public Optimizer {
   MomentumMasks masks_;
   CarErrors errors_;  // compressed tensors' error buffers in the blob
   std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
-  // Both moments bias-corrected: the config's choice, or a loaded blob's.
+  // Both moments bias-corrected, and the momentum compressed in the update's
+  // units (the stabilized rule): the config's choice, or a loaded blob's.
   bool bias_correction_;
+  bool update_units_;
 };
 
 }  // namespace dsopt

@@ -5,7 +5,7 @@
 
 #include "base/error.hpp"
 #include "math/onebit_adam.hpp"
-#include "optim/bias_correction_rule.hpp"
+#include "optim/rule_flag.hpp"
 
 namespace dsopt {
 namespace {
@@ -13,7 +13,8 @@ const char* kSchedule = "zoadam.schedule";
 const char* kInterval = "zoadam.interval";  // per group: lrs and decay since the last sync
 const char* kAccumulator = "zoadam.accumulator";
 const char* kAnchor = "zoadam.anchor";
-const char* kRule = "zoadam.rule";  // int32 bias_correction; blobs without it: none
+const char* kRule = "zoadam.rule";    // bias_correction (optim/rule_flag.hpp)
+const char* kUnits = "zoadam.units";  // compression in the update's units
 constexpr uint64_t kScheduleBytes = 4 + 5 * 8 + 4;  // Schedule, world of the errors
 // No schedule value exceeds the largest step count (configs cap
 // var_freeze_step and local_step_clipper at 2^62); blobs beyond it are corrupt.
@@ -35,7 +36,8 @@ ZeroOneAdam::ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr
       moments_(this->params(), this->kernels(), "zoadam"),
       masks_(count),
       errors_("zoadam", all_sizes(params, count)),
-      bias_correction_(cfg.defaults.bias_correction) {
+      bias_correction_(cfg.defaults.bias_correction),
+      update_units_(cfg.stabilize) {
   const size_t bytes = size_t(this->params().total_numel()) * 4;
   acc_ = DeviceBuffer(this->kernels(), bytes);
   anchor_ = DeviceBuffer(this->kernels(), bytes);
@@ -64,6 +66,7 @@ std::vector<AdamConsts> ZeroOneAdam::consts(bool clamp) const {
     c.push_back(onebit_consts(group(g), bias_correction_, group_step(g), sched_.variance_updates));
     c.back().decoupled_sync = config().decoupled_sync_weight_decay;
     if (clamp) c.back().momentum_limit = config().momentum_limit(group(g).beta2, sched_.variance_updates);
+    c.back().update_units = update_units_ && car_ != nullptr;
   }
   return c;
 }
@@ -122,6 +125,9 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
         const TensorRef whole{acc_.floats(), params().total_numel(), DType::F32};
         kernels().transform(&whole, 1, mul2, acc_.floats(), nullptr);
       }
+      if (update_units_)
+        kernels().update(UpdateRule::ZeroOneGradientPrepare, s.data(), int64_t(s.size()), c.data(),
+                         num_groups(), 1.0f, 1.0f);
       std::vector<float*> x;
       for (AdamSlot& slot : s) {
         x.push_back(slot.acc);
@@ -171,9 +177,12 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
 }
 
 void ZeroOneAdam::sync(const std::vector<AdamSlot>& s) {
+  // In the update's units the accumulator (a sum of lr-weighted updates)
+  // goes as it is, and SyncApply multiplies the average by d.
   std::vector<AdamConsts> c = consts(true);
-  kernels().update(UpdateRule::ZeroOneSyncPrepare, s.data(), int64_t(s.size()), c.data(),
-                   num_groups(), 1.0f, 1.0f);
+  if (!c.front().update_units)
+    kernels().update(UpdateRule::ZeroOneSyncPrepare, s.data(), int64_t(s.size()), c.data(),
+                     num_groups(), 1.0f, 1.0f);
   if (car_) {
     std::vector<float*> x;
     for (const AdamSlot& slot : s) x.push_back(slot.acc);
@@ -208,7 +217,8 @@ void ZeroOneAdam::save_sections(BlobWriter& w) const {
   w.section_from_device(kAccumulator, acc_.get(), acc_.bytes(), kernels());
   w.section_from_device(kAnchor, anchor_.get(), anchor_.bytes(), kernels());
   errors_.save(w, car_.get(), kernels());
-  save_bias_correction(w, kRule, bias_correction_);
+  save_rule_flag(w, kRule, bias_correction_);
+  save_rule_flag(w, kUnits, update_units_);
 }
 
 void ZeroOneAdam::check_sections(const BlobReader& r) const {
@@ -226,7 +236,8 @@ void ZeroOneAdam::check_sections(const BlobReader& r) const {
   r.section(kInterval, uint64_t(num_groups()) * 16);
   r.section(kAccumulator, acc_.bytes());
   r.section(kAnchor, anchor_.bytes());
-  saved_bias_correction(r, kRule);
+  saved_rule_flag(r, kRule, kBiasCorrectionRule);
+  saved_rule_flag(r, kUnits, kUnitsRule);
 }
 
 void ZeroOneAdam::restore_sections(const BlobReader& r) {
@@ -238,7 +249,8 @@ void ZeroOneAdam::restore_sections(const BlobReader& r) {
   sched_.local_interval = f.get<int64_t>();
   sched_.local_counter = f.get<int64_t>();
   sched_.variance_updates = f.get<int64_t>();
-  bias_correction_ = saved_bias_correction(r, kRule);
+  bias_correction_ = saved_rule_flag(r, kRule, kBiasCorrectionRule);
+  update_units_ = saved_rule_flag(r, kUnits, kUnitsRule);
   const int32_t error_world = rank_local_world(f.get<int32_t>());
   const bool same_world = error_world == CarErrors::world_of(car_.get());
   if (car_) car_->reset_errors();

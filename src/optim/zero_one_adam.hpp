@@ -25,7 +25,7 @@ class ZeroOneAdam final : public Optimizer {
   bool averaged(int64_t) const override;
   bool update(const PreparedGrads& grads) override;
   int32_t step_phase(bool compressed) const override { (void)compressed; return phase_; }
-  uint32_t section_count() const override { return 9; }
+  uint32_t section_count() const override { return 10; }
   std::string divergence_hint() const override;
   void save_sections(BlobWriter& w) const override;
   void check_sections(const BlobReader& r) const override;
@@ -63,8 +63,11 @@ class ZeroOneAdam final : public Optimizer {
   MomentumMasks masks_;
   CarErrors errors_;
   std::unique_ptr<CompressedAllreduce> car_;  // P > 1: gradients (phase 1), accumulators (phase 2)
-  // Both moments bias-corrected: the config's choice, or a loaded blob's.
+  // Both moments bias-corrected, and gradients and accumulators compressed
+  // in the update's units (the stabilized rule): the config's choice, or a
+  // loaded blob's.
   bool bias_correction_;
+  bool update_units_;
 };
 
 }  // namespace dsopt

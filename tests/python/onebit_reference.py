@@ -293,6 +293,8 @@ class OneBitAdamReference:
         self.stabilize = bool(p.get("stabilize", True))
         self.stabilize_limit = float(p.get("stabilize_limit", 1.0))
         self.bias_correction = bool(p.get("bias_correction", True))
+        # the stabilized rule compresses the momentum in the update's units: m / d
+        self.update_units = self.stabilize
         self.frozen_after = 0   # K: warmup updates when v was frozen (0 in warmup)
         self.clamped = 0        # applied momenta clamped where v > 0 (where L matters), summed over updates
         self.clip = float(config.get("gradient_clipping", 0.0))
@@ -357,7 +359,11 @@ class OneBitAdamReference:
                     m = (self.m[i] * c["beta1"]).astype(np.float32)
                     per_rank[i].append(fma32(g, c["omb1"], m))
             for i, ms in per_rank.items():
-                if P > 1:
+                if P > 1 and self.update_units:
+                    d = denominator(self.v[i], self._consts(i, self.updates + 1, self.frozen_after))
+                    out, _ = self.cars[i].run([(m / d).astype(np.float32) for m in ms])
+                    out = (out * d).astype(np.float32)
+                elif P > 1:
                     out, _ = self.cars[i].run(ms)
                 else:
                     out = ms[0]

@@ -39,6 +39,9 @@ class ZeroOneAdamReference:
         self.stabilize = bool(p.get("stabilize", True))
         self.stabilize_limit = float(p.get("stabilize_limit", 4.0))  # the library's default for this type
         self.bias_correction = bool(p.get("bias_correction", True))
+        # the stabilized rule compresses gradients and accumulators in the
+        # update's units: x / d goes through the compressed allreduce
+        self.update_units = self.stabilize
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))
         self.loss_scale = float(loss_scale)
@@ -176,7 +179,12 @@ class ZeroOneAdamReference:
             for i in range(count):
                 c = self._consts(i)
                 gs = [(local[r][i] * mul).astype(np.float32) for r in range(P)]
-                g = self.cars[i].run(gs)[0] if P > 1 else gs[0]
+                if P > 1 and self.update_units:
+                    d = denominator(self.v[i], c)
+                    g = self.cars[i].run([(x / d).astype(np.float32) for x in gs])[0]
+                    g = (g * d).astype(np.float32)
+                else:
+                    g = self.cars[i].run(gs)[0] if P > 1 else gs[0]
                 if self.masks[i] is not None:
                     g = (g * self.masks[i]).astype(np.float32)
                 m = self._momentum(self.m[0][i], g, c)
@@ -227,8 +235,11 @@ class ZeroOneAdamReference:
             c = self._consts(i)
             gi = self.group_of[i]
             d = denominator(self.v[i], c)
-            xs = [(self.acc[r][i] * d).astype(np.float32) for r in range(P)]
-            a = self.cars[i].run(xs)[0] if P > 1 else xs[0]
+            if P > 1 and self.update_units:
+                a = (self.cars[i].run([self.acc[r][i] for r in range(P)])[0] * d).astype(np.float32)
+            else:
+                xs = [(self.acc[r][i] * d).astype(np.float32) for r in range(P)]
+                a = self.cars[i].run(xs)[0] if P > 1 else xs[0]
             if self.masks[i] is not None:
                 a = (a * self.masks[i]).astype(np.float32)
             lrs = F32(self.lrs[gi])

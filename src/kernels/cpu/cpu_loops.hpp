@@ -36,8 +36,8 @@ inline void store(void* base, int64_t i, typename V::F x) {
 
 constexpr bool reads_grad(UpdateRule r) {
   return r != UpdateRule::OneBitApply && r != UpdateRule::LambCompressed &&
-         r != UpdateRule::LambApply && r != UpdateRule::ZeroOneSyncPrepare &&
-         r != UpdateRule::ZeroOneSyncApply;
+         r != UpdateRule::LambApply && r != UpdateRule::ZeroOneGradientPrepare &&
+         r != UpdateRule::ZeroOneSyncPrepare && r != UpdateRule::ZeroOneSyncApply;
 }
 
 // The 1-bit LAMB rules: loads and stores around math/onebit_lamb.hpp.
@@ -89,23 +89,26 @@ inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename 
       store<V, P16>(s.param16, i, V::load(s.master + i));
     return;
   }
-  if constexpr (R == UpdateRule::ZeroOneSyncPrepare) {
+  if constexpr (R == UpdateRule::ZeroOneSyncPrepare || R == UpdateRule::ZeroOneGradientPrepare) {
     F acc = V::load(s.acc + i);
-    zoadam_sync_prepare<V>(acc, V::load(s.v + i), c);
+    if constexpr (R == UpdateRule::ZeroOneSyncPrepare) zoadam_sync_prepare<V>(acc, V::load(s.v + i), c);
+    else acc = onebit_to_update_units<V>(acc, V::load(s.v + i), c);
     V::store(s.acc + i, acc);
     return;  // the parameter waits for the compressed allreduce
   }
   F p = V::load(s.master + i), m = V::load(s.m + i);
   if constexpr (R == UpdateRule::OneBitApply) {
-    if (s.mask) {
-      m = V::mul(m, V::load(s.mask + i));
-      V::store(s.m + i, m);
-    }
-    onebit_apply<V>(p, m, V::load(s.v + i), c);
+    const F v = V::load(s.v + i);
+    if (c.update_units) m = onebit_from_update_units<V>(m, v, c);
+    if (s.mask) m = V::mul(m, V::load(s.mask + i));
+    if (s.mask || c.update_units) V::store(s.m + i, m);
+    onebit_apply<V>(p, m, v, c);
   } else if constexpr (R == UpdateRule::ZeroOneSyncApply) {
+    const F v = V::load(s.v + i);
     F acc = V::load(s.acc + i);
+    if (c.update_units) acc = onebit_from_update_units<V>(acc, v, c);
     if (s.mask) acc = V::mul(acc, V::load(s.mask + i));
-    zoadam_sync_apply<V>(p, m, V::load(s.v + i), acc, V::load(s.anchor + i), c);
+    zoadam_sync_apply<V>(p, m, v, acc, V::load(s.anchor + i), c);
     V::store(s.m + i, m);
     V::store(s.anchor + i, p);
     V::store(s.acc + i, V::set1(0.0f));
@@ -113,11 +116,14 @@ inline void rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, typename 
     F g = V::mul(V::mul(load<V, G>(s.grad, i), mul1), mul2);
     if constexpr (R == UpdateRule::OneBitMomentum) {
       onebit_momentum<V>(m, g, c);
+      if (c.update_units) m = onebit_to_update_units<V>(m, V::load(s.v + i), c);
       V::store(s.m + i, m);
       return;  // the parameter waits for the compressed allreduce
     } else if constexpr (R == UpdateRule::ZeroOneGradient) {
+      const F v = V::load(s.v + i);
+      if (c.update_units) g = onebit_from_update_units<V>(g, v, c);
       if (s.mask) g = V::mul(g, V::load(s.mask + i));
-      zoadam_gradient<V>(p, m, V::load(s.v + i), g, c);
+      zoadam_gradient<V>(p, m, v, g, c);
       V::store(s.m + i, m);
     } else if constexpr (R == UpdateRule::ZeroOneLocal) {
       F acc = V::load(s.acc + i);
@@ -230,6 +236,7 @@ void update_range(UpdateRule rule, const AdamSlot& s, int64_t b, int64_t e, cons
     case UpdateRule::LambApply: return rule_range_r<UpdateRule::LambApply, V>(s, b, e, c, m1, m2);
     case UpdateRule::ZeroOneGradient: return rule_range_r<UpdateRule::ZeroOneGradient, V>(s, b, e, c, m1, m2);
     case UpdateRule::ZeroOneLocal: return rule_range_r<UpdateRule::ZeroOneLocal, V>(s, b, e, c, m1, m2);
+    case UpdateRule::ZeroOneGradientPrepare: return rule_range_r<UpdateRule::ZeroOneGradientPrepare, V>(s, b, e, c, m1, m2);
     case UpdateRule::ZeroOneSyncPrepare: return rule_range_r<UpdateRule::ZeroOneSyncPrepare, V>(s, b, e, c, m1, m2);
     case UpdateRule::ZeroOneSyncApply: return rule_range_r<UpdateRule::ZeroOneSyncApply, V>(s, b, e, c, m1, m2);
   }
