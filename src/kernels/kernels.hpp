@@ -39,7 +39,7 @@ enum class UpdateRule : int32_t {
   Adam,            // Adam/AdamW step: m, v, p
   OneBitWarmup,    // 1-bit Adam warmup: m, v, p; no bias correction, decoupled decay
   OneBitMomentum,  // 1-bit Adam compression, before the compressed allreduce: m only
-                   // (update_units: m / d, math/onebit_adam.hpp)
+                   // (update_units: m clamped, / d, math/onebit_adam.hpp)
   OneBitApply,     // after it: m *= d (update_units), m *= mask (if any), p from m and the frozen v
   // 1-bit LAMB: per-tensor constants (slot.group indexes one per tensor).
   LambWarmup,      // m, v from g; u (scratch) = LAMB direction; p untouched
@@ -47,7 +47,7 @@ enum class UpdateRule : int32_t {
   LambCompressed,  // after it: m, vf; aux = u0, u, ratio (scratch); reads no gradient
   LambApply,       // p += step_size * u; reads no gradient
   // 0/1 Adam (math/zero_one_adam.hpp); its full steps are OneBitWarmup.
-  ZeroOneGradientPrepare,  // 1-bit step, before the compressed allreduce: acc (the staged gradient) /= d
+  ZeroOneGradientPrepare,  // 1-bit step, before the compressed allreduce: acc (the staged gradient) clamped, /= d
   ZeroOneGradient,    // 1-bit step: g (decompressed) *= d (update_units), *= mask, m from g, p from m and v
   ZeroOneLocal,       // local step: m from g, p and the accumulator from m and v
   ZeroOneSyncPrepare, // before the sync's compressed allreduce: acc *= sqrt(v) + eps

@@ -46,14 +46,19 @@ DSOPT_HD typename Ops::F onebit_denominator(typename Ops::F root, const AdamCons
   return Ops::fma(root, Ops::set1(c.rbc2), Ops::set1(c.eps));
 }
 
-// Compression in the update's units (the stabilized rule): a momentum,
-// gradient or accumulator x goes through the compressed allreduce as x / d
-// and comes back multiplied by d, d = sqrt(v) rbc2 + eps of the tensor's v
-// (the same on every rank). One scale per chunk then fits elements whose v
-// differ by orders of magnitude, as AdamW's updates do.
+// Compression in the update's units (the stabilized rule): a momentum or
+// gradient x goes through the compressed allreduce as x / d and comes back
+// multiplied by d, d = sqrt(v) rbc2 + eps of the tensor's v (the same on
+// every rank). One scale per chunk then fits elements whose v differ by
+// orders of magnitude, as AdamW's updates do. x is first clamped to the
+// bound the update will apply (momentum_limit / momentum_scale times
+// sqrt(v), the stabilized bound of an uncorrected momentum), so elements
+// that would be clamped anyway (tiny v) do not set the chunk's scale.
 template <class Ops>
 DSOPT_HD typename Ops::F onebit_to_update_units(typename Ops::F x, typename Ops::F v, const AdamConsts& c) {
-  return Ops::div(x, onebit_denominator<Ops>(Ops::sqrt(v), c));
+  const typename Ops::F root = Ops::sqrt(v);
+  x = stabilized_momentum<Ops>(x, root, c.momentum_limit / c.momentum_scale);
+  return Ops::div(x, onebit_denominator<Ops>(root, c));
 }
 template <class Ops>
 DSOPT_HD typename Ops::F onebit_from_update_units(typename Ops::F x, typename Ops::F v,

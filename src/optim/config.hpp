@@ -73,7 +73,7 @@ struct OptimizerConfig {
   std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed
   int64_t freeze_step = 100000;   // 1-bit optimizers: see README
   bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
-  double stabilize_limit = 1.0;   // its momentum limit (math/stabilized_momentum.hpp)
+  double stabilize_limit = 4.0;   // its momentum limit (math/stabilized_momentum.hpp)
 
   // AdamConsts::momentum_limit of a group with `beta2` whose v has had
   // `variance_updates` updates: 0 (not clamped) when stabilize is off.

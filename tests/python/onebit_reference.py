@@ -271,6 +271,15 @@ def denominator(v, c):
     return fma32(np.sqrt(v).astype(np.float32), c["rbc2"], c["eps"])
 
 
+def to_update_units(x, v, c, limit):
+    """x clamped to the stabilized bound of an uncorrected momentum
+    (fl(limit / scale) times sqrt(v); limit None: not clamped), divided by
+    denominator(v, c): what the stabilized rule compresses."""
+    if limit is not None:
+        x = stabilized_momentum(x, v, F32(F32(limit) / c["scale"]))
+    return (x / denominator(v, c)).astype(np.float32)
+
+
 def momentum_limit(stabilize_limit, beta2, frozen_after):
     """L = float(limit / sqrt(1 - beta2^K)) in double, K < 1 taken as 1."""
     b2t = float(beta2) ** float(max(frozen_after, 1))
@@ -291,12 +300,13 @@ class OneBitAdamReference:
         self.world = world
         self.freeze_step = int(p.get("freeze_step", 100000))
         self.stabilize = bool(p.get("stabilize", True))
-        self.stabilize_limit = float(p.get("stabilize_limit", 1.0))
+        self.stabilize_limit = float(p.get("stabilize_limit", 4.0))  # the library's default
         self.bias_correction = bool(p.get("bias_correction", True))
         # the stabilized rule compresses the momentum in the update's units: m / d
         self.update_units = self.stabilize
         self.frozen_after = 0   # K: warmup updates when v was frozen (0 in warmup)
-        self.clamped = 0        # applied momenta clamped where v > 0 (where L matters), summed over updates
+        self.clamped = 0        # momenta clamped where v > 0 (where L matters), before compression or
+                                # when applied, summed over updates and ranks
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))
         self.loss_scale = float(loss_scale)  # static: the scale the gradients carry
@@ -360,9 +370,14 @@ class OneBitAdamReference:
                     per_rank[i].append(fma32(g, c["omb1"], m))
             for i, ms in per_rank.items():
                 if P > 1 and self.update_units:
-                    d = denominator(self.v[i], self._consts(i, self.updates + 1, self.frozen_after))
-                    out, _ = self.cars[i].run([(m / d).astype(np.float32) for m in ms])
-                    out = (out * d).astype(np.float32)
+                    c = self._consts(i, self.updates + 1, self.frozen_after)
+                    limit = self.momentum_limit(self.group_of[i]) if self.stabilize else None
+                    if limit is not None:  # the clamp before compression, where L matters
+                        bound = F32(F32(limit) / c["scale"])
+                        self.clamped += sum(int(np.count_nonzero((stabilized_momentum(m, self.v[i], bound) != m)
+                                                                 & (self.v[i] > 0))) for m in ms)
+                    out, _ = self.cars[i].run([to_update_units(m, self.v[i], c, limit) for m in ms])
+                    out = (out * denominator(self.v[i], c)).astype(np.float32)
                 elif P > 1:
                     out, _ = self.cars[i].run(ms)
                 else:

@@ -242,8 +242,9 @@ def on_deepspeed_rule(sc):
 @pytest.mark.parametrize("world", WORLDS, ids=lambda w: f"P{w}")
 def test_stabilized_scenarios_clamp_the_applied_momentum(world):
     """The stable_* scenarios exercise the rule where its limit L matters:
-    some applied momenta of elements with v > 0 are clamped, and the result
-    differs from DeepSpeed's rule on the same data."""
+    some momenta of elements with v > 0 are clamped (before compression, or
+    when applied), and the result differs from DeepSpeed's rule on the same
+    data."""
     for name in STABILIZED:
         sc = runs.BY_NAME[name]
         ref, _ = scenario_reference(name, world)

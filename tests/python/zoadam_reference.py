@@ -10,7 +10,7 @@ The CAR, fma and fp32 helpers are onebit_reference's."""
 import numpy as np
 
 from onebit_reference import (F32, CarReference, _from_param, _to_param_dtype, bias_consts, denominator, f32,
-                              fma32, groups_from_config, sum_squares)
+                              fma32, groups_from_config, sum_squares, to_update_units)
 
 SKIPPED, FULL, COMPRESSED, LOCAL, SYNC = 0, 1, 2, 3, 4
 
@@ -180,9 +180,8 @@ class ZeroOneAdamReference:
                 c = self._consts(i)
                 gs = [(local[r][i] * mul).astype(np.float32) for r in range(P)]
                 if P > 1 and self.update_units:
-                    d = denominator(self.v[i], c)
-                    g = self.cars[i].run([(x / d).astype(np.float32) for x in gs])[0]
-                    g = (g * d).astype(np.float32)
+                    g = self.cars[i].run([to_update_units(x, self.v[i], c, self.limit(i)) for x in gs])[0]
+                    g = (g * denominator(self.v[i], c)).astype(np.float32)
                 else:
                     g = self.cars[i].run(gs)[0] if P > 1 else gs[0]
                 if self.masks[i] is not None:

@@ -312,7 +312,7 @@ class OneBitAdam(_TorchStyle):
 
     ``OneBitAdam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
     weight_decay=0, *, freeze_step=100000, bias_correction=True,
-    stabilize=True, stabilize_limit=1.0, ...)``: updates ``1 .. freeze_step-1`` are warmup
+    stabilize=True, stabilize_limit=4.0, ...)``: updates ``1 .. freeze_step-1`` are warmup
     (plain averaged gradients), later ones communicate the momentum
     compressed to 1 bit. Groups may set ``non_freeze=True`` (warmup math for
     the whole run). A parameter without ``.grad`` steps with a zero
@@ -322,7 +322,7 @@ class OneBitAdam(_TorchStyle):
     _CONFIG_TYPE = "OneBitAdam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, *,
-                 freeze_step=100000, bias_correction=True, stabilize=True, stabilize_limit=1.0, comm=None,
+                 freeze_step=100000, bias_correction=True, stabilize=True, stabilize_limit=4.0, comm=None,
                  overlap=False, gradient_clipping=None, fp16=None, bf16=None,
                  skip_nonfinite=None, max_consecutive_skips=None,
                  gradient_accumulation_steps=None, zero_optimization=None, zero_stage=None,
