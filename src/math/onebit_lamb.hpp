@@ -30,18 +30,21 @@ DSOPT_HD void lamb_warmup(typename Ops::F p, typename Ops::F& m, typename Ops::F
 }
 
 // Compression stage, before the compressed allreduce: m_prev keeps the
-// momentum, which is updated with the local gradient and multiplied by the
-// tensor's scaling coefficient (c.tensor_scale) so that all tensors of the
-// fused buffer have the same RMS.
+// momentum, which is updated with the local gradient and then either put in
+// the update's units (c.update_units, the stabilized rule:
+// onebit_to_update_units, d = sqrt(v) + eps) or multiplied by the tensor's
+// scaling coefficient (c.tensor_scale, DeepSpeed's rule) so that all
+// tensors of the fused buffer have the same RMS.
 template <class Ops>
-DSOPT_HD void lamb_momentum(typename Ops::F& m, typename Ops::F& m_prev, typename Ops::F g,
-                            const AdamConsts& c) {
+DSOPT_HD void lamb_momentum(typename Ops::F& m, typename Ops::F& m_prev, typename Ops::F v,
+                            typename Ops::F g, const AdamConsts& c) {
   m_prev = m;
   onebit_momentum<Ops>(m, g, c);
-  m = Ops::mul(m, Ops::set1(c.tensor_scale));
+  m = c.update_units ? onebit_to_update_units<Ops>(m, v, c) : Ops::mul(m, Ops::set1(c.tensor_scale));
 }
 
-// Compression stage, after it. In: m (the averaged, still scaled momentum),
+// Compression stage, after it. In: m (the averaged, still scaled or in the
+// update's units),
 // m_prev, mask (1 for none), v (frozen), vf, p. Out: m unscaled and masked;
 // with m' and m_prev' the stabilized momenta (c.momentum_limit; 0:
 // DeepSpeed's rule, m' = m): vf updated from the reconstructed gradient
@@ -55,7 +58,7 @@ DSOPT_HD void lamb_compressed(typename Ops::F p, typename Ops::F& m, typename Op
                               typename Ops::F& u0, typename Ops::F& u, typename Ops::F& ratio,
                               const AdamConsts& c) {
   using F = typename Ops::F;
-  m = Ops::div(m, Ops::set1(c.tensor_scale));
+  m = c.update_units ? onebit_from_update_units<Ops>(m, v, c) : Ops::div(m, Ops::set1(c.tensor_scale));
   m = Ops::mul(m, mask);
   const F root = Ops::sqrt(v);
   const F used = stabilized_momentum<Ops>(m, root, c.momentum_limit);

@@ -1,8 +1,11 @@
 #include "optim/onebit_lamb.hpp"
 
+#include <algorithm>
+
 #include "base/error.hpp"
 #include "optim/car_errors.hpp"
 #include "math/onebit_lamb.hpp"
+#include "optim/rule_flag.hpp"
 
 namespace dsopt {
 namespace {
@@ -12,6 +15,7 @@ const char* kCoeffs = "lamb.coefficients";
 const char* kTail = "lamb.momentum_tail";
 const char* kWorkerError = "lamb.worker_error";
 const char* kServerError = "lamb.server_error";
+const char* kUnits = "lamb.units";  // the stabilized stage's rule (optim/rule_flag.hpp)
 // compressing, freeze_step, frozen_after, world of the errors and the tail
 constexpr uint64_t kStageBytes = 4 + 8 + 8 + 4;
 
@@ -38,7 +42,8 @@ OneBitLamb::OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
       coeff_freeze_(size_t(count), 0.0),
       last_factor_(size_t(count), 1.0),
       scaling_(size_t(count), 1.0),
-      masks_(count) {}
+      masks_(count),
+      update_units_(cfg.stabilize) {}
 
 std::string OneBitLamb::divergence_hint() const {
   if (!config().stabilize)
@@ -69,6 +74,7 @@ std::vector<AdamConsts> OneBitLamb::consts() const {
     if (!stage_.compressing) continue;
     c.back().tensor_scale = float(scaling_[i]);
     c.back().momentum_limit = config().momentum_limit(h.beta2, stage_.frozen_after);
+    c.back().update_units = update_units_ && car_ != nullptr;
   }
   return c;
 }
@@ -126,8 +132,10 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
     car_->run(&fused);
   }
   kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
-  // aux holds u0 now.
-  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::u, &AdamSlot::aux});
+  // aux holds u0 now; the stabilized rule also needs ||p||.
+  const std::vector<double> sums = update_units_
+                                       ? sums_of_squares(s, {&AdamSlot::u, &AdamSlot::aux, &AdamSlot::master})
+                                       : sums_of_squares(s, {&AdamSlot::u, &AdamSlot::aux});
   std::vector<TensorRef> ratios;
   for (const AdamSlot& slot : s) ratios.push_back(TensorRef{slot.ratio, slot.numel, DType::F32});
   std::vector<float> max_ratio(static_cast<size_t>(n));
@@ -138,6 +146,10 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
     last_factor_[i] = lamb_factor(max_ratio[i], sums[size_t(n) + i], sums[i], decay, last_factor_[i],
                                   config().lamb);
     coeff[i] = coeff_freeze_[i] * last_factor_[i];
+    // The stabilized rule: LAMB's own trust ratio of this update (the same
+    // on every rank) where it is larger than the frozen estimate.
+    if (update_units_)
+      coeff[i] = std::max(coeff[i], lamb_warmup_coeff(sums[2 * size_t(n) + i], sums[i], config().lamb));
   }
   apply(s, c, coeff);
 }
@@ -182,6 +194,7 @@ void OneBitLamb::save_sections(BlobWriter& w) const {
                         car_ ? uint64_t(padded_) * 4 : 0, kernels());
   w.section_from_device(kServerError, car_ ? car_->server_error() : nullptr,
                         car_ ? uint64_t(padded_ / world) * 4 : 0, kernels());
+  save_rule_flag(w, kUnits, update_units_);
 }
 
 void OneBitLamb::check_sections(const BlobReader& r) const {
@@ -198,6 +211,7 @@ void OneBitLamb::check_sections(const BlobReader& r) const {
   r.section(kTail, world > 1 ? uint64_t(padded - params().total_numel()) * 4 : 0);
   r.section(kWorkerError, uint64_t(padded) * 4);
   r.section(kServerError, world > 1 ? uint64_t(padded / world) * 4 : 0);
+  saved_rule_flag(r, kUnits, kUnitsRule);
 }
 
 void OneBitLamb::restore_sections(const BlobReader& r) {
@@ -208,6 +222,7 @@ void OneBitLamb::restore_sections(const BlobReader& r) {
   const int64_t saved_freeze_step = f.get<int64_t>();
   saved.frozen_after = f.get<int64_t>();
   const int32_t world = rank_local_world(f.get<int32_t>());
+  update_units_ = saved_rule_flag(r, kUnits, kUnitsRule);
   kernels().copy_from_host(fresh_.get(), r.section(kFresh, fresh_.bytes()), fresh_.bytes());
   FieldReader k(r.section(kCoeffs, uint64_t(params().count()) * 24), uint64_t(params().count()) * 24);
   for (size_t i = 0; i < coeff_freeze_.size(); ++i) {

@@ -27,7 +27,7 @@ class OneBitLamb final : public Optimizer {
   std::string algorithm() const override { return "OneBitLamb"; }
   bool averaged(int64_t) const override { return !stage_.compressing; }
   bool update(const PreparedGrads& grads) override;
-  uint32_t section_count() const override { return 8; }
+  uint32_t section_count() const override { return 9; }
   std::string divergence_hint() const override;
   void save_sections(BlobWriter& w) const override;
   void check_sections(const BlobReader& r) const override;
@@ -62,6 +62,12 @@ class OneBitLamb final : public Optimizer {
   std::vector<double> coeff_freeze_, last_factor_, scaling_;  // per tensor
   MomentumMasks masks_;
   std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
+  // The stabilized compression stage's rule (the config's stabilize, or a
+  // loaded blob's): the momentum compressed in the update's units, and the
+  // larger of LAMB's trust ratio ||p|| / ||u|| and the frozen coefficient
+  // times factor; otherwise DeepSpeed's scaling coefficients and the frozen
+  // coefficient times factor.
+  bool update_units_;
 };
 
 }  // namespace dsopt

@@ -5,6 +5,8 @@
 //   onebit.rule / zoadam.rule    bias correction of both moments
 //   onebit.units / zoadam.units  compression in the update's units (the
 //                                error buffers hold values of x / d)
+//   lamb.units                   the same for 1-bit LAMB, whose compression
+//                                stage then also takes LAMB's trust ratio
 #pragma once
 #include <cstdint>
 #include <string>

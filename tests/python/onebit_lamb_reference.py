@@ -10,9 +10,9 @@ pipeline come from onebit_reference.py."""
 
 import numpy as np
 
-from onebit_reference import (F32, CarReference, _from_param, _to_param_dtype, f32, fma32,
+from onebit_reference import (F32, CarReference, _from_param, _to_param_dtype, denominator, f32, fma32,
                               groups_from_config, momentum_limit, padded_length, prepare_grads,
-                              stabilized_momentum, sum_squares)
+                              stabilized_momentum, sum_squares, to_update_units)
 
 COEFF_DEFAULTS = dict(max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9, factor_max=4.0, factor_min=0.5,
                       factor_threshold=0.1)
@@ -54,6 +54,9 @@ class OneBitLambReference:
         self.stabilize = bool(p.get("stabilize", True))
         self.stabilize_limit = float(p.get("stabilize_limit", 4.0))  # the library's default for this type
         self.k = {key: float(p.get(key, d)) for key, d in COEFF_DEFAULTS.items()}
+        # the stabilized rule: the momentum compressed in the update's units
+        # (P > 1) and LAMB's trust ratio on every compressed step
+        self.update_units = self.stabilize
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))
         self.loss_scale = float(loss_scale)
@@ -134,6 +137,16 @@ class OneBitLambReference:
     def _variance(v, g, c):
         return fma32((g * g).astype(np.float32), c["omb2"], (v * c["beta2"]).astype(np.float32))
 
+    def _limit(self, c):
+        """The stabilized rule's L (None with DeepSpeed's rule)."""
+        return momentum_limit(self.stabilize_limit, c["beta2_double"], self.frozen_after) if self.stabilize else None
+
+    @staticmethod
+    def _units_consts(c):
+        """Constants for to_update_units / denominator: no bias correction,
+        so d = sqrt(v) + eps."""
+        return dict(scale=F32(1.0), rbc2=F32(1.0), eps=c["eps"])
+
     def _apply(self, i, coeff, u):
         step = F32(-self._consts(i)["lr"] * coeff)
         self.master[i] = fma32(step, u, self.master[i])
@@ -154,13 +167,18 @@ class OneBitLambReference:
 
     def _compressed(self, local, mul):
         P, count = self.world, len(self.master)
+        units = self.update_units and P > 1
         m_prev = [m.copy() for m in self.m]
         fused = []
         for r in range(P):
             parts = []
             for i in range(count):
-                g = (local[r][i] * mul).astype(np.float32)
-                parts.append((self._momentum(self.m[i], g, self._consts(i)) * F32(self.scaling[i])).astype(np.float32))
+                c = self._consts(i)
+                m = self._momentum(self.m[i], g=(local[r][i] * mul).astype(np.float32), c=c)
+                if units:
+                    parts.append(to_update_units(m, self.v[i], self._units_consts(c), self._limit(c)))
+                else:
+                    parts.append((m * F32(self.scaling[i])).astype(np.float32))
             fused.append(np.concatenate(parts + [self.tail]))
         if P > 1:
             if self.car is None:
@@ -173,14 +191,16 @@ class OneBitLambReference:
         for i in range(count):
             c = self._consts(i)
             n = self.master[i].size
-            m = (out[offset:offset + n] / F32(self.scaling[i])).astype(np.float32)
+            if units:
+                m = (out[offset:offset + n] * denominator(self.v[i], self._units_consts(c))).astype(np.float32)
+            else:
+                m = (out[offset:offset + n] / F32(self.scaling[i])).astype(np.float32)
             offset += n
             mask = self.masks[i] if self.masks[i] is not None else np.ones(n, np.float32)
             m = (m * mask).astype(np.float32)
             self.m[i] = m
             # the stabilized rule reconstructs the gradient from the momenta it applies
-            limit = (momentum_limit(self.stabilize_limit, c["beta2_double"], self.frozen_after)
-                     if self.stabilize else None)
+            limit = self._limit(c)
             used = stabilized_momentum(m, self.v[i], limit)
             used_prev = stabilized_momentum(m_prev[i], self.v[i], limit)
             gr = (fma32(-c["beta1"], used_prev, used) / c["omb1"]).astype(np.float32)
@@ -192,4 +212,7 @@ class OneBitLambReference:
             factor = compression_factor(ratio.max(), sum_squares(u0), sum_squares(u), c["wd"] > 0,
                                         self.last_factor[i], self.k)
             self.last_factor[i] = factor
-            self._apply(i, self.coeff_freeze[i] * factor, u)
+            coeff = self.coeff_freeze[i] * factor
+            if self.update_units:  # the larger of it and LAMB's own trust ratio
+                coeff = max(coeff, warmup_coeff(sum_squares(self.master[i]), sum_squares(u), self.k))
+            self._apply(i, coeff, u)

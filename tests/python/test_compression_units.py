@@ -1,13 +1,15 @@
 """Compression in the update's units (README "Compression in the update's
 units"): with the stabilized rule and more than one rank, 1-bit Adam
-compresses m / d and 0/1 Adam compresses g / d and its accumulator as it is,
-d = sqrt(v) rbc2 + eps. The choice travels in the state blob: a blob
+compresses clamp(m) / d, 0/1 Adam clamp(g) / d and its accumulator as it
+is, 1-bit LAMB clamp(m) / d (and takes LAMB's trust ratio every step), d =
+sqrt(v) rbc2 + eps. The choice travels in the state blob: a blob
 written before it existed continues in the momentum's units, a blob's choice
 wins over the config, and a bad value is rejected before anything changes.
 
 Two ranks are threads on a callback communicator (test_callback_comm's
 ThreadWorld); every result is compared bit for bit with the numpy references
-(onebit_reference.py, zoadam_reference.py), whose `update_units` is the rule.
+(onebit_reference.py, zoadam_reference.py, onebit_lamb_reference.py), whose
+`update_units` is the rule.
 The scenarios of test_onebit_adam.py and test_zero_one_adam.py check the rule
 itself at 2 and 4 ranks under mpirun."""
 
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 
 import dsopt
+from onebit_lamb_reference import OneBitLambReference
 from onebit_reference import OneBitAdamReference
 from test_blob_compat import pack, sections
 from test_callback_comm import ThreadWorld
@@ -24,8 +27,9 @@ from zoadam_reference import ZeroOneAdamReference
 
 WORLD = 2
 SIZES = (1000, 37, 4097)
-UNITS_SECTION = {"OneBitAdam": "onebit.units", "ZeroOneAdam": "zoadam.units"}
-REFERENCE = {"OneBitAdam": OneBitAdamReference, "ZeroOneAdam": ZeroOneAdamReference}
+UNITS_SECTION = {"OneBitAdam": "onebit.units", "ZeroOneAdam": "zoadam.units", "OneBitLamb": "lamb.units"}
+REFERENCE = {"OneBitAdam": OneBitAdamReference, "ZeroOneAdam": ZeroOneAdamReference,
+             "OneBitLamb": OneBitLambReference}
 SAVE_AT, STEPS = 7, 12
 
 
@@ -104,7 +108,7 @@ def strip_or_set(blob, section, value):
     return pack(prefix, [(n, struct.pack("<i", value) if n == section else d) for n, d in parts])
 
 
-@pytest.fixture(scope="module", params=["OneBitAdam", "ZeroOneAdam"])
+@pytest.fixture(scope="module", params=list(REFERENCE))
 def saved(request):
     """kind, the default run's final parameters per rank, and every rank's
     (blob, parameters) after SAVE_AT steps."""

@@ -7,12 +7,10 @@ examples/python/transformer_runs.py's user settings (lr 1e-3, 1-bit LAMB
 
 * 4 ranks (one ``mpirun -np 4``): every run ends without a skipped step
   or error, the compressed stages really ran (most steps sent ~1/32 of the
-  bytes), and no 1-bit optimizer ends above RATIO_BOUND times its
+  bytes), and every 1-bit optimizer ends within LOSS_RATIO_LIMIT of its
   baseline's final validation loss (AdamW for 1-bit Adam and 0/1 Adam, the
-  better of AdamW and LAMB without compression for 1-bit LAMB).
-* The goal, within LOSS_RATIO_LIMIT of the baseline: strict xfail where the
-  library does not reach it yet (docs/design/zero-one-adam-transformers.md
-  has the measurements and the cause), so that reaching it shows up.
+  better of AdamW and LAMB without compression for 1-bit LAMB;
+  docs/design/zero-one-adam-transformers.md has the study).
 * 1 rank (in this process): 1-bit Adam within LOSS_RATIO_LIMIT of AdamW.
 
 Needs torch (skips without it: tests/python/run_torch_tests.sh runs it
@@ -34,15 +32,10 @@ from transformer_runs import TransformerRun  # noqa: E402
 STEPS = 300
 # Final validation loss over the baseline's. At 4 ranks over seeds 0-2
 # (examples/python/transformer_study.py) a ratio varies by about +-0.01
-# between seeds (one outlier of 0.14), AdamW's final loss by 1%: the goal
-# (within 3%, mean over seeds) plus that spread for one seed.
+# between seeds, AdamW's final loss by 1%: the goal (within 3%, mean over
+# seeds) plus that spread for one seed. Seed 0 here: 1-bit Adam 1.004,
+# 0/1 Adam 0.989, 1-bit LAMB 1.030.
 LOSS_RATIO_LIMIT = 1.05
-# Where the library stands: 1-bit LAMB ends 19-27% above LAMB; a run that
-# blows up ends far above.
-RATIO_BOUND = 1.35
-# Not within LOSS_RATIO_LIMIT yet on 4 ranks (measured 1.27; 1-bit Adam
-# and 0/1 Adam, compressing in the update's units, 0.99-1.00).
-NOT_YET = {"OneBitLamb"}
 RUNS = {
     "AdamW": ("AdamW", {}),
     "OneBitAdam": ("OneBitAdam", {}),
@@ -90,8 +83,6 @@ def test_trains_without_skips_on_4_ranks(name, four_ranks):
     sent_adamw = sum(sum(r.info["bytes_sent"]) for r in four_ranks["AdamW"])
     assert sent < BYTES_FRACTION * sent_adamw, (sent, sent_adamw)
     assert sum(four_ranks[name][0].info["compressed"]) > STEPS // 2
-    got = ratio({n: rs[0] for n, rs in four_ranks.items()}, name)
-    assert got <= RATIO_BOUND, f"{name}: final validation loss {got:.3f} x the baseline's"
 
 
 def test_no_divergence_reported_on_healthy_runs(four_ranks):
@@ -102,10 +93,7 @@ def test_no_divergence_reported_on_healthy_runs(four_ranks):
             assert not any(result.info["diverging"]), f"{name}, rank {rank}: divergence reported"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    n in NOT_YET, strict=True, reason="1-bit LAMB's clamp cuts the 1-bit compressed momentum of "
-    "small-v elements: docs/design/zero-one-adam-transformers.md"))
-    for n in BASELINES])
+@pytest.mark.parametrize("name", list(BASELINES))
 def test_within_goal_of_baseline_on_4_ranks(name, four_ranks):
     got = ratio({n: rs[0] for n, rs in four_ranks.items()}, name)
     assert got <= LOSS_RATIO_LIMIT, f"{name}: final validation loss {got:.3f} x the baseline's"

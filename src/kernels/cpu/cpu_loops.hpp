@@ -65,7 +65,7 @@ inline void lamb_rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, type
     F m = V::load(s.m + i);
     if constexpr (R == UpdateRule::LambMomentum) {
       F m_prev;
-      lamb_momentum<V>(m, m_prev, g, c);
+      lamb_momentum<V>(m, m_prev, V::load(s.v + i), g, c);
       V::store(s.aux + i, m_prev);
     } else {
       F v = V::load(s.v + i), u;
