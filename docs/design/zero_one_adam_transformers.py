@@ -14,7 +14,6 @@ file can be shared: its AdamW runs are reused).
 """
 import argparse
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -100,43 +99,6 @@ VARIANTS = {
 }
 
 
-def curves(results, model, corpus, seeds, name):
-    """[(step, mean validation loss over the seeds)] of a run (rank 0)."""
-    per_seed = [results[f"{model}/{corpus}/{s}/{name}"][0].validation for s in seeds]
-    return [(points[0][0], statistics.mean(p[1] for p in points)) for points in zip(*per_seed)]
-
-
-def curve_table(results, model, corpus, seeds, names):
-    steps = [s for s, _ in curves(results, model, corpus, seeds, "AdamW")]
-    lines = ["| run | " + " | ".join(str(s) for s in steps) + " |",
-             "| --- |" + " ---: |" * len(steps)]
-    for name in ["AdamW", *names]:
-        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for _, v in curves(results, model, corpus, seeds, name))
-                     + " |")
-    return "\n".join(lines)
-
-
-def plot(results, model, corpus, seeds, names, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name in ["AdamW", *names]:
-        steps, values = zip(*curves(results, model, corpus, seeds, name))
-        ax.plot(steps, values, label=name, linewidth=2.5 if name == "AdamW" else 1.2,
-                color="black" if name == "AdamW" else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"validation loss (nats/byte, mean of {len(seeds)} seeds)")
-    ax.set_title(f"{model} GPT on {corpus}, 4 ranks")
-    ax.set_ylim(top=min(4.5, ax.get_ylim()[1]))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default="zero_one_adam_transformers.json")
@@ -155,10 +117,10 @@ def main():
     print(transformer_study.table(results, models, seeds, ["AdamW", *names]))
     for model, corpus in models:
         print(f"\nValidation loss, {model}/{corpus}, mean of seeds {seeds}:\n")
-        print(curve_table(results, model, corpus, seeds, names))
+        print(transformer_study.curve_table(results, model, corpus, seeds, names))
         if args.plot:
             Path(args.plot).mkdir(parents=True, exist_ok=True)
-            plot(results, model, corpus, seeds, names, Path(args.plot) / f"{model}-{corpus}.png")
+            transformer_study.plot(results, model, corpus, seeds, names, Path(args.plot) / f"{model}-{corpus}.png")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ ratio's mean within 3% of 1, no skipped step.
 
     python3 examples/python/transformer_study.py [--seeds 0,1,2] [--ranks 4]
         [--models tiny:licenses,small:python] [--steps 300]
-        [--results study.json] [--extra NAME:CLASS:JSON_OPTIONS ...]
+        [--results study.json] [--extra NAME:CLASS:JSON_OPTIONS ...] [--plot DIR]
 
 ``--extra`` adds runs of a variant (e.g. ``zo_interval1:ZeroOneAdam:
 '{"local_step_scaler": 1, "local_step_clipper": 1}'``), compared with
@@ -111,6 +111,43 @@ def table(results, models, seeds, names):
     return "\n".join(lines)
 
 
+def curves(results, model, corpus, seeds, name):
+    """[(step, mean validation loss over the seeds)] of a run (rank 0)."""
+    per_seed = [results[f"{model}/{corpus}/{s}/{name}"][0].validation for s in seeds]
+    return [(points[0][0], statistics.mean(p[1] for p in points)) for points in zip(*per_seed)]
+
+
+def curve_table(results, model, corpus, seeds, names):
+    steps = [s for s, _ in curves(results, model, corpus, seeds, "AdamW")]
+    lines = ["| run | " + " | ".join(str(s) for s in steps) + " |",
+             "| --- |" + " ---: |" * len(steps)]
+    for name in ["AdamW", *names]:
+        lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for _, v in curves(results, model, corpus, seeds, name))
+                     + " |")
+    return "\n".join(lines)
+
+
+def plot(results, model, corpus, seeds, names, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in ["AdamW", *names]:
+        steps, values = zip(*curves(results, model, corpus, seeds, name))
+        ax.plot(steps, values, label=name, linewidth=2.5 if name == "AdamW" else 1.2,
+                color="black" if name == "AdamW" else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"validation loss (nats/byte, mean of {len(seeds)} seeds)")
+    ax.set_title(f"{model} GPT on {corpus}, 4 ranks")
+    ax.set_ylim(top=min(4.5, ax.get_ylim()[1]))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def parse_extra(items):
     extra = {}
     for item in items:
@@ -127,12 +164,21 @@ def main():
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--results", default="transformer_study.json")
     parser.add_argument("--extra", action="append", default=[])
+    parser.add_argument("--plot", default="", help="a folder: validation curves per model (PNG), "
+                        "and their table on stdout")
     args = parser.parse_args()
     models = [tuple(m.split(":")) for m in args.models.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     extra = parse_extra(args.extra)
     results = run_study(models, seeds, args.steps, args.ranks, args.results, extra)
-    print(table(results, models, seeds, [*BASE_RUNS, *extra]))
+    names = [*BASE_RUNS, *extra]
+    print(table(results, models, seeds, names))
+    if args.plot:
+        Path(args.plot).mkdir(parents=True, exist_ok=True)
+        for model, corpus in models:
+            print(f"\nValidation loss, {model}/{corpus}, mean of seeds {seeds}:\n")
+            print(curve_table(results, model, corpus, seeds, names[1:]))
+            plot(results, model, corpus, seeds, names[1:], Path(args.plot) / f"{model}-{corpus}.png")
 
 
 if __name__ == "__main__":

@@ -55,8 +55,11 @@ class OneBitLambReference:
         self.stabilize_limit = float(p.get("stabilize_limit", 4.0))  # the library's default for this type
         self.k = {key: float(p.get(key, d)) for key, d in COEFF_DEFAULTS.items()}
         # the stabilized rule: the momentum compressed in the update's units
-        # (P > 1) and LAMB's trust ratio on every compressed step
+        # (P > 1), and the larger of the frozen coefficient times factor and
+        # LAMB's trust ratio of the update ("larger"; DeepSpeed's rule:
+        # "frozen"; "live", the trust ratio alone, is for the design study)
         self.update_units = self.stabilize
+        self.trust_ratio = "larger" if self.stabilize else "frozen"
         self.clip = float(config.get("gradient_clipping", 0.0))
         self.report_norm = bool(config.get("report_grad_norm", False))
         self.loss_scale = float(loss_scale)
@@ -213,6 +216,7 @@ class OneBitLambReference:
                                         self.last_factor[i], self.k)
             self.last_factor[i] = factor
             coeff = self.coeff_freeze[i] * factor
-            if self.update_units:  # the larger of it and LAMB's own trust ratio
-                coeff = max(coeff, warmup_coeff(sum_squares(self.master[i]), sum_squares(u), self.k))
+            if self.trust_ratio != "frozen":
+                live = warmup_coeff(sum_squares(self.master[i]), sum_squares(u), self.k)
+                coeff = max(coeff, live) if self.trust_ratio == "larger" else live
             self._apply(i, coeff, u)

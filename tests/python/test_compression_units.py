@@ -89,6 +89,8 @@ def reference_run(kind, cfg, units_after_save):
     for k in range(STEPS):
         if k == SAVE_AT:
             ref.update_units = units_after_save
+            if kind == "OneBitLamb":  # the same choice picks 1-bit LAMB's trust ratio
+                ref.trust_ratio = "larger" if units_after_save else "frozen"
         ref.step([grads(r, k) for r in range(WORLD)])
     return rank_params(ref)
 
