@@ -17,9 +17,9 @@
 // Both runs start from the same weights and see the same batches, with the
 // same learning-rate schedule (linear warmup over --lr-warmup steps, then
 // linear decay to zero at the last step) through dsopt_set_lr:
-//   Adam        "Adam", lr --lr 3e-3, betas (0.9, --beta2 0.999), eps 1e-8,
-//               no weight decay, bias_correction false (1-bit Adam has none,
-//               so both apply the same update until 1-bit Adam's freeze)
+//   Adam        "Adam", lr --lr 1e-2, betas (0.9, --beta2 0.999), eps 1e-8,
+//               no weight decay, bias correction (1-bit Adam's warmup is the
+//               same update up to rounding: its eps is added by an fma)
 //   1-bit Adam  "OneBitAdam", the same, freeze_step --freeze-step (default:
 //               a fifth of --steps 150; DeepSpeed advises 15-25% of training)
 // Step time = forward + backward + dsopt_step, the slowest rank's, after a
@@ -33,7 +33,8 @@
 // rank), also as excess over the noise floor.
 //
 // Checked: every rank ends with bit-identical parameters (both optimizers),
-// the two runs' losses are identical up to the freeze (same arithmetic),
+// the two runs' losses agree up to the freeze (the same update: to 1e-5
+// relative for Adam and 1-bit Adam, bit for bit for LAMB and 1-bit LAMB),
 // 1-bit Adam reports compressed = 1 exactly from update freeze_step on, and
 // bytes_sent matches the README's formulas (fp32 ring allreduce of the
 // gradients, or the compressed allreduce of every tensor; a few scalar
@@ -56,8 +57,8 @@
 // --local-step-scaler (2) and local_step_clipper --local-step-clipper (16).
 // For it: the bytes of every step as its phase says (full: the fp32
 // allreduce; 1-bit and sync: the compressed allreduce; local: only the
-// step's status allreduce), the losses identical to Adam's up to its first
-// 1-bit step, bit-identical parameters on every rank after its last sync,
+// step's status allreduce), the losses equal to Adam's (to 1e-5) up to its
+// first 1-bit step, bit-identical parameters on every rank after its last sync,
 // and the average bytes per step over the whole run against Adam's.
 //
 // --lamb 1: the compressed run is 1-bit LAMB ("OneBitLamb", lr --lamb-lr
@@ -88,7 +89,7 @@ using bench::Buffer;
 
 int g_rank = 0, g_world = 1;
 
-double kLr = 3e-3, kBeta2 = 0.999;
+double kLr = 1e-2, kBeta2 = 0.999;
 double kLambLr = 0.0;  // --lamb-lr; 0: kLr
 constexpr double kBeta1 = 0.9, kEps = 1e-8;
 constexpr int kTeacherHidden = 64;
@@ -97,6 +98,12 @@ constexpr int kEvalSamples = 512;
 const float kSqrt3 = std::sqrt(3.0f);
 
 [[noreturn]] void fail_all(const std::string& what) { bench::fail_all("onebit_e2e_bench", g_rank, what); }
+
+// Losses of two runs that apply the same update: equal (exact), or equal up
+// to the fp32 rounding of two formulations of it (1e-5 relative).
+bool same_loss(double a, double b, bool exact) {
+  return exact ? a == b : std::fabs(a - b) <= 1e-5 * std::fabs(a);
+}
 
 #define E2E_CHECK(call)                                                   \
   do {                                                                  \
@@ -453,7 +460,7 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   else
     std::snprintf(config, sizeof config,
                   "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": %g, \"betas\":"
-                  " [%g, %g], \"eps\": %g, \"bias_correction\": false}}%s}",
+                  " [%g, %g], \"eps\": %g}}%s}",
                   kLr, kBeta1, kBeta2, kEps, threads_key);
   dsopt_comm* comm = nullptr;
   dsopt_optimizer* opt = nullptr;
@@ -675,15 +682,16 @@ int main(int argc, char** argv) {
     }
     if (run_adam)
       for (int i = 0; zo.phase[size_t(i)] == DSOPT_PHASE_FULL; ++i)
-        if (runs[0].loss[size_t(i)] != zo.loss[size_t(i)])
+        if (!same_loss(runs[0].loss[size_t(i)], zo.loss[size_t(i)], false))
           fail_all("0/1 Adam differs from Adam before its first 1-bit step (update " + std::to_string(i + 1) + ")");
   }
   // The compressed run and its uncompressed twin (Adam, or LAMB) share
-  // their arithmetic up to the freeze.
+  // their arithmetic up to the freeze: LAMB's twin is the same rule, bit for
+  // bit; Adam's is AdamW's kernel, the same update up to rounding.
   if (runs.size() >= 2) {
     const RunResult &twin = runs[runs.size() - 2], &compressed = runs.back();
     for (int i = 0; i + 1 < o.freeze_step; ++i)
-      if (twin.loss[size_t(i)] != compressed.loss[size_t(i)])
+      if (!same_loss(twin.loss[size_t(i)], compressed.loss[size_t(i)], compressed.lamb))
         fail_all("the runs differ before the freeze (update " + std::to_string(i + 1) + ")");
   }
 
@@ -772,12 +780,12 @@ int main(int argc, char** argv) {
       }
       std::printf(
           "checked (0/1 Adam): identical parameters on every rank after the last sync; losses\n"
-          "         identical to Adam's up to the first 1-bit step; bytes per step as each\n"
+          "         equal to Adam's (to 1e-5) up to the first 1-bit step; bytes per step as each\n"
           "         step's phase says\n");
     }
     if (run_onebit)
       std::printf(
-          "checked: identical parameters on every rank; identical losses up to the freeze;\n"
+          "checked: identical parameters on every rank; the same losses up to the freeze;\n"
           "         compressed = 1 from update %d on; bytes per step as the formulas say\n",
           o.freeze_step);
   }
