@@ -278,7 +278,9 @@ typedef struct dsopt_step_info {
 
 /* Creates an optimizer for `num_params` parameters described by `params`
  * (see the README for the JSON config). The parameter buffers are borrowed
- * until dsopt_destroy and updated in place; `comm` is borrowed until
+ * until dsopt_destroy and updated in place, each its own memory: two
+ * parameters whose bytes overlap (the same buffer twice, or overlapping
+ * views) are DSOPT_EINVAL naming both; `comm` is borrowed until
  * dsopt_destroy. *out is released with dsopt_destroy.
  * Collective: every rank of `comm` calls it; all ranks must pass the same
  * config and the same parameter shapes, dtypes and groups, else every rank
@@ -299,7 +301,8 @@ DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt
  * into new buffers continues bit-identically. The old buffers are not used
  * again and may be freed once this returns. Not collective (each rank
  * rebinds its own memory). Returns DSOPT_OK or DSOPT_EINVAL (NULL pointers,
- * another count, numel, dtype, group or device, naming the parameter, or
+ * another count, numel, dtype, group or device, naming the parameter;
+ * overlapping storage, naming both; or
  * gradients being handed over with dsopt_grad_ready); nothing changes on
  * failure. */
 DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *params,

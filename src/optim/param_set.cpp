@@ -1,12 +1,42 @@
 #include "optim/param_set.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "base/error.hpp"
 #include "base/fnv.hpp"
 
 namespace dsopt {
 namespace {
+
+// Fails with DSOPT_EINVAL naming two parameters whose storage overlaps (the
+// same array twice, or two views of one buffer): each would be updated
+// twice per step. `params` passed the per-parameter checks already.
+void reject_shared_storage(const dsopt_tensor* params, int64_t count, const char* suffix) {
+  struct Span {
+    uintptr_t begin, end;
+    int64_t index;
+  };
+  std::vector<Span> spans;
+  for (int64_t i = 0; i < count; ++i) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(params[i].data);
+    spans.push_back(Span{begin, begin + uintptr_t(params[i].numel) * dtype_size(DType(params[i].dtype)), i});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.index < b.index;
+  });
+  Span widest = spans.front();  // the span reaching furthest so far
+  for (size_t k = 1; k < spans.size(); ++k) {
+    const Span& s = spans[k];
+    if (s.begin < widest.end) {
+      const int64_t a = std::min(widest.index, s.index), b = std::max(widest.index, s.index);
+      fail(DSOPT_EINVAL, "params[" + std::to_string(a) + "] and params[" + std::to_string(b) +
+                             "] share storage (their bytes overlap): every parameter needs memory of its "
+                             "own, or it would be updated twice per step" + suffix);
+    }
+    if (s.end > widest.end) widest = s;
+  }
+}
 
 std::string describe(int64_t numel, int32_t dtype, int32_t group) {
   return "numel " + std::to_string(numel) + ", dtype " +
@@ -36,6 +66,7 @@ ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups
     total_numel_ += t.numel;
     if (with_masters && DType(t.dtype) != DType::F32) master_numel_ += t.numel;
   }
+  reject_shared_storage(params, count, "");
   masters_ = DeviceBuffer(kernels_, size_t(master_numel_) * 4);
   int64_t m = 0;
   for (Param& p : params_) {
@@ -97,6 +128,7 @@ void ParamSet::rebind(const dsopt_tensor* params, int64_t count) {
                              " memory but the optimizer's device is " + (cuda ? "cuda" : "cpu") +
                              " (nothing was changed)");
   }
+  reject_shared_storage(params, count, " (nothing was changed)");
   for (int64_t i = 0; i < count; ++i) {
     Param& p = params_[size_t(i)];
     p.data = params[i].data;

@@ -97,6 +97,27 @@ static void create_rejects_bad_tensors(void) {
   CHECK_TENSORS_REJECTED(bad, NUM_TENSORS, DSOPT_EINVAL, "group");
   bad[0].group = -1;
   CHECK_TENSORS_REJECTED(bad, NUM_TENSORS, DSOPT_EINVAL, "group");
+
+  /* shared storage: every parameter would be updated twice per step */
+  memcpy(bad, m.params, sizeof bad);
+  bad[2].data = bad[0].data; /* the same buffer twice */
+  CHECK_TENSORS_REJECTED(bad, NUM_TENSORS, DSOPT_EINVAL, "params[0] and params[2]");
+  float *buffer = calloc(200, sizeof(float));
+  memcpy(bad, m.params, sizeof bad);
+  bad[0].data = buffer;                   /* 33 floats: bytes [0, 132) */
+  bad[2].data = (char *)buffer + 130;     /* 100 bf16: bytes [130, 330) */
+  CHECK_TENSORS_REJECTED(bad, NUM_TENSORS, DSOPT_EINVAL, "params[0] and params[2]");
+  bad[1].data = (char *)buffer + 328;     /* 7 fp16 overlapping the end of params[2] */
+  bad[2].data = (char *)buffer + 132;     /* now adjacent to params[0] */
+  CHECK_TENSORS_REJECTED(bad, NUM_TENSORS, DSOPT_EINVAL, "params[1] and params[2]");
+  bad[1].data = (char *)buffer + 332;     /* three views back to back: fine */
+  dsopt_comm *comm = NULL;
+  dsopt_optimizer *opt = NULL;
+  CHECK_OK(dsopt_comm_create_local(&comm));
+  CHECK_OK(dsopt_create(&opt, good_config, comm, bad, NUM_TENSORS));
+  dsopt_destroy(opt);
+  dsopt_comm_destroy(comm);
+  free(buffer);
   model_free(&m);
 }
 

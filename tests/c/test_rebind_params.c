@@ -165,6 +165,11 @@ static void bad_rebinds_change_nothing(void) {
   CHECK_ERROR_MENTIONS("group");
   t[3].group = 2; /* out of range */
   CHECK_STATUS(dsopt_rebind_params(r.opt, t, NUM_TENSORS), DSOPT_EINVAL);
+  /* shared storage: params[2] moved onto params[1]'s new buffer */
+  memcpy(t, other.params, sizeof other.params[0] * NUM_TENSORS);
+  t[2].data = t[1].data;
+  CHECK_STATUS(dsopt_rebind_params(r.opt, t, NUM_TENSORS), DSOPT_EINVAL);
+  CHECK_ERROR_MENTIONS("params[1] and params[2]");
 
   /* while gradients are handed over */
   gradients_for_step(&ref.m, 9, 1);

@@ -161,6 +161,27 @@ def test_no_parameters_is_rejected():
         dsopt.Optimizer(base_config(), [])
 
 
+def test_parameters_sharing_storage_are_rejected_naming_both(rng):
+    """The same array twice, or overlapping views of one buffer, would be
+    updated twice per step (torch.optim refuses duplicates too); adjacent
+    views are fine. At create and at rebind; a rejected rebind changes
+    nothing."""
+    a = rng.standard_normal(40).astype(np.float32)
+    b = rng.standard_normal(7).astype(np.float32)
+    with pytest.raises(dsopt.InvalidArgument, match=r"params\[0\] and params\[2\] share storage"):
+        dsopt.Optimizer(base_config(), [a, b, a])
+    with pytest.raises(dsopt.InvalidArgument, match=r"params\[0\] and params\[1\] share storage"):
+        dsopt.Optimizer(base_config(), [a[:25], a[20:]])
+    with dsopt.Optimizer(base_config(), [a[:20], a[20:]]) as opt:  # adjacent
+        opt.step(random_grads(rng, [20, 20]))
+        other = rng.standard_normal(40).astype(np.float32)
+        with pytest.raises(dsopt.InvalidArgument, match=r"params\[0\] and params\[1\] share storage"):
+            opt.rebind_params([other[:20], other[:20]])
+        before = a.copy()
+        opt.step(random_grads(rng, [20, 20]))
+        assert not np.array_equal(a, before)  # still stepping the old buffers
+
+
 # ---- failures on a live optimizer leave it as it was ----------------------
 
 

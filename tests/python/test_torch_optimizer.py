@@ -223,6 +223,16 @@ def test_non_contiguous_parameter_is_rejected():
         dsopt.torch.Optimizer([weight], ADAM)
 
 
+def test_parameters_sharing_storage_are_rejected_naming_both():
+    """Two parameters that are overlapping views of one tensor would both be
+    updated on every step: refused by the library, named in the error."""
+    base = torch.zeros(30)
+    first, second = torch.nn.Parameter(base[:20]), torch.nn.Parameter(base[10:])
+    with pytest.raises(dsopt.InvalidArgument, match=r"params\[0\] and params\[1\] share storage"):
+        dsopt.torch.Optimizer([first, second], ADAM)
+    dsopt.torch.Optimizer([torch.nn.Parameter(base[:10]), torch.nn.Parameter(base[10:])], ADAM)  # adjacent
+
+
 def test_skipped_steps_warn_and_a_stalled_run_raises_non_finite_error():
     model = make_model()
     opt = dsopt.torch.Optimizer(model.parameters(), dict(ADAM, max_consecutive_skips=2))

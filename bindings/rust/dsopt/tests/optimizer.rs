@@ -309,6 +309,25 @@ fn other_errors_carry_no_step_info() {
 }
 
 #[test]
+fn parameters_sharing_storage_are_rejected_naming_both() {
+    // Safe code cannot alias two parameters (each is a `&mut` borrow);
+    // raw parts can, and the library refuses them.
+    let mut w = vec![0.5f32; 16];
+    let data = std::ptr::NonNull::new(w.as_mut_ptr().cast::<std::ffi::c_void>()).unwrap();
+    let mut comm = Communicator::local().unwrap();
+    // Safety: the buffer outlives the optimizer, which the failed call never creates.
+    let params = unsafe {
+        [
+            ParamSlice::from_raw_parts(data, 16, dsopt::DType::F32),
+            ParamSlice::from_raw_parts(data, 8, dsopt::DType::F32),
+        ]
+    };
+    let err = Optimizer::new(ADAM, params, &mut comm).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.message().contains("params[0] and params[1] share storage"), "{err}");
+}
+
+#[test]
 fn onebit_adam_accepts_the_stabilize_keys() {
     for stabilize in ["true", "false"] {
         let config = format!(
