@@ -62,7 +62,7 @@ struct LambFunctor {
         float mm = m[i];
         if constexpr (R == UpdateRule::LambMomentum) {
           float m_prev;
-          lamb_momentum<ScalarOps>(mm, m_prev, v[i], g, c);
+          lamb_momentum<ScalarOps>(mm, m_prev, c.update_units ? v[i] : 0.0f, g, c);  // v only where used
           aux[i] = m_prev;
         } else {
           float vv = v[i], uu;

@@ -34,7 +34,8 @@ DSOPT_HD void lamb_warmup(typename Ops::F p, typename Ops::F& m, typename Ops::F
 // the update's units (c.update_units, the stabilized rule:
 // onebit_to_update_units, d = sqrt(v) + eps) or multiplied by the tensor's
 // scaling coefficient (c.tensor_scale, DeepSpeed's rule) so that all
-// tensors of the fused buffer have the same RMS.
+// tensors of the fused buffer have the same RMS. v is read only in the
+// update's units.
 template <class Ops>
 DSOPT_HD void lamb_momentum(typename Ops::F& m, typename Ops::F& m_prev, typename Ops::F v,
                             typename Ops::F g, const AdamConsts& c) {

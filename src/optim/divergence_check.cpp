@@ -35,7 +35,7 @@ Fields read(const uint8_t* bytes) {
 }  // namespace
 
 bool DivergenceCheck::observe(double grad_norm, bool local, int world) {
-  if (!(grad_norm > 0.0)) return diverging_;  // NaN, zero, or not computed
+  if (!cfg_.enabled || !(grad_norm > 0.0)) return diverging_;  // off; NaN, zero, or not computed
   const double x = std::log(grad_norm);       // +Inf for an infinite norm
   Reference& ref = kinds_[local ? 1 : 0];
   const Reference& other = kinds_[local ? 0 : 1];

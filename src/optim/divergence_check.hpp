@@ -35,7 +35,8 @@ class DivergenceCheck {
 
   // One applied step's global gradient norm (unscaled, before clipping);
   // `local`: some gradient of it stayed local at `world` > 1 ranks.
-  // Returns whether the run is in an episode after it.
+  // Returns whether the run is in an episode after it. Observes nothing
+  // while the config turns the check off.
   bool observe(double grad_norm, bool local, int world);
   bool diverging() const { return diverging_; }
 

@@ -226,8 +226,7 @@ StepResult Optimizer::apply(const PreparedGrads& prepared) {
     for (size_t i = 0; i < param_steps_.size(); ++i)
       if (inactive_.empty() || !inactive_[i]) ++param_steps_[i];
     compressed = update(prepared);
-    if (pipeline_.config().divergence.enabled)
-      divergence_.observe(prepared.grad_norm, prepared.local_norm, comm_.size());
+    divergence_.observe(prepared.grad_norm, prepared.local_norm, comm_.size());
   }
   inactive_.clear();
   const double scale_used = pipeline_.scaler().scale();

@@ -17,6 +17,31 @@ def build_feature(key: str) -> str:
     return pairs.get(key, "off")
 
 
+def skip_unless_mpi_runs(missing):
+    """Skips the caller when runs under mpirun cannot happen here: `missing`
+    (training_runs.mpi_available()'s reason, or "") or a library built
+    without MPI."""
+    import pytest
+
+    if missing:
+        pytest.skip(missing)
+    if build_feature("mpi") == "off":
+        pytest.skip("libdsopt was built without MPI")
+
+
+def assert_load_rejected(opt, params, blob, error, match):
+    """opt.load_state_dict(blob) raises `error` matching `match`, and
+    neither the optimizer's state nor the parameters change."""
+    import pytest
+
+    before, values = opt.state_dict(), [p.copy() for p in params]
+    with pytest.raises(error, match=match):
+        opt.load_state_dict(blob)
+    assert opt.state_dict() == before
+    for p, q in zip(params, values):
+        np.testing.assert_array_equal(p, q)
+
+
 def adam_config(opt_type="AdamW", **params) -> dict:
     config = {"optimizer": {"type": opt_type, "params": params}}
     return config

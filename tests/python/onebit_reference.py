@@ -271,12 +271,16 @@ def denominator(v, c):
     return fma32(np.sqrt(v).astype(np.float32), c["rbc2"], c["eps"])
 
 
+def units_limit(limit, c):
+    """The clamp before compression in the update's units: the stabilized
+    bound of an uncorrected momentum, fl(limit / scale) (None: not clamped)."""
+    return None if limit is None else F32(F32(limit) / c["scale"])
+
+
 def to_update_units(x, v, c, limit):
-    """x clamped to the stabilized bound of an uncorrected momentum
-    (fl(limit / scale) times sqrt(v); limit None: not clamped), divided by
+    """x clamped to units_limit(limit, c) times sqrt(v), divided by
     denominator(v, c): what the stabilized rule compresses."""
-    if limit is not None:
-        x = stabilized_momentum(x, v, F32(F32(limit) / c["scale"]))
+    x = stabilized_momentum(x, v, units_limit(limit, c))
     return (x / denominator(v, c)).astype(np.float32)
 
 
@@ -373,7 +377,7 @@ class OneBitAdamReference:
                     c = self._consts(i, self.updates + 1, self.frozen_after)
                     limit = self.momentum_limit(self.group_of[i]) if self.stabilize else None
                     if limit is not None:  # the clamp before compression, where L matters
-                        bound = F32(F32(limit) / c["scale"])
+                        bound = units_limit(limit, c)
                         self.clamped += sum(int(np.count_nonzero((stabilized_momentum(m, self.v[i], bound) != m)
                                                                  & (self.v[i] > 0))) for m in ms)
                     out, _ = self.cars[i].run([to_update_units(m, self.v[i], c, limit) for m in ms])

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import dsopt
+from dsopt_testing import assert_load_rejected
 from test_blob_compat import pack, sections
 
 SIZES = (1000, 37, 4097)
@@ -121,12 +122,7 @@ def test_an_invalid_rule_is_rejected_and_changes_nothing(kind):
     params = start(5)
     with dsopt.Optimizer(config(kind), params) as opt:
         opt.step(grads(0))
-        before, values = opt.state_dict(), [p.copy() for p in params]
-        with pytest.raises(dsopt.CorruptState, match="bias-correction"):
-            opt.load_state_dict(bad)
-        assert opt.state_dict() == before
-        for p, q in zip(params, values):
-            np.testing.assert_array_equal(p, q)
+        assert_load_rejected(opt, params, bad, dsopt.CorruptState, "bias-correction")
 
 
 def test_onebit_lamb_accepts_bias_correction_and_ignores_it():

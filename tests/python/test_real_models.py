@@ -38,7 +38,7 @@ import sys
 import pytest
 
 import conftest
-from dsopt_testing import build_feature
+from dsopt_testing import skip_unless_mpi_runs
 
 sys.path.insert(0, str(conftest.REPO_ROOT / "examples" / "python"))
 import training_runs  # noqa: E402
@@ -76,11 +76,7 @@ def specs_for(models):
 def four_ranks():
     """get(name) -> [RunResult of each rank] of the one mpirun -np 4; a run
     that did not finish on every rank fails the test that asks for it."""
-    missing = training_runs.mpi_available()
-    if missing:
-        pytest.skip(missing)
-    if build_feature("mpi") == "off":
-        pytest.skip("libdsopt was built without MPI")
+    skip_unless_mpi_runs(training_runs.mpi_available())
     try:
         results, failure = training_runs.run_under_mpirun([WORKER], specs_for(MODELS), 4, timeout=400), None
     except training_runs.MpirunFailed as e:

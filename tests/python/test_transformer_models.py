@@ -21,7 +21,7 @@ import sys
 import pytest
 
 import conftest
-from dsopt_testing import build_feature
+from dsopt_testing import skip_unless_mpi_runs
 
 pytest.importorskip("torch")
 sys.path.insert(0, str(conftest.REPO_ROOT / "examples" / "python"))
@@ -58,11 +58,7 @@ def transformer_run(name):
 @pytest.fixture(scope="module")
 def four_ranks():
     """{name: [TransformerResult of each rank]} of the one mpirun -np 4."""
-    missing = training_runs.mpi_available()
-    if missing:
-        pytest.skip(missing)
-    if build_feature("mpi") == "off":
-        pytest.skip("libdsopt was built without MPI")
+    skip_unless_mpi_runs(training_runs.mpi_available())
     try:
         return transformer_runs.run_under_mpirun([transformer_run(n) for n in RUNS], 4, timeout=400)
     except training_runs.MpirunFailed as e:

@@ -65,7 +65,8 @@ inline void lamb_rule_at(const AdamSlot& s, int64_t i, const AdamConsts& c, type
     F m = V::load(s.m + i);
     if constexpr (R == UpdateRule::LambMomentum) {
       F m_prev;
-      lamb_momentum<V>(m, m_prev, V::load(s.v + i), g, c);
+      const F v = c.update_units ? V::load(s.v + i) : V::set1(0.0f);  // read only where used
+      lamb_momentum<V>(m, m_prev, v, g, c);
       V::store(s.aux + i, m_prev);
     } else {
       F v = V::load(s.v + i), u;
