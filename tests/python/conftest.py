@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,15 +65,31 @@ def start_ranks(script, args, world, **env):
 
 def wait_for(procs, what, timeout=300):
     """Waits for every process of ``procs``; fails the test (killing them
-    all) when one has not ended within ``timeout`` seconds or one failed."""
-    outputs = []
-    for proc in procs:
-        try:
-            outputs.append(proc.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"{what} did not finish within {timeout} s")
+    all) when one has not ended within ``timeout`` seconds or one failed.
+    A failed process stops the wait at once (its peers would otherwise wait
+    for it until the timeout), and its output is in the message."""
+    outputs = [""] * len(procs)
+
+    def read(rank):
+        outputs[rank] = procs[rank].communicate()[0] or ""
+
+    readers = [threading.Thread(target=read, args=(rank,), daemon=True) for rank in range(len(procs))]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    while any(reader.is_alive() for reader in readers):
+        failed = [rank for rank, proc in enumerate(procs) if proc.poll() not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            for proc in procs:
+                proc.kill()
+            for reader in readers:
+                reader.join(10)
+            if not failed:
+                pytest.fail(f"{what} did not finish within {timeout} s")
+            rank = failed[0]
+            pytest.fail(f"{what}: process {rank} failed (exit code {procs[rank].returncode}; the others "
+                        f"were stopped):\n{outputs[rank][-6000:]}")
+        time.sleep(0.05)
     for rank, (proc, output) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 0, f"{what}: process {rank} failed:\n{output[-6000:]}"
 
