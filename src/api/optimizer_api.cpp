@@ -302,6 +302,7 @@ DSOPT_API int dsopt_state_size(const dsopt_optimizer* opt, uint64_t* out_size) {
   return guarded([&] {
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(out_size, "out_size");
+    o.require_intact("dsopt_state_size");
     *out_size = o.save(nullptr, 0);
   });
 }
@@ -311,6 +312,7 @@ DSOPT_API int dsopt_state_save(const dsopt_optimizer* opt, void* dst, uint64_t c
   return guarded([&] {
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(dst, "dst");
+    o.require_intact("dsopt_state_save");
     const uint64_t need = o.save(nullptr, 0);
     if (capacity < need) {
       if (out_written) *out_written = need;

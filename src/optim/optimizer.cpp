@@ -84,6 +84,7 @@ void Optimizer::open_window() {
 }
 
 void Optimizer::grad_ready(int64_t param_index, const dsopt_tensor* grad) {
+  require_intact("dsopt_grad_ready");
   if (!grad) fail(DSOPT_EINVAL, "dsopt_grad_ready: grad is NULL");
   const std::string error = params_.check_grad(param_index, *grad, "grad");
   if (!error.empty()) fail(DSOPT_EINVAL, "dsopt_grad_ready: " + error);
@@ -146,6 +147,7 @@ bool Optimizer::enter_collective(Call call, bool absent) {
 }
 
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
+  require_intact("dsopt_step");
   if (!grads && count == 0) return step_handed_over();
   if (handover().is_open())
     fail(DSOPT_EINVAL, "dsopt_step: gradients of this step were already handed over with "
@@ -225,7 +227,15 @@ StepResult Optimizer::apply(const PreparedGrads& prepared) {
     for (int64_t& s : steps_) ++s;
     for (size_t i = 0; i < param_steps_.size(); ++i)
       if (inactive_.empty() || !inactive_[i]) ++param_steps_[i];
-    compressed = update(prepared);
+    try {
+      compressed = update(prepared);
+    } catch (const Error& e) {
+      mark_failed(e.status(), e.what());
+      throw;
+    } catch (const std::exception& e) {
+      mark_failed(DSOPT_EINTERNAL, e.what());
+      throw;
+    }
     divergence_.observe(prepared.grad_norm, prepared.local_norm, comm_.size());
   }
   inactive_.clear();
@@ -243,6 +253,22 @@ StepResult Optimizer::apply(const PreparedGrads& prepared) {
   r.phase = prepared.skip ? DSOPT_PHASE_SKIPPED : step_phase(compressed);
   r.alarm = alarm(stuck_at_min_scale, scale_used);
   return r;
+}
+
+void Optimizer::mark_failed(int status, const std::string& what) {
+  failure_status_ = status;
+  failure_ = "step " + std::to_string(steps_[0]) + " failed after it had begun to change the state (" +
+             what + ")";
+}
+
+void Optimizer::require_intact(const char* call) const {
+  if (failure_.empty()) return;
+  fail(failure_status_,
+       std::string(call) + ": this optimizer's state is inconsistent: " + failure_ +
+           "; its parameters and state may differ from any step's, and from the other ranks'. "
+           "Destroy it (the only call it still takes besides read-only queries), then on every "
+           "rank create a new communicator and optimizer and load the last state saved before "
+           "the failure");
 }
 
 std::string Optimizer::alarm(bool stuck_at_min_scale, double scale_used) const {
@@ -488,6 +514,7 @@ void Optimizer::refuse_while_handing_over(const char* call) {
 
 bool Optimizer::load(const void* src, uint64_t size, uint32_t flags) {
   const char* call = flags == 0 ? "dsopt_state_load" : "dsopt_state_load_ex";
+  require_intact(call);
   refuse_while_handing_over(call);
   enter_collective(Call::Load);
   return load_collectively(call, [&](bool& reset) -> std::function<void()> {
@@ -504,6 +531,7 @@ bool Optimizer::load(const void* src, uint64_t size, uint32_t flags) {
 }
 
 void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count) {
+  require_intact("dsopt_state_load_shards");
   refuse_while_handing_over("dsopt_state_load_shards");
   enter_collective(Call::LoadShards);
   load_collectively("dsopt_state_load_shards", [&](bool&) -> std::function<void()> {

@@ -93,6 +93,15 @@ class Optimizer {
   // The names state_view accepts, separated by single spaces.
   const std::string& state_names() const;
 
+  // Whether a step failed after it had begun to change the state (a
+  // collective of its update failed): the parameters and the state may then
+  // differ from every consistent point, on this rank and between ranks.
+  bool failed() const { return !failure_.empty(); }
+  // Throws Error with the failing step's status, saying the state is
+  // inconsistent and how to recover, once failed(); `call` names the entry
+  // point in the message. Calls that would use or save the state check it.
+  void require_intact(const char* call) const;
+
   // Measures (dst null) or writes the state blob; returns its size.
   uint64_t save(void* dst, uint64_t capacity) const;
   // Validates the whole blob, then restores it. Collective. `flags`:
@@ -228,6 +237,8 @@ class Optimizer {
 
  private:
   std::string alarm(bool stuck_at_min_scale, double scale_used) const;
+  // Records that the update in progress failed (failed(), require_intact).
+  void mark_failed(int status, const std::string& what);
   // The collective dsopt calls, for the handshake that starts each one.
   enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4 };
   // Every rank says which call it is in and how many collective calls this
@@ -300,6 +311,8 @@ class Optimizer {
   DeviceBuffer zeros_;                 // fp32 zeros standing in for absent gradients
   std::vector<dsopt_tensor> filled_;   // dsopt_step's gradients with zeros for absent ones
   int64_t consecutive_skips_ = 0;
+  std::string failure_;            // why the state is inconsistent ("" while intact)
+  int failure_status_ = DSOPT_OK;  // the status of the step that failed
   uint64_t run_id_ = 0;
   int64_t calls_ = 0;  // collective calls made (enter_collective)
   uint64_t handover_bytes_start_ = 0;

@@ -94,6 +94,7 @@ int64_t Optimizer::param_numel(int64_t param_index, int32_t* group) const {
 }
 
 Optimizer::StateView Optimizer::state_view(int64_t param_index, const std::string& name) {
+  require_intact("dsopt_get_state_view");
   param_numel(param_index, nullptr);  // range check
   const AlgorithmView v = name == "master" ? master_view(param_index) : algorithm_view(param_index, name);
   if (!v.found)
