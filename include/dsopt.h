@@ -3,9 +3,11 @@
  *
  * The caller owns the model, its parameters, its gradients and its
  * communicators; dsopt owns optimizer state. Every call that can fail returns
- * an int status (DSOPT_OK or a negative DSOPT_E* code) and leaves everything
- * as it was; the detail of the failure is in dsopt_last_error() on the same
- * thread.
+ * an int status (DSOPT_OK or a negative DSOPT_E* code); the detail of the
+ * failure is in dsopt_last_error() on the same thread. A failed call leaves
+ * everything as it was, with two exceptions that dsopt_step documents: a
+ * DSOPT_ENONFINITE step was applied as a skipped step, and a step whose
+ * communication failed after its update began marks the optimizer failed.
  *
  * Handles: one handle must not be used by two threads at once; separate
  * handles are independent.
@@ -328,6 +330,18 @@ DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *para
  * dsopt_state_load_shards) starts with a 16-byte handshake: when the ranks
  * are in different calls, every rank returns DSOPT_EMISMATCH and nothing
  * changes.
+ * A failed collective (DSOPT_ECOMM): when it comes before the update (the
+ * handshake, the gradient reduction, the norm and status exchange) nothing
+ * changes. When it comes inside the update (ZeRO-1/2's parameter
+ * allgather; the compressed exchange of 1-bit Adam's and 1-bit LAMB's
+ * compression stage and of 0/1 Adam's 1-bit and sync steps) the optimizer
+ * is marked failed: every later dsopt_step, dsopt_grad_ready,
+ * dsopt_state_size, dsopt_state_save, dsopt_get_state_view and
+ * dsopt_state_load* returns DSOPT_ECOMM saying that the state is
+ * inconsistent; destroy it and, on every rank, create a new communicator
+ * and optimizer and load the last saved state. Adam/AdamW without ZeRO and
+ * 0/1 Adam's local steps never fail half-way. docs/robustness.md lists the
+ * failure points of each step.
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EMISMATCH, DSOPT_ECOMM, DSOPT_ECUDA,
  * DSOPT_ENOMEM, DSOPT_ENONFINITE. */
 /* grads == NULL with num_grads == 0 completes a step whose gradients were

@@ -1,5 +1,6 @@
 """dsopt.Optimizer: one dsopt optimizer handle over caller-owned arrays."""
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -285,12 +286,29 @@ class Optimizer:
             return self._step_with(handle, ffi.NULL, 0, 4)
         grads = list(grads)
         cache = self._grads
-        if len(grads) == cache.num:
-            cache.update(grads)
-            return self._step_with(handle, cache.c_array, cache.num, 4)
-        # A count dsopt rejects: described as always, the cache left alone.
-        grad_list = TensorList(grads, writable=False, kind="grads", allow_none=True)
-        return self._step_with(handle, grad_list.c_array, len(grad_list), 4)
+        with self._failing_everywhere(handle):
+            if len(grads) == cache.num:
+                cache.update(grads)
+                c_array, num = cache.c_array, cache.num
+            else:  # a count dsopt rejects: described as always, the cache left alone
+                grad_list = TensorList(grads, writable=False, kind="grads", allow_none=True)
+                c_array, num = grad_list.c_array, len(grad_list)
+        return self._step_with(handle, c_array, num, 4)
+
+    @contextlib.contextmanager
+    def _failing_everywhere(self, handle):
+        """Around the description of a step's gradients: when it raises, the
+        step still makes its collective call, with gradients dsopt rejects
+        (NULL, -1), so that every rank's step fails together (the others
+        with ``InvalidArgument`` naming this rank) instead of waiting for
+        this one; then this rank raises its own error. Nothing changes."""
+        try:
+            yield
+        except Exception:
+            c_info = self._info
+            c_info.struct_size = ffi.sizeof("dsopt_step_info")
+            lib.dsopt_step(handle, ffi.NULL, -1, c_info)
+            raise
 
     def clear_grad_cache(self) -> None:
         """Forgets the gradient descriptors kept from the last ``step`` and

@@ -461,9 +461,12 @@ class Optimizer(torch.optim.Optimizer):
             # The gradients as .grad holds them; TorchGradDescriptors describes
             # the ones that changed since the last step (a gradient is on
             # its parameter's device; None is an absent gradient).
-            grads = list(map(_get_grad, self._tensors))
-            self._follow_params()  # after reading .grad, which warmed the parameters' memory
-            self._grad_descriptors.update(grads, self._gradient)
+            # A gradient dsopt cannot take (sparse, another dtype) fails
+            # the step on every rank, not only here (_failing_everywhere).
+            with self.dsopt._failing_everywhere(self.dsopt._live()):
+                grads = list(map(_get_grad, self._tensors))
+                self._follow_params()  # after reading .grad, which warmed the parameters' memory
+                self._grad_descriptors.update(grads, self._gradient)
         on_side_stream = self._on_cuda and _on_side_stream(self._tensors[0])
         if on_side_stream:
             # dsopt works on its communicator's stream (the legacy default
