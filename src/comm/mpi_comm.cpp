@@ -7,9 +7,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.hpp"
@@ -145,7 +148,8 @@ class MpiComm final : public Comm {
       const size_t n = std::min(chunk, count - off);
       char* r = static_cast<char*>(h.out) + off * es;
       const void* s = in_place ? MPI_IN_PLACE : static_cast<const char*>(h.in) + off * es;
-      ok(MPI_Allreduce(s, r, int(n), mpi_type(e), mpi_op(op), comm_), "MPI_Allreduce");
+      run("MPI_Allreduce", [&] { return MPI_Allreduce(s, r, int(n), mpi_type(e), mpi_op(op), comm_); },
+          [&](MPI_Request* q) { return MPI_Iallreduce(s, r, int(n), mpi_type(e), mpi_op(op), comm_, q); });
     }
     unstage(mem, h, recv, bytes);
   }
@@ -158,9 +162,12 @@ class MpiComm final : public Comm {
     if (count * es >= kRingBlockBytes && size_ > 1) {
       ring_reduce_scatter(h.in, h.out, Blocks{count, count * size_t(size_)}, e, op);
     } else {
-      ok(MPI_Reduce_scatter_block(h.in, h.out, as_int_count(count, "reduce_scatter"),
-                                         mpi_type(e), mpi_op(op), comm_),
-                "MPI_Reduce_scatter_block");
+      const int n = as_int_count(count, "reduce_scatter");
+      run("MPI_Reduce_scatter_block",
+          [&] { return MPI_Reduce_scatter_block(h.in, h.out, n, mpi_type(e), mpi_op(op), comm_); },
+          [&](MPI_Request* q) {
+            return MPI_Ireduce_scatter_block(h.in, h.out, n, mpi_type(e), mpi_op(op), comm_, q);
+          });
     }
     unstage(mem, h, recv, count * es);
   }
@@ -188,9 +195,15 @@ class MpiComm final : public Comm {
       counts[size_t(b)] = as_int_count(blocks.length(b), "allreduce");
       displs[size_t(b)] = as_int_count(blocks.first(b), "allreduce");
     }
-    ok(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts.data(), displs.data(),
-                      mpi_type(e), comm_),
-       "MPI_Allgatherv");
+    run("MPI_Allgatherv",
+        [&] {
+          return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts.data(),
+                                displs.data(), mpi_type(e), comm_);
+        },
+        [&](MPI_Request* q) {
+          return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts.data(),
+                                 displs.data(), mpi_type(e), comm_, q);
+        });
   }
 
   // From this block size on, reduce-scatter runs as a ring of P-1
@@ -223,15 +236,25 @@ class MpiComm final : public Comm {
       const int sent = (rank_ + 2 * size_ - 1 - s) % size_;  // next's block of this step
       const int b = (rank_ + 2 * size_ - 2 - s) % size_;     // the block that comes in
       const void* outgoing = s == 0 ? block(sent) : partial.data();
-      const int rc = MPI_Sendrecv(outgoing, as_int_count(blocks.length(sent), "reduce_scatter"),
-                                  mpi_type(e), next, kRingTag, incoming.data(),
-                                  as_int_count(blocks.length(b), "reduce_scatter"), mpi_type(e),
-                                  prev, kRingTag, comm_, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) {  // MPI may still write them
+      const int out_n = as_int_count(blocks.length(sent), "reduce_scatter");
+      const int in_n = as_int_count(blocks.length(b), "reduce_scatter");
+      try {
+        run("MPI_Sendrecv",
+            [&] {
+              return MPI_Sendrecv(outgoing, out_n, mpi_type(e), next, kRingTag, incoming.data(), in_n,
+                                  mpi_type(e), prev, kRingTag, comm_, MPI_STATUS_IGNORE);
+            },
+            [&](MPI_Request* q) {
+              const int rc = MPI_Irecv(incoming.data(), in_n, mpi_type(e), prev, kRingTag, comm_, q);
+              return rc != MPI_SUCCESS ? rc
+                                       : MPI_Isend(outgoing, out_n, mpi_type(e), next, kRingTag, comm_, q + 1);
+            },
+            2);
+      } catch (...) {  // MPI may still use them
         quarantine(std::move(incoming));
         quarantine(std::move(partial));
+        throw;
       }
-      ok(rc, "MPI_Sendrecv");
       combine(s == size_ - 2 ? out : partial.data(), incoming.data(), block(b), blocks.length(b), e,
               op);
     }
@@ -242,9 +265,12 @@ class MpiComm final : public Comm {
     usable();
     const size_t es = elem_size(e);
     HostPair h = stage(mem, send, count * es, recv, count * es * size_t(size_));
-    ok(MPI_Allgather(h.in, as_int_count(count, "allgather"), mpi_type(e), h.out,
-                            int(count), mpi_type(e), comm_),
-              "MPI_Allgather");
+    const int n = as_int_count(count, "allgather");
+    run("MPI_Allgather",
+        [&] { return MPI_Allgather(h.in, n, mpi_type(e), h.out, n, mpi_type(e), comm_); },
+        [&](MPI_Request* q) {
+          return MPI_Iallgather(h.in, n, mpi_type(e), h.out, n, mpi_type(e), comm_, q);
+        });
     unstage(mem, h, recv, count * es * size_t(size_));
   }
 
@@ -264,9 +290,15 @@ class MpiComm final : public Comm {
       recv_extent = std::max(recv_extent, recv_offsets[j] + recv_counts[j]);
     }
     HostPair h = stage(mem, send, send_extent * es, recv, recv_extent * es);
-    ok(MPI_Alltoallv(h.in, sc.data(), so.data(), mpi_type(e), h.out, rc.data(), ro.data(),
-                            mpi_type(e), comm_),
-              "MPI_Alltoallv");
+    run("MPI_Alltoallv",
+        [&] {
+          return MPI_Alltoallv(h.in, sc.data(), so.data(), mpi_type(e), h.out, rc.data(), ro.data(),
+                               mpi_type(e), comm_);
+        },
+        [&](MPI_Request* q) {
+          return MPI_Ialltoallv(h.in, sc.data(), so.data(), mpi_type(e), h.out, rc.data(),
+                                ro.data(), mpi_type(e), comm_, q);
+        });
     unstage(mem, h, recv, recv_extent * es);
   }
 
@@ -320,6 +352,47 @@ class MpiComm final : public Comm {
     if (rc != MPI_SUCCESS) failed_ = true;
     check_mpi(rc, call);
   }
+  // One MPI operation: the blocking call, or with "comm_timeout" its
+  // nonblocking form (posting `requests` requests) waited for with a limit.
+  template <class Blocking, class Nonblocking>
+  void run(const char* call, Blocking blocking, Nonblocking nonblocking, int requests = 1) {
+    if (timeout() <= 0) {
+      ok(blocking(), call);
+      return;
+    }
+    MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    ok(nonblocking(q), call);
+    wait_for(q, requests, call);
+  }
+  // Waits for `n` requests; with "comm_timeout" a wait longer than the
+  // timeout fails the communicator with DSOPT_ECOMM. MPI cannot cancel a
+  // collective: the operations stay posted, and may still write their
+  // receive buffers if the missing rank arrives later.
+  void wait_for(MPI_Request* q, int n, const char* call) {
+    if (timeout() <= 0) {
+      ok(MPI_Waitall(n, q, MPI_STATUSES_IGNORE), call);
+      return;
+    }
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout()));
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      ok(MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE), call);
+      if (done) return;
+      if (Clock::now() > deadline) {
+        failed_ = true;
+        char limit[32];
+        std::snprintf(limit, sizeof limit, "%g", timeout());
+        fail(DSOPT_ECOMM, std::string(call) + " did not complete within comm_timeout = " + limit +
+                              " s: a rank has died, is stuck, or is in another call. dsopt does not "
+                              "use this communicator again; MPI cannot cancel the call, so its "
+                              "buffers may still be written: end the process (or MPI_Abort) "
+                              "rather than go on with the memory given to it");
+      }
+      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   void usable() const {
     if (failed_)
       fail(DSOPT_ECOMM, "an earlier MPI call on this communicator failed (see its error); dsopt "
@@ -348,7 +421,7 @@ bool MpiRequest::test() {
 }
 
 void MpiRequest::wait() {
-  if (request_ != MPI_REQUEST_NULL) comm_.ok(MPI_Wait(&request_, MPI_STATUS_IGNORE), call_);
+  if (request_ != MPI_REQUEST_NULL) comm_.wait_for(&request_, 1, call_);
 }
 
 // Unwinding past a request in flight (another call failed): it still uses

@@ -8,6 +8,7 @@ returns an error, "rank R done" when it finished every step."""
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -27,7 +28,7 @@ def main():
     with dsopt.Optimizer(config, params, comm=comm) as opt:
         for k in range(50):
             if rank == 1 and k == kill_at:
-                print(f"rank {rank} killing itself at step {k}", flush=True)
+                print(f"rank {rank} killing itself at step {k} at {time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             try:
                 opt.step([rng.standard_normal(p.size).astype(np.float32) for p in params])
