@@ -30,7 +30,12 @@
 // (info.bytes_sent), each run's total time in steps, the training loss (mean over
 // ranks of the batch losses) every --print-every steps, the mean training
 // loss of the last 10 steps and the loss on held-out data (512 samples per
-// rank), also as excess over the noise floor.
+// rank), also as excess over the noise floor. And what all-or-nothing
+// compressed steps would cost: after each step whose update holds a
+// compressed exchange, every rank copies what such a step would set aside
+// before it (the momentum, and buffers of the worker and server errors'
+// sizes) into scratch memory; its size, the slowest rank's copy time and
+// its share of those steps' median are printed.
 //
 // Checked: every rank ends with bit-identical parameters (both optimizers),
 // the two runs' losses agree up to the freeze (the same update: to 1e-5
@@ -76,6 +81,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -386,6 +393,38 @@ const char* algo_name(Algo a) {
   return "?";
 }
 
+// What a 1-bit step would have to copy aside to be undone after a failed
+// compressed exchange (docs/robustness.md): the momentum (exp_avg, read
+// through the state views), the worker error (as large) and the server
+// error (1/N of it). The errors are not viewable: two scratch buffers of
+// their sizes stand in for them, copied as they would be.
+struct UndoSnapshot {
+  std::vector<std::pair<const float*, int64_t>> momentum;
+  std::vector<float> errors, errors_copy, momentum_copy;
+  UndoSnapshot(dsopt_optimizer* opt, int64_t count, int64_t total) {
+    for (int64_t i = 0; i < count; ++i) {
+      dsopt_state_view v;
+      v.struct_size = sizeof v;
+      if (dsopt_get_state_view(opt, i, "exp_avg", &v) == DSOPT_OK && v.tensor.data)
+        momentum.emplace_back(static_cast<const float*>(v.tensor.data), v.tensor.numel);
+    }
+    errors.assign(size_t(total + total / g_world), 1.0f);
+    errors_copy.resize(errors.size());
+    momentum_copy.resize(size_t(total));
+  }
+  uint64_t bytes() const { return 4 * uint64_t(errors.size() + momentum_copy.size()); }
+  double copy() {
+    const double t0 = bench::now_seconds();
+    float* dst = momentum_copy.data();
+    for (const auto& m : momentum) {
+      std::memcpy(dst, m.first, size_t(m.second) * 4);
+      dst += m.second;
+    }
+    std::memcpy(errors_copy.data(), errors.data(), errors.size() * 4);
+    return bench::now_seconds() - t0;
+  }
+};
+
 struct RunResult {
   std::string name;
   bool onebit = false;  // compressed after freeze_step
@@ -396,6 +435,8 @@ struct RunResult {
   int last_sync = -1;
   std::vector<double> loss;                      // per step, mean over ranks
   std::vector<double> step_s, compute_s, opt_s;  // per step, slowest rank
+  std::vector<double> undo_s;  // UndoSnapshot::copy after each compressed step, slowest rank
+  uint64_t undo_bytes = 0;
   std::vector<int> compressed;                   // per step, info.compressed
   std::vector<uint64_t> bytes;                   // per step, this rank's info.bytes_sent
   double step_total_s = 0;                       // sum of step_s
@@ -474,6 +515,7 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
 
   r.eval_initial = eval_loss(s, teacher, p);
   Work w(s, o.batch);
+  std::unique_ptr<UndoSnapshot> undo;
   for (int step = 0; step < o.steps; ++step) {
     teacher.batch(uint64_t(g_rank), step, o.batch, w.x.data(), w.t.data());
     E2E_CHECK(dsopt_set_lr(opt, lr_at(o, step, peak)));
@@ -500,6 +542,14 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
     r.compressed.push_back(info.compressed);
     r.bytes.push_back(info.bytes_sent);
     r.phase.push_back(info.phase);
+    if (info.phase == DSOPT_PHASE_COMPRESSED || info.phase == DSOPT_PHASE_SYNC) {
+      if (!undo) undo = std::make_unique<UndoSnapshot>(opt, int64_t(pv.size()), s.total());
+      const double copy = undo->copy();
+      double slowest_copy = 0.0;
+      MPI_Allreduce(&copy, &slowest_copy, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      r.undo_s.push_back(slowest_copy);
+      r.undo_bytes = undo->bytes();
+    }
     if (info.phase == DSOPT_PHASE_SYNC) {
       r.synced_fingerprint = fingerprint(p.all.get(), s.total());
       r.last_sync = step;
@@ -735,6 +785,22 @@ int main(int argc, char** argv) {
         row(r.name + ", compression stage", 1, true);
       }
     }
+    // What all-or-nothing compressed steps would cost (UndoSnapshot).
+    const auto print_undo = [&](const RunResult& r) {
+      if (r.undo_s.empty()) return;
+      std::vector<int> exchanged;  // the steps whose update holds a compressed exchange
+      for (int ph : r.phase) exchanged.push_back(ph == DSOPT_PHASE_COMPRESSED || ph == DSOPT_PHASE_SYNC);
+      const double step = median_of(r.step_s, 0, &exchanged, 1);
+      const double undo = median_of(r.undo_s, 0);
+      std::printf("%s: undo snapshot of a compressed step (exp_avg, worker and server errors, %.1f MiB"
+                  " per rank):\n  median %.4f s (min %.4f, max %.4f), %.1f%% of the median %s;"
+                  " dsopt marks the optimizer failed instead\n",
+                  r.name.c_str(), double(r.undo_bytes) / (1024.0 * 1024.0), undo,
+                  *std::min_element(r.undo_s.begin(), r.undo_s.end()),
+                  *std::max_element(r.undo_s.begin(), r.undo_s.end()), 100.0 * undo / step,
+                  r.zoadam ? "1-bit or sync step" : "compression-stage step");
+    };
+    for (const RunResult& r : runs) print_undo(r);
     // The compressed run against Adam (the first run) and, with --lamb,
     // against LAMB without compression.
     for (size_t k = 0; !runs.empty() && runs.back().onebit && k + 1 < runs.size(); ++k) {
@@ -766,6 +832,7 @@ int main(int argc, char** argv) {
       for (int ph : zo.phase) ++count[ph];
       std::printf("0/1 Adam: %d full, %d 1-bit, %d local, %d sync steps\n", count[DSOPT_PHASE_FULL],
                   count[DSOPT_PHASE_COMPRESSED], count[DSOPT_PHASE_LOCAL], count[DSOPT_PHASE_SYNC]);
+      print_undo(zo);
       if (run_adam) {
         const RunResult& a = runs[0];
         double adam_bytes = 0.0;

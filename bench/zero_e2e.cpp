@@ -58,11 +58,18 @@
 // pairwise algorithm sends; the MPI library may choose others (Open MPI
 // 4.1's default MPI_Reduce_scatter_block at 4 ranks goes through rank 0,
 // which shows here as lo/sent above 1 for ZeRO-2).
+// Also the cost of an all-or-nothing ZeRO step: after each timed ZeRO-2
+// step every rank copies what such a step would have to set aside before
+// its update (its shard of exp_avg, exp_avg_sq, the masters and the
+// parameters) into scratch memory; reported: its size, the slowest rank's
+// copy time (median, min, max) and its share of ZeRO-2's median step.
 // Checked: bytes_sent equals the formula on every rank and step
 //   stage 0: allreduce of Psi + 1 floats, 2 (N-1)/N * 4 (Psi + 1)
 //   ZeRO-2:  reduce-scatter of every bucket (N-1)/N * 4 n' + allgather of
 //            the shard (N-1) S w (w = 2 for bf16, 4 for fp32) + the
 //            status/norm allreduce of 2 doubles 2 (N-1)/N * 16;
+//   both:    + the handshake 2 (N-1)/N * 16, and in the first 3 steps one
+//            more 16-byte allreduce (the ranks compare their gradients);
 // every rank ends with the same parameters for each optimizer; and ZeRO-2's
 // parameters equal stage 0's bit for bit (exact gradients: the averaged
 // gradient is the same whatever order the two reductions sum in).
@@ -78,6 +85,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -464,6 +473,9 @@ void run_memory(const Options& o, dsopt_comm* comm) {
 
 // ---- part 2: step time and bytes ---------------------------------------------
 
+// Steps whose gradients dsopt compares across ranks (src/optim/replication_check.hpp).
+constexpr int kReplicationChecked = 3;
+
 struct Timing {
   std::vector<double> s;  // slowest rank's dsopt_step, per timed step
   std::vector<double> lo; // loopback bytes per step / N (rank 0), per timed step
@@ -475,6 +487,43 @@ struct Timing {
   }
   double median() const { return median_of(s); }
   double lo_median() const { return lo.empty() ? -1.0 : median_of(lo); }
+};
+
+// What a ZeRO step would have to copy aside to be undone after a failed
+// parameter allgather (its one collective after the update, see
+// docs/robustness.md): this rank's shard of exp_avg, exp_avg_sq and the
+// masters (state views), and of the parameters. copy() copies it into
+// scratch memory of the same size, as such a snapshot would every step.
+struct ShardSnapshot {
+  std::vector<std::pair<const uint8_t*, size_t>> pieces;
+  bench::Buffer<uint8_t> scratch;
+  size_t bytes = 0;
+  ShardSnapshot(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& params) {
+    for (int64_t i = 0; i < int64_t(params.size()); ++i) {
+      const size_t w = params[size_t(i)].dtype == DSOPT_FLOAT32 ? 4 : 2;
+      for (const char* name : {"exp_avg", "exp_avg_sq", "master"}) {
+        dsopt_state_view v;
+        v.struct_size = sizeof v;
+        if (dsopt_get_state_view(opt, i, name, &v) != DSOPT_OK) continue;  // no master for fp32
+        if (v.tensor.data == nullptr || v.tensor.numel == 0) continue;
+        pieces.emplace_back(static_cast<const uint8_t*>(v.tensor.data), size_t(v.tensor.numel) * 4);
+        if (std::string(name) == "exp_avg")  // the parameter's elements in the shard
+          pieces.emplace_back(static_cast<const uint8_t*>(params[size_t(i)].data) + size_t(v.offset) * w,
+                              size_t(v.tensor.numel) * w);
+      }
+    }
+    for (const auto& p : pieces) bytes += p.second;
+    scratch = bench::alloc_buffer<uint8_t>(int64_t(std::max<size_t>(bytes, 1)));
+  }
+  double copy() {
+    const double t0 = bench::now_seconds();
+    uint8_t* dst = scratch.get();
+    for (const auto& p : pieces) {
+      std::memcpy(dst, p.first, p.second);
+      dst += p.second;
+    }
+    return bench::now_seconds() - t0;
+  }
 };
 
 void run_timing(const Options& o, dsopt_comm* comm, bool half) {
@@ -505,6 +554,8 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
   ZB_CHECK(dsopt_create(&opt2, c2.c_str(), comm, v2.data(), int64_t(v2.size())));
 
   Timing t[2];
+  Timing snapshot;  // ShardSnapshot::copy of the slowest rank, after each timed ZeRO-2 step
+  std::unique_ptr<ShardSnapshot> shard;
   dsopt_optimizer* opts[2] = {opt0, opt2};
   const uint64_t want[2] = {want0, want2};
   const char* names[2] = {"stage 0", "ZeRO-2"};
@@ -518,16 +569,28 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
       double slowest = 0.0;
       MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       const long long lo1 = g_rank == 0 ? lo_tx_bytes() : -1;
-      if (info.bytes_sent != want[k] || info.step != round + 1)
+      // The first kReplicationChecked steps also compare the ranks'
+      // gradients (info.grads_replicated): one more 16-byte allreduce.
+      const uint64_t expected = want[k] + (round < kReplicationChecked ? handshake : 0);
+      if (info.bytes_sent != expected || info.step != round + 1)
         fail_all(std::string(names[k]) + ": step " + std::to_string(round + 1) + " sent " +
-                 std::to_string(info.bytes_sent) + " bytes (formula: " + std::to_string(want[k]) +
+                 std::to_string(info.bytes_sent) + " bytes (formula: " + std::to_string(expected) +
                  "), info.step " + std::to_string(info.step));
       if (round < o.warmup) continue;
       t[k].s.push_back(slowest);
       t[k].bytes = info.bytes_sent;
       if (lo0 >= 0 && lo1 >= lo0) t[k].lo.push_back(double(lo1 - lo0) / P);
+      if (k == 1) {
+        if (!shard) shard = std::make_unique<ShardSnapshot>(opt2, v2);
+        const double copy = shard->copy();
+        double slowest_copy = 0.0;
+        MPI_Allreduce(&copy, &slowest_copy, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        snapshot.s.push_back(slowest_copy);
+      }
     }
   }
+  const size_t snapshot_bytes = shard ? shard->bytes : 0;
+  shard.reset();
   t[0].acc = host_usage(opt0);
   t[1].acc = host_usage(opt2);
 
@@ -569,6 +632,14 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
                 ratio, static_cast<unsigned long long>(x.bytes), static_cast<unsigned long long>(want[k]),
                 lo, lo_ratio, double(x.acc) / kMiB);
   }
+  std::printf("undo snapshot of ZeRO-2 (shard of exp_avg, exp_avg_sq, masters and parameters, rank 0"
+              " %.1f MiB;\n  what an all-or-nothing step would copy aside before its update): median"
+              " %.4f s (min %.4f, max %.4f),\n  %.1f%% of ZeRO-2's median step; dsopt marks the optimizer"
+              " failed instead\n",
+              double(snapshot_bytes) / kMiB, snapshot.median(),
+              *std::min_element(snapshot.s.begin(), snapshot.s.end()),
+              *std::max_element(snapshot.s.begin(), snapshot.s.end()),
+              100.0 * snapshot.median() / t[1].median());
   std::printf("checked: bytes_sent = formula on every rank and step; identical parameters on every"
               " rank;\n         ZeRO-2's parameters = stage 0's, bit for bit, after %d steps\n\n",
               o.warmup + o.steps);
