@@ -345,7 +345,12 @@ DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *para
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EMISMATCH, DSOPT_ECOMM, DSOPT_ECUDA,
  * DSOPT_ENOMEM, DSOPT_ENONFINITE. */
 /* grads == NULL with num_grads == 0 completes a step whose gradients were
- * handed over with dsopt_grad_ready (below).
+ * handed over with dsopt_grad_ready (below). grads == NULL with num_grads
+ * < 0 abandons the step on this rank (its gradients cannot be used, e.g. a
+ * binding could not describe one): the call still takes part in the
+ * step's collectives, in the form of a handed-over step when gradients are
+ * being handed over or the previous step was one, and every rank returns
+ * DSOPT_EINVAL (the others naming this rank); nothing changes.
  *
  * Absent gradients: a gradient whose `data` is NULL says "no gradient for
  * this parameter in this step on this rank" (a parameter that is frozen, or
@@ -452,14 +457,17 @@ DSOPT_API int dsopt_get_gradient_clipping(const dsopt_optimizer *opt, double *ou
 DSOPT_API int dsopt_get_threads(const dsopt_optimizer *opt, int32_t *out_threads);
 
 /* Size in bytes of the blob dsopt_state_save writes now.
- * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
+ * Returns DSOPT_OK, DSOPT_EINVAL, or DSOPT_ECOMM when the optimizer is
+ * marked failed (see dsopt_step). Not collective. */
 DSOPT_API int dsopt_state_size(const dsopt_optimizer *opt, uint64_t *out_size);
 
 /* Writes this rank's whole optimizer state into dst (caller-owned,
  * `capacity` bytes) as one self-describing, checksummed blob; *out_written
  * (may be NULL) receives its size. Not collective.
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EBUFS (capacity too small: nothing
- * written, *out_written set to the size needed), DSOPT_ECUDA. */
+ * written, *out_written set to the size needed), DSOPT_ECUDA, DSOPT_ECOMM
+ * (the optimizer is marked failed, see dsopt_step: its state is not
+ * saved). */
 DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t capacity,
                                uint64_t *out_written);
 
@@ -477,7 +485,8 @@ DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t c
  * rank fails, every rank fails and nothing changes.
  * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECORRUPT (truncated, wrong magic or
  * version, bad checksum), DSOPT_EMISMATCH (another algorithm, shapes or
- * config, another rank's rank-local state), DSOPT_ECUDA. */
+ * config, another rank's rank-local state), DSOPT_ECUDA, DSOPT_ECOMM (also
+ * when the optimizer is marked failed, see dsopt_step: load into a new one). */
 DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t size);
 
 /* dsopt_state_load_ex flags: where a rank's blob holds another rank's
@@ -602,7 +611,8 @@ typedef struct dsopt_state_view {
  * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointer, struct_size too small,
  * index out of range, a name this optimizer does not have for this
  * parameter now, a parameter split by reduce buckets; the message lists the
- * names it has). Not collective. */
+ * names it has), DSOPT_ECOMM (the optimizer is marked failed, see
+ * dsopt_step). Not collective. */
 DSOPT_API int dsopt_get_state_view(dsopt_optimizer *opt, int64_t param_index, const char *name,
                                    dsopt_state_view *out);
 

@@ -119,18 +119,23 @@ bool Optimizer::check_replication(const dsopt_tensor* grads, int64_t count) {
   return replication_.agree(comm_, *host_);
 }
 
-bool Optimizer::enter_collective(Call call, bool absent) {
+bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons) {
   comm_.prepare();
   comm_.set_timeout(cfg_.pipeline.comm_timeout_s);
   const int64_t mine = int64_t(call) << 48 | (calls_ & ((int64_t(1) << 48) - 1));
   ++calls_;
   absent = absent && skips_absent();
+  const bool abandons = someone_abandons && *someone_abandons;
   if (comm_.size() == 1) return absent;
-  // max and -min of the call in one 16-byte reduction; the low bit of the
-  // max says whether some rank has absent gradients (once all agree on the call)
-  int64_t tags[2] = {mine << 1 | (absent ? 1 : 0), -(mine << 1)};
+  // max and -min of the call in one 16-byte reduction; once all agree on
+  // the call, the low bit of the max says whether some rank has absent
+  // gradients, and that of the min whether some rank abandons the step.
+  int64_t tags[2] = {mine << 1 | (absent ? 1 : 0), -(mine << 1 | (abandons ? 0 : 1))};
   comm_.allreduce(tags, tags, 2, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
-  if (tags[0] >> 1 == -tags[1] >> 1) return (tags[0] & 1) != 0;
+  if (tags[0] >> 1 == -tags[1] >> 1) {
+    if (someone_abandons) *someone_abandons = (-tags[1] & 1) == 0;
+    return (tags[0] & 1) != 0;
+  }
   tags[0] >>= 1;
   tags[1] = -(-tags[1] >> 1);
   const auto describe = [](int64_t tag) {
@@ -148,7 +153,12 @@ bool Optimizer::enter_collective(Call call, bool absent) {
 
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
   require_intact("dsopt_step");
-  if (!grads && count == 0) return step_handed_over();
+  if (!grads && count == 0) return step_handed_over(false);
+  // Abandoned by a rank (NULL, < 0): in the form the others use, as far as
+  // this rank can tell (gradients being handed over, or they were last step).
+  if (!grads && count < 0 && (handover().is_open() || last_step_handed_over_))
+    return step_handed_over(true);
+  last_step_handed_over_ = false;
   if (handover().is_open())
     fail(DSOPT_EINVAL, "dsopt_step: gradients of this step were already handed over with "
                        "dsopt_grad_ready; complete it with dsopt_step(opt, NULL, 0, info) "
@@ -196,9 +206,10 @@ void Optimizer::agree_absent(bool someone, std::vector<uint8_t> present) {
   for (size_t i = 0; i < present.size(); ++i) inactive_[i] = present[i] ? 0 : 1;
 }
 
-StepResult Optimizer::step_handed_over() {
+StepResult Optimizer::step_handed_over(bool abandon) {
   // A rank that handed nothing over contributes zeros, like one that missed
   // some parameters: its collectives match the other ranks'.
+  last_step_handed_over_ = true;
   GradientHandover& h = handover();
   if (!h.is_open()) open_window();
   PreparedGrads prepared;
@@ -208,7 +219,14 @@ StepResult Optimizer::step_handed_over() {
     runner_.wait();
     std::vector<uint8_t> present = h.received();
     const bool absent = std::find(present.begin(), present.end(), 0) != present.end();
-    agree_absent(enter_collective(Call::Step, absent), std::move(present));
+    bool abandoned = abandon;
+    const bool someone_absent = enter_collective(Call::Step, absent, &abandoned);
+    if (abandoned)
+      pipeline_.fail_step(abandon ? "this rank abandoned the step (dsopt_step with grads NULL and "
+                                    "num_grads < 0: a gradient it handed over, or should have, "
+                                    "was not usable); nothing was changed"
+                                  : "");
+    agree_absent(someone_absent, std::move(present));
     replicated = check_replication(nullptr, -1);
     prepared = prepare_handed_over();
   } catch (...) {

@@ -246,8 +246,9 @@ class Optimizer {
   // fail with DSOPT_EMISMATCH before any other collective, so they cannot
   // block in mismatched ones. Also hands the config's timeout to the comm.
   // `absent`: this rank has absent gradients; returns whether some rank
-  // has (always false unless skips_absent()).
-  bool enter_collective(Call call, bool absent = false);
+  // has (always false unless skips_absent()). `someone_abandons` (optional):
+  // in, whether this rank abandons the step; out, whether some rank does.
+  bool enter_collective(Call call, bool absent = false, bool* someone_abandons = nullptr);
   // dsopt_step's gradients with absent ones (NULL data) pointed at zeros;
   // `present` gets 1 per parameter with a gradient. Returns `grads` itself
   // when they do not describe every parameter (the pipeline rejects them).
@@ -285,7 +286,10 @@ class Optimizer {
   bool check_replication(const dsopt_tensor* grads, int64_t count);
   // Restores everything from one blob of this optimizer's own layout.
   void restore(const BlobReader& r);
-  StepResult step_handed_over();
+  // Completes a step whose gradients were handed over; `abandon`: this
+  // rank's are unusable, and every rank fails the step (DSOPT_EINVAL,
+  // nothing changed) once the window's reductions have completed.
+  StepResult step_handed_over(bool abandon);
   // Opens a step's hand-over window (and posts its handshake).
   void open_window();
   // averaged(i) of every parameter, for the step pipeline.
@@ -315,6 +319,7 @@ class Optimizer {
   int failure_status_ = DSOPT_OK;  // the status of the step that failed
   uint64_t run_id_ = 0;
   int64_t calls_ = 0;  // collective calls made (enter_collective)
+  bool last_step_handed_over_ = false;  // the last dsopt_step completed handed-over gradients
   uint64_t handover_bytes_start_ = 0;
   ReplicationCheck replication_;
   DivergenceCheck divergence_;

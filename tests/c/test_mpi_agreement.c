@@ -183,6 +183,55 @@ static void step_with_bad_arguments_on_one_rank_fails_everywhere(void) {
   twin_close(&t);
 }
 
+/* A rank that cannot use its gradients after handing some over abandons the
+ * step (dsopt_step(opt, NULL, -1)); the others complete theirs as usual
+ * (dsopt_step(opt, NULL, 0)): every rank returns DSOPT_EINVAL once the
+ * reductions already started have completed, nothing changes, and the next
+ * handed-over step equals the twin's. `handed` gradients are handed over by
+ * the abandoning rank first (0: none, after a handed-over step). */
+static void check_abandoned_step(twin *t, int bad_rank, int handed, const char *what) {
+  const int rank = world_rank();
+  twin_gradients(t);
+  uint64_t params_size, state_size, after_size;
+  unsigned char *params = model_snapshot(&t->model_a, &params_size);
+  unsigned char *state = state_blob(t->a, &state_size);
+  const int count = rank == bad_rank ? handed : NUM_TENSORS;
+  for (int i = 0; i < count; ++i) CHECK_OK(dsopt_grad_ready(t->a, i, &t->model_a.grads[i]));
+  int status = dsopt_step(t->a, NULL, rank == bad_rank ? -1 : 0, NULL);
+  CHECKF(status == DSOPT_EINVAL, "%s: status %d (%s), expected DSOPT_EINVAL", what, status,
+         dsopt_status_string(status));
+  if (rank == bad_rank) {
+    CHECK_ERROR_MENTIONS("abandoned");
+  } else {
+    char rank_name[32];
+    snprintf(rank_name, sizeof rank_name, "rank %d", bad_rank);
+    CHECK_ERROR_MENTIONS(rank_name);
+  }
+  unsigned char *after = state_blob(t->a, &after_size);
+  CHECKF(model_matches_snapshot(&t->model_a, params, params_size), "%s: parameters unchanged", what);
+  CHECKF(same_bytes(after, after_size, state, state_size), "%s: state unchanged", what);
+  free(params);
+  free(state);
+  free(after);
+  for (int i = 0; i < NUM_TENSORS; ++i) {
+    CHECK_OK(dsopt_grad_ready(t->a, i, &t->model_a.grads[i]));
+    CHECK_OK(dsopt_grad_ready(t->b, i, &t->model_a.grads[i]));
+  }
+  CHECK_OK(dsopt_step(t->a, NULL, 0, NULL));
+  CHECK_OK(dsopt_step(t->b, NULL, 0, NULL));
+  CHECKF(model_params_identical(&t->model_a, &t->model_b), "%s: the next step equals the twin's", what);
+}
+
+static void abandoned_handed_over_step_fails_everywhere(void) {
+  twin t;
+  if (twin_open(&t)) {
+    check_abandoned_step(&t, ODD_RANK, 2, "rank 1 abandons after handing 2 gradients over");
+    check_abandoned_step(&t, 0, NUM_TENSORS, "rank 0 abandons after handing every gradient over");
+    check_abandoned_step(&t, world_size() - 1, 0, "the last rank abandons without handing anything over");
+  }
+  twin_close(&t);
+}
+
 /* ---- dsopt_comm_create_mpi ----------------------------------------------------- */
 
 static void mpi_comm_rejects_handles_that_are_not_communicators(void) {
@@ -225,6 +274,7 @@ int main(int argc, char **argv) {
   RUN_TEST(create_fails_on_every_rank_when_shapes_differ);
   RUN_TEST(create_with_a_local_error_on_one_rank_fails_everywhere);
   RUN_TEST(step_with_bad_arguments_on_one_rank_fails_everywhere);
+  RUN_TEST(abandoned_handed_over_step_fails_everywhere);
   RUN_TEST(mpi_comm_rejects_handles_that_are_not_communicators);
   RUN_TEST(mpi_comm_has_the_communicators_rank_and_size);
   int status = check_finish();

@@ -2,8 +2,9 @@
 # The integration tests with the frameworks people train with, under PyPI's
 # torch: dsopt.hf.Trainer (transformers), dsopt.lightning.DsoptStrategy
 # (lightning), DistributedDataParallel with dsopt.torch.ddp_comm_hook, and
-# dsopt.torch under torch.compile and with parameters moved or cast after
-# the optimizer exists. The venv is scripts/framework_venv.sh's (created or
+# dsopt.torch under torch.compile, with parameters moved or cast after
+# the optimizer exists, and with a sparse gradient on one rank (overlap's
+# backward hooks need torch >= 2.1). The venv is scripts/framework_venv.sh's (created or
 # completed first); the cffi extension is built for it against <builddir>
 # when it cannot load the in-place one.
 #   tests/python/run_framework_tests.sh <builddir> [pytest args]
@@ -28,4 +29,5 @@ exec "$py" -m pytest -q -rsx "$@" \
   tests/python/test_lightning_strategy.py \
   tests/python/test_torch_compile.py \
   tests/python/test_torch_param_moves.py \
-  tests/python/test_torch_whole_checkpoint.py
+  tests/python/test_torch_whole_checkpoint.py \
+  "tests/python/test_agreed_errors.py::test_the_torch_optimizer_agrees_on_a_sparse_gradient"

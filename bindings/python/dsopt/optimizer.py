@@ -280,7 +280,17 @@ class Optimizer:
         see there). When the run stops progressing (``max_consecutive_skips``
         skips in a row, or an fp16 overflow at ``min_loss_scale``) the
         skipped step raises ``NonFiniteError`` with its ``StepInfo`` as
-        ``.info``; the next step may continue."""
+        ``.info``; the next step may continue.
+
+        A gradient this binding cannot describe on one rank fails the step
+        on every rank (that rank raises its own error, the others
+        ``InvalidArgument`` naming it); nothing changes. A ``CommError``
+        from a collective inside the update (ZeRO's parameter allgather,
+        the 1-bit optimizers' compressed exchange) marks the optimizer
+        failed: later steps, ``grad_ready``, ``state_dict`` and state views
+        raise ``CommError`` saying the state is inconsistent; create a new
+        communicator and optimizer on every rank and load the last saved
+        state (docs/robustness.md "A failed collective")."""
         handle = self._live()
         if grads is None:
             return self._step_with(handle, ffi.NULL, 0, 4)

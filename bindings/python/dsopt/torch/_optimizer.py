@@ -163,8 +163,13 @@ def _hand_over_hook(owner_ref, index):
         grad = p.grad
         if owner is None or grad is None or not owner._may_hand_over():
             return
-        _refuse_sparse(grad)
-        owner.dsopt.grad_ready(index, _ready_for_dsopt(grad.contiguous()))
+        try:
+            _refuse_sparse(grad)
+            owner.dsopt.grad_ready(index, _ready_for_dsopt(grad.contiguous()))
+        except Exception as error:  # noqa: BLE001 - raised by step(), on every rank
+            if owner._unusable is None:
+                owner._unusable = error
+            return
         owner._handed_over = True
         owner._handed_now.add(index)
         owner._grad_tensor.add(index)
@@ -225,6 +230,10 @@ class Optimizer(torch.optim.Optimizer):
         self.state = LiveState(self)
         self._hooks = []
         self._unhooked = []  # overlap: parameters without a hook (frozen when hooks were made)
+        # overlap: the first gradient of this step that a hook could not
+        # hand over (sparse, another dtype); step() raises it on this rank
+        # after failing the step on every rank
+        self._unusable = None
         self._hooked = False  # overlap through hooks (else, with overlap, at step)
         self.overlap = bool(overlap)
         if self.overlap:
@@ -443,15 +452,25 @@ class Optimizer(torch.optim.Optimizer):
                 loss = closure()
         self._sync_hyperparameters()
         if self.overlap:
-            self._follow_params()
             grads = None  # handed over by the hooks (or just below, each once ready)
-            if not self._hooked or self._defer_to_step:
-                self._hand_over_at_step()
-                self._defer_to_step = False
-            if self._unhooked:
-                self._hand_over_unhooked()
-            self._hand_over_zeros()
-            self._handed_now = set()
+            # A gradient that could not be handed over (sparse, another
+            # dtype) fails the step on every rank: dsopt completes the
+            # reductions already started, then every rank raises.
+            try:
+                with self.dsopt._failing_everywhere(self.dsopt._live()):
+                    self._follow_params()
+                    if not self._hooked or self._defer_to_step:
+                        self._hand_over_at_step()
+                        self._defer_to_step = False
+                    if self._unhooked:
+                        self._hand_over_unhooked()
+                    if self._unusable is not None:
+                        raise self._unusable
+                    self._hand_over_zeros()
+            finally:
+                self._unusable = None
+                self._handed_now = set()
+                self._handed_over = False
             # grads stays None: every rank completes with dsopt_step(NULL),
             # the same collective call whether or not it handed anything
             # over (a rank that handed nothing over contributes zeros; a
