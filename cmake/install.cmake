@@ -1,6 +1,7 @@
 # `cmake --install <build> [--prefix P]` installs:
 #   include/dsopt.h
 #   lib/libdsopt.so -> libdsopt.so.0 -> libdsopt.so.0.1.0
+#   lib/libdsopt_mpi.so.0.1.0 (with MPI: the MPI communicator, loaded on demand)
 #   lib/cmake/dsopt/  find_package(dsopt) config, version file, dsopt::dsopt target
 #   lib/pkgconfig/dsopt.pc
 # All of them are relocatable: they locate the prefix from their own path.
@@ -18,6 +19,11 @@ install(TARGETS dsopt EXPORT dsoptTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/dsopt.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The MPI communicator, next to the library that loads it on demand.
+if(TARGET dsopt_mpi)
+  set_target_properties(dsopt_mpi PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS dsopt_mpi LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} NAMELINK_SKIP)
+endif()
 
 install(EXPORT dsoptTargets NAMESPACE dsopt:: DESTINATION ${DSOPT_CMAKE_DIR})
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/dsoptConfig.cmake.in

@@ -109,7 +109,9 @@ DSOPT_API int dsopt_comm_create_local(dsopt_comm **out);
  * borrowed until dsopt_comm_destroy and every optimizer created on it are
  * destroyed. Returns DSOPT_OK, DSOPT_EINVAL (out is NULL, MPI not
  * initialised, or the handle is not a communicator), DSOPT_EUNSUPPORTED (built
- * without MPI) or DSOPT_ENOMEM. Not collective. dsopt's collectives run on a
+ * without MPI, or its MPI plugin libdsopt_mpi or the MPI library it needs
+ * cannot be loaded: libdsopt is not linked to MPI and loads them here; the
+ * message says what to install) or DSOPT_ENOMEM. Not collective. dsopt's collectives run on a
  * duplicate of the communicator (MPI_Comm_dup, made by the first collective
  * dsopt call on it, usually dsopt_create) whose error handler is
  * MPI_ERRORS_RETURN: a failing MPI call returns DSOPT_ECOMM with MPI's error

@@ -1,4 +1,6 @@
-// Comm over a caller's MPI communicator. MPI sees host memory: device
+// Comm over a caller's MPI communicator, built as libdsopt_mpi (the only
+// part of dsopt linked to MPI), which libdsopt loads on the first
+// dsopt_comm_create_mpi (comm/mpi_loader.cpp). MPI sees host memory: device
 // buffers are staged through pinned host memory unless the caller declared
 // its MPI CUDA-aware.
 // C bindings only (mpi.h pulls in the deprecated C++ bindings otherwise).
@@ -17,6 +19,7 @@
 
 #include "base/error.hpp"
 #include "comm/comm.hpp"
+#include "comm/mpi_plugin.hpp"
 #include "kernels/kernels.hpp"
 
 namespace dsopt {
@@ -433,7 +436,7 @@ MpiRequest::~MpiRequest() {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm(int64_t fortran_handle) {
+std::unique_ptr<Comm> make_mpi_comm_here(int64_t fortran_handle) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -448,13 +451,35 @@ std::unique_ptr<Comm> make_mpi_comm(int64_t fortran_handle) {
   return std::make_unique<MpiComm>(c);
 }
 
-std::string mpi_build_info() {
+}  // namespace dsopt
+
+// ---- the plugin's entry points (comm/mpi_plugin.hpp) -----------------------
+
+extern "C" {
+
+DSOPT_MPI_PLUGIN_EXPORT const char* dsopt_mpi_plugin_abi(void) { return dsopt::kMpiPluginAbi; }
+
+DSOPT_MPI_PLUGIN_EXPORT dsopt::Comm* dsopt_mpi_plugin_create(int64_t fortran_handle, int* status,
+                                                             char* message, size_t capacity) {
+  try {
+    *status = DSOPT_OK;
+    return dsopt::make_mpi_comm_here(fortran_handle).release();
+  } catch (const dsopt::Error& e) {
+    *status = e.status();
+    std::snprintf(message, capacity, "%s", e.what());
+  } catch (const std::exception& e) {
+    *status = DSOPT_EINTERNAL;
+    std::snprintf(message, capacity, "%s", e.what());
+  }
+  return nullptr;
+}
+
+DSOPT_MPI_PLUGIN_EXPORT void dsopt_mpi_plugin_library_version(char* out, size_t capacity) {
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(version, &len);
   std::string v(version, size_t(len));
   const size_t cut = v.find_first_of(",\n");
-  return "mpi=" + (cut == std::string::npos ? v : v.substr(0, cut));
+  std::snprintf(out, capacity, "%s", (cut == std::string::npos ? v : v.substr(0, cut)).c_str());
 }
-
-}  // namespace dsopt
+}

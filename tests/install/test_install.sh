@@ -48,6 +48,35 @@ cmake --build "$work/consumer" >/dev/null
 uses_installed_copy "$work/consumer/train_logreg"
 "$work/consumer/train_logreg" --steps "$steps" --print-every "$steps"
 
+if [ -n "$(find "$build" -maxdepth 1 -name 'libdsopt_mpi.so.*' -print -quit)" ]; then
+  echo "== MPI on demand: the installed libdsopt loads the installed libdsopt_mpi"
+  plugin=$(find "$libdir" -maxdepth 1 -name 'libdsopt_mpi.so.*' -print -quit)
+  [ -n "$plugin" ] || fail "libdsopt_mpi.so.* not installed next to libdsopt"
+  readelf -d "$libdir/$soname" | grep -q 'NEEDED.*libmpi' && fail "libdsopt itself needs libmpi"
+  cat > "$work/mpi_probe.c" <<'PROBE'
+#include <stdio.h>
+#include <string.h>
+#include "dsopt.h"
+int main(void) {
+  dsopt_comm *comm = NULL;
+  int status = dsopt_comm_create_mpi(&comm, 0); /* MPI not initialised: the plugin says so */
+  char line[4096];
+  FILE *maps = fopen("/proc/self/maps", "r");
+  while (maps && fgets(line, sizeof line, maps))
+    if (strstr(line, "libdsopt_mpi")) { printf("plugin %s", strchr(line, '/')); break; }
+  printf("status %d: %s\n%s\n", status, dsopt_last_error(), dsopt_build_info());
+  return status == DSOPT_EINVAL ? 0 : 1;
+}
+PROBE
+  ${CC:-cc} -std=c99 -o "$work/mpi_probe" "$work/mpi_probe.c" -I"$prefix/include" -L"$libdir" -ldsopt \
+    -Wl,-rpath,"$libdir"
+  uses_installed_copy "$work/mpi_probe"
+  out=$("$work/mpi_probe") || fail "dsopt_comm_create_mpi through the installed copy: $out"
+  grep -q "plugin $(readlink -f "$plugin")" <<<"$out" || fail "the plugin was not the installed one: $out"
+  grep -q "MPI is not initialised" <<<"$out" || fail "unexpected: $out"
+  echo "$out" | sed -n '1p;3p'
+fi
+
 echo "== pkg-config dsopt"
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 [ "$(pkg-config --modversion dsopt)" = "$(awk '/^Version:/ {print $2}' "$libdir/pkgconfig/dsopt.pc")" ]

@@ -1,8 +1,10 @@
 #!/bin/sh
 # The shared library's ELF interface:
 #   - SONAME is libdsopt.so.<MAJOR>;
-#   - no load-time dependency on the CUDA driver (libcuda.so*) or NCCL
-#     (libnccl*): the same library must load on machines without them;
+#   - no load-time dependency on the CUDA driver (libcuda.so*), NCCL
+#     (libnccl*) or MPI (libmpi*: the MPI communicator is the plugin
+#     libdsopt_mpi, loaded on demand): the same library must load on
+#     machines without them;
 #   - it exports dsopt_* symbols only (the linker's own _init/_fini/_edata/
 #     _end/__bss_start are tolerated), and every function dsopt.h declares.
 # Usage: check_library_deps.sh <path/to/libdsopt.so> <MAJOR> <path/to/dsopt.h>
@@ -29,7 +31,7 @@ if [ "$soname" = "libdsopt.so.$major" ]; then pass; else fail "SONAME is '$sonam
 
 needed=$(printf '%s\n' "$dynamic" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p')
 echo "NEEDED: $(echo $needed)"
-for forbidden in 'libcuda\.so' 'libnccl'; do
+for forbidden in 'libcuda\.so' 'libnccl' 'libmpi'; do
   hit=$(printf '%s\n' "$needed" | grep -E "^$forbidden" || true)
   if [ -z "$hit" ]; then pass; else fail "depends on $hit at load time"; fi
 done
