@@ -6,7 +6,10 @@ FUZZ_BUILD ?= build-fuzz
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 JOBS ?= $(shell nproc)
-CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+# The library alone is CMake's default; these targets build the tests,
+# examples and benchmarks too.
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DDSOPT_BUILD_TESTS=ON \
+  -DDSOPT_BUILD_EXAMPLES=ON -DDSOPT_BUILD_BENCH=ON
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 .PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize demo demo-c bench clean

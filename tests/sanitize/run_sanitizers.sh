@@ -34,7 +34,8 @@ here="$root/tests/sanitize"
 common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo
         "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g"
         -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx"
-        -DDSOPT_WITH_CUDA=OFF -DDSOPT_BUILD_BENCH=OFF)
+        -DDSOPT_WITH_CUDA=OFF -DDSOPT_BUILD_BENCH=OFF
+        -DBUILD_TESTING=ON -DDSOPT_BUILD_TESTS=ON -DDSOPT_BUILD_EXAMPLES=ON)
 
 configure_and_build() { # <dir> <compile flags> [cmake --build args...]
   local dir=$1 flags=$2
