@@ -1,11 +1,18 @@
-//! Finds libdsopt and its header, links the library and generates the
-//! declarations with bindgen.
+//! Finds libdsopt and links it; with the `bindgen` feature, also generates
+//! the declarations from its header (the crate ships them pre-generated in
+//! `src/bindings.rs`, which a test keeps equal to what bindgen makes of
+//! `include/dsopt.h`).
 //!
 //! Where the library is looked for, first match wins:
 //! 1. `DSOPT_LIB_DIR` (and `DSOPT_INCLUDE_DIR`, else `<lib dir>/../include`
 //!    when it holds dsopt.h, else the repository's `include/`);
 //! 2. pkg-config (`dsopt.pc`, from `cmake --install`);
-//! 3. the in-tree build: `<repo>/build`, with `<repo>/include`.
+//! 3. the in-tree build: `<repo>/build`, with `<repo>/include`;
+//! 4. a build from the repository's sources with the `cmake` crate, into
+//!    this crate's `OUT_DIR` (the library and its MPI plugin only; the
+//!    environment's `DSOPT_WITH_CUDA`, `DSOPT_WITH_NCCL` and `DSOPT_WITH_MPI`,
+//!    when set, are passed to CMake). `DSOPT_SYS_BUILD_FROM_SOURCE=1` goes
+//!    straight there.
 //!
 //! Dependent build scripts get `DEP_DSOPT_LIB_DIR` and `DEP_DSOPT_INCLUDE`
 //! (to set an rpath, say).
@@ -74,25 +81,55 @@ fn from_tree() -> Option<Location> {
     })
 }
 
+/// Builds the library from the repository's sources (when this crate sits
+/// in the repository) with CMake, tests, examples and benchmarks off.
+fn from_source() -> Option<Location> {
+    let root = repo_root();
+    if !root.join("CMakeLists.txt").is_file() {
+        return None;
+    }
+    let mut config = cmake::Config::new(&root);
+    config.profile("Release").build_target("all");
+    for var in ["DSOPT_WITH_CUDA", "DSOPT_WITH_NCCL", "DSOPT_WITH_MPI"] {
+        if let Ok(value) = env::var(var) {
+            config.define(var, value);
+        }
+    }
+    let prefix = config.build();
+    let lib_dir = prefix.join("build");
+    lib_dir.join("libdsopt.so").exists().then(|| Location {
+        lib_dir,
+        include_dir: root.join("include"),
+        found_by: "a build from the repository's sources",
+    })
+}
+
 fn main() {
     for var in [
         "DSOPT_LIB_DIR",
         "DSOPT_INCLUDE_DIR",
         "PKG_CONFIG_PATH",
         "PKG_CONFIG",
+        "DSOPT_SYS_BUILD_FROM_SOURCE",
+        "DSOPT_WITH_CUDA",
+        "DSOPT_WITH_NCCL",
+        "DSOPT_WITH_MPI",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    let loc = from_env()
-        .or_else(from_pkg_config)
-        .or_else(from_tree)
-        .unwrap_or_else(|| {
-            panic!(
-                "dsopt-sys: libdsopt not found. Set DSOPT_LIB_DIR to the directory holding \
-             libdsopt.so, or install dsopt so that `pkg-config dsopt` finds it, or build it \
-             in-tree: cmake -S . -B build && cmake --build build"
-            )
-        });
+    let forced = env::var("DSOPT_SYS_BUILD_FROM_SOURCE").map_or(false, |v| v == "1");
+    let found = if forced {
+        None
+    } else {
+        from_env().or_else(from_pkg_config).or_else(from_tree)
+    };
+    let loc = found.or_else(from_source).unwrap_or_else(|| {
+        panic!(
+            "dsopt-sys: libdsopt not found, and this crate is not inside the dsopt repository \
+             to build it. Set DSOPT_LIB_DIR to the directory holding libdsopt.so, or install \
+             dsopt so that `pkg-config dsopt` finds it"
+        )
+    });
     let lib_dir = loc
         .lib_dir
         .canonicalize()
@@ -120,6 +157,14 @@ fn main() {
         lib_dir.join("libdsopt.so").display()
     );
 
+    #[cfg(feature = "bindgen")]
+    generate(&header, &include_dir);
+}
+
+/// `OUT_DIR/bindings.rs` from the header (the `bindgen` feature); the
+/// pre-generated `src/bindings.rs` is this file, made by bindgen 0.60.
+#[cfg(feature = "bindgen")]
+fn generate(header: &Path, include_dir: &Path) {
     let bindings = bindgen::Builder::default()
         .header(header.to_string_lossy())
         .clang_arg(format!("-I{}", include_dir.display()))
