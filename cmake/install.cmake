@@ -22,7 +22,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/include/dsopt.h DESTINATION ${CMAKE_INSTALL_
 # The MPI communicator, next to the library that loads it on demand.
 if(TARGET dsopt_mpi)
   set_target_properties(dsopt_mpi PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
-  install(TARGETS dsopt_mpi LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} NAMELINK_SKIP)
+  install(TARGETS dsopt_mpi LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 
 install(EXPORT dsoptTargets NAMESPACE dsopt:: DESTINATION ${DSOPT_CMAKE_DIR})

@@ -44,8 +44,25 @@ def version() -> str:
 
 
 def build_info() -> str:
-    """What the loaded library was built with (key=value pairs)."""
+    """What the loaded library was built with (key=value pairs): version,
+    CUDA, NCCL, MPI (the MPI library the plugin loads, or "unavailable"),
+    the CPU instruction set in use. ``python -m dsopt`` prints it with the
+    files in use."""
     return ffi.string(lib.dsopt_build_info()).decode("utf-8", "replace")
+
+
+def library_path() -> str:
+    """The file of the libdsopt this process loaded ("" where the process's
+    mappings cannot be read)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if "/libdsopt.so" in path:
+                    return path
+    except OSError:
+        pass
+    return ""
 
 
 # StepInfo.phase values (dsopt_step_info.phase, include/dsopt.h).
@@ -64,5 +81,5 @@ __all__ = [
     "InvalidArgumentType", "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory",
     "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
     "Unsupported",
-    "bf16", "build_info", "check", "version",
+    "bf16", "build_info", "check", "library_path", "version",
 ]

@@ -20,6 +20,9 @@ Build in place (the extension lands next to this file)::
     python3 bindings/python/dsopt/_ffi_build.py
 
 ``pip install bindings/python`` runs the same ``ffi`` through setuptools.
+``python3 _ffi_build.py --emit-c FILE`` writes the C source of the wheel's
+extension, ``dsopt._dsopt_wheel`` (the same declarations; the wheel's CMake
+build, bindings/python/CMakeLists.txt, compiles it).
 """
 
 import os
@@ -117,7 +120,7 @@ extern "Python" void _dsopt_py_release(void *);
 """
 
 
-def make_ffi() -> FFI:
+def make_ffi(module: str = "dsopt._dsopt_cffi") -> FFI:
     ffi = FFI()
     ffi.cdef(declarations() + integer_macros() + CALLBACKS)
     libdir = library_dir()
@@ -125,7 +128,7 @@ def make_ffi() -> FFI:
     if libdir is not None:
         link = {"library_dirs": [str(libdir)], "extra_link_args": [f"-Wl,-rpath,{libdir}"]}
     ffi.set_source(
-        "dsopt._dsopt_cffi",
+        module,
         '#include "dsopt.h"',
         include_dirs=[str(include_dir())],
         libraries=["dsopt"],
@@ -147,6 +150,9 @@ def build_in_place() -> Path:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--emit-c"]:  # the wheel's CMake build compiles it itself
+        make_ffi("dsopt._dsopt_wheel").emit_c_code(sys.argv[2])
+        sys.exit(0)
     where = library_dir()
     print(f"dsopt: header {include_dir() / 'dsopt.h'}", file=sys.stderr)
     print(f"dsopt: libdsopt.so from {where if where else 'the system loader path'}", file=sys.stderr)
