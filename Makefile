@@ -59,9 +59,12 @@ test-rust: build
 	tests/rust/test_rust.sh $(BUILD)
 
 # cmake --install into a temporary prefix, then a C program built against the
-# installed copy through find_package(dsopt) and through pkg-config.
+# installed copy through find_package(dsopt) and through pkg-config; and the
+# Python wheel (pip wheel from a copy of the repository, installed into a
+# fresh venv after the copy is deleted).
 test-install: build
 	tests/install/test_install.sh $(BUILD)
+	tests/install/test_wheel.sh
 
 # The libFuzzer targets (tests/fuzz) in $(FUZZ_BUILD), clang with ASan and
 # UBSan, 60 s each (FUZZ_SECONDS) on a copy of the checked-in corpus; fails on

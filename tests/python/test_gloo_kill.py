@@ -36,7 +36,7 @@ def free_port():
 @pytest.mark.parametrize("sig,timeout_s", [("KILL", 5), ("KILL", 0), ("STOP", 5)],
                          ids=["killed_timeout_5s", "killed_default_timeout", "stopped_timeout_5s"])
 @pytest.mark.parametrize("where", ["first", "last"])
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [2])  # its first collective changes nothing, its last marks
 def test_survivors_of_a_rank_killed_mid_step_return_with_a_clean_or_marked_state(
         stage, where, sig, timeout_s, tmp_path):
     port = free_port()
