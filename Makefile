@@ -12,7 +12,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DDSOPT_BUILD_TESTS
   -DDSOPT_BUILD_EXAMPLES=ON -DDSOPT_BUILD_BENCH=ON
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize demo demo-c bench clean
+.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize test-docs docs demo demo-c bench clean
 
 all: build
 
@@ -27,7 +27,7 @@ build: deps
 python: build
 	DSOPT_LIBRARY_DIR=$(abspath $(BUILD)) python3 bindings/python/dsopt/_ffi_build.py
 
-test: test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize
+test: test-docs test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize
 
 test-c: build
 	cd $(BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
@@ -79,6 +79,17 @@ test-fuzz: deps
 # $(TSAN_BUILD).
 test-sanitize: deps
 	JOBS=$(JOBS) tests/sanitize/run_sanitizers.sh $(ASAN_BUILD) $(TSAN_BUILD)
+
+# The documentation site (docs/, mkdocs.yml) into build-docs/site; strict:
+# a broken link, or a page missing from the navigation, fails it. Also the
+# citations of the design documents in the code (tests/scripts/
+# check_design_citations.py).
+docs:
+	@python3 -c "import mkdocs" 2>/dev/null || python3 -m pip install -q --root-user-action=ignore mkdocs
+	python3 -m mkdocs build --strict --quiet
+
+test-docs: docs
+	python3 tests/scripts/check_design_citations.py
 
 # PREFIX=/usr/local by default: header, library, CMake package, dsopt.pc.
 install: build

@@ -18,7 +18,7 @@
 // One call's time is the slowest rank's, from a barrier to its return; the
 // table shows the median and the best over the timed rounds. Bytes sent per
 // rank come from three places: the Comm's counter (ring-collective
-// accounting), the formula of compressed-allreduce.md section 7
+// accounting), the formula of docs/design/compressed-allreduce.md section 7
 // (fp32: 2(P-1)/P * 4n; CAR: (P-1)/P * n'/4 + 8(P-1)), and the loopback
 // device's transmit counter (/sys/class/net/lo, read by rank 0: everything
 // every rank put on lo during the call, TCP/IP headers included, divided by
@@ -31,7 +31,7 @@
 // latency the overlap of kernels and transfers leaves exposed).
 //
 // Before timing, the first call of a fresh CompressedAllreduce (zero errors)
-// is checked on every rank against the simulation of compressed-allreduce.md
+// is checked on every rank against the simulation of docs/design/compressed-allreduce.md
 // 3.6, computed here from the inputs of all ranks (which every rank can
 // regenerate): rank r's output chunk r must carry the reference signs and
 // scale; every output chunk must be +/- one scale; all ranks must end with
@@ -360,7 +360,8 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, int64_t n, int iters, 
     std::fflush(stdout);
   }
   if ((with_fp32 && fp32.comm_bytes != uint64_t(fp32_formula)) || onebit.comm_bytes != uint64_t(car_formula))
-    fail_all("Comm bytes_sent differs from the formula of compressed-allreduce.md section 7");
+    fail_all("Comm bytes_sent differs from the formula of "
+             "docs/design/compressed-allreduce.md section 7");
 }
 
 // The threads dsopt_create gives a config without "threads": the usable

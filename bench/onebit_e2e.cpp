@@ -41,7 +41,7 @@
 // the two runs' losses agree up to the freeze (the same update: to 1e-5
 // relative for Adam and 1-bit Adam, bit for bit for LAMB and 1-bit LAMB),
 // 1-bit Adam reports compressed = 1 exactly from update freeze_step on, and
-// bytes_sent matches the README's formulas (fp32 ring allreduce of the
+// bytes_sent matches the formulas of docs/benchmarks.md (fp32 ring allreduce of the
 // gradients, or the compressed allreduce of every tensor; a few scalar
 // allreduces of the step on top).
 //
@@ -73,7 +73,7 @@
 // run, "LAMB", is 1-bit LAMB with freeze_step past the last step (LAMB
 // without compression; its losses equal 1-bit LAMB's up to the freeze).
 // Bytes of a compressed 1-bit LAMB step: one compressed allreduce of the
-// fused buffer of every momentum (README "1-bit LAMB").
+// fused buffer of every momentum (docs/optimizers/onebit-lamb.md "1-bit LAMB").
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -579,7 +579,7 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
 
 // Bytes a compression-stage step sends for the momentum: the compressed
 // allreduce of every tensor (1-bit Adam) or of one fused buffer of all of
-// them (1-bit LAMB), padded by DeepSpeed's rule (README).
+// them (1-bit LAMB), padded by DeepSpeed's rule (docs/optimizers/onebit-lamb.md).
 double car_bytes(const Shape& s, int P, bool fused) {
   const int64_t divider = 8 * P / std::gcd(int64_t(P), int64_t(8));
   const int64_t unit = int64_t(P) * divider;

@@ -137,7 +137,7 @@ DSOPT_HD uint32_t car_bit_reverse(uint32_t x) {
 #endif
 }
 
-// Byte q (0..3) of a warp's 32 elements, MSB first (compressed-allreduce.md
+// Byte q (0..3) of a warp's 32 elements, MSB first (docs/design/compressed-allreduce.md
 // section 5), from the ballot whose bit k is element k's sign bit.
 DSOPT_HD uint8_t car_ballot_byte(uint32_t ballot, int q) {
   return uint8_t((car_bit_reverse(ballot) >> (24 - 8 * q)) & 0xFFu);

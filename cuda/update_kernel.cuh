@@ -31,7 +31,7 @@ namespace cuda {
 // Addresses of one tensor in the tensor list.
 enum UpdateAddr { kMaster, kParam16, kGrad, kExpAvg, kExpAvgSq, kMask, kAcc, kAnchor, kUpdateDepth };
 
-constexpr int kUpdateChunk = 65536;  // elements per block (spec adam.md 2.6)
+constexpr int kUpdateChunk = 65536;  // elements per block (docs/design/adam.md 2.6)
 constexpr int kUpdateThreads = 512;
 constexpr int kUpdateIlp = 4;  // elements in flight per thread
 

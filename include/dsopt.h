@@ -270,7 +270,7 @@ typedef struct dsopt_step_info {
  * x - r > ln(20) after 10 steps; diverging becomes 1 once 3 of the last 8
  * steps were above and stays 1, skipped steps included, until 8 in a row
  * were not. "divergence_check" in the config tunes or turns off the rule
- * (README "Divergence that stays finite"); its state is part of the state
+ * (docs/reference/c-api.md "Divergence that stays finite"); its state is part of the state
  * blob. */
 #define DSOPT_PHASE_SKIPPED    0 /* the step was skipped: nothing applied */
 #define DSOPT_PHASE_FULL       1 /* full-precision averaged gradients: Adam, 1-bit Adam's warmup,
@@ -281,7 +281,7 @@ typedef struct dsopt_step_info {
 #define DSOPT_PHASE_SYNC       4 /* 0/1 Adam local step followed by the 1-bit sync of the accumulator */
 
 /* Creates an optimizer for `num_params` parameters described by `params`
- * (see the README for the JSON config). The parameter buffers are borrowed
+ * (docs/reference/config.md: the JSON config). The parameter buffers are borrowed
  * until dsopt_destroy and updated in place, each its own memory: two
  * parameters whose bytes overlap (the same buffer twice, or overlapping
  * views) are DSOPT_EINVAL naming both; `comm` is borrowed until
@@ -476,7 +476,7 @@ DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t c
 /* Restores the state saved by dsopt_state_save from an optimizer created
  * with the same config and parameter shapes. The blob is validated
  * completely before anything changes. Saved at another world size:
- * replicated state loads as is, rank-local state resets (see the README).
+ * replicated state loads as is, rank-local state resets (docs/guides/checkpoints.md).
  * Saved at this world size by another rank: replicated state (Adam/AdamW
  * without ZeRO, the 1-bit optimizers before their compression) loads as
  * is; a blob that holds rank-local state of the rank that saved it (1-bit

@@ -1,4 +1,4 @@
-"""dsopt's divergence rule (README "Divergence that stays finite";
+"""dsopt's divergence rule (docs/reference/c-api.md "Divergence that stays finite";
 ``StepInfo.diverging``) in plain Python, for replaying recorded
 gradient-norm series: how far a run stayed from the threshold, and what
 other settings of ``"divergence_check"`` would have said. The tests check

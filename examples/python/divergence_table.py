@@ -1,4 +1,4 @@
-"""Measures the README's divergence check ("Divergence that stays finite")
+"""Measures the divergence check of docs/reference/c-api.md ("Divergence that stays finite")
 on the small models of small_models.py: healthy runs (the real-model
 tests' runs: 1-bit Adam, 1-bit LAMB and 0/1 Adam stabilized, their
 uncompressed references, AdamW, ZeRO-2) and stress runs, which may blow up

@@ -1,4 +1,4 @@
-"""Measures the README's freeze_step guidance on the digits MLP of
+"""Measures the freeze_step guidance of docs/optimizers/onebit-adam.md on the digits MLP of
 small_models.py: 1-bit Adam with freeze_step and 0/1 Adam with
 var_freeze_step at 5%, 15% and 50% of the run,
 with dsopt's rule (the defaults: stabilized, bias-corrected) and with

@@ -154,7 +154,7 @@ void read_lamb(const json& params, const std::string& path, LambCoeffConfig& k) 
   require(k.factor_threshold >= 0, sub(path, "factor_threshold"), "must be >= 0");
 }
 
-// 0/1 Adam's schedules (spec zero-one-adam.md section 1).
+// 0/1 Adam's schedules (docs/design/zero-one-adam.md section 1).
 void read_zero_one(const json& params, const std::string& path, OptimizerConfig& cfg) {
   const int64_t big = int64_t(1) << 62;
   cfg.var_freeze_step = integer(params, path, "var_freeze_step", 100000, 0, big);
@@ -261,7 +261,7 @@ void read_precision(const json& root, OptimizerConfig& cfg) {
   if (bf16 && ls.enabled) bad("bf16.enabled", "fp16 and bf16 cannot both be enabled");
 }
 
-// zero_optimization: stage 1/2 shard the Adam/AdamW state (README "ZeRO").
+// zero_optimization: stage 1/2 shard the Adam/AdamW state (docs/guides/zero.md "ZeRO").
 void read_zero(const json& z, OptimizerConfig& cfg) {
   const std::string path = "zero_optimization";
   check_keys(z, path,

@@ -3,7 +3,7 @@
 // (compressed_allreduce.cpp).
 //
 // Every rank's message (each tensor's chunk bits back to back in tensor
-// order, compressed-allreduce.md section 5) is cut into consecutive byte
+// order, docs/design/compressed-allreduce.md section 5) is cut into consecutive byte
 // ranges, the pieces, at sum-block boundaries of the chunks
 // (math/sum_squares.hpp): a server chunk's sum of squares then adds the
 // same block sums in the same order whatever the cut. On the wire, piece

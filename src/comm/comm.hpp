@@ -102,7 +102,7 @@ class Comm {
   virtual bool overlaps(const Mem& mem) const { (void)mem; return false; }
 
   // Bytes this rank has sent so far, counted as a ring/pairwise
-  // implementation sends them (compressed-allreduce.md section 7):
+  // implementation sends them (docs/design/compressed-allreduce.md section 7):
   // allreduce 2(P-1)/P * n, reduce_scatter and alltoall (P-1)/P * total,
   // allgather (P-1) * send.
   uint64_t bytes_sent() const { return bytes_sent_; }

@@ -1,5 +1,5 @@
-// The error-compensated 1-bit compressed allreduce (spec
-// compressed-allreduce.md, DECISIONS C1-C5), built once on Comm and Kernels.
+// The error-compensated 1-bit compressed allreduce (docs/design/compressed-allreduce.md,
+// decisions.md C1-C5), built once on Comm and Kernels.
 // Each tensor keeps its own padding, scales and error buffers; all tensors
 // of a call travel together: one all-gather of scales per phase, and the
 // signs in pieces (car_pieces.hpp) so that the arithmetic overlaps the

@@ -23,7 +23,7 @@ namespace {
 // Elements of work between two polls of the transfers (about a millisecond).
 constexpr int64_t kPollElements = int64_t(1) << 18;
 
-// DECISIONS C3: s = fl(fl(sqrt(sum_sq)) / fl(sqrt(double(len)))).
+// docs/design/decisions.md C3: s = fl(fl(sqrt(sum_sq)) / fl(sqrt(double(len)))).
 float rms_scale(double sum_squares, int64_t len) {
   return float(std::sqrt(sum_squares)) / float(std::sqrt(double(len)));
 }

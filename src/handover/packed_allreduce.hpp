@@ -1,4 +1,4 @@
-// Stage 0's reduction of the averaged gradients (DECISIONS G3): one fp32
+// Stage 0's reduction of the averaged gradients (docs/design/decisions.md G3): one fp32
 // packing of a status slot and the averaged parameters' gradients in
 // parameter order, cut into reduce buckets of "reduce_bucket_size" elements,
 // each allreduced in place; the parameters whose gradients stay local (1-bit

@@ -55,7 +55,7 @@ enum class UpdateRule : int32_t {
                       // acc *= mask, m from acc, p from the last sync's and acc
 };
 
-// One tensor of a compressed allreduce (compressed-allreduce.md): x holds
+// One tensor of a compressed allreduce (docs/design/compressed-allreduce.md): x holds
 // n values; the padded length n' (a multiple of 8P) splits into P chunks of
 // c = n'/P; rank j's message carries every tensor's chunk-j bits back to
 // back, this tensor's at byte `chunk_offset` (c/8 bytes).
@@ -164,7 +164,7 @@ class Kernels {
   // a maximum does not depend on the order, so every backend agrees.
   virtual void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) = 0;
 
-  // ---- compressed allreduce (compressed-allreduce.md section 3) ----------
+  // ---- compressed allreduce (docs/design/compressed-allreduce.md section 3) ----------
   // Sums of squares in the order of math/sum_squares.hpp, one per tensor,
   // returned in sumsq_host; scales and weights are host arrays.
   //

@@ -1,4 +1,4 @@
-// The Adam / AdamW element update (spec adam.md section 3.4, DECISIONS A1),
+// The Adam / AdamW element update (docs/design/adam.md section 3.4, decisions.md A1),
 // written once for every backend: CPU SIMD, CPU scalar and CUDA.
 #pragma once
 #include <cmath>
@@ -55,7 +55,7 @@ struct AdamConsts {
 DSOPT_ISA_BEGIN
 
 // Host-side constants for step t >= 1: beta^t from the step counter in
-// double, everything else formed in fp32 as the spec lists it.
+// double, everything else formed in fp32 as docs/design/adam.md section 3.3 lists it.
 inline AdamConsts adam_consts(const AdamHyper& h, long long t) {
   AdamConsts c;
   const float lr = float(h.lr), wd = float(h.weight_decay);

@@ -1,4 +1,4 @@
-// The 1-bit Adam element rules (README "1-bit Adam"): Adam with bias
+// The 1-bit Adam element rules (docs/optimizers/onebit-adam.md "1-bit Adam"): Adam with bias
 // correction by default (without it: DeepSpeed's rule), decoupled weight
 // decay added to the update, and the momentum update split from the
 // parameter update around the compressed allreduce. Written once for every

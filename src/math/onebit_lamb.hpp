@@ -1,4 +1,4 @@
-// The 1-bit LAMB rules (spec onebit-lamb.md section 5, DECISIONS L1-L4,
+// The 1-bit LAMB rules (docs/design/onebit-lamb.md section 5, decisions.md L1-L4,
 // S1): the element rules every backend runs, and the per-tensor scalar
 // steps (trust ratio, its EMA, the compression-stage factor) that the host
 // computes in double from the fp32 norms, exactly as DeepSpeed does.
@@ -107,7 +107,8 @@ inline double lamb_coeff_ema(double freeze, double coeff, const LambCoeffConfig&
 }
 
 // scaling_coeff of each of `count` tensors from the sums of squares of their
-// momenta (spec 5.1): mean RMS / own RMS; 1.0 for an all-zero momentum (L1).
+// momenta (docs/design/onebit-lamb.md 5.1): mean RMS / own RMS; 1.0 for an
+// all-zero momentum (decisions.md L1).
 inline void lamb_scaling_coeffs(const double* m_sumsq, const int64_t* numel, int64_t count,
                                 double* out) {
   double united = 0.0;
@@ -120,7 +121,7 @@ inline void lamb_scaling_coeffs(const double* m_sumsq, const int64_t* numel, int
   }
 }
 
-// The compression-stage factor of one tensor (spec 5.4) from the maximum
+// The compression-stage factor of one tensor (docs/design/onebit-lamb.md 5.4) from the maximum
 // denominator ratio and the sums of squares of u0 and u; `last` is the
 // previous factor. Returns the new factor.
 inline double lamb_factor(float max_ratio, double u0_sumsq, double u_sumsq, bool decay,

@@ -1,5 +1,5 @@
-// Element rules of the 1-bit compressed allreduce (compressed-allreduce.md
-// section 3, DECISIONS C2-C4), shared by the CPU and CUDA kernels.
+// Element rules of the 1-bit compressed allreduce (docs/design/compressed-allreduce.md
+// section 3, decisions.md C2-C4), shared by the CPU and CUDA kernels.
 #pragma once
 #include <cstdint>
 

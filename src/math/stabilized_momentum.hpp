@@ -1,5 +1,5 @@
 // The stabilized compression stage shared by the 1-bit optimizers
-// (DECISIONS S1, docs/design/stable-1bit.md): the momentum an update applies
+// (docs/design/decisions.md S1, docs/design/stable-1bit.md): the momentum an update applies
 // is clamped to +-L sqrt(v) of the frozen variance, so a coordinate never
 // moves faster than its own warmup gradient RMS allows, and one whose v is
 // 0 (no gradient during warmup) does not move. Written once for every

@@ -1,5 +1,5 @@
 // The one summation order for sums of squares (gradient norms, and the
-// compressed allreduce's scales in DECISIONS C3), so CPU threads and CUDA
+// compressed allreduce's scales in docs/design/decisions.md C3), so CPU threads and CUDA
 // blocks produce the same double, bit for bit, whatever the thread count.
 //
 // A tensor of n fp32 values is cut into blocks of kSumBlock elements (the

@@ -1,4 +1,4 @@
-// The 0/1 Adam element rules (spec zero-one-adam.md section 4, DECISIONS
+// The 0/1 Adam element rules (docs/design/zero-one-adam.md section 4, decisions.md
 // Z1, S1), written once for every backend. Full steps are 1-bit Adam's
 // warmup rule (onebit_warmup); these are the other kinds of step.
 #pragma once

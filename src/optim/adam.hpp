@@ -1,5 +1,5 @@
-// Adam and AdamW (spec adam.md, DECISIONS A1/A2): fp32 moments, one step
-// counter per group, the update of math/adam.hpp on every device.
+// Adam and AdamW (docs/design/adam.md, decisions.md A1/A2): fp32 moments,
+// one step counter per group, the update of math/adam.hpp on every device.
 #pragma once
 #include "optim/moments.hpp"
 #include "optim/optimizer.hpp"

@@ -1,5 +1,5 @@
 // The rank-local error buffers of a CompressedAllreduce in the state blob
-// (DECISIONS K1/K2): saved with the world size that produced them, restored
+// (docs/design/decisions.md K1/K2): saved with the world size that produced them, restored
 // only at that world size (zero otherwise). Shared by the 1-bit optimizers.
 #pragma once
 #include <cstdint>

@@ -21,7 +21,7 @@ struct LossScaleConfig {
   double min_scale = 1.0;
 };
 
-// "divergence_check" (README "Divergence that stays finite"; the rule in
+// "divergence_check" (docs/reference/c-api.md "Divergence that stays finite"; the rule in
 // optim/divergence_check.hpp).
 struct DivergenceConfig {
   bool enabled = true;
@@ -46,7 +46,7 @@ struct PipelineConfig {
   double comm_timeout_s = 0.0;
 };
 
-// zero_optimization (spec zero.md section 2; README "ZeRO").
+// zero_optimization (docs/design/zero.md section 2; docs/guides/zero.md "ZeRO").
 struct ZeroConfig {
   int stage = 0;                           // 0: replicated state; 1, 2: sharded (ZeroAdam)
   int64_t reduce_bucket_size = 500000000;  // elements per gradient reduce-scatter
@@ -71,7 +71,7 @@ struct OptimizerConfig {
   AdamHyper defaults;             // optimizer.params
   std::vector<AdamHyper> groups;  // one per group (defaults + param_groups overrides)
   std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed
-  int64_t freeze_step = 100000;   // 1-bit optimizers: see README
+  int64_t freeze_step = 100000;   // 1-bit optimizers: docs/reference/config.md
   bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
   double stabilize_limit = 4.0;   // its momentum limit (math/stabilized_momentum.hpp)
 
@@ -81,12 +81,12 @@ struct OptimizerConfig {
     return stabilize ? onebit_momentum_limit(stabilize_limit, beta2, variance_updates) : 0.0f;
   }
   LambCoeffConfig lamb;           // 1-bit LAMB's trust-ratio and factor settings
-  // 0/1 Adam (spec zero-one-adam.md section 1; README "0/1 Adam").
+  // 0/1 Adam (docs/design/zero-one-adam.md section 1; docs/optimizers/zero-one-adam.md "0/1 Adam").
   int64_t var_freeze_step = 100000;
   int64_t var_update_scaler = 16;
   int64_t local_step_scaler = 32678;
   int64_t local_step_clipper = 16;
-  bool decoupled_sync_weight_decay = false;  // DECISIONS Z1
+  bool decoupled_sync_weight_decay = false;  // docs/design/decisions.md Z1
   PipelineConfig pipeline;
   ZeroConfig zero;
   std::string canonical;          // normalised JSON text, for cross-rank agreement

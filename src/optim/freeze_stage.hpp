@@ -1,5 +1,5 @@
 // The warmup/compression stage machine of the 1-bit optimizers that freeze
-// the variance (spec onebit-adam.md section 4, DECISIONS G2): DeepSpeed's
+// the variance (docs/design/onebit-adam.md section 4, decisions.md G2): DeepSpeed's
 // counter k = applied updates + 1 decides, and a blob restores the saved
 // stage unless freeze_step changed.
 #pragma once

@@ -1,4 +1,4 @@
-// Loss scaling (DECISIONS G5): the ZeRO DynamicLossScaler rules with
+// Loss scaling (docs/design/decisions.md G5): the ZeRO DynamicLossScaler rules with
 // documented defaults, or a static scale, or none (scale 1).
 #pragma once
 #include <cstdint>

@@ -15,7 +15,7 @@ class Moments {
  public:
   // Zero moments for every parameter; blob sections named <prefix>.exp_avg
   // and <prefix>.exp_avg_sq. `momentum_tail` extra zero floats follow the
-  // momenta in the same buffer (1-bit LAMB's padding, DECISIONS L4); they
+  // momenta in the same buffer (1-bit LAMB's padding, docs/design/decisions.md L4); they
   // are not part of these sections.
   Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail = 0);
   // Zero moments of `numel` elements (a ZeRO shard).

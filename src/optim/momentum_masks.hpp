@@ -1,4 +1,4 @@
-// Momentum masks of the 1-bit optimizers (dsopt_set_momentum_mask, DECISIONS
+// Momentum masks of the 1-bit optimizers (dsopt_set_momentum_mask, docs/design/decisions.md
 // O2): one optional fp32 copy per parameter in the optimizer's device
 // memory, applied after decompression, never saved in a blob.
 #pragma once

@@ -79,7 +79,7 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
     const std::vector<AdamSlot>& slots = moments_.all_slots(params(), grads);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
-    // DeepSpeed's counter k = updates + 1 (DECISIONS G2).
+    // DeepSpeed's counter k = updates + 1 (docs/design/decisions.md G2).
     if (FreezeStage::due(group_step(0), config().freeze_step)) enter_compression(group_step(0));
     return false;
   }

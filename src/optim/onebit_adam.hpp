@@ -1,4 +1,4 @@
-// 1-bit Adam (README "1-bit Adam"): Adam for a warmup, then frozen
+// 1-bit Adam (docs/optimizers/onebit-adam.md "1-bit Adam"): Adam for a warmup, then frozen
 // variance and momentum averaged through the 1-bit compressed allreduce.
 #pragma once
 #include <memory>

@@ -70,7 +70,7 @@ std::vector<AdamConsts> OneBitLamb::consts() const {
   std::vector<AdamConsts> c;
   for (size_t i = 0; i < size_t(params().count()); ++i) {
     const AdamHyper& h = group(params().params()[i].group);
-    c.push_back(onebit_consts(h, false, 1, 1));  // no bias correction (README "1-bit LAMB")
+    c.push_back(onebit_consts(h, false, 1, 1));  // no bias correction (docs/optimizers/onebit-lamb.md "1-bit LAMB")
     if (!stage_.compressing) continue;
     c.back().tensor_scale = float(scaling_[i]);
     c.back().momentum_limit = config().momentum_limit(h.beta2, stage_.frozen_after);
@@ -100,7 +100,7 @@ void OneBitLamb::apply(const std::vector<AdamSlot>& s, std::vector<AdamConsts>& 
 bool OneBitLamb::update(const PreparedGrads& grads) {
   if (!stage_.compressing) {
     warmup(grads);
-    // DeepSpeed's counter k = updates + 1 (DECISIONS G2).
+    // DeepSpeed's counter k = updates + 1 (docs/design/decisions.md G2).
     if (FreezeStage::due(group_step(0), config().freeze_step)) enter_compression(group_step(0));
     return false;
   }

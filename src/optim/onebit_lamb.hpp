@@ -1,4 +1,4 @@
-// 1-bit LAMB (spec onebit-lamb.md, DECISIONS G2, L1-L4, S1, K1-K2): LAMB
+// 1-bit LAMB (docs/design/onebit-lamb.md, decisions.md G2, L1-L4, S1, K1-K2): LAMB
 // without bias correction and with an EMA of each tensor's trust ratio for
 // a warmup, then frozen variance and trust ratio, and every momentum in one
 // fused buffer averaged through the 1-bit compressed allreduce.

@@ -32,8 +32,8 @@ struct StepResult {
   int32_t phase = DSOPT_PHASE_SKIPPED;  // what the step did (DSOPT_PHASE_*)
   bool grads_replicated = false;  // a checked step's gradients were equal on every rank
   bool diverging = false;  // in a divergence episode (optim/divergence_check.hpp)
-  // Non-empty when the run is not progressing (DECISIONS S2): dsopt_step
-  // then returns DSOPT_ENONFINITE with this message.
+  // Non-empty when the run is not progressing (docs/design/decisions.md S2):
+  // dsopt_step then returns DSOPT_ENONFINITE with this message.
   std::string alarm;
 };
 

@@ -1,6 +1,6 @@
 // The caller's parameters as an optimizer sees them: borrowed buffers, their
 // place in dsopt's flat fp32 arrays, and fp32 master copies of 16-bit ones
-// (DECISIONS G7).
+// (docs/design/decisions.md G7).
 #pragma once
 #include <cstdint>
 #include <string>

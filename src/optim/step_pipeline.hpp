@@ -1,4 +1,4 @@
-// What every optimizer does with gradients before its update (DECISIONS
+// What every optimizer does with gradients before its update (docs/design/decisions.md
 // G3-G6): argument checks agreed across ranks, non-finite check, averaging,
 // unscaling, clipping; and the loss-scale update after it.
 #pragma once

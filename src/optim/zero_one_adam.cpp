@@ -146,7 +146,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
 
 void ZeroOneAdam::freeze() {
   // The errors carried gradient errors; from now on they carry accumulator
-  // errors (spec section 3). Phase 2 starts from the current parameters.
+  // errors (docs/design/zero-one-adam.md section 3). Phase 2 starts from the current parameters.
   sched_.frozen = 1;
   if (car_) car_->reset_errors();
   kernels().fill_zero(acc_.get(), acc_.bytes());

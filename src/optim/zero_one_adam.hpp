@@ -1,4 +1,4 @@
-// 0/1 Adam (spec zero-one-adam.md, DECISIONS G2, Z1-Z2, S1, K1-K2):
+// 0/1 Adam (docs/design/zero-one-adam.md, decisions.md G2, Z1-Z2, S1, K1-K2):
 // variance updates on full-precision steps at growing intervals, 1-bit
 // gradient steps between them, then frozen variance, local steps and 1-bit
 // syncs of the lr-weighted accumulator at growing intervals.
@@ -36,7 +36,7 @@ class ZeroOneAdam final : public Optimizer {
   std::string algorithm_state_names() const override;
 
  private:
-  // The schedules of spec section 3, on DeepSpeed's counter k (G2).
+  // The schedules of docs/design/zero-one-adam.md section 3, on DeepSpeed's counter k (G2).
   struct Schedule {
     int32_t frozen = 0;            // phase 2: v frozen, local steps and syncs
     int64_t var_interval = 1;

@@ -1,5 +1,5 @@
 // Adam/AdamW state as pieces of parameters, whatever layout saved it
-// (spec zero.md section 11.6): a stage-0 blob holds every parameter's
+// (docs/design/zero.md section 11.6): a stage-0 blob holds every parameter's
 // moments (and the fp32 masters of 16-bit parameters); a ZeRO blob holds
 // its shard of them, described by its zero.layout section. Resharding
 // copies, for each piece of the new layout, the intersecting pieces of the

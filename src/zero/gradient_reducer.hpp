@@ -1,8 +1,8 @@
-// ZeRO's gradient path (spec zero.md section 5, recommended form): this
+// ZeRO's gradient path (docs/design/zero.md section 5, recommended form): this
 // rank's local gradients are packed bucket by bucket into fp32 (checked for
 // Inf/NaN on the way), each bucket is reduce-scattered as soon as it is
 // complete so that every rank receives the sum of its own piece, and the
-// shard is averaged with fl(1/(P*G)) (DECISIONS G3). One scalar allreduce
+// shard is averaged with fl(1/(P*G)) (docs/design/decisions.md G3). One scalar allreduce
 // then agrees on the status and the global norm.
 //
 // Gradients come all at once (dsopt_step) or one by one (dsopt_grad_ready,

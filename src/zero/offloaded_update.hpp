@@ -1,4 +1,4 @@
-// ZeRO-Offload's update (spec zero.md section 9, adam.md section 3.6): a
+// ZeRO-Offload's update (docs/design/zero.md section 9, adam.md section 3.6): a
 // CUDA optimizer's shard of fp32 masters and moments lives in host memory
 // and is updated by the CPU kernels. Each step the averaged gradient shard
 // comes down once (fp32); the update then runs tile by tile, and each tile's

@@ -1,4 +1,4 @@
-// ZeRO's parameter path (spec zero.md section 6.2): after the update every
+// ZeRO's parameter path (docs/design/zero.md section 6.2): after the update every
 // rank holds the new values of its own shard in the caller's buffers; an
 // allgather of the shards, in chunks of allgather_bucket_size elements,
 // writes every other rank's values into them. The wire carries the

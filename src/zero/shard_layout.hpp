@@ -1,5 +1,5 @@
-// Where every parameter element lives under ZeRO stage 1/2 (spec zero.md
-// sections 3 and 5; README "ZeRO"): one table from which reduction,
+// Where every parameter element lives under ZeRO stage 1/2 (docs/design/zero.md
+// sections 3 and 5; docs/guides/zero.md "ZeRO"): one table from which reduction,
 // update, allgather and checkpoints all take their offsets.
 //
 // The parameters are laid end to end in index order (the flat index), and

@@ -1,4 +1,4 @@
-// ZeRO stage 1 and 2 with the Adam/AdamW update (spec zero.md; README
+// ZeRO stage 1 and 2 with the Adam/AdamW update (docs/design/zero.md; README
 // "ZeRO"): this rank keeps the moments, and fp32 masters of 16-bit
 // parameters, for its shard only; gradients are reduce-scattered into the
 // shard, the update runs on it, and the parameters are allgathered back

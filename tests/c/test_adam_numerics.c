@@ -1,6 +1,6 @@
-/* Adam and AdamW on one process against references written from the README
+/* Adam and AdamW on one process against references written from docs/optimizers/adam.md
  * ("What one step computes"): a double-precision one within a tolerance,
- * and the README's fp32 operations, which the library must match bit for
+ * and its fp32 operations, which the library must match bit for
  * bit. Every (parameter dtype, gradient dtype) pair, odd sizes, two
  * parameter groups with different hyperparameters, learning-rate changes in
  * the middle of the run. */

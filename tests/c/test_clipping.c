@@ -1,4 +1,4 @@
-/* Gradient norm and clipping (README step 4): norm = sqrt(sum a^2) / S,
+/* Gradient norm and clipping (docs/optimizers/adam.md step 4): norm = sqrt(sum a^2) / S,
  * coef = min(1, clip / (norm + 1e-6)), gradients multiplied by coef / S;
  * info.grad_norm is the norm before clipping, or -1 when not computed. */
 #include <math.h>

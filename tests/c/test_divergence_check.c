@@ -1,11 +1,11 @@
-/* dsopt_step_info.diverging (README "Divergence that stays finite") on
+/* dsopt_step_info.diverging (docs/reference/c-api.md "Divergence that stays finite") on
  * synthetic gradient sequences whose global norm follows a chosen course:
  * steady, noisy but healthy, slowly growing (never reported), exploding and
  * spiking (reported within a few steps), climbing faster than the reference
  * follows (reported once 20x above it), for every optimizer (their local
  * norms in compressed stages too), through dsopt_step and dsopt_grad_ready.
  * On every step every rank reports the same, and what support/divergence_ref
- * (the README's rule fed with info.grad_norm) says. The state travels in
+ * (the rule of docs/reference/c-api.md fed with info.grad_norm) says. The state travels in
  * the blob: a resumed run continues bit-identically, a blob without the
  * section loads (the check starts over), a damaged one is refused. Config
  * validation, "enabled": false, and callers of the older header. */

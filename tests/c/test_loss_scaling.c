@@ -1,6 +1,6 @@
-/* The loss scaler and non-finite skipping (README "Loss scaling" and step
+/* The loss scaler and non-finite skipping (docs/optimizers/adam.md "Loss scaling" and step
  * 2): after every step info.loss_scale, info.skipped and info.step follow a
- * reference of the README's rule; applied steps unscale by the scale the
+ * reference of docs/optimizers/adam.md's rule; applied steps unscale by the scale the
  * gradients were produced with; skipped steps change nothing. */
 #include <math.h>
 #include <stdlib.h>

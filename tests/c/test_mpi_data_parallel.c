@@ -1,6 +1,6 @@
 /* Data-parallel Adam over MPI: every rank has its own gradients; after each
  * step the parameters are bit-identical on every rank and match a double
- * reference of Adam on the averaged gradient (README step 3); a non-finite
+ * reference of Adam on the averaged gradient (docs/optimizers/adam.md step 3); a non-finite
  * gradient on one rank skips the step on every rank; a step sends what a
  * ring allreduce of the gradients sends. */
 #include <math.h>

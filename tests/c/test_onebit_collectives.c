@@ -1,6 +1,6 @@
 /* The number of MPI collectives a 1-bit Adam, 1-bit LAMB or 0/1 Adam step
  * makes does not depend on the number of tensors: all tensors travel
- * together (README "The compressed allreduce"; 1-bit LAMB compresses one
+ * together (docs/optimizers/onebit-adam.md "The compressed allreduce"; 1-bit LAMB compresses one
  * fused buffer). The MPI functions dsopt uses are intercepted here
  * through the profiling interface (this program defines MPI_Allreduce etc.,
  * counts, and forwards to PMPI_*), and the counts of steps with 2 and with

@@ -91,7 +91,7 @@ static void mean_grads(float *mean[NT], int step) {
 }
 
 /* ---- the reference: AdamW with bias correction, in fp32 ------------------------------
- * Written from the README's step: m = beta1 m + (1 - beta1) g,
+ * Written from docs/optimizers/adam.md's step: m = beta1 m + (1 - beta1) g,
  * v = beta2 v + (1 - beta2) g^2, p -= lr wd p, p += -lr/(1 - beta1^t) *
  * m / (sqrt(v) / sqrt(1 - beta2^t) + eps), with the library's roundings. */
 
@@ -204,7 +204,7 @@ static int step(dsopt_optimizer *opt, model *m, int k) {
   return CHECK_OK(dsopt_step(opt, m->grads, NT, NULL));
 }
 
-/* The compressed allreduce's padded length (README "The compressed
+/* The compressed allreduce's padded length (docs/optimizers/onebit-adam.md "The compressed
  * allreduce"): n rounded up to a multiple of P * lcm(P, 8). */
 static int64_t padded_length(int64_t n, int world) {
   int64_t a = world, b = 8;

@@ -84,7 +84,7 @@ void exercise(dsopt_optimizer* opt, Model& m) {
 }
 
 const char* const kSeeds[][2] = {
-    // Valid: every key of the README's tables, per optimizer.
+    // Valid: every key of docs/reference/config.md, per optimizer.
     {"adam_minimal", R"({"optimizer": {"type": "Adam"}})"},
     {"adamw_all_keys", R"({"device": "cpu", "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01, "bias_correction": true, "adam_w_mode": true, "amsgrad": false, "comm_backend_name": "nccl", "cuda_aware": false}}, "gradient_clipping": 1.0, "skip_nonfinite": true, "max_consecutive_skips": 50, "report_grad_norm": true, "threads": 1, "cuda_aware": false, "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8, "steps_per_print": 10, "wall_clock_breakdown": false})"},
     {"adam_l2_groups", R"({"optimizer": {"type": "adam", "params": {"lr": 0.01, "weight_decay": 0.1, "adam_w_mode": false, "bias_correction": false}}, "param_groups": [{"lr": 0.02}, {"betas": [0.8, 0.99], "eps": 1e-4, "weight_decay": 0}, {"lr": 0}]})"},

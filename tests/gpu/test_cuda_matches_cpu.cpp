@@ -1,4 +1,4 @@
-// "device": "cuda" gives the same bits as "device": "cpu" (README, "What
+// "device": "cuda" gives the same bits as "device": "cpu" (docs/optimizers/adam.md, "What
 // one step computes": CPU vector code, CPU scalar code and the CUDA kernel
 // run the same function). For every parameter dtype x gradient dtype, odd
 // tensor sizes in one optimizer and several configs (AdamW with clipping,

@@ -1,5 +1,5 @@
 // 1-bit Adam, 1-bit LAMB and 0/1 Adam with "device": "cuda" give the same bits as "device": "cpu" on
-// one rank (where the compressed allreduce is the identity, DECISIONS C5):
+// one rank (where the compressed allreduce is the identity, docs/design/decisions.md C5):
 // the warmup rule, the compression-stage rules (momentum, then the
 // parameter from the frozen v) and the momentum masks (a device buffer for
 // the CUDA optimizer, a host buffer for the CPU one; one mask cleared

@@ -375,7 +375,7 @@ void run_case(Kernels& cpu, int world, const std::vector<int64_t>& sizes, bool c
 }
 
 void ballot_bytes_are_msb_first() {
-  // Signs [+,-,-,-,-,-,-,+] -> 0x81 (compressed-allreduce.md section 5).
+  // Signs [+,-,-,-,-,-,-,+] -> 0x81 (docs/design/compressed-allreduce.md section 5).
   check(cuda::car_ballot_byte(0x81u, 0) == 0x81, "ballot byte 0");
   check(cuda::car_ballot_byte(0x01u << 8, 1) == 0x80, "ballot byte 1: element 8 is the MSB");
   check(cuda::car_ballot_byte(0x80000000u, 3) == 0x01, "ballot byte 3: element 31 is the LSB");

@@ -5,7 +5,7 @@
 // and pins through the device. Offloaded and device-resident optimizers
 // must give bit-identical parameters after every step (fp32, bf16 and fp16
 // parameters, tiles smaller than the shard, clipping), identical state
-// blobs, blobs that load across the two, and the memory split the README
+// blobs, blobs that load across the two, and the memory split docs/guides/zero.md
 // states. Runs under mpirun at 1, 2 and 4 ranks.
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>

@@ -1,4 +1,4 @@
-"""Float64 reference of one dsopt Adam/AdamW step, from the README contract
+"""Float64 reference of one dsopt Adam/AdamW step, from docs/optimizers/adam.md
 ("What one step computes"). Scalar constants are formed as the contract
 says (fp32 hyperparameters, beta^t = float(pow(double(beta), t))); the
 element math runs in float64 on a float64 master copy."""
@@ -90,7 +90,7 @@ def clip_multiplier(grads, clip, scale=1.0):
 
 
 class LossScalerReference:
-    """The README's dynamic loss scaler; static when ``static_scale > 0``."""
+    """The dynamic loss scaler of docs/optimizers/adam.md; static when ``static_scale > 0``."""
 
     def __init__(self, initial_scale_power=16, window=1000, hysteresis=2,
                  consecutive_hysteresis=False, min_scale=1.0, static_scale=0.0):

@@ -1,5 +1,5 @@
-"""numpy reference of 1-bit LAMB, written from the spec (onebit-lamb.md
-section 5) and DECISIONS L1-L4, S1: warmup LAMB with the per-tensor trust
+"""numpy reference of 1-bit LAMB, written from docs/design/onebit-lamb.md
+section 5 and decisions.md L1-L4, S1: warmup LAMB with the per-tensor trust
 ratio and its EMA, the transition (vf = v, scaling_coeff from the momentum
 RMS, 1.0 for an all-zero momentum), and the compression stage on one fused
 buffer (padding tail kept between steps) through the compressed allreduce.

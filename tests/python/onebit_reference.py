@@ -1,5 +1,5 @@
 """numpy reference of 1-bit Adam and of its compressed allreduce (CAR), from
-the README ("1-bit Adam", "The compressed allreduce", "What one step
+the docs/optimizers/onebit-adam.md ("1-bit Adam", "The compressed allreduce", "What one step
 computes") and of the stabilized compression stage (the applied momentum
 clamped to +-L sqrt(v), src/math/onebit_adam.hpp). Every fp32 operation of
 the contract is one numpy float32 operation here, in the same order; fused
@@ -212,7 +212,7 @@ def average(per_rank, inv):
 
 
 def prepare_grads(opt, grads_per_rank, compressing):
-    """The step pipeline (README step 1-4; G3, G4, G6) for an optimizer
+    """The step pipeline (docs/optimizers/adam.md steps 1-4; G3, G4, G6) for an optimizer
     reference with world, clip, report_norm and loss_scale: None when some
     rank's gradient is not finite (the step is skipped), else (local fp32
     gradients per rank, averaged gradients, the reported norm, the fp32
@@ -291,7 +291,7 @@ def momentum_limit(stabilize_limit, beta2, frozen_after):
 
 
 class OneBitAdamReference:
-    """Data-parallel 1-bit Adam on ``world`` ranks, as the README computes it.
+    """Data-parallel 1-bit Adam on ``world`` ranks, as docs/optimizers/onebit-adam.md computes it.
 
     ``params``: initial parameter arrays (float32, float16, or uint16 bf16
     bits with kind "bf16"); ``kinds``: "fp32"/"fp16"/"bf16" per parameter.

@@ -1,4 +1,4 @@
-"""Adam (L2) and AdamW against the float64 reference of the README contract."""
+"""Adam (L2) and AdamW against the float64 reference of docs/optimizers/adam.md."""
 
 import numpy as np
 import pytest

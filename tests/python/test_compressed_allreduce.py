@@ -1,4 +1,4 @@
-"""The compressed allreduce (README "The compressed allreduce (CAR)") against
+"""The compressed allreduce (docs/optimizers/onebit-adam.md "The compressed allreduce (CAR)") against
 the numpy reference in onebit_reference.py, bit for bit.
 
 One ``mpirun -np P`` of the car_driver program (tests/internal/car_driver.cpp,
@@ -366,7 +366,7 @@ def test_time_average_of_repeated_calls_converges_to_the_mean(run):
 
 
 def test_reference_padding_rule_is_deepspeeds_table():
-    """unit = P * lcm(P, 8) (compressed-allreduce.md section 2)."""
+    """unit = P * lcm(P, 8) (docs/design/compressed-allreduce.md section 2)."""
     table = {1: 8, 2: 16, 4: 32, 8: 64, 16: 256, 64: 4096, 256: 65536, 1024: 1 << 20, 3: 72}
     for world, unit in table.items():
         assert padded_length(1, world) == unit

@@ -1,4 +1,4 @@
-"""Compression in the update's units (README "Compression in the update's
+"""Compression in the update's units (docs/optimizers/onebit-adam.md "Compression in the update's
 units"): with the stabilized rule and more than one rank, 1-bit Adam
 compresses clamp(m) / d, 0/1 Adam clamp(g) / d and its accumulator as it
 is, 1-bit LAMB clamp(m) / d (and takes LAMB's trust ratio every step), d =

@@ -1,5 +1,5 @@
 """How a divergence that stays finite is reported: StepInfo.diverging
-follows the README's rule (examples/python/divergence_rule.py replays it on
+follows the rule of docs/reference/c-api.md (examples/python/divergence_rule.py replays it on
 the reported norms), and dsopt.DivergenceWarning is issued once per
 episode, on its first step. Synthetic gradients whose norm follows a chosen
 course; local communicator, in process."""

@@ -1,4 +1,4 @@
-"""1-bit Adam (README "1-bit Adam") on 1, 2 and 4 ranks against the numpy
+"""1-bit Adam (docs/optimizers/onebit-adam.md "1-bit Adam") on 1, 2 and 4 ranks against the numpy
 reference of onebit_reference.py: parameters, moments and compression errors
 bit for bit, the stage of every step, the bytes sent, resuming from blobs
 (same and other world size, other freeze_step), and a small training run

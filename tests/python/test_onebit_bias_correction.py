@@ -1,4 +1,4 @@
-"""Bias correction of 1-bit Adam and 0/1 Adam (README "Bias correction of
+"""Bias correction of 1-bit Adam and 0/1 Adam (docs/optimizers/onebit-adam.md "Bias correction of
 the 1-bit optimizers"): the warmup is Adam with both moments corrected, the
 rule travels in the state blob, blobs written before it existed continue
 without it, and 1-bit LAMB accepts the key and ignores it.

@@ -1,4 +1,4 @@
-"""1-bit LAMB (README "1-bit LAMB") on 1, 2 and 4 ranks against the numpy
+"""1-bit LAMB (docs/optimizers/onebit-lamb.md "1-bit LAMB") on 1, 2 and 4 ranks against the numpy
 reference of onebit_lamb_reference.py: parameters, m (the fused buffer and
 its padding tail), v, vf, the per-tensor coefficients and every rank's
 compression errors bit for bit, across the transition; resuming from blobs

@@ -22,7 +22,7 @@ AdamW under ZeRO stage 2 (buckets of 4,096 elements, smaller than the
 models' largest tensors) ends where AdamW ends, on 4 ranks and on one, on
 both models, without a skipped step.
 
-Divergence that stays finite (StepInfo.diverging, README "Divergence that
+Divergence that stays finite (StepInfo.diverging, docs/reference/c-api.md "Divergence that
 stays finite"): never reported on any of the healthy runs above, the same
 on every rank of every run, and reported within a few steps of a blow-up
 whose gradient norm jumps by orders of magnitude with every value finite

@@ -1209,8 +1209,8 @@ def test_state_is_a_live_view_with_torchs_keys_shapes_and_dtypes(name, device):
 @pytest.mark.parametrize("beta2", [0.999, 0.9999])
 @pytest.mark.parametrize("name", NAMES)
 def test_exp_avg_sq_differs_from_torchs_only_by_the_fp32_rounding_of_one_minus_beta2(name, beta2):
-    """dsopt forms (1 - beta2) in fp32 from fp32(beta2), as its spec (and
-    DeepSpeed's CPU Adam) does; torch uses the double. So dsopt's
+    """dsopt forms (1 - beta2) in fp32 from fp32(beta2), as DeepSpeed's CPU
+    Adam does (docs/design/adam.md section 3.4); torch uses the double. So dsopt's
     exp_avg_sq is torch's times (1 - fp32(beta2)) / (1 - beta2), to fp32
     rounding: 1 - 1.3e-5 for 0.999, 1 + 1.7e-4 for 0.9999 (optimizer.state
     and torch_state_dict() show it). The bias correction uses the same

@@ -1,4 +1,4 @@
-"""ZeRO stage 1 and 2 (README "ZeRO"): stage 1/2 against stage-0 data
+"""ZeRO stage 1 and 2 (docs/guides/zero.md "ZeRO"): stage 1/2 against stage-0 data
 parallelism on 1, 2, 3 and 4 ranks under mpirun (mpi_zero.py makes every
 check on the ranks; a test here fails with that run's traceback), resume,
 resharding 2 -> 4, 4 -> 2 and 4 -> 3 (from stage 2 and from stage 0, into

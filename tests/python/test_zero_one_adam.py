@@ -1,4 +1,4 @@
-"""0/1 Adam (README "0/1 Adam") on 1, 2 and 4 ranks against the numpy
+"""0/1 Adam (docs/optimizers/zero-one-adam.md "0/1 Adam") on 1, 2 and 4 ranks against the numpy
 reference of zoadam_reference.py: parameters, moments, accumulators, the
 parameters of the last sync, compression errors and schedules bit for bit
 on every rank, through full, 1-bit, local and sync steps; the phase, the
@@ -131,7 +131,7 @@ def test_schedule_of_the_phases():
 def test_replicas_are_bit_identical_after_every_sync(world, results):
     """Between syncs the ranks' parameters differ (local steps); the sync
     rebuilds them from the parameters of the last sync, the same on every
-    rank (spec section 4, "Recommended for the library")."""
+    rank (docs/design/zero-one-adam.md section 4, "Recommended for the library")."""
     sc = runs.BY_NAME["weight_decay"]
     ref, infos = scenario_reference(sc.name, world)
     assert infos[-1]["phase"] == LOCAL

@@ -118,7 +118,7 @@ MEMORY = Scenario("memory", sizes=(1001, 437, 2), kinds=("bf16",) * 3, groups=(0
 
 
 def expected_host_bytes(sc: Scenario, world: int) -> dict:
-    """dsopt's accounting for MEMORY, from the layout rule (README "ZeRO"):
+    """dsopt's accounting for MEMORY, from the layout rule (docs/guides/zero.md "ZeRO"):
     stage 0 keeps masters and moments of every element (and, from the first
     step at P > 1, the averaged-gradient buffer with its status element);
     ZeRO keeps masters, moments and the averaged gradient of its shard,

@@ -1,5 +1,5 @@
-"""numpy reference of 0/1 Adam, from the spec (zero-one-adam.md sections 3
-and 4) with dsopt's decisions (README "0/1 Adam"): G2's counter
+"""numpy reference of 0/1 Adam, from docs/design/zero-one-adam.md sections 3
+and 4 with dsopt's decisions (decisions.md; docs/optimizers/zero-one-adam.md "0/1 Adam"): G2's counter
 k = updates + 1, Z1 (DeepSpeed's weight decay inside the accumulator, or
 decoupled_sync_weight_decay), Z2 (one rank: 1-bit steps use the local
 gradient), the parameters of the last sync kept so replicas stay

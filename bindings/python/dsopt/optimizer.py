@@ -33,7 +33,7 @@ class StepInfo:
     grads_replicated: bool = False
     # the global gradient norm has stayed far above its own recent history
     # (every value finite): 1 on every step of such an episode
-    # ("divergence_check" in the config; README "Divergence that stays finite")
+    # ("divergence_check" in the config; docs/reference/c-api.md "Divergence that stays finite")
     diverging: bool = False
 
     @classmethod
@@ -105,7 +105,7 @@ class DivergenceWarning(RuntimeWarning):
     divergence that skips no step. ``Optimizer.step`` (and the
     ``dsopt.torch`` optimizers) warn once per episode, on its first step;
     every rank warns alike. The rule and its config key
-    ``"divergence_check"`` are in the README ("Divergence that stays
+    ``"divergence_check"`` are in the docs/reference/c-api.md ("Divergence that stays
     finite")."""
 
 
@@ -127,7 +127,7 @@ def _is_power_of_ten(n: int) -> bool:
 class Optimizer:
     """``Optimizer(config, params, comm=None, groups=None)``
 
-    ``config``: dict or JSON text (see the README). ``params``: list of
+    ``config``: dict or JSON text (docs/reference/config.md). ``params``: list of
     C-contiguous, writable arrays (numpy float32 / float16, bf16 as
     ``dsopt.bf16(uint16 array)`` or ``(uint16 array, "bfloat16")``), updated
     in place by ``step``. ``comm``: a ``dsopt.Communicator``; None creates a
@@ -467,7 +467,7 @@ class Optimizer:
         """The CPU threads of this optimizer's host work: the config's
         ``"threads"``, or by default this process's share of the cores it
         may run on among the communicator's ranks on the same machine and
-        cores (``OMP_NUM_THREADS``, when set, instead; see the README)."""
+        cores (``OMP_NUM_THREADS``, when set, instead; docs/reference/config.md)."""
         out = ffi.new("int32_t *")
         check(lib.dsopt_get_threads(self._live(), out))
         return int(out[0])

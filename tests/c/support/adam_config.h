@@ -22,7 +22,7 @@ typedef struct adam_config {
   const char *extra;   /* more top-level members as raw JSON ("\"fp16\": {...}"), or NULL */
 } adam_config;
 
-/* The README's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, no decay. */
+/* The defaults (docs/reference/config.md): lr 1e-3, betas (0.9, 0.999), eps 1e-8, no decay. */
 hyper default_hyper(void);
 /* AdamW, bias correction on, one group with `base`. */
 adam_config adamw_config(hyper base);

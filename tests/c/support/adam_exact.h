@@ -1,4 +1,4 @@
-/* The README's step ("What one step computes", steps 4-6) operation by
+/* The step of docs/optimizers/adam.md (steps 4-6) operation by
  * operation in fp32 with explicit fused multiply-adds: the library's results
  * must equal it bit for bit. Compiled with -ffp-contract=off. */
 #ifndef DSOPT_TESTS_ADAM_EXACT_H
@@ -23,7 +23,7 @@ void adam_exact_init(adam_exact *r, const adam_config *c, const model *m);
 void adam_exact_free(adam_exact *r);
 void adam_exact_set_lr(adam_exact *r, double lr);
 /* One applied step on fp32 gradients a[i][j] (exact fp32 values) with the
- * multiplier `mul` of README step 4. */
+ * multiplier `mul` of docs/optimizers/adam.md step 4. */
 void adam_exact_step(adam_exact *r, double *const *a, float mul);
 /* Whether every parameter has exactly the reference's bits (16-bit ones: the
  * fp32 master rounded to nearest even). */

@@ -40,7 +40,7 @@ void adam_ref_set_lr(adam_ref *r, double lr) {
   for (int g = 0; g < r->num_groups; ++g) r->group[g].lr = lr;
 }
 
-/* The README's update runs on fp32 constants, so the hyperparameters enter
+/* The update (docs/optimizers/adam.md) runs on fp32 constants, so the hyperparameters enter
  * as floats; only the arithmetic is exact here. (1 - float(0.999) differs
  * from 0.001 by 1.3e-5 relative: more than the tolerance.) */
 static hyper as_fp32(const hyper *h) {

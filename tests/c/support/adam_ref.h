@@ -1,5 +1,5 @@
 /* Adam / AdamW in double precision, element by element, following the
- * README ("What one step computes", steps 4-6) with exact arithmetic in
+ * docs/optimizers/adam.md ("What one step computes", steps 4-6) with exact arithmetic in
  * place of fp32 roundings: the reference the library is compared to within
  * a tolerance. */
 #ifndef DSOPT_TESTS_ADAM_REF_H
@@ -31,7 +31,7 @@ void adam_ref_step(adam_ref *r, double *const *a, double mul);
 
 /* sqrt(sum of a^2) over every element of every tensor. */
 double sum_squares_norm(double *const *a, const int64_t *numel, int count);
-/* coef / S of README step 4 (coef = 1 when clip <= 0). */
+/* coef / S of docs/optimizers/adam.md step 4 (coef = 1 when clip <= 0). */
 double clip_multiplier(double norm_of_a, double loss_scale, double clip);
 
 /* Whether every parameter is within tolerance of the reference: within

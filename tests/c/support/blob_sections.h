@@ -1,4 +1,4 @@
-/* Reading a state blob's named sections (layout: README "State blobs",
+/* Reading a state blob's named sections (layout: docs/guides/checkpoints.md "State blobs",
  * src/state/blob.hpp), for tests that look inside or damage blobs. */
 #ifndef DSOPT_TESTS_BLOB_SECTIONS_H
 #define DSOPT_TESTS_BLOB_SECTIONS_H

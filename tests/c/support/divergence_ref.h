@@ -1,4 +1,4 @@
-/* The README's divergence rule ("Divergence that stays finite"), one
+/* The divergence rule of docs/reference/c-api.md ("Divergence that stays finite"), one
  * observed gradient norm at a time, in doubles: what dsopt_step_info.diverging
  * must say after each step. */
 #ifndef DSOPT_TESTS_DIVERGENCE_REF_H

@@ -1,4 +1,4 @@
-/* The README's loss scaler ("Loss scaling"), as a reference. */
+/* The loss scaler of docs/optimizers/adam.md ("Loss scaling"), as a reference. */
 #ifndef DSOPT_TESTS_SCALER_REF_H
 #define DSOPT_TESTS_SCALER_REF_H
 

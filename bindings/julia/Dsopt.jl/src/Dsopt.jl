@@ -586,7 +586,7 @@ averaged them already and dsopt averaged them again; checked while the run
 has applied fewer than 3 steps, `false` on later steps and at one rank.
 `diverging`: the global gradient norm has stayed far above its own recent
 history while every value is finite; `true` on every step of such an
-episode, the same on every rank (README "Divergence that stays finite", the
+episode, the same on every rank (docs/reference/c-api.md "Divergence that stays finite", the
 config key `"divergence_check"`).
 """
 struct StepInfo

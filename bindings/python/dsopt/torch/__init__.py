@@ -145,7 +145,7 @@ What differs from torch.optim:
   passes all of them). ``memory_usage()`` is the bytes dsopt holds here.
 
 ``Optimizer(params, config, comm=None, *, overlap=False)`` takes a dsopt
-config dict (README "Configuration") without ``param_groups``: each torch
+config dict (docs/reference/config.md "Configuration") without ``param_groups``: each torch
 group becomes one dsopt group. ``"device": "cuda"`` for CUDA tensors (the
 classes infer it).
 

@@ -305,7 +305,7 @@ def _stabilize(stabilize, stabilize_limit):
 
 
 class OneBitAdam(_TorchStyle):
-    """1-bit Adam (dsopt ``"OneBitAdam"``; README "1-bit Adam") with
+    """1-bit Adam (dsopt ``"OneBitAdam"``; docs/optimizers/onebit-adam.md "1-bit Adam") with
     torch-style hyperparameters; weight decay is decoupled, both moments are
     bias-corrected as AdamW's (``bias_correction=False`` with
     ``stabilize=False``: DeepSpeed's rule).
@@ -338,7 +338,7 @@ class OneBitAdam(_TorchStyle):
 
 
 class OneBitLamb(_TorchStyle):
-    """1-bit LAMB (dsopt ``"OneBitLamb"``; README "1-bit LAMB") with
+    """1-bit LAMB (dsopt ``"OneBitLamb"``; docs/optimizers/onebit-lamb.md "1-bit LAMB") with
     torch-style hyperparameters; weight decay is decoupled, no bias
     correction.
 
@@ -374,7 +374,7 @@ class OneBitLamb(_TorchStyle):
 
 
 class ZeroOneAdam(_TorchStyle):
-    """0/1 Adam (dsopt ``"ZeroOneAdam"``; README "0/1 Adam") with
+    """0/1 Adam (dsopt ``"ZeroOneAdam"``; docs/optimizers/zero-one-adam.md "0/1 Adam") with
     torch-style hyperparameters; weight decay is decoupled, both moments are
     bias-corrected (``bias_correction=False`` with ``stabilize=False``:
     DeepSpeed's rule).

@@ -37,7 +37,7 @@ pub struct StepInfo {
     pub grads_replicated: bool,
     /// The global gradient norm has stayed far above its own recent history
     /// while every value is finite: true on every step of such an episode,
-    /// the same on every rank (README "Divergence that stays finite"; the
+    /// the same on every rank (docs/reference/c-api.md "Divergence that stays finite"; the
     /// config key `"divergence_check"`).
     pub diverging: bool,
 }
@@ -104,7 +104,7 @@ unsafe impl Send for Optimizer<'_> {}
 
 impl<'a> Optimizer<'a> {
     /// Creates an optimizer from a JSON config (the DeepSpeed schema where it
-    /// overlaps, see the dsopt README) over `params`, averaging gradients
+    /// overlaps, see docs/reference/config.md) over `params`, averaging gradients
     /// over `comm`. Collective.
     ///
     /// ```no_run
