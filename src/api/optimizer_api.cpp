@@ -139,9 +139,9 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
     if (info && info->struct_size < sizeof(uint32_t))
       fail(DSOPT_EINVAL, "info->struct_size must be set to sizeof(dsopt_step_info)");
     // Handed-over gradients: the step's traffic began with the first one.
-    const uint64_t sent_before = !grads && num_grads == 0 && o.handing_over()
-                                     ? o.handover_bytes_start()
-                                     : o.comm().bytes_sent();
+    // (While they are, reductions run on dsopt's thread: the communicator's
+    // count is read only once the step has waited for them.)
+    const uint64_t sent_before = o.handing_over() ? o.handover_bytes_start() : o.comm().bytes_sent();
     const StepResult r = o.step(grads, num_grads);
     if (info) {
       dsopt_step_info full;
