@@ -39,8 +39,8 @@ void StepPipeline::fail_step(const std::string& local_error) {
   for (int r = 0; r < world; ++r)
     if (all[size_t(r)]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   fail(DSOPT_EINVAL, "dsopt_step: rank " + ranks +
-                         " passed gradients that could not be used (see that rank's error); no "
-                         "rank changed anything");
+                         " passed gradients that could not be used or abandoned the step (see "
+                         "that rank's error); no rank changed anything");
 }
 
 void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {

@@ -96,3 +96,37 @@ def test_the_torch_optimizer_agrees_on_a_sparse_gradient(overlap):
     assert "sparse" in str(errors[1])
     assert isinstance(errors[0], dsopt.InvalidArgument), errors[0]
     assert "rank 1 passed gradients that could not be used" in str(errors[0])
+
+
+def test_an_invalid_hyperparameter_on_one_rank_fails_every_ranks_step():
+    """dsopt.torch validates param_groups' values as torch does (ValueError)
+    before the step; on one rank only, the others fail too, naming it."""
+    torch = pytest.importorskip("torch")
+    import dsopt.torch as dtorch
+    world = ThreadWorld(2)
+    errors = [None, None]
+
+    def rank_main(rank):
+        params = [torch.nn.Parameter(torch.from_numpy(p)) for p in initial_params()]
+        with world.communicator(rank) as comm:
+            opt = dtorch.AdamW(params, lr=0.01, comm=comm)
+            for p, g in zip(params, gradients(rank, 0)):
+                p.grad = torch.from_numpy(g)
+            opt.step()
+            before = [p.detach().clone() for p in params]
+            if rank == 1:
+                opt.param_groups[0]["lr"] = -1.0
+            with pytest.raises((ValueError, dsopt.DsoptError)) as error:
+                opt.step()
+            errors[rank] = error.value
+            assert all(torch.equal(p, b) for p, b in zip(params, before))
+            opt.param_groups[0]["lr"] = 0.01
+            opt.step()
+            opt.dsopt.close()
+        return [p.detach().clone() for p in params]
+
+    after = world.run(rank_main)
+    assert all(torch.equal(a, b) for a, b in zip(after[0], after[1]))
+    assert "learning rate" in str(errors[1]).lower(), errors[1]
+    assert isinstance(errors[0], dsopt.InvalidArgument), errors[0]
+    assert "rank 1 passed gradients that could not be used" in str(errors[0])

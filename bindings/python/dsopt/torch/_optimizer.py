@@ -450,7 +450,10 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._sync_hyperparameters()
+        # An invalid hyperparameter on this rank fails the step everywhere
+        # (ValueError here, InvalidArgument naming this rank on the others).
+        with self.dsopt._failing_everywhere(self.dsopt._live()):
+            self._sync_hyperparameters()
         if self.overlap:
             grads = None  # handed over by the hooks (or just below, each once ready)
             # A gradient that could not be handed over (sparse, another
