@@ -436,7 +436,7 @@ MpiRequest::~MpiRequest() {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm_here(int64_t fortran_handle) {
+static std::unique_ptr<Comm> make_mpi_comm_here(int64_t fortran_handle) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);

@@ -93,13 +93,12 @@ class Optimizer {
   // The names state_view accepts, separated by single spaces.
   const std::string& state_names() const;
 
-  // Whether a step failed after it had begun to change the state (a
-  // collective of its update failed): the parameters and the state may then
-  // differ from every consistent point, on this rank and between ranks.
-  bool failed() const { return !failure_.empty(); }
   // Throws Error with the failing step's status, saying the state is
-  // inconsistent and how to recover, once failed(); `call` names the entry
-  // point in the message. Calls that would use or save the state check it.
+  // inconsistent and how to recover, once a step failed after it had begun
+  // to change the state (a collective of its update failed: the parameters
+  // and the state may then differ from every consistent point, on this rank
+  // and between ranks); `call` names the entry point in the message. Calls
+  // that would use or save the state check it.
   void require_intact(const char* call) const;
 
   // Measures (dst null) or writes the state blob; returns its size.
@@ -237,7 +236,7 @@ class Optimizer {
 
  private:
   std::string alarm(bool stuck_at_min_scale, double scale_used) const;
-  // Records that the update in progress failed (failed(), require_intact).
+  // Records that the update in progress failed (require_intact).
   void mark_failed(int status, const std::string& what);
   // The collective dsopt calls, for the handshake that starts each one.
   enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4 };

@@ -130,19 +130,21 @@ static void twin_close(twin *t) {
   model_free(&t->model_b);
 }
 
-/* Every rank calls dsopt_step on `a`; rank `bad_rank` passes `bad` (count
- * `bad_count`), the others the good gradients. */
-static void check_step_fails_everywhere(twin *t, int bad_rank, const dsopt_tensor *bad, int64_t bad_count,
-                                        const char *words_on_bad_rank, const char *what) {
+/* One rank's side of a step that fails on every rank: `is_bad` on the rank
+ * that causes it. Returns dsopt_step's status. */
+typedef int (*failing_step)(twin *t, int is_bad, const void *arg);
+
+/* Every rank makes `call` on `a` (rank `bad_rank` the bad side): every rank
+ * returns DSOPT_EINVAL, rank `bad_rank` with `words_on_bad_rank` in its
+ * message, the others naming it, and no rank's parameters or state change. */
+static void check_fails_everywhere(twin *t, int bad_rank, failing_step call, const void *arg,
+                                   const char *words_on_bad_rank, const char *what) {
   const int rank = world_rank();
   twin_gradients(t);
   uint64_t params_size, state_size, after_size;
   unsigned char *params = model_snapshot(&t->model_a, &params_size);
   unsigned char *state = state_blob(t->a, &state_size);
-  dsopt_step_info info;
-  info.struct_size = sizeof info;
-  int status = rank == bad_rank ? dsopt_step(t->a, bad, bad_count, &info)
-                                : dsopt_step(t->a, t->model_a.grads, NUM_TENSORS, &info);
+  int status = call(t, rank == bad_rank, arg);
   CHECKF(status == DSOPT_EINVAL, "%s: status %d (%s), expected DSOPT_EINVAL", what, status,
          dsopt_status_string(status));
   if (rank == bad_rank) {
@@ -158,6 +160,27 @@ static void check_step_fails_everywhere(twin *t, int bad_rank, const dsopt_tenso
   free(params);
   free(state);
   free(after);
+}
+
+typedef struct bad_grads {
+  const dsopt_tensor *grads;
+  int64_t count;
+} bad_grads;
+
+static int step_with(twin *t, int is_bad, const void *arg) {
+  const bad_grads *bad = arg;
+  dsopt_step_info info;
+  info.struct_size = sizeof info;
+  return is_bad ? dsopt_step(t->a, bad->grads, bad->count, &info)
+                : dsopt_step(t->a, t->model_a.grads, NUM_TENSORS, &info);
+}
+
+/* Every rank calls dsopt_step on `a`; rank `bad_rank` passes `bad` (count
+ * `bad_count`), the others the good gradients. */
+static void check_step_fails_everywhere(twin *t, int bad_rank, const dsopt_tensor *bad, int64_t bad_count,
+                                        const char *words_on_bad_rank, const char *what) {
+  const bad_grads arg = {bad, bad_count};
+  check_fails_everywhere(t, bad_rank, step_with, &arg, words_on_bad_rank, what);
 
   /* The next good step works and matches the twin that never failed. */
   CHECK_OK(dsopt_step(t->a, t->model_a.grads, NUM_TENSORS, NULL));
@@ -189,30 +212,14 @@ static void step_with_bad_arguments_on_one_rank_fails_everywhere(void) {
  * reductions already started have completed, nothing changes, and the next
  * handed-over step equals the twin's. `handed` gradients are handed over by
  * the abandoning rank first (0: none, after a handed-over step). */
-static void check_abandoned_step(twin *t, int bad_rank, int handed, const char *what) {
-  const int rank = world_rank();
-  twin_gradients(t);
-  uint64_t params_size, state_size, after_size;
-  unsigned char *params = model_snapshot(&t->model_a, &params_size);
-  unsigned char *state = state_blob(t->a, &state_size);
-  const int count = rank == bad_rank ? handed : NUM_TENSORS;
+static int abandon_after_handing_over(twin *t, int is_bad, const void *arg) {
+  const int count = is_bad ? *(const int *)arg : NUM_TENSORS;
   for (int i = 0; i < count; ++i) CHECK_OK(dsopt_grad_ready(t->a, i, &t->model_a.grads[i]));
-  int status = dsopt_step(t->a, NULL, rank == bad_rank ? -1 : 0, NULL);
-  CHECKF(status == DSOPT_EINVAL, "%s: status %d (%s), expected DSOPT_EINVAL", what, status,
-         dsopt_status_string(status));
-  if (rank == bad_rank) {
-    CHECK_ERROR_MENTIONS("abandoned");
-  } else {
-    char rank_name[32];
-    snprintf(rank_name, sizeof rank_name, "rank %d", bad_rank);
-    CHECK_ERROR_MENTIONS(rank_name);
-  }
-  unsigned char *after = state_blob(t->a, &after_size);
-  CHECKF(model_matches_snapshot(&t->model_a, params, params_size), "%s: parameters unchanged", what);
-  CHECKF(same_bytes(after, after_size, state, state_size), "%s: state unchanged", what);
-  free(params);
-  free(state);
-  free(after);
+  return dsopt_step(t->a, NULL, is_bad ? -1 : 0, NULL);
+}
+
+static void check_abandoned_step(twin *t, int bad_rank, int handed, const char *what) {
+  check_fails_everywhere(t, bad_rank, abandon_after_handing_over, &handed, "abandoned", what);
   for (int i = 0; i < NUM_TENSORS; ++i) {
     CHECK_OK(dsopt_grad_ready(t->a, i, &t->model_a.grads[i]));
     CHECK_OK(dsopt_grad_ready(t->b, i, &t->model_a.grads[i]));
