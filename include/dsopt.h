@@ -43,7 +43,9 @@ enum {
   DSOPT_ENOMEM       = -3, /* host or device allocation failed */
   DSOPT_EBUFS        = -4, /* caller's buffer too small */
   DSOPT_ECORRUPT     = -5, /* state blob truncated, wrong magic, bad checksum */
-  DSOPT_EMISMATCH    = -6, /* blob of another algorithm/shape, or ranks disagree on config */
+  DSOPT_EMISMATCH    = -6, /* blob of another algorithm/shape, or ranks disagree on config;
+                              also every rank's code when another rank's part of a
+                              collective call failed */
   DSOPT_ECOMM        = -7, /* MPI or NCCL failure */
   DSOPT_ECUDA        = -8, /* CUDA runtime failure */
   DSOPT_EINTERNAL    = -9,
@@ -318,7 +320,7 @@ DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *para
  * parameters'. Gradients are only read, during the call. `info` may be NULL;
  * if not, info->struct_size must be set.
  * Collective. If any rank passes invalid arguments, every rank fails (that
- * rank with its own message, the others with DSOPT_EINVAL naming the rank)
+ * rank with its own message, the others with DSOPT_EMISMATCH naming it)
  * and nothing changes. A step with a non-finite gradient on any rank is
  * skipped on every rank (info->skipped = 1) and returns DSOPT_OK, unless the
  * run has stopped progressing: when "max_consecutive_skips" (default 50; 0
@@ -351,8 +353,8 @@ DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *para
  * < 0 abandons the step on this rank (its gradients cannot be used, e.g. a
  * binding could not describe one): the call still takes part in the
  * step's collectives, in the form of a handed-over step when gradients are
- * being handed over or the previous step was one, and every rank returns
- * DSOPT_EINVAL (the others naming this rank); nothing changes.
+ * being handed over or the previous step was one; this rank returns
+ * DSOPT_EINVAL, the others DSOPT_EMISMATCH naming it; nothing changes.
  *
  * Absent gradients: a gradient whose `data` is NULL says "no gradient for
  * this parameter in this step on this rank" (a parameter that is frozen, or

@@ -1,6 +1,4 @@
 // dsopt_create / step / state / lr entry points.
-#include <zlib.h>
-
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -8,66 +6,11 @@
 #include "api/config.hpp"
 #include "api/guard.hpp"
 #include "api/handles.hpp"
-#include "kernels/cpu/thread_budget.hpp"
-#include "optim/factory.hpp"
+#include "optim/creation.hpp"
 
 using namespace dsopt;
 
 namespace {
-
-uint64_t hash64(const void* data, size_t n) {
-  const auto* p = static_cast<const Bytef*>(data);
-  const uint64_t crc = crc32_z(crc32_z(0L, Z_NULL, 0), p, n);
-  const uint64_t adler = adler32_z(adler32_z(0L, Z_NULL, 0), p, n);
-  return crc << 32 | adler;
-}
-
-uint64_t shapes_hash(const dsopt_tensor* params, int64_t count) {
-  std::string s;
-  for (int64_t i = 0; i < count; ++i) {
-    const dsopt_tensor& t = params[i];
-    s.append(reinterpret_cast<const char*>(&t.numel), 8);
-    s.append(reinterpret_cast<const char*>(&t.dtype), 4);
-    s.append(reinterpret_cast<const char*>(&t.group), 4);
-  }
-  return hash64(s.data(), s.size());
-}
-
-// Every rank tells every other whether it built its optimizer and what
-// config and shapes it has, and where it runs; any failure or difference
-// fails every rank.
-struct Agreement {
-  uint64_t run_id;  // rank 0's
-  int cpu_peers;    // ranks on this rank's machine and cores, itself included
-};
-
-Agreement agree_across_ranks(Comm& comm, bool local_ok, uint64_t cfg_hash, uint64_t shape_hash,
-                             uint64_t run_id, const CpuPlace& place) {
-  const int world = comm.size();
-  if (world == 1) return {run_id, 1};
-  constexpr int kFields = 6;
-  int64_t mine[kFields] = {local_ok ? 1 : 0, int64_t(cfg_hash), int64_t(shape_hash), int64_t(run_id),
-                           int64_t(place.machine), int64_t(place.cores)};
-  std::vector<int64_t> all(size_t(kFields * world));
-  auto host = make_cpu_kernels(1);
-  comm.allgather(mine, all.data(), kFields, Elem::I64, Mem{host.get(), false});
-  for (int r = 0; r < world; ++r)
-    if (all[size_t(kFields * r)] == 0)
-      fail(DSOPT_EMISMATCH, "dsopt_create: rank " + std::to_string(r) +
-                                " could not create its optimizer (see that rank's error)");
-  int cpu_peers = 0;
-  for (int r = 0; r < world; ++r)
-    cpu_peers += all[size_t(kFields * r + 4)] == mine[4] && all[size_t(kFields * r + 5)] == mine[5];
-  for (int r = 1; r < world; ++r) {
-    if (all[size_t(kFields * r + 1)] != all[1])
-      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the config (rank 0 and rank " +
-                                std::to_string(r) + " passed different settings)");
-    if (all[size_t(kFields * r + 2)] != all[2])
-      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the parameters (rank 0 and rank " +
-                                std::to_string(r) + " passed different numel, dtype or group)");
-  }
-  return {uint64_t(all[3]), cpu_peers};
-}
 
 const dsopt::Optimizer& impl(const dsopt_optimizer* opt) {
   require_nonnull(opt, "opt");
@@ -93,41 +36,9 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
     require_nonnull(out, "out");
     require_nonnull(comm, "comm");
     comm->impl->prepare();  // collective: every rank, before anything can fail
-    std::unique_ptr<dsopt_optimizer> opt;
-    uint64_t cfg_hash = 0, run_cfg_hash = 0;
-    int status = DSOPT_OK;
-    std::string error;
-    try {
-      const OptimizerConfig cfg = parse_config(config_json);
-      cfg_hash = hash64(cfg.canonical.data(), cfg.canonical.size());
-      run_cfg_hash = hash64(cfg.run_canonical.data(), cfg.run_canonical.size());
-      opt = std::make_unique<dsopt_optimizer>();
-      opt->impl = make_optimizer(cfg, *comm->impl, params, num_params);
-    } catch (const Error& e) {
-      status = e.status();
-      error = e.what();
-    } catch (const std::bad_alloc&) {
-      status = DSOPT_ENOMEM;
-      error = "out of host memory";
-    }
-    const uint64_t shapes = status == DSOPT_OK ? shapes_hash(params, num_params) : 0;
-    // A run is named by its config, shapes and initial parameters: blobs
-    // stay byte-reproducible, and those of differently seeded runs differ.
-    // (Where it runs is not part of a run's name: a blob saved on the CPU is
-    // byte-identical to the same run's on CUDA.)
-    uint64_t run_id = 0;
-    if (status == DSOPT_OK)
-      run_id = run_cfg_hash ^ (shapes * 0x9E3779B97F4A7C15ull) ^ opt->impl->params_fingerprint();
-    const CpuPlace place = this_cpu_place();
-    Agreement agreed{run_id, 1};
-    try {
-      agreed = agree_across_ranks(*comm->impl, status == DSOPT_OK, cfg_hash, shapes, run_id, place);
-    } catch (const Error&) {
-      if (status == DSOPT_OK) throw;
-    }
-    if (status != DSOPT_OK) fail(status, error);  // this rank's own problem comes first
-    opt->impl->set_run_id(agreed.run_id);
-    opt->impl->set_default_threads(default_threads(place, agreed.cpu_peers));
+    auto opt = std::make_unique<dsopt_optimizer>();
+    opt->impl = create_optimizer(*comm->impl, [&] { return parse_config(config_json); }, params,
+                                 num_params);
     *out = opt.release();
   });
 }
@@ -138,10 +49,6 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
     dsopt::Optimizer& o = impl(opt);
     if (info && info->struct_size < sizeof(uint32_t))
       fail(DSOPT_EINVAL, "info->struct_size must be set to sizeof(dsopt_step_info)");
-    // Handed-over gradients: the step's traffic began with the first one.
-    // (While they are, reductions run on dsopt's thread: the communicator's
-    // count is read only once the step has waited for them.)
-    const uint64_t sent_before = o.handing_over() ? o.handover_bytes_start() : o.comm().bytes_sent();
     const StepResult r = o.step(grads, num_grads);
     if (info) {
       dsopt_step_info full;
@@ -152,7 +59,7 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
       full.step = r.step;
       full.loss_scale = r.loss_scale;
       full.grad_norm = r.grad_norm;
-      full.bytes_sent = o.comm().bytes_sent() - sent_before;
+      full.bytes_sent = r.bytes_sent;
       full.consecutive_skips = r.consecutive_skips;
       full.phase = r.phase;
       full.reserved2 = 0;

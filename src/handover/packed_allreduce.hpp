@@ -12,7 +12,7 @@
 #include "comm/comm_runner.hpp"
 #include "handover/gradient_handover.hpp"
 #include "kernels/device_buffer.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 
 namespace dsopt {
 

@@ -7,7 +7,7 @@
 #include "optim/onebit_adam.hpp"
 #include "optim/zero_one_adam.hpp"
 #include "optim/onebit_lamb.hpp"
-#include "zero/zero_adam.hpp"
+#include "optim/zero_adam.hpp"
 
 namespace dsopt {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/device_buffer.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 #include "optim/step_pipeline.hpp"
 #include "state/blob.hpp"
 

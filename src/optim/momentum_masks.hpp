@@ -7,7 +7,7 @@
 
 #include "dsopt.h"
 #include "kernels/device_buffer.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 
 namespace dsopt {
 

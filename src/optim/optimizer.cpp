@@ -116,7 +116,7 @@ bool Optimizer::check_replication(const dsopt_tensor* grads, int64_t count) {
     for (int64_t i = 0; grads && count == params_.count() && i < count; ++i)
       if (params_.check_grad(i, grads[i], "grad").empty()) replication_.add(i, grads[i]);
   }
-  return replication_.agree(comm_, *host_);
+  return replication_.agree(pipeline_.agreement());
 }
 
 bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons) {
@@ -127,17 +127,13 @@ bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons)
   absent = absent && skips_absent();
   const bool abandons = someone_abandons && *someone_abandons;
   if (comm_.size() == 1) return absent;
-  // max and -min of the call in one 16-byte reduction; once all agree on
-  // the call, the low bit of the max says whether some rank has absent
-  // gradients, and that of the min whether some rank abandons the step.
-  int64_t tags[2] = {mine << 1 | (absent ? 1 : 0), -(mine << 1 | (abandons ? 0 : 1))};
-  comm_.allreduce(tags, tags, 2, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
-  if (tags[0] >> 1 == -tags[1] >> 1) {
-    if (someone_abandons) *someone_abandons = (-tags[1] & 1) == 0;
-    return (tags[0] & 1) != 0;
+  bool someone_absent = false, abandoned = false;
+  int64_t lowest = 0, highest = 0;
+  if (pipeline_.agreement().same_call(mine, absent, abandons, &someone_absent, &abandoned, &lowest,
+                                      &highest)) {
+    if (someone_abandons) *someone_abandons = abandoned;
+    return someone_absent;
   }
-  tags[0] >>= 1;
-  tags[1] = -(-tags[1] >> 1);
   const auto describe = [](int64_t tag) {
     static const char* const names[] = {"?", "dsopt_step", "dsopt_state_load",
                                         "dsopt_state_load_shards", "dsopt_grad_ready"};
@@ -146,12 +142,22 @@ bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons)
            std::to_string((tag & ((int64_t(1) << 48) - 1)) + 1) + " of this optimizer)";
   };
   fail(DSOPT_EMISMATCH, "the ranks are not in the same dsopt call: this rank is in " + describe(mine) +
-                            ", and the ranks range from " + describe(-tags[1]) + " to " +
-                            describe(tags[0]) + "; every rank must make the same collective calls "
+                            ", and the ranks range from " + describe(lowest) + " to " +
+                            describe(highest) + "; every rank must make the same collective calls "
                             "on an optimizer in the same order (nothing was changed)");
 }
 
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
+  // Handed-over gradients: the step's traffic began with the first one.
+  // (While they are, reductions run on dsopt's thread: the communicator's
+  // count is read only once the step has waited for them.)
+  const uint64_t sent_before = handing_over() ? handover_bytes_start_ : comm_.bytes_sent();
+  StepResult r = step_uncounted(grads, count);
+  r.bytes_sent = comm_.bytes_sent() - sent_before;
+  return r;
+}
+
+StepResult Optimizer::step_uncounted(const dsopt_tensor* grads, int64_t count) {
   require_intact("dsopt_step");
   if (!grads && count == 0) return step_handed_over(false);
   // Abandoned by a rank (NULL, < 0): in the form the others use, as far as
@@ -473,28 +479,14 @@ Optimizer::Blobs Optimizer::read_blob_set(const void* const* blobs, const uint64
 bool Optimizer::load_collectively(const std::string& call,
                                   const std::function<std::function<void()>(bool& reset)>& validate) {
   std::function<void()> restore_fn;
-  std::string error;
-  int status = DSOPT_OK;
   bool reset = false;
-  try {
-    restore_fn = validate(reset);
-  } catch (const Error& e) {
-    status = e.status();
-    error = e.what();
-  } catch (const std::bad_alloc&) {
-    status = DSOPT_ENOMEM;
-    error = "out of host memory";
-  }
-  if (comm_.size() > 1) {
-    // Whether some rank failed, and whether some rank resets (then all do:
-    // the ranks' rank-local states must fit together).
-    int64_t agreed[2] = {status == DSOPT_OK ? 0 : 1, reset ? 1 : 0};
-    comm_.allreduce(agreed, agreed, 2, Elem::I64, ReduceOp::Max, Mem{host_.get(), false});
-    if (agreed[0] && status == DSOPT_OK)
-      fail(DSOPT_EMISMATCH, call + ": another rank could not load its blob; no rank changed anything");
-    reset = agreed[1] != 0;
-  }
-  if (status != DSOPT_OK) fail(status, call + ": " + error);
+  const LocalOutcome mine = attempt([&] { restore_fn = validate(reset); });
+  // Whether some rank resets (then all do: the ranks' rank-local states
+  // must fit together).
+  int64_t resets = reset ? 1 : 0;
+  pipeline_.agreement().settle(Failure{call, "could not load its blob", "no rank changed anything"},
+                               mine, &resets, 1);
+  reset = resets != 0;
   resetting_rank_local_ = reset;
   try {
     restore_fn();

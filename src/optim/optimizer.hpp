@@ -15,7 +15,7 @@
 #include "optim/adam_step_consts.hpp"
 #include "optim/config.hpp"
 #include "optim/divergence_check.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 #include "optim/replication_check.hpp"
 #include "optim/step_pipeline.hpp"
 #include "state/blob.hpp"
@@ -32,6 +32,7 @@ struct StepResult {
   int32_t phase = DSOPT_PHASE_SKIPPED;  // what the step did (DSOPT_PHASE_*)
   bool grads_replicated = false;  // a checked step's gradients were equal on every rank
   bool diverging = false;  // in a divergence episode (optim/divergence_check.hpp)
+  uint64_t bytes_sent = 0;  // by this rank through the communicator for this step
   // Non-empty when the run is not progressing (docs/design/decisions.md S2):
   // dsopt_step then returns DSOPT_ENONFINITE with this message.
   std::string alarm;
@@ -54,10 +55,8 @@ class Optimizer {
   // the first of a step starts the handshake. Throws Error(DSOPT_EINVAL),
   // changing nothing, on bad arguments.
   void grad_ready(int64_t param_index, const dsopt_tensor* grad);
-  // Whether gradients of the coming step are being handed over, and the
-  // communicator's bytes_sent when the first one was.
+  // Whether gradients of the coming step are being handed over.
   bool handing_over() { return handover().is_open(); }
-  uint64_t handover_bytes_start() const { return handover_bytes_start_; }
 
   int32_t num_groups() const { return int32_t(groups_.size()); }
   double lr(int32_t group) const;
@@ -288,6 +287,7 @@ class Optimizer {
   // Completes a step whose gradients were handed over; `abandon`: this
   // rank's are unusable, and every rank fails the step (DSOPT_EINVAL,
   // nothing changed) once the window's reductions have completed.
+  StepResult step_uncounted(const dsopt_tensor* grads, int64_t count);
   StepResult step_handed_over(bool abandon);
   // Opens a step's hand-over window (and posts its handshake).
   void open_window();

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "base/fnv.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 
 namespace dsopt {
 namespace {
@@ -44,13 +44,10 @@ void ReplicationCheck::add(int64_t index, const dsopt_tensor& grad) {
   nonzero_ = nonzero_ || any_nonzero(first_, size) || any_nonzero(last_, size);
 }
 
-bool ReplicationCheck::agree(Comm& comm, Kernels& host) {
-  // 0 stands for "all zeros"; the max of x and of ~x over ranks give the
-  // max and (as ~min) the min of x.
+bool ReplicationCheck::agree(RankAgreement& agreement) {
+  // 0 stands for "all zeros"; every rank takes part whatever it holds.
   const uint64_t mine = nonzero_ ? std::max<uint64_t>(sum_, 1) : 0;
-  int64_t v[2] = {int64_t(mine), int64_t(~mine)};
-  comm.allreduce(v, v, 2, Elem::I64, ReduceOp::Max, Mem{&host, false});
-  return v[0] != 0 && v[0] == ~v[1];
+  return agreement.all_same(mine) && mine != 0;
 }
 
 }  // namespace dsopt

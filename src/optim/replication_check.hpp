@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/comm.hpp"
+#include "comm/rank_agreement.hpp"
 #include "dsopt.h"
 #include "kernels/kernels.hpp"
 
@@ -32,7 +32,7 @@ class ReplicationCheck {
   // Collective: compares the hash with every rank's. True when they are
   // all equal and some sampled gradient element is not zero (all-zero
   // gradients are equal without having been averaged).
-  bool agree(Comm& comm, Kernels& host);
+  bool agree(RankAgreement& agreement);
 
  private:
   Kernels& kernels_;

@@ -11,7 +11,7 @@
 #include "optim/onebit_lamb.hpp"
 #include "optim/optimizer.hpp"
 #include "optim/zero_one_adam.hpp"
-#include "zero/zero_adam.hpp"
+#include "optim/zero_adam.hpp"
 
 namespace dsopt {
 namespace {

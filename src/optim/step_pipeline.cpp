@@ -7,18 +7,13 @@
 #include "base/error.hpp"
 
 namespace dsopt {
-namespace {
-// Status flag carried next to the gradients: 1 per rank with a non-finite
-// gradient, kInvalid per rank whose arguments were rejected.
-constexpr float kInvalid = StepPipeline::kInvalidStatus;
-}  // namespace
 
 StepPipeline::StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels,
                            const Mem& mem, Kernels& host, const ParamSet& params,
                            CommRunner& runner, int64_t bucket_elems)
     : cfg_(cfg), comm_(comm), kernels_(kernels), mem_(mem), host_(host), params_(params),
       scaler_(cfg.loss_scale), packed_(comm, kernels, mem, runner, params, bucket_elems),
-      runner_(runner) {}
+      runner_(runner), agreement_(comm, Mem{&host, false}) {}
 
 std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int64_t count) const {
   std::vector<TensorRef> refs;
@@ -29,18 +24,8 @@ std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int
 }
 
 void StepPipeline::fail_step(const std::string& local_error) {
-  // Error path only: one more collective tells every rank who failed.
-  const int world = comm_.size();
-  int64_t mine = local_error.empty() ? 0 : 1;
-  std::vector<int64_t> all(size_t(world), 0);
-  comm_.allgather(&mine, all.data(), 1, Elem::I64, Mem{&host_, false});
-  if (!local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
-  std::string ranks;
-  for (int r = 0; r < world; ++r)
-    if (all[size_t(r)]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  fail(DSOPT_EINVAL, "dsopt_step: rank " + ranks +
-                         " passed gradients that could not be used or abandoned the step (see "
-                         "that rank's error); no rank changed anything");
+  agreement_.fail(kStepFailure, local_error.empty() ? LocalOutcome{}
+                                                    : LocalOutcome::failure(DSOPT_EINVAL, local_error));
 }
 
 void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
@@ -90,7 +75,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     // bucket, each bucket's allreduce started once it is packed; the status
     // flag travels in the bucket reduced last.
     packed_.open(std::move(plan), 1);  // not used here after this
-    packed_.set_status(ok ? (nonfinite ? 1.0f : 0.0f) : kInvalid);
+    packed_.set_status(float(RankAgreement::status_value(ok, nonfinite)));
     if (ok) packed_.hand_over_bucketed(out.grads.data());
     packed_.complete();
     packed_.close();
@@ -157,7 +142,7 @@ bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const std::str
   float* buf = packed_.data();
   float flag = 0.0f;
   kernels_.copy_to_host(&flag, buf, 4);
-  if (flag >= kInvalid) fail_step(local_error);
+  if (RankAgreement::some_rank_failed(flag)) fail_step(local_error);
   bool nonfinite = flag > 0.0f;
   // a = fl(sum * mul), in place; the sums are checked as well. The
   // averaged gradients follow the status slot up to the last bucket's end.
@@ -169,12 +154,10 @@ bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const std::str
 }
 
 bool StepPipeline::agree(bool ok, bool nonfinite, double* local_sumsq, const std::string& local_error) {
-  const int world = comm_.size();
-  double control[2] = {ok ? (nonfinite ? 1.0 : 0.0) : double(kInvalid), *local_sumsq};
-  comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});
-  if (control[0] >= double(kInvalid)) fail_step(local_error);
-  *local_sumsq = control[1] / world;
-  return control[0] > 0.0;
+  const LocalOutcome mine = ok ? LocalOutcome{} : LocalOutcome::failure(DSOPT_EINVAL, local_error);
+  nonfinite = agreement_.settle_sum(kStepFailure, mine, nonfinite, local_sumsq);
+  *local_sumsq /= comm_.size();
+  return nonfinite;
 }
 
 }  // namespace dsopt

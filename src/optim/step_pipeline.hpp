@@ -7,11 +7,12 @@
 
 #include "comm/comm.hpp"
 #include "comm/comm_runner.hpp"
+#include "comm/rank_agreement.hpp"
 #include "handover/packed_allreduce.hpp"
 #include "kernels/device_buffer.hpp"
 #include "optim/config.hpp"
 #include "optim/loss_scaler.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 
 namespace dsopt {
 
@@ -63,11 +64,11 @@ class StepPipeline {
   // out.grad_norm and out.mul2 (unscale and clip) from the global sum of
   // squares of the averaged, still scaled gradients.
   void set_multipliers(PreparedGrads& out, double sumsq) const;
-  // Fails the step on every rank, naming the ranks whose arguments were bad.
+  // Fails the step on every rank: DSOPT_EINVAL with its own error on a rank
+  // whose arguments were bad (local_error not empty), DSOPT_EMISMATCH naming
+  // those ranks on the others.
   [[noreturn]] void fail_step(const std::string& local_error);
-  // The status value a rank whose arguments were rejected contributes to
-  // the summed status of a step (a non-finite gradient contributes 1).
-  static constexpr float kInvalidStatus = 65536.0f;
+  RankAgreement& agreement() { return agreement_; }
 
  private:
   std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
@@ -91,6 +92,7 @@ class StepPipeline {
   LossScaler scaler_;
   PackedAllreduce packed_;  // the status flag and the averaged gradients
   CommRunner& runner_;
+  RankAgreement agreement_;
 };
 
 }  // namespace dsopt

@@ -7,11 +7,11 @@
 namespace dsopt {
 
 GradientReducer::GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter,
-                                 Comm& comm, Kernels& kernels, const Mem& mem, Kernels& host,
-                                 const ParamSet& params, StepPipeline& pipeline,
+                                 Comm& comm, Kernels& kernels, const Mem& mem,
+                                 const ParamSet& params, RankAgreement& agreement,
                                  CommRunner& runner, void* scratch)
     : GradientHandover(kernels), layout_(layout), stage_(stage), reduce_scatter_(reduce_scatter),
-      comm_(comm), mem_(mem), host_(host), params_(params), pipeline_(pipeline), runner_(runner),
+      comm_(comm), mem_(mem), params_(params), agreement_(agreement), runner_(runner),
       scratch_(scratch) {
   shard_ = DeviceBuffer(kernels_, size_t(layout_.shard_numel()) * 4);
 }
@@ -141,7 +141,7 @@ void GradientReducer::open_handover(int micro_batches) {
   open(flat_plan(), micro_batches);
 }
 
-PreparedGrads GradientReducer::reduce_at_once(const dsopt_tensor* grads, int64_t count) {
+ReducedShard GradientReducer::reduce_at_once(const dsopt_tensor* grads, int64_t count, bool norm) {
   const int world = layout_.world();
   const std::string local_error = params_.check_grads(grads, count);
   if (world == 1 && !local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
@@ -158,37 +158,31 @@ PreparedGrads GradientReducer::reduce_at_once(const dsopt_tensor* grads, int64_t
   reclaim(true);
   const bool nonfinite = this->nonfinite();
   close();
-  return finish(1.0f / float(world), nonfinite, local_error);
+  return finish(1.0f / float(world), nonfinite, norm, local_error);
 }
 
-PreparedGrads GradientReducer::reduce_handed_over() {
+ReducedShard GradientReducer::reduce_handed_over(bool norm) {
   reclaim(true);
   const bool nonfinite = this->nonfinite();
   const float mul = 1.0f / (float(layout_.world()) * float(micro_batches()));
   close();
-  return finish(mul, nonfinite, "");
+  return finish(mul, nonfinite, norm, "");
 }
 
-PreparedGrads GradientReducer::finish(float mul, bool nonfinite, const std::string& local_error) {
-  const int world = layout_.world();
-  const bool ok = local_error.empty();
+ReducedShard GradientReducer::finish(float mul, bool nonfinite, bool norm,
+                                     const std::string& local_error) {
   // a = fl(sum * mul) in place; the sums are checked and summed too.
-  const bool norm = pipeline_.wants_norm();
-  double sumsq = 0.0;
+  ReducedShard out;
   const TensorRef whole{shard(), layout_.shard_numel(), DType::F32};
   if (mul != 1.0f || norm)
     nonfinite |= kernels_.transform(&whole, 1, mul, mul != 1.0f ? shard() : nullptr,
-                                    norm ? &sumsq : nullptr).nonfinite;
-  if (world > 1) {
-    double control[2] = {ok ? (nonfinite ? 1.0 : 0.0) : double(StepPipeline::kInvalidStatus), sumsq};
-    comm_.allreduce(control, control, 2, Elem::F64, ReduceOp::Sum, Mem{&host_, false});
-    if (control[0] >= double(StepPipeline::kInvalidStatus)) pipeline_.fail_step(local_error);
-    nonfinite = control[0] > 0.0;
-    sumsq = control[1];
+                                    norm ? &out.sumsq : nullptr).nonfinite;
+  out.nonfinite = nonfinite;
+  if (layout_.world() > 1) {
+    const LocalOutcome mine = local_error.empty() ? LocalOutcome{}
+                                                  : LocalOutcome::failure(DSOPT_EINVAL, local_error);
+    out.nonfinite = agreement_.settle_sum(kStepFailure, mine, nonfinite, &out.sumsq);
   }
-  PreparedGrads out;
-  out.skip = nonfinite && pipeline_.config().skip_nonfinite;
-  pipeline_.set_multipliers(out, sumsq);
   return out;
 }
 

@@ -22,11 +22,17 @@
 #include "comm/comm_runner.hpp"
 #include "handover/gradient_handover.hpp"
 #include "kernels/device_buffer.hpp"
-#include "optim/param_set.hpp"
-#include "optim/step_pipeline.hpp"
+#include "comm/rank_agreement.hpp"
+#include "params/param_set.hpp"
 #include "zero/shard_layout.hpp"
 
 namespace dsopt {
+
+// What the reduction of a step's gradients found, agreed across ranks.
+struct ReducedShard {
+  bool nonfinite = false;  // some rank had a non-finite gradient, or a sum is one
+  double sumsq = 0.0;      // of the averaged gradient over every shard (when asked for)
+};
 
 class GradientReducer final : public GradientHandover {
  public:
@@ -35,19 +41,19 @@ class GradientReducer final : public GradientHandover {
   // scratch_bytes(layout)) holds a bucket during reduce(); it is free
   // between steps.
   GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter, Comm& comm,
-                  Kernels& kernels, const Mem& mem, Kernels& host, const ParamSet& params,
-                  StepPipeline& pipeline, CommRunner& runner, void* scratch);
+                  Kernels& kernels, const Mem& mem, const ParamSet& params,
+                  RankAgreement& agreement, CommRunner& runner, void* scratch);
   static size_t scratch_bytes(const ShardLayout& layout);
 
   // Collective. Fills shard() with this rank's piece of the averaged
-  // gradient and returns the step's status and multipliers (grads empty).
-  // Throws Error(DSOPT_EINVAL) on every rank when any rank's gradients do
-  // not fit the parameters; nothing has changed then.
-  PreparedGrads reduce_at_once(const dsopt_tensor* grads, int64_t count);
+  // gradient and returns what the ranks found (the sum of squares when
+  // `norm`). Fails the step on every rank when any rank's gradients do not
+  // fit the parameters (RankAgreement); nothing has changed then.
+  ReducedShard reduce_at_once(const dsopt_tensor* grads, int64_t count, bool norm);
   // Opens a window for gradients handed over one by one.
   void open_handover(int micro_batches);
   // Collective, after the window is complete and the runner has finished.
-  PreparedGrads reduce_handed_over();
+  ReducedShard reduce_handed_over(bool norm);
 
   // The averaged fp32 gradient of this rank's shard (S elements).
   float* shard() const { return shard_.floats(); }
@@ -79,16 +85,15 @@ class GradientReducer final : public GradientHandover {
   // every one), adding received pieces to the shard in posting order.
   void reclaim(bool all);
   // Steps 2-4 once every reduction has finished: average, check, agree.
-  PreparedGrads finish(float mul, bool nonfinite, const std::string& local_error);
+  ReducedShard finish(float mul, bool nonfinite, bool norm, const std::string& local_error);
 
   const ShardLayout& layout_;
   int stage_;
   bool reduce_scatter_;
   Comm& comm_;
   Mem mem_;
-  Kernels& host_;
   const ParamSet& params_;
-  StepPipeline& pipeline_;
+  RankAgreement& agreement_;
   CommRunner& runner_;
   void* scratch_;
   std::vector<Buffer> pool_;

@@ -10,7 +10,7 @@
 
 #include "comm/comm.hpp"
 #include "kernels/device_buffer.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 #include "zero/shard_layout.hpp"
 
 namespace dsopt {

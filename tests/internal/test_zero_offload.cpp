@@ -1,4 +1,4 @@
-// ZeRO-Offload's update path (src/zero/offloaded_update.cpp) without a GPU:
+// ZeRO-Offload's update path (src/optim/offloaded_update.cpp) without a GPU:
 // ZeroAdam on a stand-in device whose memory is host memory but which the
 // optimizer treats as CUDA, so "offload_optimizer": {"device": "cpu"} moves
 // masters and moments to the host kernels, uploads through the async lanes
@@ -22,7 +22,7 @@
 #include "base/error.hpp"
 #include "comm/comm.hpp"
 #include "fake_device_kernels.hpp"
-#include "zero/zero_adam.hpp"
+#include "optim/zero_adam.hpp"
 
 using namespace dsopt;
 

@@ -3,7 +3,7 @@ dtype, a non-contiguous array, a sparse torch tensor) fails that step on
 every rank, instead of raising on that rank before the collective call while
 the others wait for it: the binding still makes the call, with gradients C
 rejects, so C's step agreement fails every rank (that rank with its own
-error, the others with InvalidArgument naming it). Nothing changes, and the
+error, the others with Mismatch naming it). Nothing changes, and the
 next step works everywhere. Two ranks are threads on a callback
 communicator (test_callback_comm's ThreadWorld)."""
 
@@ -43,7 +43,7 @@ def test_a_gradient_one_rank_cannot_describe_fails_every_ranks_step(bad, bad_ran
     after = world.run(rank_main)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(after[0], after[1]))
     other = errors[1 - bad_rank]
-    assert isinstance(other, dsopt.InvalidArgument), other
+    assert isinstance(other, dsopt.Mismatch), other
     assert f"rank {bad_rank} passed gradients that could not be used" in str(other)
     assert "grads[1]" in str(errors[bad_rank]), errors[bad_rank]
 
@@ -94,7 +94,7 @@ def test_the_torch_optimizer_agrees_on_a_sparse_gradient(overlap):
     after = world.run(rank_main)
     assert all(torch.equal(a, b) for a, b in zip(after[0], after[1]))
     assert "sparse" in str(errors[1])
-    assert isinstance(errors[0], dsopt.InvalidArgument), errors[0]
+    assert isinstance(errors[0], dsopt.Mismatch), errors[0]
     assert "rank 1 passed gradients that could not be used" in str(errors[0])
 
 
@@ -128,5 +128,5 @@ def test_an_invalid_hyperparameter_on_one_rank_fails_every_ranks_step():
     after = world.run(rank_main)
     assert all(torch.equal(a, b) for a, b in zip(after[0], after[1]))
     assert "learning rate" in str(errors[1]).lower(), errors[1]
-    assert isinstance(errors[0], dsopt.InvalidArgument), errors[0]
+    assert isinstance(errors[0], dsopt.Mismatch), errors[0]
     assert "rank 1 passed gradients that could not be used" in str(errors[0])

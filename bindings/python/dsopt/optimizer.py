@@ -310,7 +310,7 @@ class Optimizer:
         """Around the description of a step's gradients: when it raises, the
         step still makes its collective call, with gradients dsopt rejects
         (NULL, -1), so that every rank's step fails together (the others
-        with ``InvalidArgument`` naming this rank) instead of waiting for
+        with ``Mismatch`` naming this rank) instead of waiting for
         this one; then this rank raises its own error. Nothing changes."""
         try:
             yield

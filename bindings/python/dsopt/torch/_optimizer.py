@@ -451,7 +451,7 @@ class Optimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         # An invalid hyperparameter on this rank fails the step everywhere
-        # (ValueError here, InvalidArgument naming this rank on the others).
+        # (ValueError here, Mismatch naming this rank on the others).
         with self.dsopt._failing_everywhere(self.dsopt._live()):
             self._sync_hyperparameters()
         if self.overlap:

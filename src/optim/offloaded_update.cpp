@@ -1,4 +1,4 @@
-#include "zero/offloaded_update.hpp"
+#include "optim/offloaded_update.hpp"
 
 #include <algorithm>
 

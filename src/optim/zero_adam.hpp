@@ -12,7 +12,7 @@
 #include "optim/moments.hpp"
 #include "optim/optimizer.hpp"
 #include "zero/adam_shards.hpp"
-#include "zero/offloaded_update.hpp"
+#include "optim/offloaded_update.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/param_gatherer.hpp"
 #include "zero/shard_layout.hpp"
@@ -30,7 +30,7 @@ class ZeroAdam final : public Optimizer {
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count) override;
   GradientHandover& handover() override { return reducer_; }
   void open_handover(int micro_batches) override { reducer_.open_handover(micro_batches); }
-  PreparedGrads prepare_handed_over() override { return reducer_.reduce_handed_over(); }
+  PreparedGrads prepare_handed_over() override;
   bool update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return true; }
   uint32_t section_count() const override { return 4; }
@@ -46,6 +46,8 @@ class ZeroAdam final : public Optimizer {
 
  private:
   ZeroLayoutRecord record() const;
+  // The step's status and multipliers from what the reduction found.
+  PreparedGrads prepared(const ReducedShard& reduced);
   // Rounds the masters of this rank's 16-bit fragments into the caller's
   // buffers and gathers every rank's; after a load.
   void publish_parameters();

@@ -1,4 +1,4 @@
-#include "zero/zero_adam.hpp"
+#include "optim/zero_adam.hpp"
 
 #include <algorithm>
 
@@ -29,7 +29,7 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
                                                      this->params()))),
       reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, comm, this->kernels(), mem(),
-               host_kernels(), this->params(), pipeline(), runner(), scratch_.get()),
+               this->params(), pipeline().agreement(), runner(), scratch_.get()),
       gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {
   if (offload_) {
@@ -69,7 +69,18 @@ const std::vector<AdamSlot>& ZeroAdam::slots() {
 std::string ZeroAdam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
 
 PreparedGrads ZeroAdam::prepare(const dsopt_tensor* grads, int64_t count) {
-  return reducer_.reduce_at_once(grads, count);
+  return prepared(reducer_.reduce_at_once(grads, count, pipeline().wants_norm()));
+}
+
+PreparedGrads ZeroAdam::prepare_handed_over() {
+  return prepared(reducer_.reduce_handed_over(pipeline().wants_norm()));
+}
+
+PreparedGrads ZeroAdam::prepared(const ReducedShard& reduced) {
+  PreparedGrads out;  // grads empty: the update reads the shard
+  out.skip = reduced.nonfinite && pipeline().config().skip_nonfinite;
+  pipeline().set_multipliers(out, reduced.sumsq);
+  return out;
 }
 
 bool ZeroAdam::update(const PreparedGrads& grads) {

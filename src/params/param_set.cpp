@@ -1,4 +1,4 @@
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 
 #include <algorithm>
 #include <cstdint>

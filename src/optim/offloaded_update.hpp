@@ -12,7 +12,7 @@
 
 #include "kernels/device_buffer.hpp"
 #include "optim/adam_step_consts.hpp"
-#include "optim/param_set.hpp"
+#include "params/param_set.hpp"
 #include "zero/adam_shards.hpp"
 
 namespace dsopt {

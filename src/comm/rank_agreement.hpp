@@ -1,0 +1,102 @@
+// How the ranks of a collective dsopt call settle it together when some of
+// them may have failed locally (bad arguments, a blob that does not load):
+// every rank learns which ranks failed, a rank that failed reports its own
+// error, and every other rank reports DSOPT_EMISMATCH naming them. Nothing
+// has changed on any rank when a call is settled as failed. This is the
+// only place that produces "another rank failed".
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/error.hpp"
+#include "comm/comm.hpp"
+
+namespace dsopt {
+
+// What a rank's own part of a collective call came to.
+struct LocalOutcome {
+  int status = DSOPT_OK;
+  std::string error;  // without the call's name
+  bool ok() const { return status == DSOPT_OK; }
+  static LocalOutcome failure(int status, std::string error) { return {status, std::move(error)}; }
+};
+
+// Runs f, turning what it throws (Error, bad_alloc) into the outcome.
+template <class F>
+LocalOutcome attempt(F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const Error& e) {
+    return {e.status(), e.what()};
+  } catch (const std::bad_alloc&) {
+    return {DSOPT_ENOMEM, "out of host memory"};
+  }
+}
+
+// How the other ranks' message describes a failure: "<call>: another rank
+// failed: rank <r> <what> (see that rank's error); <consequence>".
+struct Failure {
+  std::string call;  // "dsopt_step"
+  std::string what;  // "could not load its blob"
+  std::string consequence = "nothing was changed";
+};
+
+// A step that some rank cannot take: its gradients do not fit, or it
+// abandoned the step (dsopt_step with grads NULL and num_grads < 0).
+extern const Failure kStepFailure;
+
+class RankAgreement {
+ public:
+  // `host` describes host memory for the communicator.
+  RankAgreement(Comm& comm, const Mem& host) : comm_(comm), host_(host) {}
+
+  // What a rank adds to a summed status value (a float or double that
+  // travels with other data) when its part failed; a rank whose part found
+  // a non-finite gradient adds 1. Sums of fewer than 65536 ranks tell the two
+  // apart.
+  static constexpr double kFailedWeight = 65536.0;
+  static double status_value(bool ok, bool nonfinite) {
+    return ok ? (nonfinite ? 1.0 : 0.0) : kFailedWeight;
+  }
+  static bool some_rank_failed(double summed_status) { return summed_status >= kFailedWeight; }
+
+  // One allreduce (Sum) of this rank's status value and *sum; fail() when
+  // some rank failed. Returns whether some rank found a non-finite value;
+  // *sum becomes the sum over ranks.
+  bool settle_sum(const Failure& failed, const LocalOutcome& mine, bool nonfinite, double* sum);
+
+  // One allreduce (Max) of `flags` (count values, reduced in place) with
+  // this rank's outcome; then, when some rank failed, fail() (one allgather
+  // more). Returns normally only when every rank succeeded.
+  // `failed` says what a failed rank did ("could not load its blob").
+  void settle(const Failure& failed, const LocalOutcome& mine, int64_t* flags = nullptr,
+              int count = 0);
+
+  // The error path of a call whose ranks already know that some rank
+  // failed: one allgather of who failed, then this rank's own error (when
+  // it failed) or DSOPT_EMISMATCH naming the ranks that did.
+  [[noreturn]] void fail(const Failure& failed, const LocalOutcome& mine);
+
+  // The error the other ranks report, given the ranks that failed (for a
+  // call whose data already told every rank who failed).
+  [[noreturn]] static void fail_for(const Failure& failed, const std::vector<int>& failed_ranks);
+
+  // Whether every rank is in the same call: an allreduce (Max) of `tag`
+  // (< 2^62, the same on every rank in the same call) and of -tag, with two
+  // flags riding in their low bits. Returns false when the tags differ
+  // (then *lowest and *highest are the range of the ranks' tags); else
+  // *any_a says whether some rank set flag_a, *any_b whether some set flag_b.
+  // Whether every rank passed the same value (one allreduce of 16 bytes).
+  bool all_same(uint64_t value);
+
+  bool same_call(int64_t tag, bool flag_a, bool flag_b, bool* any_a, bool* any_b,
+                 int64_t* lowest, int64_t* highest);
+
+ private:
+  Comm& comm_;
+  Mem host_;
+};
+
+}  // namespace dsopt

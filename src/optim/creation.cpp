@@ -1,0 +1,104 @@
+#include "optim/creation.hpp"
+
+#include <zlib.h>
+
+#include <string>
+#include <vector>
+
+#include "base/error.hpp"
+#include "comm/rank_agreement.hpp"
+#include "kernels/cpu/thread_budget.hpp"
+#include "optim/factory.hpp"
+
+namespace dsopt {
+namespace {
+
+uint64_t hash64(const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  const uint64_t crc = crc32_z(crc32_z(0L, Z_NULL, 0), p, n);
+  const uint64_t adler = adler32_z(adler32_z(0L, Z_NULL, 0), p, n);
+  return crc << 32 | adler;
+}
+
+uint64_t hash64(const std::string& s) { return hash64(s.data(), s.size()); }
+
+uint64_t shapes_hash(const dsopt_tensor* params, int64_t count) {
+  std::string s;
+  for (int64_t i = 0; i < count; ++i) {
+    const dsopt_tensor& t = params[i];
+    s.append(reinterpret_cast<const char*>(&t.numel), 8);
+    s.append(reinterpret_cast<const char*>(&t.dtype), 4);
+    s.append(reinterpret_cast<const char*>(&t.group), 4);
+  }
+  return hash64(s.data(), s.size());
+}
+
+// What the ranks compare, one row per rank.
+enum Field { kBuilt, kConfig, kShapes, kRunId, kMachine, kCores, kFields };
+
+// Fails unless every rank built its optimizer with the same config and
+// shapes. Returns rank 0's run id and the ranks on this rank's machine and
+// cores, itself included.
+std::pair<uint64_t, int> agree(Comm& comm, const LocalOutcome& mine, const int64_t* row) {
+  const int world = comm.size();
+  std::vector<int64_t> all(size_t(kFields * world));
+  if (world > 1) {
+    try {
+      auto host = make_cpu_kernels(1);
+      comm.allgather(row, all.data(), kFields, Elem::I64, Mem{host.get(), false});
+    } catch (const Error&) {
+      if (mine.ok()) throw;
+    }
+  }
+  if (!mine.ok()) fail(mine.status, mine.error);  // this rank's own problem comes first
+  if (world == 1) return {uint64_t(row[kRunId]), 1};
+  const auto at = [&](int r, Field f) { return all[size_t(kFields * r + f)]; };
+  std::vector<int> failed;
+  for (int r = 0; r < world; ++r)
+    if (at(r, kBuilt) == 0) failed.push_back(r);
+  if (!failed.empty())
+    RankAgreement::fail_for(Failure{"dsopt_create", "could not create its optimizer"}, failed);
+  for (int r = 1; r < world; ++r) {
+    if (at(r, kConfig) != at(0, kConfig))
+      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the config (rank 0 and rank " +
+                                std::to_string(r) + " passed different settings)");
+    if (at(r, kShapes) != at(0, kShapes))
+      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the parameters (rank 0 and rank " +
+                                std::to_string(r) + " passed different numel, dtype or group)");
+  }
+  int cpu_peers = 0;
+  for (int r = 0; r < world; ++r)
+    cpu_peers += at(r, kMachine) == row[kMachine] && at(r, kCores) == row[kCores];
+  return {uint64_t(at(0, kRunId)), cpu_peers};
+}
+
+}  // namespace
+
+std::unique_ptr<Optimizer> create_optimizer(Comm& comm,
+                                            const std::function<OptimizerConfig()>& parse,
+                                            const dsopt_tensor* params, int64_t count) {
+  std::unique_ptr<Optimizer> opt;
+  uint64_t cfg_hash = 0, run_cfg_hash = 0;
+  const LocalOutcome mine = attempt([&] {
+    const OptimizerConfig cfg = parse();
+    cfg_hash = hash64(cfg.canonical);
+    run_cfg_hash = hash64(cfg.run_canonical);
+    opt = make_optimizer(cfg, comm, params, count);
+  });
+  const uint64_t shapes = mine.ok() ? shapes_hash(params, count) : 0;
+  // A run is named by its config, shapes and initial parameters: blobs
+  // stay byte-reproducible, and those of differently seeded runs differ.
+  // (Where it runs is not part of a run's name: a blob saved on the CPU is
+  // byte-identical to the same run's on CUDA.)
+  uint64_t run_id = 0;
+  if (mine.ok()) run_id = run_cfg_hash ^ (shapes * 0x9E3779B97F4A7C15ull) ^ opt->params_fingerprint();
+  const CpuPlace place = this_cpu_place();
+  const int64_t row[kFields] = {mine.ok() ? 1 : 0, int64_t(cfg_hash), int64_t(shapes),
+                                int64_t(run_id), int64_t(place.machine), int64_t(place.cores)};
+  const auto [agreed_run_id, cpu_peers] = agree(comm, mine, row);
+  opt->set_run_id(agreed_run_id);
+  opt->set_default_threads(default_threads(place, cpu_peers));
+  return opt;
+}
+
+}  // namespace dsopt
