@@ -117,9 +117,11 @@ std::unique_ptr<CommRequest> Comm::started(std::unique_ptr<CommRequest> request,
   return request;
 }
 
+bool Mem::on_device() const { return kernels != nullptr && kernels->device() == Device::Cuda; }
+
 bool Comm::ordered(Elem e, ReduceOp op, const Mem& mem) const {
   return size() > 1 && op == ReduceOp::Sum && (e == Elem::F32 || e == Elem::F64) &&
-         mem.kernels->device() != Device::Cuda && orders_host_sums();
+         !mem.on_device() && orders_host_sums();
 }
 
 void Comm::do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,

@@ -3,8 +3,8 @@
 // blocking from the caller's point of view (device work is queued on the
 // communicator's stream and ordered with the optimizer's kernels).
 //
-// Buffers live where `mem.kernels` says: host memory for CPU kernels, device
-// memory for CUDA kernels. Each implementation moves them as it must (MPI
+// Buffers live where `mem.kernels` says: host memory for CPU kernels (or
+// no kernels: Mem::host()), device memory for CUDA kernels. Each implementation moves them as it must (MPI
 // stages device buffers through pinned host memory unless mem.cuda_aware;
 // NCCL stages host buffers through device memory).
 //
@@ -34,8 +34,12 @@ enum class ReduceOp : int32_t { Sum, Max };
 size_t elem_size(Elem e);
 
 struct Mem {
-  Kernels* kernels;
+  Kernels* kernels;  // nullptr: plain host memory
   bool cuda_aware = false;
+  // Host memory that no kernels object owns (small exchanges of flags and
+  // sums).
+  static Mem host() { return Mem{nullptr, false}; }
+  bool on_device() const;  // CUDA device memory
 };
 
 // A collective started by Comm::start_alltoall or start_allgather. It is

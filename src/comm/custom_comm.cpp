@@ -26,7 +26,7 @@ int32_t comm_elem(Elem e) {
 int32_t comm_op(ReduceOp op) { return op == ReduceOp::Max ? DSOPT_COMM_MAX : DSOPT_COMM_SUM; }
 
 int32_t comm_device(const Mem& mem) {
-  return mem.kernels->device() == Device::Cuda ? DSOPT_COMM_CUDA : DSOPT_COMM_HOST;
+  return mem.on_device() ? DSOPT_COMM_CUDA : DSOPT_COMM_HOST;
 }
 
 class CustomComm final : public Comm {

@@ -35,7 +35,9 @@ class LocalComm final : public Comm {
 
  private:
   static void copy(const void* src, void* dst, size_t bytes, const Mem& mem) {
-    if (src != dst && bytes) mem.kernels->copy(dst, src, bytes);
+    if (src == dst || !bytes) return;
+    if (mem.kernels) mem.kernels->copy(dst, src, bytes);
+    else std::memcpy(dst, src, bytes);
   }
 };
 

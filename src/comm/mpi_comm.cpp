@@ -131,7 +131,7 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   const char* backend() const override { return "mpi"; }
   bool overlaps(const Mem& mem) const override {
-    return mem.kernels->device() != Device::Cuda || mem.cuda_aware;
+    return !mem.on_device() || mem.cuda_aware;
   }
   bool concurrent_calls() const override {
     int provided = MPI_THREAD_SINGLE;
@@ -338,7 +338,7 @@ class MpiComm final : public Comm {
     bool staged;
   };
   HostPair stage(const Mem& mem, const void* in, size_t in_bytes, void* out, size_t out_bytes) {
-    if (mem.kernels->device() != Device::Cuda || mem.cuda_aware) return {const_cast<void*>(in), out, false};
+    if (!mem.on_device() || mem.cuda_aware) return {const_cast<void*>(in), out, false};
     char* s = static_cast<char*>(mem.kernels->host_staging(in_bytes + out_bytes));
     if (in_bytes) mem.kernels->copy_to_host(s, in, in_bytes);
     return {s, s + in_bytes, true};

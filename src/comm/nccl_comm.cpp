@@ -47,7 +47,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 bool on_device(const Mem& mem) {
-  return mem.kernels != nullptr && mem.kernels->device() == Device::Cuda;
+  return mem.on_device();
 }
 
 // Makes the communicator's device current for one call.

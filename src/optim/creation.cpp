@@ -44,8 +44,7 @@ std::pair<uint64_t, int> agree(Comm& comm, const LocalOutcome& mine, const int64
   std::vector<int64_t> all(size_t(kFields * world));
   if (world > 1) {
     try {
-      auto host = make_cpu_kernels(1);
-      comm.allgather(row, all.data(), kFields, Elem::I64, Mem{host.get(), false});
+      comm.allgather(row, all.data(), kFields, Elem::I64, Mem::host());
     } catch (const Error&) {
       if (mine.ok()) throw;
     }

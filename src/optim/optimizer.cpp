@@ -49,7 +49,7 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
       kernels_(std::move(kernels)),
       host_(make_cpu_kernels(cfg.threads)),
       params_(params, count, int32_t(cfg.groups.size()), *kernels_, cfg.zero.stage == 0),
-      pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, *host_, params_,
+      pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, params_,
                 runner_, cfg.zero.reduce_bucket_size),
       groups_(cfg.groups),
       steps_(cfg.groups.size(), 0),
@@ -207,7 +207,7 @@ void Optimizer::agree_absent(bool someone, std::vector<uint8_t> present) {
   if (!someone || !skips_absent()) return;
   if (comm_.size() > 1)
     comm_.allreduce(present.data(), present.data(), present.size(), Elem::U8, ReduceOp::Max,
-                    Mem{host_.get(), false});
+                    Mem::host());
   inactive_.resize(present.size());
   for (size_t i = 0; i < present.size(); ++i) inactive_[i] = present[i] ? 0 : 1;
 }

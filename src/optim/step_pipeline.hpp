@@ -30,7 +30,7 @@ class StepPipeline {
   // Averaged gradients are reduced in buckets of bucket_elems elements,
   // through `runner`.
   StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels, const Mem& mem,
-               Kernels& host, const ParamSet& params, CommRunner& runner, int64_t bucket_elems);
+               const ParamSet& params, CommRunner& runner, int64_t bucket_elems);
 
   // Collective. averaged[i] says whether parameter i's gradient is averaged
   // over ranks (Adam; warmup stages) or stays this rank's own (compressed
@@ -87,7 +87,6 @@ class StepPipeline {
   Comm& comm_;
   Kernels& kernels_;
   Mem mem_;
-  Kernels& host_;
   const ParamSet& params_;
   LossScaler scaler_;
   PackedAllreduce packed_;  // the status flag and the averaged gradients
