@@ -210,8 +210,8 @@ typedef struct dsopt_comm_ops {
 
 /* A communicator whose collectives are the callbacks in *ops, each given
  * `user`. *ops is copied; `user` is borrowed until dsopt_comm_destroy.
- * Returns DSOPT_OK, DSOPT_EINVAL (out or ops NULL, struct_size smaller than
- * this header's dsopt_comm_ops, a callback missing, rank or size out of
+ * Returns DSOPT_OK, DSOPT_EINVAL (out or ops NULL, struct_size short of
+ * the required callbacks, a required callback missing, rank or size out of
  * range, unknown flags) or DSOPT_ENOMEM. Not collective. An optimizer with
  * "device": "cuda" runs its device work on ops->stream. */
 DSOPT_API int dsopt_comm_create_custom(dsopt_comm **out, const dsopt_comm_ops *ops, void *user);
@@ -610,7 +610,7 @@ typedef struct dsopt_state_view {
  * loaded from a blob; keep the ranks' replicated state identical. With
  * "device": "cuda" the view is device memory, except under ZeRO's CPU
  * offload (host memory).
- * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointer, struct_size too small,
+ * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointer, struct_size below 4,
  * index out of range, a name this optimizer does not have for this
  * parameter now, a parameter split by reduce buckets; the message lists the
  * names it has), DSOPT_ECOMM (the optimizer is marked failed, see
