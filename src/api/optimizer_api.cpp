@@ -104,6 +104,7 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
       run_cfg_hash = hash64(cfg.run_canonical.data(), cfg.run_canonical.size());
       opt = std::make_unique<dsopt_optimizer>();
       opt->impl = make_optimizer(cfg, *comm->impl, params, num_params);
+      opt->config_text = cfg.canonical;
     } catch (const Error& e) {
       status = e.status();
       error = e.what();
