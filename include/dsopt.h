@@ -12,9 +12,10 @@
  *  - DSOPT_ENONFINITE from dsopt_step: the step was skipped exactly as one
  *    that returns DSOPT_OK (info written, consecutive skips counted, the
  *    loss scaler saw the overflow);
- *  - DSOPT_ECOMM: the communicator is not used again, and when the failed
- *    collective was inside an update the optimizer is marked failed
- *    (docs/robustness.md "A failed collective");
+ *  - DSOPT_ECOMM: the communicator may be unusable afterwards (an MPI or
+ *    custom one always is), and when the failed collective was inside an
+ *    update the optimizer is marked failed (docs/robustness.md "A failed
+ *    collective");
  *  - DSOPT_EBUFS: the size output says how many bytes are needed.
  *
  * Versioned structs (dsopt_step_info, dsopt_state_view, dsopt_comm_ops):
