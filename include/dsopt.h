@@ -1,16 +1,39 @@
 /*
  * dsopt: communication- and memory-efficient optimizers behind a C ABI.
+ * Reference: docs/reference/c-api.md.
  *
- * The caller owns the model, its parameters, its gradients and its
- * communicators; dsopt owns optimizer state. Every call that can fail returns
- * an int status (DSOPT_OK or a negative DSOPT_E* code); the detail of the
- * failure is in dsopt_last_error() on the same thread. A failed call leaves
- * everything as it was, with two exceptions that dsopt_step documents: a
- * DSOPT_ENONFINITE step was applied as a skipped step, and a step whose
- * communication failed after its update began marks the optimizer failed.
+ * Ownership: the caller owns the model, its parameters, its gradients and
+ * its communicators; dsopt owns optimizer state. Handles: one handle must
+ * not be used by two threads at once; separate handles are independent.
  *
- * Handles: one handle must not be used by two threads at once; separate
- * handles are independent.
+ * Errors: every call that can fail returns an int status (DSOPT_OK or a
+ * negative DSOPT_E* code); dsopt_last_error() on the same thread has the
+ * detail. A failed call changes nothing, except:
+ *  - DSOPT_ENONFINITE from dsopt_step: the step was skipped exactly as one
+ *    that returns DSOPT_OK (info written, consecutive skips counted, the
+ *    loss scaler saw the overflow);
+ *  - DSOPT_ECOMM: the communicator may be unusable afterwards (an MPI or
+ *    custom one always is), and when the failed collective was inside an
+ *    update the optimizer is marked failed (docs/robustness.md "A failed
+ *    collective");
+ *  - DSOPT_EBUFS: the size output says how many bytes are needed.
+ *
+ * Versioned structs (dsopt_step_info, dsopt_state_view, dsopt_comm_ops):
+ * the caller sets struct_size = sizeof(the struct) as its header declares
+ * it, and dsopt reads or writes only the first min(struct_size, sizeof)
+ * bytes. An input struct's fields past struct_size take their defaults;
+ * an output struct's fields past it are not written; fields a newer caller
+ * has past this header's struct are ignored. A struct_size below the
+ * struct's smallest layout is DSOPT_EINVAL.
+ *
+ * Stability: everything above the "EXPERIMENTAL" section keeps its name,
+ * signature and meaning (new calls, fields and codes may be added). The
+ * experimental calls may change in a minor release; define
+ * DSOPT_STABLE_ONLY before including this header to leave them out.
+ *
+ * Hyperparameters: each has one canonical way to read and set it
+ * (docs/reference/c-api.md "One way per hyperparameter"); the other calls
+ * that reach it are thin aliases.
  */
 #ifndef DSOPT_H
 #define DSOPT_H
@@ -30,6 +53,10 @@
 extern "C" {
 #endif
 
+/* ========================================================================
+ * STABLE
+ * ====================================================================== */
+
 /* ------------------------------------------------------------------------
  * Status and errors
  * ---------------------------------------------------------------------- */
@@ -44,8 +71,8 @@ enum {
   DSOPT_EBUFS        = -4, /* caller's buffer too small */
   DSOPT_ECORRUPT     = -5, /* state blob truncated, wrong magic, bad checksum */
   DSOPT_EMISMATCH    = -6, /* blob of another algorithm/shape, or ranks disagree on config;
-                              also every rank's code when another rank's part of a
-                              collective call failed */
+                              also what every other rank returns when one rank's part of
+                              a collective call failed */
   DSOPT_ECOMM        = -7, /* MPI or NCCL failure */
   DSOPT_ECUDA        = -8, /* CUDA runtime failure */
   DSOPT_EINTERNAL    = -9,
@@ -63,7 +90,7 @@ DSOPT_API const char *dsopt_status_string(int status);
 DSOPT_API const char *dsopt_last_error(void);
 
 /* ------------------------------------------------------------------------
- * Versions
+ * Versions (written here only: the build reads them from this header)
  * ---------------------------------------------------------------------- */
 
 #define DSOPT_VERSION_MAJOR 0
@@ -101,28 +128,21 @@ typedef struct dsopt_comm dsopt_comm;
 struct ncclComm;    /* same type as ncclComm_t points to */
 struct CUstream_st; /* same type as cudaStream_t points to */
 
+/* Where a buffer lives (dsopt_state_view.device, the custom collectives). */
+enum { DSOPT_COMM_HOST = 0, DSOPT_COMM_CUDA = 1 };
+
 /* A world of one rank; no communication. *out is owned by the caller and
  * released with dsopt_comm_destroy. Returns DSOPT_OK, DSOPT_EINVAL (out is
  * NULL) or DSOPT_ENOMEM. Not collective. */
 DSOPT_API int dsopt_comm_create_local(dsopt_comm **out);
 
-/* Wraps an MPI communicator given by its Fortran handle (MPI_Comm_c2f(c) in
- * C, comm.py2f() in mpi4py). MPI must be initialised; the communicator is
- * borrowed until dsopt_comm_destroy and every optimizer created on it are
- * destroyed. Returns DSOPT_OK, DSOPT_EINVAL (out is NULL, MPI not
- * initialised, or the handle is not a communicator), DSOPT_EUNSUPPORTED (built
- * without MPI, or its MPI plugin libdsopt_mpi or the MPI library it needs
- * cannot be loaded: libdsopt is not linked to MPI and loads them here; the
- * message says what to install) or DSOPT_ENOMEM. Not collective. dsopt's collectives run on a
- * duplicate of the communicator (MPI_Comm_dup, made by the first collective
- * dsopt call on it, usually dsopt_create) whose error handler is
- * MPI_ERRORS_RETURN: a failing MPI call returns DSOPT_ECOMM with MPI's error
- * text instead of aborting. The caller's communicator and its error handler
- * are left as they are; dsopt_comm_destroy frees the duplicate. After
- * DSOPT_ECOMM the dsopt_comm is not used again (every later call on it
- * returns DSOPT_ECOMM): MPI may still have operations of the failed call
- * posted, which can write into that call's buffers (the caller's parameters
- * or gradients included) until MPI_Finalize; dsopt never frees its own. */
+/* Wraps an MPI communicator given by its Fortran handle (MPI_Comm_c2f(c),
+ * comm.py2f() in mpi4py), borrowed until dsopt_comm_destroy and every
+ * optimizer on it are destroyed. dsopt works on its own duplicate, and an
+ * MPI failure returns DSOPT_ECOMM instead of aborting (docs/reference/c-api.md
+ * "MPI communicators"). Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EUNSUPPORTED
+ * (no MPI in this build, or its plugin cannot be loaded) or DSOPT_ENOMEM.
+ * Not collective. */
 DSOPT_API int dsopt_comm_create_mpi(dsopt_comm **out, int64_t mpi_comm_f);
 
 /* Wraps an NCCL communicator and the CUDA stream all of dsopt's device work
@@ -134,12 +154,235 @@ DSOPT_API int dsopt_comm_create_mpi(dsopt_comm **out, int64_t mpi_comm_f);
 DSOPT_API int dsopt_comm_create_nccl(dsopt_comm **out, struct ncclComm *comm,
                                      struct CUstream_st *stream);
 
+/* Rank and size of the communicator; -1 for NULL. */
+DSOPT_API int dsopt_comm_rank(const dsopt_comm *comm);
+DSOPT_API int dsopt_comm_size(const dsopt_comm *comm);
+
+/* Releases the wrapper (never the MPI/NCCL communicator; a custom one's
+ * ops->release is called). NULL is fine. Must outlive every optimizer
+ * created on it. */
+DSOPT_API void dsopt_comm_destroy(dsopt_comm *comm);
+
+/* ------------------------------------------------------------------------
+ * Optimizer
+ * ---------------------------------------------------------------------- */
+
+typedef struct dsopt_optimizer dsopt_optimizer;
+
+/* What a step did (output; versioned: see the top comment). Fields added
+ * after the first layout: phase, grads_replicated, diverging
+ * (docs/reference/c-api.md "Step info"). */
+typedef struct dsopt_step_info {
+  uint32_t struct_size;  /* caller sets sizeof(dsopt_step_info); fields past it are not written */
+  int32_t  skipped;      /* 1 when this step was skipped (gradient overflow) */
+  int32_t  compressed;   /* 1 when this step used 1-bit compressed communication */
+  int32_t  reserved;
+  int64_t  step;         /* updates applied so far, this one included; skipped steps do not count */
+  double   loss_scale;   /* loss scale to use for the next backward; 1.0 when loss scaling is off */
+  double   grad_norm;    /* global gradient norm before clipping; -1.0 without clipping and
+                            without "report_grad_norm" */
+  uint64_t bytes_sent;   /* bytes this rank sent through the communicator during this step */
+  int64_t  consecutive_skips; /* steps skipped in a row, this one included; 0 when this step applied */
+  int32_t  phase;        /* what this step did: one of DSOPT_PHASE_* below */
+  int32_t  reserved2;
+  int32_t  grads_replicated; /* 1 when every rank's local gradients were bit-identical (and not
+                                all zero): something else, e.g. DistributedDataParallel, had
+                                averaged them already and dsopt averaged them again. Checked on
+                                the run's first 3 steps only; 0 on the others and at one rank */
+  int32_t  diverging;    /* 1 while the run's global gradient norm stays far above its own recent
+                            history (a divergence whose values are all finite, so that no step
+                            is skipped); 0 otherwise and with "divergence_check" off. Every
+                            rank reports the same */
+} dsopt_step_info;
+
+/* dsopt_step_info.phase */
+#define DSOPT_PHASE_SKIPPED    0 /* the step was skipped: nothing applied */
+#define DSOPT_PHASE_FULL       1 /* full-precision averaged gradients: Adam, 1-bit Adam's warmup,
+                                    0/1 Adam's variance-update steps */
+#define DSOPT_PHASE_COMPRESSED 2 /* 1-bit compressed communication: 1-bit Adam's compression stage,
+                                    0/1 Adam's 1-bit gradient steps (before var_freeze_step) */
+#define DSOPT_PHASE_LOCAL      3 /* 0/1 Adam local step: no communication of gradients or momenta */
+#define DSOPT_PHASE_SYNC       4 /* 0/1 Adam local step followed by the 1-bit sync of the accumulator */
+
+/* Creates an optimizer for `num_params` parameters from a JSON config
+ * (docs/reference/config.md). The parameter buffers (each its own memory:
+ * overlapping ones are DSOPT_EINVAL) and `comm` are borrowed until
+ * dsopt_destroy, which releases *out. Collective: the ranks must pass the
+ * same config and parameter shapes, dtypes and groups, else every rank fails
+ * (DSOPT_EMISMATCH, or a rank's own local error).
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EUNSUPPORTED, DSOPT_EMISMATCH,
+ * DSOPT_ENOMEM, DSOPT_ECOMM, DSOPT_ECUDA. */
+DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt_comm *comm,
+                           const dsopt_tensor *params, int64_t num_params);
+
+/* Applies one step with this rank's local gradients (one per parameter, same
+ * order and numel, any float dtype; read only during the call). `info` may
+ * be NULL. Collective: bad arguments on one rank fail the step on every rank
+ * (the others with DSOPT_EMISMATCH), changing nothing. A step with a non-finite gradient is skipped on every
+ * rank; DSOPT_ENONFINITE when the run stops progressing. A failed collective
+ * inside the update marks the optimizer failed. grads NULL with num_grads 0
+ * completes a handed-over step (dsopt_grad_ready); num_grads < 0 abandons
+ * the step. Absent gradients (data NULL), skipping, handshake and failure
+ * points: docs/reference/c-api.md "dsopt_step".
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EMISMATCH, DSOPT_ECOMM, DSOPT_ECUDA,
+ * DSOPT_ENOMEM, DSOPT_ENONFINITE. */
+DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_t num_grads,
+                         dsopt_step_info *info /* may be NULL */);
+
+/* Points the optimizer at new storage for its parameters (the caller's
+ * framework moved them): every parameter again, in order, with the numel,
+ * dtype and group given to dsopt_create. Nothing else changes, so the run
+ * continues bit-identically; the old buffers may be freed once this returns.
+ * Not collective. Returns DSOPT_OK or DSOPT_EINVAL (a descriptor that does
+ * not fit, overlapping storage, gradients being handed over; nothing
+ * changes). */
+DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *params,
+                                  int64_t num_params);
+
+/* The learning rate of every parameter group: an alias of
+ * dsopt_set_group_param(opt, g, "lr", lr) for each group g.
+ * Returns DSOPT_OK or DSOPT_EINVAL (NULL handle, lr negative or not finite).
+ * Not collective; call it with the same value on every rank. */
+DSOPT_API int dsopt_set_lr(dsopt_optimizer *opt, double lr);
+
+/* "gradient_clipping" (the global gradient norm's limit; 0: off) from the
+ * next step on, for frameworks that own the clipping setting. Returns
+ * DSOPT_OK or DSOPT_EINVAL (NULL handle, negative or not finite, or
+ * gradients handed over for the step in progress). Not collective; the same
+ * value on every rank between the same steps. */
+DSOPT_API int dsopt_set_gradient_clipping(dsopt_optimizer *opt, double max_norm);
+DSOPT_API int dsopt_get_gradient_clipping(const dsopt_optimizer *opt, double *out_max_norm);
+
+/* The CPU threads of the optimizer's host work: the config's "threads", else
+ * this process's share of its allowed cores among the ranks on the same
+ * machine (OMP_NUM_THREADS, when set, instead; capped by the affinity mask),
+ * at least 1. Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
+DSOPT_API int dsopt_get_threads(const dsopt_optimizer *opt, int32_t *out_threads);
+
+/* Size in bytes of the blob dsopt_state_save writes now.
+ * Returns DSOPT_OK, DSOPT_EINVAL, or DSOPT_ECOMM when the optimizer is
+ * marked failed (see dsopt_step). Not collective. */
+DSOPT_API int dsopt_state_size(const dsopt_optimizer *opt, uint64_t *out_size);
+
+/* Writes this rank's whole optimizer state into dst (caller-owned,
+ * `capacity` bytes) as one self-describing, checksummed blob; *out_written
+ * (may be NULL) receives its size. Not collective.
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EBUFS (capacity too small: nothing
+ * written, *out_written set to the size needed), DSOPT_ECUDA, DSOPT_ECOMM
+ * (the optimizer is marked failed, see dsopt_step: its state is not
+ * saved). */
+DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t capacity,
+                               uint64_t *out_written);
+
+/* Restores a blob of dsopt_state_save into an optimizer of the same config
+ * and parameter shapes, validating all of it first; master weights are
+ * written back into 16-bit parameters. Another world size: rank-local state
+ * resets; another rank's rank-local state is DSOPT_EMISMATCH
+ * (docs/reference/c-api.md "Loading state"). Collective: when any rank
+ * fails, every rank fails and nothing changes.
+ * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECORRUPT, DSOPT_EMISMATCH,
+ * DSOPT_ECUDA, DSOPT_ECOMM (also when the optimizer is marked failed). */
+DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t size);
+
+/* dsopt_state_load_ex flags: load a blob that holds another rank's
+ * rank-local state by resetting that state on every rank (the 1-bit
+ * optimizers; a ZeRO shard is still DSOPT_EMISMATCH). */
+#define DSOPT_LOAD_RESET_RANK_LOCAL 1u
+
+/* dsopt_state_load with `flags` (0 or DSOPT_LOAD_RESET_RANK_LOCAL; 0 is
+ * dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
+ * state was reset, else 0; on every rank alike. Collective.
+ * Returns what dsopt_state_load returns; DSOPT_EINVAL also for unknown
+ * flags. */
+DSOPT_API int dsopt_state_load_ex(dsopt_optimizer *opt, const void *src, uint64_t size,
+                                  uint32_t flags, int32_t *out_reset);
+
+/* Restores a run saved at any world size from all of its ranks' blobs
+ * (blobs[i], sizes[i] bytes, from old rank i; every rank passes all of
+ * them), validated together first. Adam/AdamW reshard their ZeRO state; the
+ * others load replicated state (docs/reference/c-api.md "Loading state").
+ * Collective. Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECORRUPT,
+ * DSOPT_EMISMATCH (a blob missing, duplicated, misordered or of another
+ * run), DSOPT_ECUDA. */
+DSOPT_API int dsopt_state_load_shards(dsopt_optimizer *opt, const void *const *blobs,
+                                      const uint64_t *sizes, int64_t num_blobs);
+
+/* Releases the optimizer and its state; the borrowed parameters and the
+ * communicator are left alone. NULL is fine. Collective. */
+DSOPT_API void dsopt_destroy(dsopt_optimizer *opt);
+
+/* The momentum mask of parameter `param_index` for the 1-bit optimizers
+ * (DeepSpeed's exp_avg_mask), multiplied into the momentum after every
+ * compressed step: numel of the parameter, DSOPT_FLOAT32, on the optimizer's
+ * device; copied. NULL clears it. Not part of the state blob. Not
+ * collective; the same masks on every rank. Returns DSOPT_OK, DSOPT_EINVAL
+ * (a mask that does not fit, a non_freeze group) or DSOPT_EUNSUPPORTED (no
+ * momentum mask, e.g. Adam). */
+DSOPT_API int dsopt_set_momentum_mask(dsopt_optimizer *opt, int64_t param_index,
+                                      const dsopt_tensor *mask);
+
+/* Number of parameter groups (1 when the config has no "param_groups").
+ * Returns DSOPT_OK or DSOPT_EINVAL. */
+DSOPT_API int dsopt_num_groups(const dsopt_optimizer *opt, int32_t *out_count);
+
+/* Learning rate of one group: an alias of dsopt_get_group_param(opt, group,
+ * "lr", out_lr). Returns DSOPT_OK or DSOPT_EINVAL (NULL pointer, group out
+ * of range). */
+DSOPT_API int dsopt_get_lr(const dsopt_optimizer *opt, int32_t group, double *out_lr);
+
+/* Sets the learning rate of one group: an alias of dsopt_set_group_param(opt,
+ * group, "lr", lr). Returns DSOPT_OK or DSOPT_EINVAL. Not collective; same
+ * value on every rank. */
+DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr);
+
+/* The canonical way to read or set a group's hyperparameter at run time, by
+ * name: "lr", "beta1", "beta2", "eps", "weight_decay". A value set applies
+ * from the next step on and is part of the state blob; lr, eps and
+ * weight_decay finite and >= 0, betas in [0, 1) and below 1 in fp32. Not
+ * collective; the same values on every rank. Returns DSOPT_OK or
+ * DSOPT_EINVAL (NULL pointer, group out of range, unknown name, invalid
+ * value; nothing changes). */
+DSOPT_API int dsopt_get_group_param(const dsopt_optimizer *opt, int32_t group, const char *name,
+                                    double *out_value);
+DSOPT_API int dsopt_set_group_param(dsopt_optimizer *opt, int32_t group, const char *name,
+                                    double value);
+
+/* Loss scale the caller multiplies its loss by for the next backward pass
+ * (1.0 when loss scaling is off). Returns DSOPT_OK or DSOPT_EINVAL. */
+DSOPT_API int dsopt_get_loss_scale(const dsopt_optimizer *opt, double *out_scale);
+
+/* Bytes of the buffers dsopt holds for this optimizer on this rank (state,
+ * gradient and communication buffers; not the caller's parameters and
+ * gradients), in host and in device memory. Either pointer may be NULL (not
+ * both). Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
+DSOPT_API int dsopt_memory_usage(const dsopt_optimizer *opt, uint64_t *host_bytes,
+                                 uint64_t *device_bytes);
+
+/* The number of updates applied to parameter `param_index` (torch.optim's
+ * state["step"]): the steps applied, less those in which its gradient was
+ * absent on every rank (Adam/AdamW). Part of the state blob.
+ * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
+DSOPT_API int dsopt_get_param_step(const dsopt_optimizer *opt, int64_t param_index,
+                                   int64_t *out_step);
+
+/* Sets it (moving a run's state over from torch.optim). Adam/AdamW only;
+ * step >= 0. Not collective; the same value on every rank. Returns
+ * DSOPT_OK, DSOPT_EINVAL or DSOPT_EUNSUPPORTED (the 1-bit optimizers). */
+DSOPT_API int dsopt_set_param_step(dsopt_optimizer *opt, int64_t param_index, int64_t step);
+
+/* ========================================================================
+ * EXPERIMENTAL: the newest calls, which may still change in a minor
+ * release (docs/reference/c-api.md "Stability"). Left out when
+ * DSOPT_STABLE_ONLY is defined.
+ * ====================================================================== */
+#ifndef DSOPT_STABLE_ONLY
+
 /* ------------------------------------------------------------------------
  * Custom communicators: the caller's own collectives (torch.distributed,
  * MPI.jl, HCCL, a custom runtime) behind a table of callbacks
  * ---------------------------------------------------------------------- */
 
-/* Element types, reductions and buffer locations the callbacks receive. */
+/* Element types and reductions the callbacks receive. */
 enum {
   DSOPT_COMM_FLOAT32 = 0,
   DSOPT_COMM_FLOAT64 = 1,
@@ -148,39 +391,22 @@ enum {
   DSOPT_COMM_UINT8   = 4
 };
 enum { DSOPT_COMM_SUM = 0, DSOPT_COMM_MAX = 1 };
-enum { DSOPT_COMM_HOST = 0, DSOPT_COMM_CUDA = 1 };
 
 /* dsopt_comm_ops.flags: the callbacks may be called from a thread dsopt
  * starts while the caller's own threads use dsopt and the runtime (needed
  * for dsopt_grad_ready to overlap reductions with the backward pass). */
 #define DSOPT_COMM_CONCURRENT 1u
 
-/* The collectives dsopt needs, as functions of the caller. Each is
- * collective: every rank calls it, in the same order, with the same count,
- * elem, op and device, one at a time per communicator. Counts are elements
- * of `elem`, > 0. `device` says where both buffers live (DSOPT_COMM_HOST or
- * DSOPT_COMM_CUDA). send and recv never overlap, except that allreduce may be
- * called in place (send == recv). Each returns 0, or any other value for a
- * failure: dsopt then fails the call with DSOPT_ECOMM, the text of
- * error_message (when given) in dsopt_last_error(), and never calls the
- * communicator again. A callback must return, with a failure if need be,
- * rather than wait forever for a rank that failed (a timeout, as gloo and
- * NCCL have): that is what lets every rank return an error instead of
- * hanging.
- *
- * Host buffers are valid only during the call; the collective must have
- * finished when the callback returns. Device buffers: dsopt has queued the
- * work that fills `send` on `stream`, and queues the work that reads `recv`
- * on `stream` after the callback returns; the callback either finishes the
- * collective before returning or orders it on `stream` (its reads after the
- * work already queued there, later work on `stream` after its writes), and
- * keeps no reference to either buffer afterwards.
- *
- * Where the buffers are host memory, dsopt computes every floating-point
- * sum over ranks itself, in a fixed order, from alltoall and allgather
- * (allreduce and reduce_scatter then see only integer sums and maxima, which
- * are exact): results do not depend on the runtime and are bit-identical to
- * dsopt_comm_create_mpi's. On device buffers sums are the runtime's. */
+/* The collectives dsopt needs, as functions of the caller (input; versioned:
+ * see the top comment). Every rank calls each in the same order with the
+ * same count, elem, op and device (DSOPT_COMM_HOST or DSOPT_COMM_CUDA).
+ * Each returns 0, or nonzero for a failure (DSOPT_ECOMM; the communicator
+ * is not called again), and must return rather than wait forever for a
+ * failed rank. Buffers, streams and the sums over ranks:
+ * docs/reference/c-api.md "Custom communicators".
+ * Required: allreduce, reduce_scatter, allgather, alltoall (the smallest
+ * layout ends with alltoall). Optional (NULL, also past struct_size):
+ * error_message, release. */
 typedef struct dsopt_comm_ops {
   uint32_t struct_size;       /* caller sets sizeof(dsopt_comm_ops) */
   uint32_t flags;             /* 0 or DSOPT_COMM_CONCURRENT */
@@ -212,372 +438,33 @@ typedef struct dsopt_comm_ops {
 
 /* A communicator whose collectives are the callbacks in *ops, each given
  * `user`. *ops is copied; `user` is borrowed until dsopt_comm_destroy.
- * Returns DSOPT_OK, DSOPT_EINVAL (out or ops NULL, struct_size smaller than
- * this header's dsopt_comm_ops, a callback missing, rank or size out of
- * range, unknown flags) or DSOPT_ENOMEM. Not collective. An optimizer with
+ * Returns DSOPT_OK, DSOPT_EINVAL (out or ops NULL, struct_size below the
+ * smallest layout, a required callback missing, rank or size out of range,
+ * unknown flags) or DSOPT_ENOMEM. Not collective. An optimizer with
  * "device": "cuda" runs its device work on ops->stream. */
 DSOPT_API int dsopt_comm_create_custom(dsopt_comm **out, const dsopt_comm_ops *ops, void *user);
 
-/* Rank and size of the communicator; -1 for NULL. */
-DSOPT_API int dsopt_comm_rank(const dsopt_comm *comm);
-DSOPT_API int dsopt_comm_size(const dsopt_comm *comm);
-
-/* Releases the wrapper (never the MPI/NCCL communicator; a custom one's
- * ops->release is called). NULL is fine. Must outlive every optimizer
- * created on it. */
-DSOPT_API void dsopt_comm_destroy(dsopt_comm *comm);
-
 /* ------------------------------------------------------------------------
- * Optimizer
+ * Overlapping the gradient reduction with backward
  * ---------------------------------------------------------------------- */
 
-typedef struct dsopt_optimizer dsopt_optimizer;
-
-typedef struct dsopt_step_info {
-  uint32_t struct_size;  /* caller sets sizeof(dsopt_step_info); fields past it are not written */
-  int32_t  skipped;      /* 1 when this step was skipped (gradient overflow) */
-  int32_t  compressed;   /* 1 when this step used 1-bit compressed communication */
-  int32_t  reserved;
-  int64_t  step;         /* updates applied so far, this one included; skipped steps do not count */
-  double   loss_scale;   /* loss scale to use for the next backward; 1.0 when loss scaling is off */
-  double   grad_norm;    /* global gradient norm before clipping; -1.0 without clipping and
-                            without "report_grad_norm" */
-  uint64_t bytes_sent;   /* bytes this rank sent through the communicator during this step */
-  int64_t  consecutive_skips; /* steps skipped in a row, this one included; 0 when this step applied */
-  int32_t  phase;        /* what this step did: one of DSOPT_PHASE_* below */
-  int32_t  reserved2;
-  int32_t  grads_replicated; /* 1 when every rank's local gradients were bit-identical (and not
-                                all zero): something else, e.g. DistributedDataParallel, had
-                                averaged them already and dsopt averaged them again. Checked on
-                                the run's first 3 steps only (see below); 0 on the others and at
-                                one rank */
-  int32_t  diverging;    /* 1 while the run's global gradient norm stays far above its own recent
-                            history (see below): a divergence whose values are all finite, so
-                            that no step is skipped; 0 otherwise and with "divergence_check"
-                            off. Every rank reports the same */
-} dsopt_step_info;
-
-/* dsopt_step_info.phase. Callers built against an older header pass a
- * smaller struct_size and never see it (nor grads_replicated).
- * grads_replicated: while the run has applied fewer than 3 steps (skipped
- * steps do not count; a run resumed from a blob counts from its steps),
- * each rank hashes samples of its local gradients (the first and last KiB
- * of each) and one 16-byte allreduce compares the hashes; later steps
- * compute and send nothing for it.
- * diverging (callers built before it read reserved3, always 0): with x =
- * ln(global gradient norm) and r a running mean of x (the mean of the first
- * 50 steps, then an exponential average over 50, each x clamped to r +-
- * ln 2; one r for steps with averaged gradients, one for steps whose
- * gradients stayed local at several ranks), a step is above when
- * x - r > ln(20) after 10 steps; diverging becomes 1 once 3 of the last 8
- * steps were above and stays 1, skipped steps included, until 8 in a row
- * were not. "divergence_check" in the config tunes or turns off the rule
- * (docs/reference/c-api.md "Divergence that stays finite"); its state is part of the state
- * blob. */
-#define DSOPT_PHASE_SKIPPED    0 /* the step was skipped: nothing applied */
-#define DSOPT_PHASE_FULL       1 /* full-precision averaged gradients: Adam, 1-bit Adam's warmup,
-                                    0/1 Adam's variance-update steps */
-#define DSOPT_PHASE_COMPRESSED 2 /* 1-bit compressed communication: 1-bit Adam's compression stage,
-                                    0/1 Adam's 1-bit gradient steps (before var_freeze_step) */
-#define DSOPT_PHASE_LOCAL      3 /* 0/1 Adam local step: no communication of gradients or momenta */
-#define DSOPT_PHASE_SYNC       4 /* 0/1 Adam local step followed by the 1-bit sync of the accumulator */
-
-/* Creates an optimizer for `num_params` parameters described by `params`
- * (docs/reference/config.md: the JSON config). The parameter buffers are borrowed
- * until dsopt_destroy and updated in place, each its own memory: two
- * parameters whose bytes overlap (the same buffer twice, or overlapping
- * views) are DSOPT_EINVAL naming both; `comm` is borrowed until
- * dsopt_destroy. *out is released with dsopt_destroy.
- * Collective: every rank of `comm` calls it; all ranks must pass the same
- * config and the same parameter shapes, dtypes and groups, else every rank
- * fails with DSOPT_EMISMATCH (a rank with a local error returns that error,
- * the others DSOPT_EMISMATCH).
- * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EUNSUPPORTED, DSOPT_EMISMATCH,
- * DSOPT_ENOMEM, DSOPT_ECOMM, DSOPT_ECUDA. */
-DSOPT_API int dsopt_create(dsopt_optimizer **out, const char *config_json, dsopt_comm *comm,
-                           const dsopt_tensor *params, int64_t num_params);
-
-/* Points the optimizer at new storage for its parameters (the caller moved
- * them: a framework copied the model, a tensor got new memory): `params`
- * describes every parameter again, in order, with the numel, dtype and
- * group given to dsopt_create, data on the optimizer's device. Nothing else
- * changes: the next step updates the new buffers in place, and the fp32
- * masters of 16-bit parameters stay dsopt's (the next step writes the
- * rounded masters into the new buffers), so a run whose values were copied
- * into new buffers continues bit-identically. The old buffers are not used
- * again and may be freed once this returns. Not collective (each rank
- * rebinds its own memory). Returns DSOPT_OK or DSOPT_EINVAL (NULL pointers,
- * another count, numel, dtype, group or device, naming the parameter;
- * overlapping storage, naming both; or
- * gradients being handed over with dsopt_grad_ready); nothing changes on
- * failure. */
-DSOPT_API int dsopt_rebind_params(dsopt_optimizer *opt, const dsopt_tensor *params,
-                                  int64_t num_params);
-
-/* Applies one step with this rank's local gradients (mean over its local
- * micro-batches, multiplied by the loss scale when fp16 loss scaling is on):
- * one per parameter, same order and numel; dtypes may differ from the
- * parameters'. Gradients are only read, during the call. `info` may be NULL;
- * if not, info->struct_size must be set.
- * Collective. If any rank passes invalid arguments, every rank fails (that
- * rank with its own message, the others with DSOPT_EMISMATCH naming it)
- * and nothing changes. A step with a non-finite gradient on any rank is
- * skipped on every rank (info->skipped = 1) and returns DSOPT_OK, unless the
- * run has stopped progressing: when "max_consecutive_skips" (default 50; 0
- * turns this off) steps in a row have been skipped, or when fp16 dynamic
- * loss scaling overflows with the scale already at min_loss_scale, the
- * skipped step returns DSOPT_ENONFINITE on every rank, with a message that
- * says what happened and what to try. That step was skipped exactly like
- * one that returns DSOPT_OK (info is written, the loss scaler saw the
- * overflow); the next dsopt_step may continue the run.
- * Every collective call (dsopt_step, dsopt_state_load,
- * dsopt_state_load_shards) starts with a 16-byte handshake: when the ranks
- * are in different calls, every rank returns DSOPT_EMISMATCH and nothing
- * changes.
- * A failed collective (DSOPT_ECOMM): when it comes before the update (the
- * handshake, the gradient reduction, the norm and status exchange) nothing
- * changes. When it comes inside the update (ZeRO-1/2's parameter
- * allgather; the compressed exchange of 1-bit Adam's and 1-bit LAMB's
- * compression stage and of 0/1 Adam's 1-bit and sync steps) the optimizer
- * is marked failed: every later dsopt_step, dsopt_grad_ready,
- * dsopt_state_size, dsopt_state_save, dsopt_get_state_view and
- * dsopt_state_load* returns DSOPT_ECOMM saying that the state is
- * inconsistent; destroy it and, on every rank, create a new communicator
- * and optimizer and load the last saved state. Adam/AdamW without ZeRO and
- * 0/1 Adam's local steps never fail half-way. docs/robustness.md lists the
- * failure points of each step.
- * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EMISMATCH, DSOPT_ECOMM, DSOPT_ECUDA,
- * DSOPT_ENOMEM, DSOPT_ENONFINITE. */
-/* grads == NULL with num_grads == 0 completes a step whose gradients were
- * handed over with dsopt_grad_ready (below). grads == NULL with num_grads
- * < 0 abandons the step on this rank (its gradients cannot be used, e.g. a
- * binding could not describe one): the call still takes part in the
- * step's collectives, in the form of a handed-over step when gradients are
- * being handed over or the previous step was one; this rank returns
- * DSOPT_EINVAL, the others DSOPT_EMISMATCH naming it; nothing changes.
- *
- * Absent gradients: a gradient whose `data` is NULL says "no gradient for
- * this parameter in this step on this rank" (a parameter that is frozen, or
- * that the step's forward pass did not use); its numel and dtype are not
- * read. The ranks agree on which gradients are absent (one small allreduce,
- * made only when some rank has one):
- *  - absent on some ranks only: those ranks contribute zeros to the average
- *    (over all ranks, as under data parallelism), and the parameter is
- *    updated as usual;
- *  - Adam/AdamW (any ZeRO stage), absent on every rank: the parameter is
- *    not updated. Its values, moments and step count (dsopt_get_param_step)
- *    stay as they are and weight decay is not applied, as torch.optim does
- *    for a parameter whose .grad is None. Each parameter counts its own
- *    updates, and its bias correction uses that count;
- *  - 1-bit Adam, 1-bit LAMB, 0/1 Adam: an absent gradient is a zero
- *    gradient, and every parameter takes part in every step (momentum,
- *    weight decay, the compressed exchange and its error feedback span all
- *    parameters): a parameter without gradients keeps moving with its
- *    momentum, as under DeepSpeed's engine. Leave parameters that stay
- *    frozen out of these optimizers.
- * info->step counts the steps applied, whatever was absent. */
-DSOPT_API int dsopt_step(dsopt_optimizer *opt, const dsopt_tensor *grads, int64_t num_grads,
-                         dsopt_step_info *info /* may be NULL */);
-
 /* Hands over parameter `param_index`'s local gradient of one micro-batch
- * while backward is still running, so that its reduction overlaps the rest
- * of backward; dsopt_step(opt, NULL, 0, info) then completes the step. Works
- * for every optimizer and ZeRO stage 0, 1 and 2.
- *
- * Buffer: `grad` (numel of the parameter, any float dtype, on the
- * parameters' device) is read completely before the call returns: the caller
- * may reuse or free it at once (one gradient buffer can serve every
- * parameter). dsopt keeps the gradients in its own fp32 buffers: stage 0 and
- * stage 1 one for all parameters; stage 2 a few reduce buckets
- * ("reduce_bucket_size"), released as their reductions finish.
- *
- * Micro-batches: with "gradient_accumulation_steps" = G (default 1) each
- * parameter is handed over G times per step, once per micro-batch, and the
- * step uses the mean of the G gradients: stage 0 and 1 sum them locally in
- * fp32 and reduce once, in the last micro-batch; stage 2 reduces every
- * micro-batch into the shard and sums the reduced shards in fp32. The
- * average over ranks and micro-batches is one multiplication by
- * fl(1/(P*G)). A second hand-over of a parameter in the same micro-batch
- * starts the next micro-batch.
- *
- * Order: any order, and it may differ between ranks. Gradients are packed
- * into reduce buckets in parameter order; a bucket's reduction starts once
- * the bucket is complete and every bucket after it has started, so buckets
- * are reduced from the last to the first on every rank. Handing over in
- * reverse parameter order (autograd's usual order) overlaps best.
- *
- * A parameter that gets no gradient in a micro-batch (not handed over before
- * the next micro-batch starts or before dsopt_step) contributes zeros, like
- * a rank without a gradient under data parallelism. A parameter that no
- * rank handed over in any micro-batch of the step is absent on every rank,
- * as a NULL gradient in dsopt_step is (Adam/AdamW do not update it; see
- * dsopt_step). Every rank must still call dsopt_step(opt, NULL, 0, ...) for
- * the step; a rank that handed nothing over contributes zeros.
- *
- * The non-finite check runs here, on each gradient as it is read; a
- * non-finite gradient makes the step skipped on every rank, as in
- * dsopt_step.
- *
- * Results are bit-identical to passing the same gradients (G = 1) to
- * dsopt_step at once, at every stage: dsopt_step runs the same buckets.
- *
- * Threads: call it from one thread at a time per optimizer. Reductions run
- * on a dsopt thread when the communicator allows concurrent calls (MPI
- * initialised with MPI_THREAD_MULTIPLE, as mpi4py does by default);
- * otherwise, and on NCCL, a bucket's reduction runs inside the call that
- * completes it (correct, without overlap).
- *
- * Collective only through dsopt_step: the first hand-over of a step starts a
- * 16-byte handshake (DSOPT_EMISMATCH from dsopt_step when the ranks are in
- * different calls). Errors: DSOPT_EINVAL for a NULL handle or grad, an index
- * out of range, a numel or dtype that does not fit, or a parameter handed over G times already in this step; nothing
- * changes then. dsopt_step with gradients, dsopt_state_load(_ex),
- * dsopt_state_load_shards or dsopt_rebind_params while gradients are handed
- * over is DSOPT_EINVAL on that rank, changing nothing. A communication error of a
- * reduction is returned by dsopt_step (DSOPT_ECOMM).
- * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECOMM, DSOPT_ECUDA, DSOPT_ENOMEM. */
+ * while backward still runs, so that its reduction overlaps the rest;
+ * dsopt_step(opt, NULL, 0, info) then completes the step, bit-identical to
+ * passing the gradients to dsopt_step. `grad` is read before the call
+ * returns. Any order; "gradient_accumulation_steps" hand-overs per parameter
+ * and step. Buffers, micro-batches, order and threads:
+ * docs/reference/c-api.md "dsopt_grad_ready". Collective only through
+ * dsopt_step. Returns DSOPT_OK, DSOPT_EINVAL (nothing changes), DSOPT_ECOMM,
+ * DSOPT_ECUDA, DSOPT_ENOMEM. */
 DSOPT_API int dsopt_grad_ready(dsopt_optimizer *opt, int64_t param_index, const dsopt_tensor *grad);
 
-/* Sets the learning rate of every parameter group (for LR schedules).
- * Returns DSOPT_OK or DSOPT_EINVAL (NULL handle, lr negative or not finite).
- * Not collective; call it with the same value on every rank. */
-DSOPT_API int dsopt_set_lr(dsopt_optimizer *opt, double lr);
+/* ------------------------------------------------------------------------
+ * Live state
+ * ---------------------------------------------------------------------- */
 
-/* "gradient_clipping" (the global gradient norm's limit; 0: off) from the
- * next step on, as frameworks that own the clipping setting need
- * (max_grad_norm, gradient_clip_val). Returns DSOPT_OK or DSOPT_EINVAL (NULL
- * handle, negative or not finite, or gradients handed over for the step in
- * progress). Not collective; call it with the same value on every rank
- * between the same steps (the ranks' steps must agree on clipping). */
-DSOPT_API int dsopt_set_gradient_clipping(dsopt_optimizer *opt, double max_norm);
-DSOPT_API int dsopt_get_gradient_clipping(const dsopt_optimizer *opt, double *out_max_norm);
-
-/* The CPU threads of the optimizer's host work: the config's "threads", or
- * by default this process's share of the cores it may run on (its CPU
- * affinity mask) among the ranks of its communicator on the same machine
- * and cores, at least 1; OMP_NUM_THREADS, when set, is taken as this
- * process's choice instead (capped by the mask). Returns DSOPT_OK or
- * DSOPT_EINVAL. Not collective. */
-DSOPT_API int dsopt_get_threads(const dsopt_optimizer *opt, int32_t *out_threads);
-
-/* Size in bytes of the blob dsopt_state_save writes now.
- * Returns DSOPT_OK, DSOPT_EINVAL, or DSOPT_ECOMM when the optimizer is
- * marked failed (see dsopt_step). Not collective. */
-DSOPT_API int dsopt_state_size(const dsopt_optimizer *opt, uint64_t *out_size);
-
-/* Writes this rank's whole optimizer state into dst (caller-owned,
- * `capacity` bytes) as one self-describing, checksummed blob; *out_written
- * (may be NULL) receives its size. Not collective.
- * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EBUFS (capacity too small: nothing
- * written, *out_written set to the size needed), DSOPT_ECUDA, DSOPT_ECOMM
- * (the optimizer is marked failed, see dsopt_step: its state is not
- * saved). */
-DSOPT_API int dsopt_state_save(const dsopt_optimizer *opt, void *dst, uint64_t capacity,
-                               uint64_t *out_written);
-
-/* Restores the state saved by dsopt_state_save from an optimizer created
- * with the same config and parameter shapes. The blob is validated
- * completely before anything changes. Saved at another world size:
- * replicated state loads as is, rank-local state resets (docs/guides/checkpoints.md).
- * Saved at this world size by another rank: replicated state (Adam/AdamW
- * without ZeRO, the 1-bit optimizers before their compression) loads as
- * is; a blob that holds rank-local state of the rank that saved it (1-bit
- * Adam's and 1-bit LAMB's compression errors, 0/1 Adam's errors and
- * accumulator, a ZeRO shard) is DSOPT_EMISMATCH, with a message that says
- * what to load instead. Master weights kept by dsopt are restored and
- * written back into the caller's 16-bit parameters. Collective: when any
- * rank fails, every rank fails and nothing changes.
- * Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECORRUPT (truncated, wrong magic or
- * version, bad checksum), DSOPT_EMISMATCH (another algorithm, shapes or
- * config, another rank's rank-local state), DSOPT_ECUDA, DSOPT_ECOMM (also
- * when the optimizer is marked failed, see dsopt_step: load into a new one). */
-DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t size);
-
-/* dsopt_state_load_ex flags: where a rank's blob holds another rank's
- * rank-local state (see dsopt_state_load), load its replicated state and
- * reset the rank-local state as a load at another world size does, on
- * every rank (the ranks' rank-local states must fit together). The 1-bit
- * optimizers only: a ZeRO shard is the state itself and is still
- * DSOPT_EMISMATCH. */
-#define DSOPT_LOAD_RESET_RANK_LOCAL 1u
-
-/* dsopt_state_load with `flags` (0 or DSOPT_LOAD_RESET_RANK_LOCAL; 0 is
- * dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
- * state was reset, else 0; on every rank alike. Collective.
- * Returns what dsopt_state_load returns; DSOPT_EINVAL also for unknown
- * flags. */
-DSOPT_API int dsopt_state_load_ex(dsopt_optimizer *opt, const void *src, uint64_t size,
-                                  uint32_t flags, int32_t *out_reset);
-
-/* Restores the state of a run saved at any world size, from the blobs its
- * ranks wrote: every rank passes all `num_blobs` blobs in old-rank order
- * (blobs[i] from old rank i, sizes[i] bytes). All of them are validated
- * before anything changes: same algorithm and parameter shapes, one save of
- * one run (same run, step counters, learning rates and loss scaler), each
- * rank exactly once. Adam/AdamW at any ZeRO stage reshard: the ZeRO shards
- * (or the replicated state of a stage-0 run) are cut by interval
- * intersection in parameter order into this rank's shard, so 2 -> 4, 4 -> 3
- * or stage 0 -> stage 2 continue as an uninterrupted run at the new size
- * would from the same state. The other optimizers have replicated state:
- * this rank's own blob at the same world size, else blobs[0], as
- * dsopt_state_load would (a single blob another rank of this world size
- * saved, holding its rank-local state, is DSOPT_EMISMATCH). A single blob (one replica of replicated state, or
- * the blob of a one-rank run) is a complete set. Collective.
- * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointers, num_blobs < 1),
- * DSOPT_ECORRUPT, DSOPT_EMISMATCH (another algorithm or shapes, a missing,
- * duplicated or misordered blob, blobs of different runs or steps),
- * DSOPT_ECUDA. */
-DSOPT_API int dsopt_state_load_shards(dsopt_optimizer *opt, const void *const *blobs,
-                                      const uint64_t *sizes, int64_t num_blobs);
-
-/* Releases the optimizer and its state; the borrowed parameters and the
- * communicator are left alone. NULL is fine. Collective. */
-DSOPT_API void dsopt_destroy(dsopt_optimizer *opt);
-
-/* Sets the momentum mask of parameter `param_index` for 1-bit optimizers
- * (DeepSpeed's exp_avg_mask): after every compressed step the decompressed
- * momentum is multiplied by it elementwise, so coordinates whose gradient is
- * always zero stay zero. `mask` has the parameter's numel, dtype
- * DSOPT_FLOAT32 and lives on the optimizer's device; dsopt copies it (the
- * caller's buffer is not kept). NULL clears the mask. Masks are not part of
- * the state blob. Not collective; set the same masks on every rank.
- * Returns DSOPT_OK, DSOPT_EINVAL (NULL handle, index out of range, wrong
- * numel, dtype or device, or a parameter of a non_freeze group, whose
- * momentum is never compressed) or DSOPT_EUNSUPPORTED (the optimizer has no
- * momentum mask, e.g. Adam). */
-DSOPT_API int dsopt_set_momentum_mask(dsopt_optimizer *opt, int64_t param_index,
-                                      const dsopt_tensor *mask);
-
-/* --- extensions ------------------------------------------------------- */
-
-/* Number of parameter groups (1 when the config has no "param_groups").
- * Returns DSOPT_OK or DSOPT_EINVAL. */
-DSOPT_API int dsopt_num_groups(const dsopt_optimizer *opt, int32_t *out_count);
-
-/* Learning rate of one group. Returns DSOPT_OK or DSOPT_EINVAL (NULL
- * pointer, group out of range). */
-DSOPT_API int dsopt_get_lr(const dsopt_optimizer *opt, int32_t group, double *out_lr);
-
-/* Sets the learning rate of one group (per-group LR schedules).
- * Returns DSOPT_OK or DSOPT_EINVAL. Not collective; same value on every rank. */
-DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr);
-
-/* Hyperparameters of one group by name: "lr", "beta1", "beta2", "eps",
- * "weight_decay". A value set takes effect from the next step on (for
- * schedules that change momentum or decay, e.g. OneCycleLR's beta1 cycle)
- * and is part of the state blob. Valid values: lr, eps and weight_decay
- * finite and >= 0, betas in [0, 1) and below 1 in fp32 (at most
- * 0.99999994: the update runs in fp32). The 1-bit optimizers read beta2 and eps
- * also during their compression stage (the frozen variance stays as it
- * is). Not collective; set the same values on every rank.
- * Returns DSOPT_OK or DSOPT_EINVAL (NULL pointer, group out of range,
- * unknown name, invalid value; nothing changes). */
-DSOPT_API int dsopt_get_group_param(const dsopt_optimizer *opt, int32_t group, const char *name,
-                                    double *out_value);
-DSOPT_API int dsopt_set_group_param(dsopt_optimizer *opt, int32_t group, const char *name,
-                                    double value);
-
-/* Where dsopt keeps part of one parameter's optimizer state. */
+/* Where dsopt keeps part of one parameter's optimizer state (output;
+ * versioned: see the top comment). */
 typedef struct dsopt_state_view {
   uint32_t     struct_size; /* caller sets sizeof(dsopt_state_view) */
   int32_t      device;      /* DSOPT_COMM_HOST or DSOPT_COMM_CUDA: where tensor.data lives */
@@ -587,36 +474,13 @@ typedef struct dsopt_state_view {
   int64_t      param_numel; /* the parameter's numel */
 } dsopt_state_view;
 
-/* The state tensor `name` of parameter `param_index`, as a view of dsopt's
- * own memory (no copy). Names (dsopt_state_names lists an optimizer's):
- * every optimizer: "exp_avg", "exp_avg_sq", and "master" (the fp32 master
- * weights of a 16-bit parameter; not for fp32 parameters, which are their
- * own masters); 1-bit Adam, 1-bit LAMB and 0/1 Adam at more than one rank:
- * "worker_error" (the compression error this rank feeds back into the
- * parameter's elements; 1-bit Adam has none for parameters of non_freeze
- * groups, and 1-bit Adam and 1-bit LAMB have it only from the compression
- * stage on); 1-bit LAMB: "exp_avg_sq_fresh" (the variance it keeps updating
- * while exp_avg_sq is frozen; unused before the compression stage).
- * Without ZeRO the view holds the whole parameter; under ZeRO stage 1 and 2
- * it holds the part of the parameter in this rank's shard (offset says
- * which; possibly none: data NULL, numel 0). A parameter that spans several
- * reduce buckets ("reduce_bucket_size" smaller than the model) can lie in
- * several separate runs of a rank's shard, which one view cannot show:
- * DSOPT_EINVAL then (the default bucket size never splits). The view stays
- * valid until dsopt_destroy and always shows the current state; only the
- * "worker_error" of 1-bit Adam and 1-bit LAMB lives until the next
- * dsopt_state_load or dsopt_state_load_shards, which rebuild the
- * compression buffers (get the view again after one). Writing through a
- * view is allowed between dsopt calls (not while gradients are being
- * handed over): the next step uses the new values, as if they had been
- * loaded from a blob; keep the ranks' replicated state identical. With
- * "device": "cuda" the view is device memory, except under ZeRO's CPU
- * offload (host memory).
- * Returns DSOPT_OK, DSOPT_EINVAL (NULL pointer, struct_size too small,
- * index out of range, a name this optimizer does not have for this
- * parameter now, a parameter split by reduce buckets; the message lists the
- * names it has), DSOPT_ECOMM (the optimizer is marked failed, see
- * dsopt_step). Not collective. */
+/* The state tensor `name` ("exp_avg", "exp_avg_sq", "master", ...:
+ * dsopt_state_names) of parameter `param_index`, as a view of dsopt's own
+ * memory (no copy): the whole parameter, or under ZeRO this rank's part.
+ * The view always shows the current state and may be written between dsopt
+ * calls; lifetime, names and ZeRO: docs/reference/c-api.md "State views".
+ * Not collective. Returns DSOPT_OK, DSOPT_EINVAL (the message lists the
+ * names this parameter has), DSOPT_ECOMM (the optimizer is marked failed). */
 DSOPT_API int dsopt_get_state_view(dsopt_optimizer *opt, int64_t param_index, const char *name,
                                    dsopt_state_view *out);
 
@@ -627,33 +491,29 @@ DSOPT_API int dsopt_get_state_view(dsopt_optimizer *opt, int64_t param_index, co
  * Returns DSOPT_OK or DSOPT_EINVAL. */
 DSOPT_API int dsopt_state_names(const dsopt_optimizer *opt, const char **out_names);
 
-/* The number of updates applied to parameter `param_index` (torch.optim's
- * state["step"]): the steps applied so far, less those in which its
- * gradient was absent on every rank (Adam/AdamW; see dsopt_step). Adam's
- * bias correction uses it. Part of the state blob.
- * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
-DSOPT_API int dsopt_get_param_step(const dsopt_optimizer *opt, int64_t param_index,
-                                   int64_t *out_step);
+/* ------------------------------------------------------------------------
+ * The canonical configuration
+ * ---------------------------------------------------------------------- */
 
-/* Sets it (e.g. when moving a run's state from torch.optim over to dsopt
- * with dsopt_get_state_view). Adam/AdamW only; step >= 0. Not collective;
- * set the same value on every rank.
- * Returns DSOPT_OK, DSOPT_EINVAL (NULL handle, index out of range, step < 0)
- * or DSOPT_EUNSUPPORTED (the 1-bit optimizers, whose stages follow the
- * steps applied). */
-DSOPT_API int dsopt_set_param_step(dsopt_optimizer *opt, int64_t param_index, int64_t step);
+/* The optimizer's configuration as canonical JSON text: every key of
+ * docs/reference/config.md with its effective value (defaults filled in,
+ * aliases resolved), the group hyperparameters and gradient clipping as
+ * they are now. Creating an optimizer from it gives the same text. Writes
+ * the text and its NUL into dst (`capacity` bytes); *out_size (may be NULL)
+ * receives the bytes needed. dst NULL with capacity 0 asks for the size
+ * only. Not collective. Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_EBUFS
+ * (nothing written). */
+DSOPT_API int dsopt_get_config(const dsopt_optimizer *opt, char *dst, uint64_t capacity,
+                               uint64_t *out_size);
 
-/* Loss scale the caller multiplies its loss by for the next backward pass
- * (1.0 when loss scaling is off). Returns DSOPT_OK or DSOPT_EINVAL. */
-DSOPT_API int dsopt_get_loss_scale(const dsopt_optimizer *opt, double *out_scale);
+/* The canonical JSON of a config text, without an optimizer (what
+ * dsopt_get_config of an optimizer created from it returns before any
+ * change). Same buffer convention. Returns DSOPT_OK, DSOPT_EINVAL (a bad
+ * config, as dsopt_create says), DSOPT_EUNSUPPORTED, DSOPT_EBUFS. */
+DSOPT_API int dsopt_config_canonical(const char *config_json, char *dst, uint64_t capacity,
+                                     uint64_t *out_size);
 
-/* Bytes of the buffers dsopt holds for this optimizer on this rank: state
- * (moments, fp32 masters, ZeRO shards), gradient and communication buffers,
- * in host memory and in device memory. The caller's parameters and
- * gradients are not counted. Either pointer may be NULL (not both).
- * Returns DSOPT_OK or DSOPT_EINVAL. Not collective. */
-DSOPT_API int dsopt_memory_usage(const dsopt_optimizer *opt, uint64_t *host_bytes,
-                                 uint64_t *device_bytes);
+#endif /* DSOPT_STABLE_ONLY */
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,6 +1,7 @@
 // dsopt_comm_*: wrappers around the caller's communicators.
 #include "api/guard.hpp"
 #include "api/handles.hpp"
+#include "api/versioned_struct.hpp"
 
 using namespace dsopt;
 
@@ -39,8 +40,12 @@ DSOPT_API int dsopt_comm_create_custom(dsopt_comm** out, const dsopt_comm_ops* o
   return guarded([&] {
     require_nonnull(out, "out");
     require_nonnull(ops, "ops");
+    // error_message and release are optional: NULL past a caller's struct_size.
+    dsopt_comm_ops defaults{};
+    const dsopt_comm_ops full = read_versioned(*ops, defaults, offsetof(dsopt_comm_ops, error_message),
+                                               "dsopt_comm_ops");
     auto c = std::make_unique<dsopt_comm>();
-    c->impl = make_custom_comm(*ops, user);
+    c->impl = make_custom_comm(full, user);
     *out = c.release();
   });
 }

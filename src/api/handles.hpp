@@ -1,6 +1,7 @@
 // What the opaque C handles hold.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "comm/comm.hpp"
 #include "optim/optimizer.hpp"
@@ -11,4 +12,5 @@ struct dsopt_comm {
 
 struct dsopt_optimizer {
   std::unique_ptr<dsopt::Optimizer> impl;
+  std::string config_text;  // the config it was created from, normalised (dsopt_get_config)
 };

@@ -6,6 +6,7 @@
 #include "api/config.hpp"
 #include "api/guard.hpp"
 #include "api/handles.hpp"
+#include "api/versioned_struct.hpp"
 #include "optim/creation.hpp"
 
 using namespace dsopt;
@@ -37,8 +38,12 @@ DSOPT_API int dsopt_create(dsopt_optimizer** out, const char* config_json, dsopt
     require_nonnull(comm, "comm");
     comm->impl->prepare();  // collective: every rank, before anything can fail
     auto opt = std::make_unique<dsopt_optimizer>();
-    opt->impl = create_optimizer(*comm->impl, [&] { return parse_config(config_json); }, params,
-                                 num_params);
+    const auto parse = [&] {
+      OptimizerConfig cfg = parse_config(config_json);
+      opt->config_text = cfg.canonical;
+      return cfg;
+    };
+    opt->impl = create_optimizer(*comm->impl, parse, params, num_params);
     *out = opt.release();
   });
 }
@@ -47,12 +52,10 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
                          dsopt_step_info* info) {
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);
-    if (info && info->struct_size < sizeof(uint32_t))
-      fail(DSOPT_EINVAL, "info->struct_size must be set to sizeof(dsopt_step_info)");
+    if (info) check_versioned(*info, sizeof(uint32_t), "dsopt_step_info");
     const StepResult r = o.step(grads, num_grads);
     if (info) {
       dsopt_step_info full;
-      full.struct_size = info->struct_size;
       full.skipped = r.skipped ? 1 : 0;
       full.compressed = r.compressed ? 1 : 0;
       full.reserved = 0;
@@ -65,7 +68,7 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
       full.reserved2 = 0;
       full.grads_replicated = r.grads_replicated ? 1 : 0;
       full.diverging = r.diverging ? 1 : 0;
-      std::memcpy(info, &full, std::min<size_t>(info->struct_size, sizeof full));
+      write_versioned(*info, full, sizeof(uint32_t), "dsopt_step_info");
     }
     if (!r.alarm.empty()) fail(DSOPT_ENONFINITE, r.alarm);
   });
@@ -156,15 +159,16 @@ DSOPT_API int dsopt_get_state_view(dsopt_optimizer* opt, int64_t param_index, co
     dsopt::Optimizer& o = impl(opt);
     require_nonnull(name, "name");
     require_nonnull(out, "out");
-    if (out->struct_size < sizeof(dsopt_state_view))
-      fail(DSOPT_EINVAL, "out->struct_size must be set to sizeof(dsopt_state_view)");
+    check_versioned(*out, sizeof(uint32_t), "dsopt_state_view");
     const dsopt::Optimizer::StateView v = o.state_view(param_index, name);
     int32_t group = 0;
     const int64_t numel = o.param_numel(param_index, &group);
-    out->device = v.on_device ? DSOPT_COMM_CUDA : DSOPT_COMM_HOST;
-    out->tensor = dsopt_tensor{v.data, v.numel, DSOPT_FLOAT32, group};
-    out->offset = v.offset;
-    out->param_numel = numel;
+    dsopt_state_view full;
+    full.device = v.on_device ? DSOPT_COMM_CUDA : DSOPT_COMM_HOST;
+    full.tensor = dsopt_tensor{v.data, v.numel, DSOPT_FLOAT32, group};
+    full.offset = v.offset;
+    full.param_numel = numel;
+    write_versioned(*out, full, sizeof(uint32_t), "dsopt_state_view");
   });
 }
 

@@ -100,10 +100,8 @@ void require(bool ok, const std::string& what) {
 
 }  // namespace
 
+// `ops` is whole: dsopt_comm_create_custom read the caller's struct_size.
 std::unique_ptr<Comm> make_custom_comm(const dsopt_comm_ops& ops, void* user) {
-  require(ops.struct_size >= sizeof(dsopt_comm_ops),
-          "struct_size " + std::to_string(ops.struct_size) + " is smaller than this library's " +
-              std::to_string(sizeof(dsopt_comm_ops)) + " (set it to sizeof(dsopt_comm_ops))");
   require((ops.flags & ~uint32_t(DSOPT_COMM_CONCURRENT)) == 0,
           "unknown flags " + std::to_string(ops.flags));
   require(ops.size >= 1, "size " + std::to_string(ops.size) + " is not >= 1");

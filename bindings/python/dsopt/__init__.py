@@ -33,8 +33,17 @@ from .errors import (
     Unsupported,
     check,
 )
+from . import config as _config
 from .optimizer import DivergenceWarning, Optimizer, SkippedStepWarning, StateView, StepInfo
 from .tensors import bf16
+
+
+def canonical_config(config) -> dict:
+    """The canonical form of a config (dict or JSON text): every key with
+    its effective value, defaults filled in, aliases resolved
+    (``dsopt_config_canonical``; ``Optimizer.config`` of an optimizer
+    created from it)."""
+    return _config.canonical(config)
 
 
 def version() -> str:
@@ -81,5 +90,5 @@ __all__ = [
     "InvalidArgumentType", "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory",
     "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
     "Unsupported",
-    "bf16", "build_info", "check", "library_path", "version",
+    "bf16", "build_info", "canonical_config", "check", "library_path", "version",
 ]

@@ -12,7 +12,8 @@
 
 import json
 
-from .errors import InvalidArgument, InvalidArgumentType
+from ._lib import ffi, lib
+from .errors import InvalidArgument, InvalidArgumentType, check
 
 
 def _as_dict(config) -> dict:
@@ -75,4 +76,23 @@ def resolve(config, groups, num_params: int):
     return _config_text(config), groups
 
 
-__all__ = ["resolve"]
+def read_text(fill) -> str:
+    """The text of a call with dsopt's string-buffer convention:
+    ``fill(dst, capacity, out_size)`` asked for the size, then filled."""
+    size = ffi.new("uint64_t *")
+    check(fill(ffi.NULL, 0, size))
+    buf = ffi.new("char[]", int(size[0]))
+    check(fill(buf, int(size[0]), size))
+    return ffi.string(buf).decode("utf-8")
+
+
+def canonical(config) -> dict:
+    """The canonical form of a config (``dsopt_config_canonical``): every
+    key with its effective value, defaults filled in and aliases resolved,
+    as ``dsopt.Optimizer.config`` of an optimizer created from it. Raises
+    what ``dsopt.Optimizer`` would for a bad config."""
+    text = _config_text(config).encode("utf-8")
+    return json.loads(read_text(lambda dst, cap, size: lib.dsopt_config_canonical(text, dst, cap, size)))
+
+
+__all__ = ["canonical", "resolve"]

@@ -1,6 +1,7 @@
 """dsopt.Optimizer: one dsopt optimizer handle over caller-owned arrays."""
 
 import contextlib
+import json
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -471,6 +472,16 @@ class Optimizer:
         out = ffi.new("int32_t *")
         check(lib.dsopt_get_threads(self._live(), out))
         return int(out[0])
+
+    @property
+    def config(self) -> dict:
+        """The canonical configuration (``dsopt_get_config``): every key
+        with its effective value, defaults filled in, aliases resolved, the
+        group hyperparameters and gradient clipping as they are now. A new
+        ``Optimizer`` from it has the same ``config``."""
+        handle = self._live()
+        return json.loads(_config.read_text(
+            lambda dst, cap, size: lib.dsopt_get_config(handle, dst, cap, size)))
 
     #: The names ``get_group_param`` / ``set_group_param`` take.
     GROUP_PARAMS = ("lr", "beta1", "beta2", "eps", "weight_decay")

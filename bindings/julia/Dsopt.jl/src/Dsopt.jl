@@ -33,7 +33,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, threads, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, param_step, set_param_step!,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage,
-       set_momentum_mask!, rebind_params!
+       set_momentum_mask!, rebind_params!, config, canonical_config
 
 # ---- the library ---------------------------------------------------------------
 
@@ -895,6 +895,41 @@ function set_momentum_mask!(opt::Optimizer, index::Integer, mask::Union{Abstract
         end
     end
     return nothing
+end
+
+# The text of a call with dsopt's string-buffer convention: `fill(dst,
+# capacity, size)` asked for the size (C_NULL, 0), then filled.
+function read_text(fill)
+    nbytes = Ref{UInt64}(0)
+    @check fill(Ptr{UInt8}(C_NULL), UInt64(0), nbytes)
+    buf = Vector{UInt8}(undef, nbytes[])
+    @check fill(pointer(buf), UInt64(length(buf)), nbytes)
+    return GC.@preserve buf unsafe_string(pointer(buf))
+end
+
+"""
+    config(opt) -> String
+
+The optimizer's canonical configuration as JSON text (`dsopt_get_config`):
+every key with its effective value, defaults filled in, aliases resolved,
+the group hyperparameters and gradient clipping as they are now. An
+optimizer created from it has the same config.
+"""
+function config(opt::Optimizer)
+    handle = live(opt)
+    return read_text((dst, capacity, nbytes) -> ccall((:dsopt_get_config, libdsopt), Cint,
+        (Ptr{Cvoid}, Ptr{UInt8}, UInt64, Ref{UInt64}), handle, dst, capacity, nbytes))
+end
+
+"""
+    canonical_config(text) -> String
+
+The canonical form of a JSON config (`dsopt_config_canonical`): what
+[`config`](@ref) of an optimizer created from it returns.
+"""
+function canonical_config(text::AbstractString)
+    return read_text((dst, capacity, nbytes) -> ccall((:dsopt_config_canonical, libdsopt), Cint,
+        (Cstring, Ptr{UInt8}, UInt64, Ref{UInt64}), text, dst, capacity, nbytes))
 end
 
 """

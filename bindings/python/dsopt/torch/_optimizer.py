@@ -14,6 +14,7 @@ import torch
 
 from .._torch_grads import TorchGradDescriptors
 from ..communicator import Communicator
+from ..config import canonical as canonical_config
 from ..errors import NonFiniteError
 from ..optimizer import Optimizer as _DsoptOptimizer
 from ..tensors import tensor_records
@@ -35,41 +36,27 @@ def _config_dict(config) -> dict:
     return copy.deepcopy(config)
 
 
-_TYPES = {"adam": "Adam", "adamw": "AdamW", "onebitadam": "OneBitAdam",
-          "onebitlamb": "OneBitLamb", "zerooneadam": "ZeroOneAdam"}
 ONE_BIT = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
 # dsopt_get_group_param's names, in the order of _groups.hyper_values.
 _HYPER_NAMES = _DsoptOptimizer.GROUP_PARAMS
 
 
-def _optimizer_params(config) -> dict:
-    optimizer = config.get("optimizer")
-    params = optimizer.get("params") if isinstance(optimizer, dict) else None
-    return params if isinstance(params, dict) else {}
-
-
-def _group_defaults(config) -> dict:
-    """torch-style defaults of the groups from the config's
-    optimizer.params (dsopt's defaults where it has none)."""
-    params = _optimizer_params(config)
-    betas = params.get("betas", (0.9, 0.999))
-    try:
-        betas = tuple(betas)
-    except TypeError:
-        pass  # dsopt names the bad value
-    defaults = {"lr": params.get("lr", 1e-3), "betas": betas, "eps": params.get("eps", 1e-8),
-                "weight_decay": params.get("weight_decay", 0.0)}
+def _group_defaults(canonical) -> dict:
+    """torch-style defaults of the groups: the canonical config's
+    optimizer.params (defaults filled in by dsopt)."""
+    params = canonical["optimizer"]["params"]
+    defaults = {"lr": params["lr"], "betas": tuple(params["betas"]), "eps": params["eps"],
+                "weight_decay": params["weight_decay"]}
     defaults.update(_groups.TORCH_FLAGS)
     return defaults
 
 
-def _algorithm(config):
-    """(type, decoupled weight decay, ZeRO stage) of a config dsopt took."""
-    optimizer_type = _TYPES[str(config["optimizer"]["type"]).lower()]
-    params = _optimizer_params(config)
-    decoupled = optimizer_type != "Adam" or bool(params.get("adam_w_mode", True))
-    zero = config.get("zero_optimization") or {}
-    return optimizer_type, decoupled, int(zero.get("stage", 0))
+def _algorithm(canonical):
+    """(type, decoupled weight decay, ZeRO stage) of a canonical config
+    (the 1-bit optimizers have no adam_w_mode: they always decouple)."""
+    optimizer = canonical["optimizer"]
+    decoupled = bool(optimizer["params"].get("adam_w_mode", True))
+    return optimizer["type"], decoupled, int(canonical["zero_optimization"]["stage"])
 
 
 def _immutable(value) -> bool:
@@ -188,14 +175,12 @@ class Optimizer(torch.optim.Optimizer):
     def __init__(self, params, config, comm=None, *, overlap=False, _defaults=None,
                  _known_keys_only=False):
         config = _config_dict(config)
-        defaults = _group_defaults(config)
+        canonical = canonical_config(config)  # dsopt's defaults, aliases and rules
+        defaults = _group_defaults(canonical)
         if _defaults:
             defaults.update(_defaults)
         super().__init__(params, defaults)
-        try:
-            decoupled = _algorithm(config)[1]
-        except (KeyError, TypeError, AttributeError):
-            decoupled = None  # dsopt names what is wrong with the config
+        decoupled = _algorithm(canonical)[1]
         for i, group in enumerate(self.param_groups):
             _groups.check_flags(group, f"param_groups[{i}]: ", decoupled)
         # Every other setting of a torch group goes to dsopt, which rejects
@@ -214,7 +199,7 @@ class Optimizer(torch.optim.Optimizer):
                 self._comm.close()
             raise
         self._config = config  # without param_groups: add_param_group and deepcopy rebuild
-        self._type, self._decoupled, self._zero_stage = _algorithm(config)
+        self._type, self._decoupled, self._zero_stage = _algorithm(canonical)
         self.last_step_info = None
         self._handed_over = False  # some gradient of this step was handed over
         # overlap: the parameters handed over in this step, and those whose

@@ -3,13 +3,13 @@
 pub const DSOPT_VERSION_MAJOR: u32 = 0;
 pub const DSOPT_VERSION_MINOR: u32 = 1;
 pub const DSOPT_VERSION_PATCH: u32 = 0;
-pub const DSOPT_COMM_CONCURRENT: u32 = 1;
 pub const DSOPT_PHASE_SKIPPED: u32 = 0;
 pub const DSOPT_PHASE_FULL: u32 = 1;
 pub const DSOPT_PHASE_COMPRESSED: u32 = 2;
 pub const DSOPT_PHASE_LOCAL: u32 = 3;
 pub const DSOPT_PHASE_SYNC: u32 = 4;
 pub const DSOPT_LOAD_RESET_RANK_LOCAL: u32 = 1;
+pub const DSOPT_COMM_CONCURRENT: u32 = 1;
 pub type size_t = ::std::os::raw::c_ulong;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
@@ -147,6 +147,9 @@ pub struct ncclComm {
 pub struct CUstream_st {
     _unused: [u8; 0],
 }
+pub const DSOPT_COMM_HOST: _bindgen_ty_3 = 0;
+pub const DSOPT_COMM_CUDA: _bindgen_ty_3 = 1;
+pub type _bindgen_ty_3 = ::std::os::raw::c_uint;
 extern "C" {
     pub fn dsopt_comm_create_local(out: *mut *mut dsopt_comm) -> ::std::os::raw::c_int;
 }
@@ -161,283 +164,6 @@ extern "C" {
         out: *mut *mut dsopt_comm,
         comm: *mut ncclComm,
         stream: *mut CUstream_st,
-    ) -> ::std::os::raw::c_int;
-}
-pub const DSOPT_COMM_FLOAT32: _bindgen_ty_3 = 0;
-pub const DSOPT_COMM_FLOAT64: _bindgen_ty_3 = 1;
-pub const DSOPT_COMM_INT32: _bindgen_ty_3 = 2;
-pub const DSOPT_COMM_INT64: _bindgen_ty_3 = 3;
-pub const DSOPT_COMM_UINT8: _bindgen_ty_3 = 4;
-pub type _bindgen_ty_3 = ::std::os::raw::c_uint;
-pub const DSOPT_COMM_SUM: _bindgen_ty_4 = 0;
-pub const DSOPT_COMM_MAX: _bindgen_ty_4 = 1;
-pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
-pub const DSOPT_COMM_HOST: _bindgen_ty_5 = 0;
-pub const DSOPT_COMM_CUDA: _bindgen_ty_5 = 1;
-pub type _bindgen_ty_5 = ::std::os::raw::c_uint;
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct dsopt_comm_ops {
-    pub struct_size: u32,
-    pub flags: u32,
-    pub rank: i32,
-    pub size: i32,
-    pub stream: *mut CUstream_st,
-    pub allreduce: ::std::option::Option<
-        unsafe extern "C" fn(
-            send: *const ::std::os::raw::c_void,
-            recv: *mut ::std::os::raw::c_void,
-            count: size_t,
-            elem: i32,
-            op: i32,
-            device: i32,
-            user: *mut ::std::os::raw::c_void,
-        ) -> ::std::os::raw::c_int,
-    >,
-    pub reduce_scatter: ::std::option::Option<
-        unsafe extern "C" fn(
-            send: *const ::std::os::raw::c_void,
-            recv: *mut ::std::os::raw::c_void,
-            count: size_t,
-            elem: i32,
-            op: i32,
-            device: i32,
-            user: *mut ::std::os::raw::c_void,
-        ) -> ::std::os::raw::c_int,
-    >,
-    pub allgather: ::std::option::Option<
-        unsafe extern "C" fn(
-            send: *const ::std::os::raw::c_void,
-            recv: *mut ::std::os::raw::c_void,
-            count: size_t,
-            elem: i32,
-            device: i32,
-            user: *mut ::std::os::raw::c_void,
-        ) -> ::std::os::raw::c_int,
-    >,
-    pub alltoall: ::std::option::Option<
-        unsafe extern "C" fn(
-            send: *const ::std::os::raw::c_void,
-            recv: *mut ::std::os::raw::c_void,
-            count: size_t,
-            elem: i32,
-            device: i32,
-            user: *mut ::std::os::raw::c_void,
-        ) -> ::std::os::raw::c_int,
-    >,
-    pub error_message: ::std::option::Option<
-        unsafe extern "C" fn(
-            code: ::std::os::raw::c_int,
-            user: *mut ::std::os::raw::c_void,
-        ) -> *const ::std::os::raw::c_char,
-    >,
-    pub release: ::std::option::Option<unsafe extern "C" fn(user: *mut ::std::os::raw::c_void)>,
-}
-#[test]
-fn bindgen_test_layout_dsopt_comm_ops() {
-    assert_eq!(
-        ::std::mem::size_of::<dsopt_comm_ops>(),
-        72usize,
-        concat!("Size of: ", stringify!(dsopt_comm_ops))
-    );
-    assert_eq!(
-        ::std::mem::align_of::<dsopt_comm_ops>(),
-        8usize,
-        concat!("Alignment of ", stringify!(dsopt_comm_ops))
-    );
-    fn test_field_struct_size() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
-            },
-            0usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(struct_size)
-            )
-        );
-    }
-    test_field_struct_size();
-    fn test_field_flags() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).flags) as usize - ptr as usize
-            },
-            4usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(flags)
-            )
-        );
-    }
-    test_field_flags();
-    fn test_field_rank() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).rank) as usize - ptr as usize
-            },
-            8usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(rank)
-            )
-        );
-    }
-    test_field_rank();
-    fn test_field_size() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
-            },
-            12usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(size)
-            )
-        );
-    }
-    test_field_size();
-    fn test_field_stream() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).stream) as usize - ptr as usize
-            },
-            16usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(stream)
-            )
-        );
-    }
-    test_field_stream();
-    fn test_field_allreduce() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).allreduce) as usize - ptr as usize
-            },
-            24usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(allreduce)
-            )
-        );
-    }
-    test_field_allreduce();
-    fn test_field_reduce_scatter() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).reduce_scatter) as usize - ptr as usize
-            },
-            32usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(reduce_scatter)
-            )
-        );
-    }
-    test_field_reduce_scatter();
-    fn test_field_allgather() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).allgather) as usize - ptr as usize
-            },
-            40usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(allgather)
-            )
-        );
-    }
-    test_field_allgather();
-    fn test_field_alltoall() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).alltoall) as usize - ptr as usize
-            },
-            48usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(alltoall)
-            )
-        );
-    }
-    test_field_alltoall();
-    fn test_field_error_message() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).error_message) as usize - ptr as usize
-            },
-            56usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(error_message)
-            )
-        );
-    }
-    test_field_error_message();
-    fn test_field_release() {
-        assert_eq!(
-            unsafe {
-                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
-                let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).release) as usize - ptr as usize
-            },
-            64usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(dsopt_comm_ops),
-                "::",
-                stringify!(release)
-            )
-        );
-    }
-    test_field_release();
-}
-extern "C" {
-    pub fn dsopt_comm_create_custom(
-        out: *mut *mut dsopt_comm,
-        ops: *const dsopt_comm_ops,
-        user: *mut ::std::os::raw::c_void,
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
@@ -715,13 +441,6 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
-    pub fn dsopt_rebind_params(
-        opt: *mut dsopt_optimizer,
-        params: *const dsopt_tensor,
-        num_params: i64,
-    ) -> ::std::os::raw::c_int;
-}
-extern "C" {
     pub fn dsopt_step(
         opt: *mut dsopt_optimizer,
         grads: *const dsopt_tensor,
@@ -730,10 +449,10 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
-    pub fn dsopt_grad_ready(
+    pub fn dsopt_rebind_params(
         opt: *mut dsopt_optimizer,
-        param_index: i64,
-        grad: *const dsopt_tensor,
+        params: *const dsopt_tensor,
+        num_params: i64,
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
@@ -839,6 +558,314 @@ extern "C" {
         group: i32,
         name: *const ::std::os::raw::c_char,
         value: f64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_get_loss_scale(
+        opt: *const dsopt_optimizer,
+        out_scale: *mut f64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_memory_usage(
+        opt: *const dsopt_optimizer,
+        host_bytes: *mut u64,
+        device_bytes: *mut u64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_get_param_step(
+        opt: *const dsopt_optimizer,
+        param_index: i64,
+        out_step: *mut i64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_set_param_step(
+        opt: *mut dsopt_optimizer,
+        param_index: i64,
+        step: i64,
+    ) -> ::std::os::raw::c_int;
+}
+pub const DSOPT_COMM_FLOAT32: _bindgen_ty_4 = 0;
+pub const DSOPT_COMM_FLOAT64: _bindgen_ty_4 = 1;
+pub const DSOPT_COMM_INT32: _bindgen_ty_4 = 2;
+pub const DSOPT_COMM_INT64: _bindgen_ty_4 = 3;
+pub const DSOPT_COMM_UINT8: _bindgen_ty_4 = 4;
+pub type _bindgen_ty_4 = ::std::os::raw::c_uint;
+pub const DSOPT_COMM_SUM: _bindgen_ty_5 = 0;
+pub const DSOPT_COMM_MAX: _bindgen_ty_5 = 1;
+pub type _bindgen_ty_5 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct dsopt_comm_ops {
+    pub struct_size: u32,
+    pub flags: u32,
+    pub rank: i32,
+    pub size: i32,
+    pub stream: *mut CUstream_st,
+    pub allreduce: ::std::option::Option<
+        unsafe extern "C" fn(
+            send: *const ::std::os::raw::c_void,
+            recv: *mut ::std::os::raw::c_void,
+            count: size_t,
+            elem: i32,
+            op: i32,
+            device: i32,
+            user: *mut ::std::os::raw::c_void,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub reduce_scatter: ::std::option::Option<
+        unsafe extern "C" fn(
+            send: *const ::std::os::raw::c_void,
+            recv: *mut ::std::os::raw::c_void,
+            count: size_t,
+            elem: i32,
+            op: i32,
+            device: i32,
+            user: *mut ::std::os::raw::c_void,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub allgather: ::std::option::Option<
+        unsafe extern "C" fn(
+            send: *const ::std::os::raw::c_void,
+            recv: *mut ::std::os::raw::c_void,
+            count: size_t,
+            elem: i32,
+            device: i32,
+            user: *mut ::std::os::raw::c_void,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub alltoall: ::std::option::Option<
+        unsafe extern "C" fn(
+            send: *const ::std::os::raw::c_void,
+            recv: *mut ::std::os::raw::c_void,
+            count: size_t,
+            elem: i32,
+            device: i32,
+            user: *mut ::std::os::raw::c_void,
+        ) -> ::std::os::raw::c_int,
+    >,
+    pub error_message: ::std::option::Option<
+        unsafe extern "C" fn(
+            code: ::std::os::raw::c_int,
+            user: *mut ::std::os::raw::c_void,
+        ) -> *const ::std::os::raw::c_char,
+    >,
+    pub release: ::std::option::Option<unsafe extern "C" fn(user: *mut ::std::os::raw::c_void)>,
+}
+#[test]
+fn bindgen_test_layout_dsopt_comm_ops() {
+    assert_eq!(
+        ::std::mem::size_of::<dsopt_comm_ops>(),
+        72usize,
+        concat!("Size of: ", stringify!(dsopt_comm_ops))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<dsopt_comm_ops>(),
+        8usize,
+        concat!("Alignment of ", stringify!(dsopt_comm_ops))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_flags() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).flags) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(flags)
+            )
+        );
+    }
+    test_field_flags();
+    fn test_field_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rank) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(rank)
+            )
+        );
+    }
+    test_field_rank();
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_stream() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stream) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(stream)
+            )
+        );
+    }
+    test_field_stream();
+    fn test_field_allreduce() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).allreduce) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(allreduce)
+            )
+        );
+    }
+    test_field_allreduce();
+    fn test_field_reduce_scatter() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reduce_scatter) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(reduce_scatter)
+            )
+        );
+    }
+    test_field_reduce_scatter();
+    fn test_field_allgather() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).allgather) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(allgather)
+            )
+        );
+    }
+    test_field_allgather();
+    fn test_field_alltoall() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).alltoall) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(alltoall)
+            )
+        );
+    }
+    test_field_alltoall();
+    fn test_field_error_message() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).error_message) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(error_message)
+            )
+        );
+    }
+    test_field_error_message();
+    fn test_field_release() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_comm_ops>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).release) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_comm_ops),
+                "::",
+                stringify!(release)
+            )
+        );
+    }
+    test_field_release();
+}
+extern "C" {
+    pub fn dsopt_comm_create_custom(
+        out: *mut *mut dsopt_comm,
+        ops: *const dsopt_comm_ops,
+        user: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_grad_ready(
+        opt: *mut dsopt_optimizer,
+        param_index: i64,
+        grad: *const dsopt_tensor,
     ) -> ::std::os::raw::c_int;
 }
 #[repr(C)]
@@ -963,29 +990,18 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
-    pub fn dsopt_get_param_step(
+    pub fn dsopt_get_config(
         opt: *const dsopt_optimizer,
-        param_index: i64,
-        out_step: *mut i64,
+        dst: *mut ::std::os::raw::c_char,
+        capacity: u64,
+        out_size: *mut u64,
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
-    pub fn dsopt_set_param_step(
-        opt: *mut dsopt_optimizer,
-        param_index: i64,
-        step: i64,
-    ) -> ::std::os::raw::c_int;
-}
-extern "C" {
-    pub fn dsopt_get_loss_scale(
-        opt: *const dsopt_optimizer,
-        out_scale: *mut f64,
-    ) -> ::std::os::raw::c_int;
-}
-extern "C" {
-    pub fn dsopt_memory_usage(
-        opt: *const dsopt_optimizer,
-        host_bytes: *mut u64,
-        device_bytes: *mut u64,
+    pub fn dsopt_config_canonical(
+        config_json: *const ::std::os::raw::c_char,
+        dst: *mut ::std::os::raw::c_char,
+        capacity: u64,
+        out_size: *mut u64,
     ) -> ::std::os::raw::c_int;
 }

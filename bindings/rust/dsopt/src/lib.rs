@@ -80,7 +80,7 @@ pub use comm::Communicator;
 pub use dsopt_sys as sys;
 pub use error::{Error, ErrorKind, Result};
 pub use optimizer::{
-    MemoryUsage, Optimizer, StateView, StateViewMut, StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED,
+    canonical_config, MemoryUsage, Optimizer, StateView, StateViewMut, StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED,
     PHASE_SYNC,
 };
 pub use tensor::{DType, GradSlice, ParamSlice};

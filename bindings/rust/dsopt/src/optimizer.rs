@@ -438,6 +438,17 @@ impl<'a> Optimizer<'a> {
         check(unsafe { sys::dsopt_set_momentum_mask(self.raw.as_ptr(), index, mask_ptr) })
     }
 
+    /// The canonical configuration as JSON text (`dsopt_get_config`): every
+    /// key with its effective value, defaults filled in, aliases resolved,
+    /// the group hyperparameters and gradient clipping as they are now. An
+    /// optimizer created from it has the same config.
+    pub fn config(&self) -> Result<String> {
+        let raw = self.raw.as_ptr();
+        // Safety: the handle is live; `read_text` passes a buffer of
+        // `capacity` writable bytes (or NULL with 0) and a valid out pointer.
+        read_text(|dst, capacity, size| unsafe { sys::dsopt_get_config(raw, dst, capacity, size) })
+    }
+
     /// This rank's whole optimizer state as one checksummed blob.
     pub fn state_save(&self) -> Result<Vec<u8>> {
         let mut size = 0u64;
@@ -614,4 +625,25 @@ pub struct StateViewMut<'o> {
 
 fn param_index(index: usize) -> Result<i64> {
     i64::try_from(index).map_err(|_| Error::invalid("parameter index out of range"))
+}
+
+/// The canonical form of a config (`dsopt_config_canonical`): what
+/// [`Optimizer::config`] of an optimizer created from it returns.
+pub fn canonical_config(config: &str) -> Result<String> {
+    let config = CString::new(config).map_err(|_| Error::invalid("config contains a NUL byte"))?;
+    // Safety: `config` is NUL-terminated; see `read_text` for the buffer.
+    read_text(|dst, capacity, size| unsafe {
+        sys::dsopt_config_canonical(config.as_ptr(), dst, capacity, size)
+    })
+}
+
+/// The text of a call with dsopt's string-buffer convention: asked for its
+/// size (NULL, 0), then written into a buffer of that size.
+fn read_text(mut fill: impl FnMut(*mut std::os::raw::c_char, u64, *mut u64) -> i32) -> Result<String> {
+    let mut size = 0u64;
+    check(fill(ptr::null_mut(), 0, &mut size))?;
+    let mut buf = vec![0u8; size as usize];
+    check(fill(buf.as_mut_ptr().cast(), size, &mut size))?;
+    let text = CStr::from_bytes_until_nul(&buf).map_err(|_| Error::invalid("text without its NUL"))?;
+    Ok(text.to_string_lossy().into_owned())
 }

@@ -745,3 +745,18 @@ fn state_load_ex_reports_no_reset_at_one_rank() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::CorruptState);
 }
+
+#[test]
+fn config_is_canonical_and_round_trips() {
+    let canonical = dsopt::canonical_config(r#"{"optimizer": {"type": "adamw"}}"#).unwrap();
+    assert!(canonical.contains(r#""type":"AdamW""#), "{canonical}");
+    assert!(canonical.contains(r#""lr":0.001"#), "{canonical}");
+    let mut w = vec![1.0f32; 4];
+    let mut comm = Communicator::local().unwrap();
+    let mut opt = Optimizer::new(&canonical, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    assert_eq!(opt.config().unwrap(), canonical);
+    opt.set_lr(0.5).unwrap();
+    assert!(opt.config().unwrap().contains(r#""lr":0.5"#));
+    let err = dsopt::canonical_config(r#"{"optimizer": {"type": "Adagrad"}}"#).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+}

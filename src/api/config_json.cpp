@@ -1,0 +1,125 @@
+#include "api/config_json.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+
+#include "api/config.hpp"
+#include "base/error.hpp"
+#include "optim/optimizer.hpp"
+
+namespace dsopt {
+namespace {
+
+using json = nlohmann::json;
+
+json hyper(const AdamHyper& h) {
+  return {{"lr", h.lr}, {"betas", {h.beta1, h.beta2}}, {"eps", h.eps}, {"weight_decay", h.weight_decay}};
+}
+
+// optimizer.params: the keys of the type, aliases resolved (1-bit LAMB's
+// ignored bias_correction left out), Adam's "adam_w_mode" as applied.
+json optimizer_params(const OptimizerConfig& c) {
+  json p = hyper(c.defaults);
+  const bool onebit = c.type != "Adam" && c.type != "AdamW";
+  if (!onebit) {
+    p["bias_correction"] = c.defaults.bias_correction;
+    p["adam_w_mode"] = c.defaults.decoupled;
+    return p;
+  }
+  if (c.type != "OneBitLamb") p["bias_correction"] = c.defaults.bias_correction;
+  if (c.type != "ZeroOneAdam") p["freeze_step"] = c.freeze_step;
+  p["stabilize"] = c.stabilize;
+  p["stabilize_limit"] = c.stabilize_limit;
+  if (c.type == "OneBitLamb") {
+    const LambCoeffConfig& k = c.lamb;
+    p.update({{"max_coeff", k.max_coeff}, {"min_coeff", k.min_coeff}, {"coeff_beta", k.coeff_beta},
+              {"factor_max", k.factor_max}, {"factor_min", k.factor_min},
+              {"factor_threshold", k.factor_threshold}});
+  }
+  if (c.type == "ZeroOneAdam")
+    p.update({{"var_freeze_step", c.var_freeze_step}, {"var_update_scaler", c.var_update_scaler},
+              {"local_step_scaler", c.local_step_scaler}, {"local_step_clipper", c.local_step_clipper},
+              {"decoupled_sync_weight_decay", c.decoupled_sync_weight_decay}});
+  return p;
+}
+
+json groups(const OptimizerConfig& c) {
+  json list = json::array();
+  for (size_t g = 0; g < c.groups.size(); ++g) {
+    json group = hyper(c.groups[g]);
+    if (c.type == "OneBitAdam") group["non_freeze"] = bool(c.non_freeze[g]);
+    list.push_back(group);
+  }
+  return list;
+}
+
+json to_json(const OptimizerConfig& c, bool bf16) {
+  const LossScaleConfig& ls = c.pipeline.loss_scale;
+  const DivergenceConfig& d = c.pipeline.divergence;
+  const ZeroConfig& z = c.zero;
+  return {
+      {"device", c.cuda ? "cuda" : "cpu"},
+      {"optimizer", {{"type", c.type}, {"params", optimizer_params(c)}}},
+      {"param_groups", groups(c)},
+      {"fp16", {{"enabled", ls.enabled}, {"loss_scale", ls.static_scale},
+                {"initial_scale_power", ls.initial_scale_power}, {"loss_scale_window", ls.window},
+                {"hysteresis", ls.hysteresis}, {"consecutive_hysteresis", ls.consecutive_hysteresis},
+                {"min_loss_scale", ls.min_scale}}},
+      {"bf16", {{"enabled", bf16}}},
+      {"gradient_clipping", c.pipeline.gradient_clipping},
+      {"skip_nonfinite", c.pipeline.skip_nonfinite},
+      {"report_grad_norm", c.pipeline.report_grad_norm},
+      {"threads", c.threads},
+      {"zero_optimization",
+       {{"stage", z.stage}, {"reduce_bucket_size", z.reduce_bucket_size},
+        {"allgather_bucket_size", z.allgather_bucket_size}, {"reduce_scatter", z.reduce_scatter},
+        {"offload_optimizer", {{"device", z.offload_cpu ? "cpu" : "none"}, {"pin_memory", z.pin_memory}}}}},
+      {"cuda_aware", c.cuda_aware},
+      {"max_consecutive_skips", c.pipeline.max_consecutive_skips},
+      {"comm_timeout", c.pipeline.comm_timeout_s},
+      {"gradient_accumulation_steps", c.micro_batches},
+      {"divergence_check", {{"enabled", d.enabled}, {"factor", d.factor}, {"min_steps", d.min_steps},
+                            {"horizon", d.horizon}, {"count", d.count}, {"window", d.window}}}};
+}
+
+// bf16.enabled, which only the precision check of parse_config reads.
+bool bf16_enabled(const std::string& text) {
+  const json root = json::parse(text);
+  return root.contains("bf16") && root["bf16"].value("enabled", false);
+}
+
+}  // namespace
+
+std::string canonical_config(const char* json_text) {
+  const OptimizerConfig c = parse_config(json_text);
+  return to_json(c, bf16_enabled(json_text)).dump();
+}
+
+std::string current_config(const Optimizer& opt, const std::string& text) {
+  OptimizerConfig c = parse_config(text.c_str());
+  for (int32_t g = 0; g < opt.num_groups(); ++g) {
+    AdamHyper& h = c.groups[size_t(g)];
+    h.lr = opt.group_param(g, "lr");
+    h.beta1 = opt.group_param(g, "beta1");
+    h.beta2 = opt.group_param(g, "beta2");
+    h.eps = opt.group_param(g, "eps");
+    h.weight_decay = opt.group_param(g, "weight_decay");
+  }
+  c.pipeline.gradient_clipping = opt.gradient_clipping();
+  return to_json(c, bf16_enabled(text)).dump();
+}
+
+void copy_text(const std::string& text, char* dst, uint64_t capacity, uint64_t* out_size) {
+  if (!dst && capacity != 0) fail(DSOPT_EINVAL, "dst is NULL with capacity " + std::to_string(capacity));
+  if (!dst && !out_size) fail(DSOPT_EINVAL, "dst and out_size are both NULL");
+  const uint64_t needed = text.size() + 1;
+  if (out_size) *out_size = needed;
+  if (!dst) return;
+  if (capacity < needed)
+    fail(DSOPT_EBUFS, "capacity " + std::to_string(capacity) + " is too small: the text needs " +
+                          std::to_string(needed) + " bytes");
+  std::memcpy(dst, text.c_str(), needed);
+}
+
+}  // namespace dsopt
