@@ -78,7 +78,8 @@ struct UpdateFunctor {
       for (int k = 0; k < kUpdateIlp; ++k) {
         const int64_t i = base + int64_t(k) * blockDim.x;
         if (i >= end) continue;
-        if constexpr (kRuleReadsGrad<Rule>) e[k].g = ScalarOps::mul(ScalarOps::mul(e[k].g, mul1), mul2);
+        if constexpr (kRuleReadsGrad<Rule>)
+          e[k].g = ScalarOps::mul(ScalarOps::mul(e[k].g, mul1), mul2);
         Rule::apply(e[k], c);
         store(e[k], s, i, when);
       }

@@ -31,14 +31,14 @@ inline void apply_at(void* const* s, int64_t i, const AdamConsts& c, bool masked
   e.masked = masked;
   for_each_operand([&](auto o) {
     constexpr Operand O = decltype(o)::value;
-    void* const ptr = s[int(O)];
+    const float* const x = static_cast<const float*>(s[int(O)]);
     if constexpr (O == Operand::Param16) {
     } else if constexpr ((Rule::kReads & kOperandBit<O>) != 0) {
-      if constexpr (O == Operand::Grad) e.g = V::mul(V::mul(load<V, G>(ptr, i), mul1), mul2);
-      else if constexpr (O == Operand::Mask) e.mask = masked ? V::load(static_cast<const float*>(ptr) + i) : V::set1(1.0f);
-      else e.template at<O>() = V::load(static_cast<const float*>(ptr) + i);
+      if constexpr (O == Operand::Grad) e.g = V::mul(V::mul(load<V, G>(s[int(O)], i), mul1), mul2);
+      else if constexpr (O == Operand::Mask) e.mask = masked ? V::load(x + i) : V::set1(1.0f);
+      else e.template at<O>() = V::load(x + i);
     } else if constexpr ((Rule::kReadsWhen & kOperandBit<O>) != 0) {
-      e.template at<O>() = when ? V::load(static_cast<const float*>(ptr) + i) : V::set1(0.0f);
+      e.template at<O>() = when ? V::load(x + i) : V::set1(0.0f);
     }
   });
   Rule::apply(e, c);
@@ -86,7 +86,8 @@ void apply_tail(void* const* s, int64_t i, int64_t n, const AdamConsts& c, bool 
     if constexpr (O == Operand::Param16) {
       if constexpr (kRuleWritesParam<Rule> && P16 != DType::F32) t[int(O)] = stage16;
     } else if constexpr (O == Operand::Grad && kUses<Rule, O> && G != DType::F32) {
-      if (s[int(O)]) t[int(O)] = stage_in<W>(grad16, static_cast<const uint16_t*>(s[int(O)]) + i, n);
+      if (s[int(O)])
+        t[int(O)] = stage_in<W>(grad16, static_cast<const uint16_t*>(s[int(O)]) + i, n);
     } else if constexpr (kUses<Rule, O>) {
       if (s[int(O)])
         t[int(O)] = stage_in<W>(stage[int(O)], static_cast<const float*>(s[int(O)]) + i, n);
