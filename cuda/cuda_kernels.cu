@@ -262,7 +262,7 @@ class CudaKernels final : public Kernels {
     return stats;
   }
 
-  void update(UpdateRule rule, const AdamSlot* slots, int64_t count, const AdamConsts* consts,
+  void update(UpdateRule rule, const UpdateSlot* slots, int64_t count, const AdamConsts* consts,
               int32_t num_groups, float mul1, float mul2) override {
     if (count <= 0) return;
     if (num_groups <= 0) fail(DSOPT_EINTERNAL, "update: no parameter groups");

@@ -16,12 +16,9 @@ namespace cuda {
 
 // `rule` over every slot; consts_dev[slot.group] are the slot's
 // constants, already in device memory.
-void launch_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, int64_t count,
+void launch_update(cudaStream_t stream, UpdateRule rule, const UpdateSlot* slots, int64_t count,
                    const AdamConsts* consts_dev, float mul1, float mul2);
 
-// The 1-bit LAMB rules (UpdateRule::Lamb*), as launch_update (lamb.cu).
-void launch_lamb_update(cudaStream_t stream, UpdateRule rule, const AdamSlot* slots, int64_t count,
-                        const AdamConsts* consts_dev, float mul1, float mul2);
 // out_dev[i] = the bits of the maximum of non-negative fp32 tensor i;
 // out_dev is cleared to 0 by the caller.
 void launch_max_per_tensor(cudaStream_t stream, const TensorRef* src, int64_t count,

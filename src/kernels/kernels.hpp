@@ -2,7 +2,7 @@
 // written once against it; "device": "cpu" gives CpuKernels
 // (src/kernels/cpu), "cuda" gives CudaKernels (cuda/). Tensor data passed
 // to a Kernels method lives in that device's memory unless the name says
-// "host"; the descriptor arrays (AdamSlot, AdamConsts, TensorRef lists) are
+// "host"; the descriptor arrays (UpdateSlot, AdamConsts, TensorRef lists) are
 // host memory.
 //
 // Ordering: methods that return data to the host (copy_to_host, transform)
@@ -16,6 +16,7 @@
 
 #include "base/dtype.hpp"
 #include "math/adam.hpp"
+#include "math/update_rules.hpp"
 
 namespace dsopt {
 
@@ -33,26 +34,14 @@ struct GradStats {
   bool nonfinite = false;  // some value was Inf or NaN
 };
 
-// Which elementwise rule Kernels::update applies (math/adam.hpp,
-// math/onebit_adam.hpp, math/onebit_lamb.hpp, math/zero_one_adam.hpp).
+// Which elementwise rule Kernels::update applies: one per line of
+// math/update_rules.hpp, each declared by its functor in its math header
+// (math/adam.hpp, math/onebit_adam.hpp, math/onebit_lamb.hpp,
+// math/zero_one_adam.hpp), which says what it reads and writes.
 enum class UpdateRule : int32_t {
-  Adam,            // Adam/AdamW step: m, v, p
-  OneBitWarmup,    // 1-bit Adam warmup: m, v, p; no bias correction, decoupled decay
-  OneBitMomentum,  // 1-bit Adam compression, before the compressed allreduce: m only
-                   // (update_units: m clamped, / d, math/onebit_adam.hpp)
-  OneBitApply,     // after it: m *= d (update_units), m *= mask (if any), p from m and the frozen v
-  // 1-bit LAMB: per-tensor constants (slot.group indexes one per tensor).
-  LambWarmup,      // m, v from g; u (scratch) = LAMB direction; p untouched
-  LambMomentum,    // before the compressed allreduce: aux = m, m = scaled momentum
-  LambCompressed,  // after it: m, vf; aux = u0, u, ratio (scratch); reads no gradient
-  LambApply,       // p += step_size * u; reads no gradient
-  // 0/1 Adam (math/zero_one_adam.hpp); its full steps are OneBitWarmup.
-  ZeroOneGradientPrepare,  // 1-bit step, before the compressed allreduce: acc (the staged gradient) clamped, /= d
-  ZeroOneGradient,    // 1-bit step: g (decompressed) *= d (update_units), *= mask, m from g, p from m and v
-  ZeroOneLocal,       // local step: m from g, p and the accumulator from m and v
-  ZeroOneSyncPrepare, // before the sync's compressed allreduce: acc *= sqrt(v) + eps
-  ZeroOneSyncApply,   // after it: acc *= d (update_units: instead of the prepare),
-                      // acc *= mask, m from acc, p from the last sync's and acc
+#define DSOPT_RULE_ENUMERATOR(name, functor) name,
+  DSOPT_UPDATE_RULES(DSOPT_RULE_ENUMERATOR)
+#undef DSOPT_RULE_ENUMERATOR
 };
 
 // One tensor of a compressed allreduce (docs/design/compressed-allreduce.md): x holds
@@ -69,29 +58,40 @@ struct CarTensor {
   uint8_t* bits = nullptr;  // car_worker_sumsq: where it also writes the signs, if set
 };
 
-// One tensor of an Adam update. `master` is the fp32 value updated in place:
-// the caller's parameter when it is fp32, dsopt's master copy otherwise, in
-// which case the rounded result is also written to `param16`.
-struct AdamSlot {
-  float* master;
-  void* param16;        // nullptr when the parameter is fp32
-  DType param16_dtype;  // F16 or BF16 when param16 is set
-  const void* grad;
-  DType grad_dtype;
-  float* m;
-  float* v;
-  int64_t numel;
-  int32_t group;  // index into the AdamConsts array
-  const float* mask = nullptr;  // momentum mask (OneBitApply, LambCompressed, ZeroOne*); nullptr: none
-  // 1-bit LAMB only (UpdateRule::Lamb*): the fresh variance and numel-long
-  // scratch vectors of the tensor.
-  float* vf = nullptr;
-  float* u = nullptr;
-  float* aux = nullptr;
-  float* ratio = nullptr;
-  float* acc = nullptr;     // 0/1 Adam accumulator (ZeroOneLocal, ZeroOneSync*)
-  float* anchor = nullptr;  // 0/1 Adam parameters of the last sync (ZeroOneSyncApply)
+// One tensor of an update: its streams indexed by Operand
+// (math/update_rule.hpp), nullptr where it has none; a rule touches those
+// it declares. Param is the fp32 value updated in place: the caller's
+// parameter when it is fp32, dsopt's master copy otherwise, in which case
+// the rounded result is also written to Param16.
+struct UpdateSlot {
+  void* streams[kOperandCount] = {};
+  int64_t numel = 0;
+  int32_t group = 0;                 // index into the AdamConsts array
+  DType grad_dtype = DType::F32;     // of Grad
+  DType param16_dtype = DType::F32;  // of Param16 (F16 or BF16) when it is set
+
+  void* data(Operand o) const { return streams[int(o)]; }
+  float* floats(Operand o) const { return static_cast<float*>(streams[int(o)]); }
+  void set(Operand o, const void* p) { streams[int(o)] = const_cast<void*>(p); }
 };
+
+// A slot with the streams every rule of the Adam family has: the parameter
+// (param16 nullptr when it is fp32, else of param_dtype), the gradient, m
+// and v.
+inline UpdateSlot moment_slot(float* master, void* param16, DType param_dtype, const void* grad,
+                              DType grad_dtype, float* m, float* v, int64_t numel, int32_t group) {
+  UpdateSlot s;
+  s.set(Operand::Param, master);
+  s.set(Operand::Param16, param16);
+  s.set(Operand::Grad, grad);
+  s.set(Operand::M, m);
+  s.set(Operand::V, v);
+  s.numel = numel;
+  s.group = group;
+  s.grad_dtype = grad_dtype;
+  s.param16_dtype = param_dtype;
+  return s;
+}
 
 class Kernels {
  public:
@@ -155,9 +155,9 @@ class Kernels {
 
   // `rule` over every slot; consts[slot.group] holds the slot's group
   // constants. Each gradient element is first multiplied by mul1 then by
-  // mul2 (two fp32 roundings; 1.0f is exact). OneBitApply, LambCompressed
-  // and LambApply read no gradient.
-  virtual void update(UpdateRule rule, const AdamSlot* slots, int64_t count,
+  // mul2 (two fp32 roundings; 1.0f is exact); rules that declare no Grad
+  // read none.
+  virtual void update(UpdateRule rule, const UpdateSlot* slots, int64_t count,
                       const AdamConsts* consts, int32_t num_groups, float mul1, float mul2) = 0;
 
   // max_host[i] = the largest value of fp32 tensor i (numel > 0, no NaN);

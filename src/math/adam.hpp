@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "math/hd.hpp"
+#include "math/update_rule.hpp"
 
 namespace dsopt {
 
@@ -96,6 +97,16 @@ DSOPT_HD void adam_update(typename Ops::F& p, typename Ops::F& m, typename Ops::
   if (c.wdecay != 0.0f) p = Ops::fma(p, Ops::set1(c.wdecay), p);
   p = Ops::fma(q, Ops::set1(c.step_size), p);
 }
+
+// Adam/AdamW step: m, v, p from g.
+struct AdamRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Param, Operand::Grad, Operand::M, Operand::V);
+  static constexpr OperandSet kWrites = operands(Operand::Param, Operand::M, Operand::V);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    adam_update<Ops>(e.p, e.m, e.v, e.g, c);
+  }
+};
 
 DSOPT_ISA_END
 }  // namespace dsopt

@@ -116,5 +116,46 @@ DSOPT_HD void onebit_warmup(typename Ops::F& p, typename Ops::F& m, typename Ops
   onebit_apply<Ops>(p, m, v, c);
 }
 
+// 1-bit Adam warmup: m, v, p from g; no bias correction, decoupled decay.
+struct OneBitWarmupRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Param, Operand::Grad, Operand::M, Operand::V);
+  static constexpr OperandSet kWrites = operands(Operand::Param, Operand::M, Operand::V);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    onebit_warmup<Ops>(e.p, e.m, e.v, e.g, c);
+  }
+};
+
+// 1-bit Adam compression, before the compressed allreduce: m from g, then
+// in the update's units (clamped, / d) when c.update_units, which alone
+// reads v. The parameter waits for the allreduce.
+struct OneBitMomentumRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Grad, Operand::M);
+  static constexpr OperandSet kReadsWhen = operands(Operand::V);
+  static constexpr OperandSet kWrites = operands(Operand::M);
+  DSOPT_HD static bool when(const AdamConsts& c, bool) { return c.update_units; }
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    onebit_momentum<Ops>(e.m, e.g, c);
+    if (c.update_units) e.m = onebit_to_update_units<Ops>(e.m, e.v, c);
+  }
+};
+
+// After it: m *= d (update units), m *= mask (if any), p from m and the
+// frozen v. Reads no gradient; m is stored only where it changed (masked
+// or in the update's units).
+struct OneBitApplyRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Param, Operand::M, Operand::V, Operand::Mask);
+  static constexpr OperandSet kWrites = operands(Operand::Param);
+  static constexpr OperandSet kWritesWhen = operands(Operand::M);
+  DSOPT_HD static bool when(const AdamConsts& c, bool masked) { return masked || c.update_units; }
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    if (c.update_units) e.m = onebit_from_update_units<Ops>(e.m, e.v, c);
+    if (e.masked) e.m = Ops::mul(e.m, e.mask);
+    onebit_apply<Ops>(e.p, e.m, e.v, c);
+  }
+};
+
 DSOPT_ISA_END
 }  // namespace dsopt

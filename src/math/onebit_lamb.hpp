@@ -78,6 +78,53 @@ DSOPT_HD void lamb_apply(typename Ops::F& p, typename Ops::F u, const AdamConsts
   p = Ops::fma(Ops::set1(c.step_size), u, p);
 }
 
+// The rules, with per-tensor constants (a slot's group indexes one per
+// tensor). Warmup: m, v from g; u = the LAMB direction; p untouched.
+struct LambWarmupRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Param, Operand::Grad, Operand::M, Operand::V);
+  static constexpr OperandSet kWrites = operands(Operand::M, Operand::V, Operand::U);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    lamb_warmup<Ops>(e.p, e.m, e.v, e.u, e.g, c);
+  }
+};
+
+// Before the compressed allreduce: aux = m, m = the scaled momentum; v is
+// read only in the update's units.
+struct LambMomentumRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Grad, Operand::M);
+  static constexpr OperandSet kReadsWhen = operands(Operand::V);
+  static constexpr OperandSet kWrites = operands(Operand::M, Operand::Aux);
+  DSOPT_HD static bool when(const AdamConsts& c, bool) { return c.update_units; }
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    lamb_momentum<Ops>(e.m, e.aux, e.v, e.g, c);
+  }
+};
+
+// After it: m, vf; aux = u0, u, ratio (scratch). Reads no gradient.
+struct LambCompressedRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Param, Operand::M, Operand::Aux,
+                                                Operand::Mask, Operand::V, Operand::VF);
+  static constexpr OperandSet kWrites =
+      operands(Operand::M, Operand::VF, Operand::Aux, Operand::U, Operand::Ratio);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    const typename Ops::F m_prev = e.aux;
+    lamb_compressed<Ops>(e.p, e.m, m_prev, e.mask, e.v, e.vf, e.aux, e.u, e.ratio, c);
+  }
+};
+
+// p += step_size * u. Reads no gradient.
+struct LambApplyRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::Param, Operand::U);
+  static constexpr OperandSet kWrites = operands(Operand::Param);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    lamb_apply<Ops>(e.p, e.u, c);
+  }
+};
+
 DSOPT_ISA_END
 
 // ---- host scalars (double, as DeepSpeed's Python floats) ---------------------

@@ -63,5 +63,69 @@ DSOPT_HD void zoadam_sync_apply(typename Ops::F& p, typename Ops::F& m, typename
   p = Ops::add(anchor, Ops::div(acc, onebit_denominator<Ops>(root, c)));
 }
 
+// The rules; full steps are OneBitWarmupRule. 1-bit step, before the
+// compressed allreduce: acc (the staged gradient) clamped, / d.
+struct ZeroOneGradientPrepareRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::V, Operand::Acc);
+  static constexpr OperandSet kWrites = operands(Operand::Acc);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    e.acc = onebit_to_update_units<Ops>(e.acc, e.v, c);
+  }
+};
+
+// 1-bit step, after it: g (decompressed) *= d (update units), *= mask; m
+// from g, p from m and v.
+struct ZeroOneGradientRule : RuleDefaults {
+  static constexpr OperandSet kReads =
+      operands(Operand::Param, Operand::Grad, Operand::M, Operand::V, Operand::Mask);
+  static constexpr OperandSet kWrites = operands(Operand::Param, Operand::M);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    if (c.update_units) e.g = onebit_from_update_units<Ops>(e.g, e.v, c);
+    if (e.masked) e.g = Ops::mul(e.g, e.mask);
+    zoadam_gradient<Ops>(e.p, e.m, e.v, e.g, c);
+  }
+};
+
+// Local step: m from g, p and the accumulator from m and v.
+struct ZeroOneLocalRule : RuleDefaults {
+  static constexpr OperandSet kReads =
+      operands(Operand::Param, Operand::Grad, Operand::M, Operand::V, Operand::Acc);
+  static constexpr OperandSet kWrites = operands(Operand::Param, Operand::M, Operand::Acc);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    zoadam_local<Ops>(e.p, e.m, e.v, e.acc, e.g, c);
+  }
+};
+
+// Before the sync's compressed allreduce: acc *= sqrt(v) rbc2 + eps.
+struct ZeroOneSyncPrepareRule : RuleDefaults {
+  static constexpr OperandSet kReads = operands(Operand::V, Operand::Acc);
+  static constexpr OperandSet kWrites = operands(Operand::Acc);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    zoadam_sync_prepare<Ops>(e.acc, e.v, c);
+  }
+};
+
+// After it: acc *= d (update units: instead of the prepare), *= mask; m
+// from acc (kept when lrs is 0, so read), p from the last sync's
+// parameters and acc; anchor = p, acc = 0.
+struct ZeroOneSyncApplyRule : RuleDefaults {
+  static constexpr OperandSet kReads =
+      operands(Operand::M, Operand::V, Operand::Mask, Operand::Acc, Operand::Anchor);
+  static constexpr OperandSet kWrites =
+      operands(Operand::Param, Operand::M, Operand::Acc, Operand::Anchor);
+  template <class Ops>
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+    if (c.update_units) e.acc = onebit_from_update_units<Ops>(e.acc, e.v, c);
+    if (e.masked) e.acc = Ops::mul(e.acc, e.mask);
+    zoadam_sync_apply<Ops>(e.p, e.m, e.v, e.acc, e.anchor, c);
+    e.anchor = e.p;
+    e.acc = Ops::set1(0.0f);
+  }
+};
+
 DSOPT_ISA_END
 }  // namespace dsopt

@@ -15,12 +15,12 @@ std::string Adam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
 
 bool Adam::update(const PreparedGrads& grads) {
   const AdamStepConsts c = adam_step_consts();
-  const std::vector<AdamSlot>& all = moments_.all_slots(params(), grads);
+  const std::vector<UpdateSlot>& all = moments_.all_slots(params(), grads);
   if (c.of_param.empty()) {
     kernels().update(UpdateRule::Adam, all.data(), int64_t(all.size()), c.consts.data(),
                      int32_t(c.consts.size()), grads.mul1, grads.mul2);
   } else {  // parameters with their own step counts, or some left out
-    const std::vector<AdamSlot> slots = c.select(all, [](size_t k) { return int64_t(k); });
+    const std::vector<UpdateSlot> slots = c.select(all, [](size_t k) { return int64_t(k); });
     kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(),
                      int32_t(c.consts.size()), grads.mul1, grads.mul2);
   }

@@ -20,11 +20,11 @@ struct AdamStepConsts {
   // The constants index of parameter i with group g (-1: not updated).
   int32_t index(int64_t i, int32_t g) const { return of_param.empty() ? g : of_param[size_t(i)]; }
 
-  // `slots` with AdamSlot::group set to their constants, those of
+  // `slots` with UpdateSlot::group set to their constants, those of
   // parameters not updated left out; param_of(k) is slot k's parameter.
   template <class ParamOf>
-  std::vector<AdamSlot> select(const std::vector<AdamSlot>& slots, ParamOf param_of) const {
-    std::vector<AdamSlot> out;
+  std::vector<UpdateSlot> select(const std::vector<UpdateSlot>& slots, ParamOf param_of) const {
+    std::vector<UpdateSlot> out;
     out.reserve(slots.size());
     for (size_t k = 0; k < slots.size(); ++k) {
       const int32_t c = index(param_of(k), slots[k].group);

@@ -18,32 +18,34 @@ Moments::Moments(int64_t numel, Kernels& kernels, std::string prefix)
   kernels_.fill_zero(v_.get(), bytes_);
 }
 
-std::vector<AdamSlot> Moments::slots(const ParamSet& params, const PreparedGrads* grads,
-                                     const std::vector<int64_t>& indices,
-                                     const std::vector<const float*>& masks) const {
+std::vector<UpdateSlot> Moments::slots(const ParamSet& params, const PreparedGrads* grads,
+                                       const std::vector<int64_t>& indices,
+                                       const std::vector<const float*>& masks) const {
   const bool all = indices.empty();
   const size_t count = all ? size_t(params.count()) : indices.size();
-  std::vector<AdamSlot> out;
+  std::vector<UpdateSlot> out;
   out.reserve(count);
   for (size_t k = 0; k < count; ++k) {
     const size_t i = all ? k : size_t(indices[k]);
     const Param& p = params.params()[i];
     const TensorRef g = grads ? grads->grads[i] : TensorRef{nullptr, 0, DType::F32};
-    AdamSlot s{p.master, p.dtype == DType::F32 ? nullptr : p.data, p.dtype, g.data, g.dtype,
-               m_.floats() + p.offset, v_.floats() + p.offset, p.numel, p.group};
-    if (i < masks.size()) s.mask = masks[i];
+    UpdateSlot s = moment_slot(p.master, p.dtype == DType::F32 ? nullptr : p.data, p.dtype, g.data,
+                               g.dtype, m_.floats() + p.offset, v_.floats() + p.offset, p.numel,
+                               p.group);
+    if (i < masks.size()) s.set(Operand::Mask, masks[i]);
     out.push_back(s);
   }
   return out;
 }
 
-const std::vector<AdamSlot>& Moments::all_slots(const ParamSet& params, const PreparedGrads& grads) {
+const std::vector<UpdateSlot>& Moments::all_slots(const ParamSet& params,
+                                                  const PreparedGrads& grads) {
   if (all_slots_.empty() || all_slots_generation_ != params.generation()) {
     all_slots_ = slots(params, &grads);
     all_slots_generation_ = params.generation();
   }
   for (size_t i = 0; i < all_slots_.size(); ++i) {
-    all_slots_[i].grad = grads.grads[i].data;
+    all_slots_[i].set(Operand::Grad, grads.grads[i].data);
     all_slots_[i].grad_dtype = grads.grads[i].dtype;
   }
   return all_slots_;

@@ -27,15 +27,15 @@ class Moments {
 
   // One slot per parameter in `indices` (all when empty) with its prepared
   // gradient and its mask (masks[i], may be nullptr or shorter).
-  std::vector<AdamSlot> slots(const ParamSet& params, const PreparedGrads* grads,
-                              const std::vector<int64_t>& indices = {},
-                              const std::vector<const float*>& masks = {}) const;
+  std::vector<UpdateSlot> slots(const ParamSet& params, const PreparedGrads* grads,
+                                const std::vector<int64_t>& indices = {},
+                                const std::vector<const float*>& masks = {}) const;
 
   // The slots of every parameter, without masks, with this step's
   // gradients: built on first use (and after the parameters are rebound)
   // and then only their gradients refreshed, so a step over many tensors
   // does no per-tensor allocation.
-  const std::vector<AdamSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
+  const std::vector<UpdateSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
 
   void save(BlobWriter& w) const;
   void check(const BlobReader& r) const;
@@ -46,7 +46,7 @@ class Moments {
   std::string prefix_;
   size_t bytes_;  // of each moment over the parameters
   DeviceBuffer m_, v_;
-  std::vector<AdamSlot> all_slots_;
+  std::vector<UpdateSlot> all_slots_;
   uint64_t all_slots_generation_ = 0;  // params.generation() they were built at
 };
 

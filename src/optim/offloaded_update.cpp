@@ -73,7 +73,7 @@ void OffloadedUpdate::run(const float* shard_grads, const AdamStepConsts& c, flo
   device_.copy_to_host(grads_.get(), shard_grads, grads_.bytes());
   // A fp32 master uploads itself; it is not written again this step.
   const int64_t shard = state_.state_numel;
-  std::vector<AdamSlot> slots;
+  std::vector<UpdateSlot> slots;
   for (int64_t begin = 0, tile = 0; begin < shard; begin += tile_, ++tile) {
     const int64_t end = std::min(shard, begin + tile_);
     const int lane = int(tile & 1);
@@ -90,9 +90,9 @@ void OffloadedUpdate::run(const float* shard_grads, const AdamStepConsts& c, flo
       const int32_t consts = c.index(p.param, param.group);
       if (consts < 0) continue;  // not updated this step: nothing to upload
       const bool half = param.dtype != DType::F32;
-      slots.push_back(AdamSlot{master(p) + from, half ? staging + (lo - begin) * 2 : nullptr,
-                               param.dtype, grads_.floats() + lo, DType::F32, m_ + lo, v_ + lo, n,
-                               consts});
+      slots.push_back(moment_slot(master(p) + from, half ? staging + (lo - begin) * 2 : nullptr,
+                                  param.dtype, grads_.floats() + lo, DType::F32, m_ + lo, v_ + lo,
+                                  n, consts));
       cuts.push_back(Cut{&p, from, n, lo - begin});
     }
     host_.update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(),

@@ -76,7 +76,7 @@ void OneBitAdam::enter_compression(int64_t warmup_updates) {
 bool OneBitAdam::update(const PreparedGrads& grads) {
   const std::vector<AdamConsts> c = consts();
   if (!stage_.compressing) {
-    const std::vector<AdamSlot>& slots = moments_.all_slots(params(), grads);
+    const std::vector<UpdateSlot>& slots = moments_.all_slots(params(), grads);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     // DeepSpeed's counter k = updates + 1 (docs/design/decisions.md G2).
@@ -84,17 +84,17 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
     return false;
   }
   if (!full_.empty()) {
-    const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, full_);
+    const std::vector<UpdateSlot> slots = moments_.slots(params(), &grads, full_);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
   }
   if (!compressed_.empty()) {
-    const std::vector<AdamSlot> slots = moments_.slots(params(), &grads, compressed_, masks_.pointers());
+    const std::vector<UpdateSlot> slots = moments_.slots(params(), &grads, compressed_, masks_.pointers());
     kernels().update(UpdateRule::OneBitMomentum, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     if (car_) {
       std::vector<float*> momentum;
-      for (const AdamSlot& s : slots) momentum.push_back(s.m);
+      for (const UpdateSlot& s : slots) momentum.push_back(s.floats(Operand::M));
       car_->run(momentum.data());
     }
     kernels().update(UpdateRule::OneBitApply, slots.data(), int64_t(slots.size()), c.data(),

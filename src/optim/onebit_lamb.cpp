@@ -53,15 +53,15 @@ std::string OneBitLamb::divergence_hint() const {
   return "try a lower lr or max_coeff, \"gradient_clipping\" or a later freeze_step";
 }
 
-std::vector<AdamSlot> OneBitLamb::slots(const PreparedGrads* grads) const {
-  std::vector<AdamSlot> s = moments_.slots(params(), grads, {}, masks_.pointers());
+std::vector<UpdateSlot> OneBitLamb::slots(const PreparedGrads* grads) const {
+  std::vector<UpdateSlot> s = moments_.slots(params(), grads, {}, masks_.pointers());
   for (size_t i = 0; i < s.size(); ++i) {
     const int64_t offset = params().params()[i].offset;
     s[i].group = int32_t(i);
-    s[i].vf = fresh_.floats() + offset;
-    s[i].u = u_.floats() + offset;
-    s[i].aux = aux_.floats() + offset;
-    s[i].ratio = ratio_.floats() + offset;
+    s[i].set(Operand::VF, fresh_.floats() + offset);
+    s[i].set(Operand::U, u_.floats() + offset);
+    s[i].set(Operand::Aux, aux_.floats() + offset);
+    s[i].set(Operand::Ratio, ratio_.floats() + offset);
   }
   return s;
 }
@@ -79,17 +79,17 @@ std::vector<AdamConsts> OneBitLamb::consts() const {
   return c;
 }
 
-std::vector<double> OneBitLamb::sums_of_squares(const std::vector<AdamSlot>& s,
-                                                std::initializer_list<float* AdamSlot::*> fields) const {
+std::vector<double> OneBitLamb::sums_of_squares(const std::vector<UpdateSlot>& s,
+                                                std::initializer_list<Operand> streams) const {
   std::vector<TensorRef> refs;
-  for (float* AdamSlot::*field : fields)
-    for (const AdamSlot& slot : s) refs.push_back(TensorRef{slot.*field, slot.numel, DType::F32});
+  for (Operand o : streams)
+    for (const UpdateSlot& slot : s) refs.push_back(TensorRef{slot.data(o), slot.numel, DType::F32});
   std::vector<double> sums(refs.size(), 0.0);
   kernels().transform(refs.data(), int64_t(refs.size()), 1.0f, nullptr, sums.data());
   return sums;
 }
 
-void OneBitLamb::apply(const std::vector<AdamSlot>& s, std::vector<AdamConsts>& c,
+void OneBitLamb::apply(const std::vector<UpdateSlot>& s, std::vector<AdamConsts>& c,
                        const std::vector<double>& coeff) {
   for (size_t i = 0; i < s.size(); ++i)
     c[i].step_size = float(-group(params().params()[i].group).lr * coeff[i]);
@@ -109,11 +109,11 @@ bool OneBitLamb::update(const PreparedGrads& grads) {
 }
 
 void OneBitLamb::warmup(const PreparedGrads& grads) {
-  const std::vector<AdamSlot> s = slots(&grads);
+  const std::vector<UpdateSlot> s = slots(&grads);
   std::vector<AdamConsts> c = consts();
   const int64_t n = int64_t(s.size());
   kernels().update(UpdateRule::LambWarmup, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
-  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::master, &AdamSlot::u});
+  const std::vector<double> sums = sums_of_squares(s, {Operand::Param, Operand::U});
   std::vector<double> coeff(static_cast<size_t>(n));
   for (size_t i = 0; i < size_t(n); ++i) {
     coeff[i] = lamb_warmup_coeff(sums[i], sums[size_t(n) + i], config().lamb);
@@ -123,7 +123,7 @@ void OneBitLamb::warmup(const PreparedGrads& grads) {
 }
 
 void OneBitLamb::compressed(const PreparedGrads& grads) {
-  const std::vector<AdamSlot> s = slots(&grads);
+  const std::vector<UpdateSlot> s = slots(&grads);
   std::vector<AdamConsts> c = consts();
   const int64_t n = int64_t(s.size());
   kernels().update(UpdateRule::LambMomentum, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
@@ -134,10 +134,10 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
   kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
   // aux holds u0 now; the stabilized rule also needs ||p||.
   const std::vector<double> sums = update_units_
-                                       ? sums_of_squares(s, {&AdamSlot::u, &AdamSlot::aux, &AdamSlot::master})
-                                       : sums_of_squares(s, {&AdamSlot::u, &AdamSlot::aux});
+                                       ? sums_of_squares(s, {Operand::U, Operand::Aux, Operand::Param})
+                                       : sums_of_squares(s, {Operand::U, Operand::Aux});
   std::vector<TensorRef> ratios;
-  for (const AdamSlot& slot : s) ratios.push_back(TensorRef{slot.ratio, slot.numel, DType::F32});
+  for (const UpdateSlot& slot : s) ratios.push_back(TensorRef{slot.data(Operand::Ratio), slot.numel, DType::F32});
   std::vector<float> max_ratio(static_cast<size_t>(n));
   kernels().max_per_tensor(ratios.data(), n, max_ratio.data());
   std::vector<double> coeff(static_cast<size_t>(n));
@@ -158,10 +158,10 @@ void OneBitLamb::enter_compression(int64_t warmup_updates) {
   stage_ = FreezeStage{true, warmup_updates};
   // vf starts as v at the actual transition (L1).
   kernels().copy(fresh_.get(), moments_.exp_avg_sq(), fresh_.bytes());
-  const std::vector<AdamSlot> s = slots(nullptr);
-  const std::vector<double> sums = sums_of_squares(s, {&AdamSlot::m});
+  const std::vector<UpdateSlot> s = slots(nullptr);
+  const std::vector<double> sums = sums_of_squares(s, {Operand::M});
   std::vector<int64_t> numel;
-  for (const AdamSlot& slot : s) numel.push_back(slot.numel);
+  for (const UpdateSlot& slot : s) numel.push_back(slot.numel);
   lamb_scaling_coeffs(sums.data(), numel.data(), int64_t(sums.size()), scaling_.data());
   start_compressed_allreduce();
 }

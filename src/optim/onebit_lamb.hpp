@@ -39,16 +39,16 @@ class OneBitLamb final : public Optimizer {
 
  private:
   // One slot per parameter, slot.group = its index (constants are per tensor).
-  std::vector<AdamSlot> slots(const PreparedGrads* grads) const;
+  std::vector<UpdateSlot> slots(const PreparedGrads* grads) const;
   std::vector<AdamConsts> consts() const;
   void warmup(const PreparedGrads& grads);
   void compressed(const PreparedGrads& grads);
-  // Per-tensor sums of squares of each field over the slots (one pass;
-  // the first field's tensors first), in the order of math/sum_squares.hpp.
-  std::vector<double> sums_of_squares(const std::vector<AdamSlot>& s,
-                                      std::initializer_list<float* AdamSlot::*> fields) const;
+  // Per-tensor sums of squares of each stream over the slots (one pass;
+  // the first stream's tensors first), in the order of math/sum_squares.hpp.
+  std::vector<double> sums_of_squares(const std::vector<UpdateSlot>& s,
+                                      std::initializer_list<Operand> streams) const;
   // p += fl32(-lr * coeff[t]) * u of every tensor.
-  void apply(const std::vector<AdamSlot>& s, std::vector<AdamConsts>& c,
+  void apply(const std::vector<UpdateSlot>& s, std::vector<AdamConsts>& c,
              const std::vector<double>& coeff);
   void enter_compression(int64_t warmup_updates);
   void start_compressed_allreduce();

@@ -42,8 +42,10 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
     return;
   }
   point_slots();
-  for (const AdamSlot& s : slots_)
-    if (s.param16) this->kernels().to_float(TensorRef{s.param16, s.numel, s.param16_dtype}, s.master);
+  for (const UpdateSlot& s : slots_)
+    if (s.data(Operand::Param16))
+      this->kernels().to_float(TensorRef{s.data(Operand::Param16), s.numel, s.param16_dtype},
+                               s.floats(Operand::Param));
 }
 
 void ZeroAdam::point_slots() {
@@ -53,15 +55,15 @@ void ZeroAdam::point_slots() {
     const bool half = p.dtype != DType::F32;
     auto* data = static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
     float* master = half ? masters_.floats() + f.master_offset : reinterpret_cast<float*>(data);
-    slots_.push_back(AdamSlot{master, half ? data : nullptr, p.dtype,
-                              reducer_.shard() + f.state_offset, DType::F32,
-                              moments_.exp_avg() + f.state_offset,
-                              moments_.exp_avg_sq() + f.state_offset, f.numel, p.group});
+    slots_.push_back(moment_slot(master, half ? data : nullptr, p.dtype,
+                                 reducer_.shard() + f.state_offset, DType::F32,
+                                 moments_.exp_avg() + f.state_offset,
+                                 moments_.exp_avg_sq() + f.state_offset, f.numel, p.group));
   }
   slots_generation_ = params().generation();
 }
 
-const std::vector<AdamSlot>& ZeroAdam::slots() {
+const std::vector<UpdateSlot>& ZeroAdam::slots() {
   if (!offloaded_ && slots_generation_ != params().generation()) point_slots();
   return slots_;
 }
@@ -89,11 +91,11 @@ bool ZeroAdam::update(const PreparedGrads& grads) {
   if (offloaded_) {
     offloaded_->run(reducer_.shard(), c, grads.mul1, grads.mul2);
   } else if (c.of_param.empty()) {
-    const std::vector<AdamSlot>& all = slots();
+    const std::vector<UpdateSlot>& all = slots();
     kernels().update(UpdateRule::Adam, all.data(), int64_t(all.size()), c.consts.data(), n,
                      grads.mul1, grads.mul2);
   } else {  // parameters with their own step counts, or some left out
-    const std::vector<AdamSlot> slots =
+    const std::vector<UpdateSlot> slots =
         c.select(this->slots(), [this](size_t k) { return state_.pieces[k].param; });
     kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(), n,
                      grads.mul1, grads.mul2);
@@ -165,8 +167,9 @@ void ZeroAdam::publish_parameters() {
     offloaded_->read_masters(false);  // fp32 parameters are the caller's values
     offloaded_->publish();
   }
-  for (const AdamSlot& s : slots())
-    if (s.param16) kernels().from_float(s.master, s.param16, s.param16_dtype, s.numel);
+  for (const UpdateSlot& s : slots())
+    if (s.data(Operand::Param16))
+      kernels().from_float(s.floats(Operand::Param), s.data(Operand::Param16), s.param16_dtype, s.numel);
   gatherer_.gather();
 }
 

@@ -53,7 +53,7 @@ class ZeroAdam final : public Optimizer {
   void publish_parameters();
   // The update slots, one per fragment (not with offload), pointed at the
   // caller's buffers again when the parameters were rebound since.
-  const std::vector<AdamSlot>& slots();
+  const std::vector<UpdateSlot>& slots();
   void point_slots();
 
   // Where masters and moments live: the host with CPU offload.
@@ -68,7 +68,7 @@ class ZeroAdam final : public Optimizer {
   DeviceBuffer scratch_;      // the reducer's bucket, then the gatherer's chunk
   GradientReducer reducer_;
   ParamGatherer gatherer_;
-  std::vector<AdamSlot> slots_;  // see slots()
+  std::vector<UpdateSlot> slots_;  // see slots()
   uint64_t slots_generation_ = 0;  // params().generation() slots_ point at
   std::unique_ptr<OffloadedUpdate> offloaded_;  // with offload; unpins before the buffers go
 };

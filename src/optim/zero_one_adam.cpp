@@ -71,12 +71,12 @@ std::vector<AdamConsts> ZeroOneAdam::consts(bool clamp) const {
   return c;
 }
 
-std::vector<AdamSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
-  std::vector<AdamSlot> s = moments_.slots(params(), grads, {}, masks_.pointers());
+std::vector<UpdateSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
+  std::vector<UpdateSlot> s = moments_.slots(params(), grads, {}, masks_.pointers());
   for (size_t i = 0; i < s.size(); ++i) {
     const int64_t offset = params().params()[i].offset;
-    s[i].acc = acc_.floats() + offset;
-    s[i].anchor = anchor_.floats() + offset;
+    s[i].set(Operand::Acc, acc_.floats() + offset);
+    s[i].set(Operand::Anchor, anchor_.floats() + offset);
   }
   return s;
 }
@@ -104,7 +104,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     const bool compressed_before = sched_.variance_updates < group_step(0) - 1;
     ++sched_.variance_updates;
     const std::vector<AdamConsts> c = consts(compressed_before);
-    const std::vector<AdamSlot> s = slots(&grads);
+    const std::vector<UpdateSlot> s = slots(&grads);
     kernels().update(UpdateRule::OneBitWarmup, s.data(), int64_t(s.size()), c.data(), num_groups(),
                      grads.mul1, grads.mul2);
     if (++sched_.var_counter == config().var_update_scaler) {
@@ -117,7 +117,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     // (error feedback on gradients), staged in the accumulator's memory so
     // caller buffers are never written (G1). One rank: the local gradient (Z2).
     const std::vector<AdamConsts> c = consts(true);
-    std::vector<AdamSlot> s = slots(&grads);
+    std::vector<UpdateSlot> s = slots(&grads);
     float mul1 = grads.mul1, mul2 = grads.mul2;
     if (car_) {
       kernels().transform(grads.grads.data(), int64_t(grads.grads.size()), mul1, acc_.floats(), nullptr);
@@ -129,9 +129,9 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
         kernels().update(UpdateRule::ZeroOneGradientPrepare, s.data(), int64_t(s.size()), c.data(),
                          num_groups(), 1.0f, 1.0f);
       std::vector<float*> x;
-      for (AdamSlot& slot : s) {
-        x.push_back(slot.acc);
-        slot.grad = slot.acc;
+      for (UpdateSlot& slot : s) {
+        x.push_back(slot.floats(Operand::Acc));
+        slot.set(Operand::Grad, slot.data(Operand::Acc));
         slot.grad_dtype = DType::F32;
       }
       car_->run(x.data());
@@ -164,7 +164,7 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
     decay_[size_t(g)] *= 1.0 - group(g).lr * group(g).weight_decay;
   }
   const std::vector<AdamConsts> c = consts(true);
-  const std::vector<AdamSlot> s = slots(&grads);
+  const std::vector<UpdateSlot> s = slots(&grads);
   kernels().update(UpdateRule::ZeroOneLocal, s.data(), int64_t(s.size()), c.data(), num_groups(),
                    grads.mul1, grads.mul2);
   const bool is_sync = k % sched_.local_interval == 0;
@@ -176,7 +176,7 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
   phase_ = is_sync ? DSOPT_PHASE_SYNC : DSOPT_PHASE_LOCAL;
 }
 
-void ZeroOneAdam::sync(const std::vector<AdamSlot>& s) {
+void ZeroOneAdam::sync(const std::vector<UpdateSlot>& s) {
   // In the update's units the accumulator (a sum of lr-weighted updates)
   // goes as it is, and SyncApply multiplies the average by d.
   std::vector<AdamConsts> c = consts(true);
@@ -185,7 +185,7 @@ void ZeroOneAdam::sync(const std::vector<AdamSlot>& s) {
                      num_groups(), 1.0f, 1.0f);
   if (car_) {
     std::vector<float*> x;
-    for (const AdamSlot& slot : s) x.push_back(slot.acc);
+    for (const UpdateSlot& slot : s) x.push_back(slot.floats(Operand::Acc));
     car_->run(x.data());
   }
   for (int32_t g = 0; g < num_groups(); ++g) {

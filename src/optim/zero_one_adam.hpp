@@ -46,10 +46,10 @@ class ZeroOneAdam final : public Optimizer {
     int64_t variance_updates = 0;  // K: full steps so far (the stabilized bound's K)
   };
   std::vector<AdamConsts> consts(bool clamp) const;
-  std::vector<AdamSlot> slots(const PreparedGrads* grads) const;
+  std::vector<UpdateSlot> slots(const PreparedGrads* grads) const;
   void variance_phase_step(const PreparedGrads& grads, int64_t k);
   void local_phase_step(const PreparedGrads& grads, int64_t k);
-  void sync(const std::vector<AdamSlot>& slots);
+  void sync(const std::vector<UpdateSlot>& slots);
   void freeze();
   void reset_interval();  // lrs and decay back to "nothing since the last sync"
 

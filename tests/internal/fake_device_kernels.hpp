@@ -27,7 +27,7 @@ class FakeDeviceKernels : public Kernels {
     return cpu_->transform(s, c, m, d, q);
   }
   GradStats accumulate(const TensorRef* s, int64_t c, float* d) override { return cpu_->accumulate(s, c, d); }
-  void update(UpdateRule r, const AdamSlot* s, int64_t c, const AdamConsts* k, int32_t g, float a,
+  void update(UpdateRule r, const UpdateSlot* s, int64_t c, const AdamConsts* k, int32_t g, float a,
               float b) override {
     cpu_->update(r, s, c, k, g, a, b);
   }

@@ -1,6 +1,7 @@
 // The CPU kernels of one instruction set, as a table of range functions.
 // The OpenMP driver (cpu_kernels.cpp) splits work into ranges and calls
-// them; each isa_*.cpp fills the table from the templates in cpu_loops.hpp.
+// them; each isa_*.cpp fills the table from the templates in cpu_loops.hpp
+// and update_loop.hpp.
 #pragma once
 #include <cstdint>
 
@@ -11,7 +12,7 @@ namespace dsopt {
 struct CpuIsa {
   const char* name;
   // An update rule over elements [begin, end) of one slot.
-  void (*update_range)(UpdateRule rule, const AdamSlot& slot, int64_t begin, int64_t end,
+  void (*update_range)(UpdateRule rule, const UpdateSlot& slot, int64_t begin, int64_t end,
                        const AdamConsts& c, float mul1, float mul2);
   // One sum block [begin, end) of a tensor (end - begin <= kSumBlock):
   // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null when

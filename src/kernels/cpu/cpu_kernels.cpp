@@ -139,7 +139,7 @@ class CpuKernels final : public Kernels {
   }
 
  public:
-  void update(UpdateRule rule, const AdamSlot* slots, int64_t count, const AdamConsts* consts,
+  void update(UpdateRule rule, const UpdateSlot* slots, int64_t count, const AdamConsts* consts,
               int32_t, float mul1, float mul2) override {
     const CpuIsa& k = isa();
     ElementSplit(count, [slots](int64_t i) { return slots[i].numel; })

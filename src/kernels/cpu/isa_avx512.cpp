@@ -4,7 +4,7 @@
 // g++ 12 implements many AVX-512 intrinsics as masked builtins with an
 // "undefined" pass-through vector and a full mask, and reports that vector
 // as uninitialized once they are inlined into the staged tails
-// (cpu_loops.hpp rule_tail); a full mask never reads it.
+// (update_loop.hpp apply_tail); a full mask never reads it.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "kernels/cpu/vec_avx512.hpp"

@@ -3,6 +3,7 @@
 #pragma once
 #include "kernels/cpu/cpu_car_loops.hpp"
 #include "kernels/cpu/cpu_loops.hpp"
+#include "kernels/cpu/update_loop.hpp"
 
 namespace dsopt {
 DSOPT_ISA_BEGIN

@@ -1,0 +1,163 @@
+// The one CPU loop of every update rule (math/update_rules.hpp), written
+// against a vector type V (VecScalar, VecAvx2, VecAvx512) and driven by the
+// rule's declaration (math/update_rule.hpp): load what it reads, apply it,
+// store what it writes. Whole vectors first, then the tail through one
+// staged vector or one element at a time (VecScalar), with the same math,
+// so every element gets the same bits.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/dtype_io.hpp"
+#include "kernels/cpu/vec_scalar.hpp"
+#include "kernels/kernels.hpp"
+#include "math/update_rules.hpp"
+
+namespace dsopt {
+DSOPT_ISA_BEGIN
+
+namespace cpu {
+
+// Whether rule `Rule` touches operand O.
+template <class Rule, Operand O>
+constexpr bool kUses = (kRuleStreams<Rule> & kOperandBit<O>) != 0;
+
+// One bundle of V::W elements from element i of the streams s: load, apply,
+// store. `when` is Rule::when for the tensor; P16 == F32 means "no 16-bit
+// parameter to write back".
+template <class Rule, class V, DType G, DType P16>
+inline void apply_at(void* const* s, int64_t i, const AdamConsts& c, bool masked, bool when,
+                     typename V::F mul1, typename V::F mul2) {
+  RuleElements<V> e;
+  e.masked = masked;
+  for_each_operand([&](auto o) {
+    constexpr Operand O = decltype(o)::value;
+    const float* const x = static_cast<const float*>(s[int(O)]);
+    if constexpr (O == Operand::Param16) {
+    } else if constexpr ((Rule::kReads & kOperandBit<O>) != 0) {
+      if constexpr (O == Operand::Grad) e.g = V::mul(V::mul(load<V, G>(s[int(O)], i), mul1), mul2);
+      else if constexpr (O == Operand::Mask) e.mask = masked ? V::load(x + i) : V::set1(1.0f);
+      else e.template at<O>() = V::load(x + i);
+    } else if constexpr ((Rule::kReadsWhen & kOperandBit<O>) != 0) {
+      e.template at<O>() = when ? V::load(x + i) : V::set1(0.0f);
+    }
+  });
+  Rule::apply(e, c);
+  for_each_operand([&](auto o) {
+    constexpr Operand O = decltype(o)::value;
+    void* const ptr = s[int(O)];
+    if constexpr (O == Operand::Param16) {
+      if constexpr (kRuleWritesParam<Rule> && P16 != DType::F32) store<V, P16>(ptr, i, e.p);
+    } else if constexpr ((Rule::kWrites & kOperandBit<O>) != 0) {
+      V::store(static_cast<float*>(ptr) + i, e.template at<O>());
+    } else if constexpr ((Rule::kWritesWhen & kOperandBit<O>) != 0) {
+      if (when) V::store(static_cast<float*>(ptr) + i, e.template at<O>());
+    }
+  });
+}
+
+// Copies n elements and zero-fills the rest of a W-element stage.
+template <int W, class T>
+inline T* stage_in(T* stage, const T* src, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) stage[k] = src[k];
+  for (int64_t k = n; k < W; ++k) stage[k] = T(0);
+  return stage;
+}
+template <class T>
+inline void stage_out(T* dst, const T* stage, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) dst[k] = stage[k];
+}
+
+// The last n < V::W elements of a range, starting at element i, through
+// one full vector: every stream the rule touches staged into a W-element
+// buffer (zeros past n), the rule applied there, the streams it wrote
+// copied back. Vector lanes compute what VecScalar computes, so the bits
+// are those of an element-by-element loop, at a fraction of its cost
+// (tensors of a few hundred elements spend much of their time in their
+// tails otherwise).
+template <class Rule, class V, DType G, DType P16>
+void apply_tail(void* const* s, int64_t i, int64_t n, const AdamConsts& c, bool masked, bool when,
+                typename V::F vm1, typename V::F vm2) {
+  constexpr int W = V::W;
+  alignas(64) float stage[kOperandCount][W];
+  alignas(64) uint16_t stage16[W], grad16[W];
+  void* t[kOperandCount] = {};
+  for_each_operand([&](auto o) {
+    constexpr Operand O = decltype(o)::value;
+    if constexpr (O == Operand::Param16) {
+      if constexpr (kRuleWritesParam<Rule> && P16 != DType::F32) t[int(O)] = stage16;
+    } else if constexpr (O == Operand::Grad && kUses<Rule, O> && G != DType::F32) {
+      if (s[int(O)])
+        t[int(O)] = stage_in<W>(grad16, static_cast<const uint16_t*>(s[int(O)]) + i, n);
+    } else if constexpr (kUses<Rule, O>) {
+      if (s[int(O)])
+        t[int(O)] = stage_in<W>(stage[int(O)], static_cast<const float*>(s[int(O)]) + i, n);
+    }
+  });
+  apply_at<Rule, V, G, P16>(t, 0, c, masked, when, vm1, vm2);
+  for_each_operand([&](auto o) {
+    constexpr Operand O = decltype(o)::value;
+    if constexpr (O == Operand::Param16) {
+      if constexpr (kRuleWritesParam<Rule> && P16 != DType::F32)
+        stage_out(static_cast<uint16_t*>(s[int(O)]) + i, stage16, n);
+    } else if constexpr (((Rule::kWrites | Rule::kWritesWhen) & kOperandBit<O>) != 0) {
+      stage_out(static_cast<float*>(s[int(O)]) + i, stage[int(O)], n);
+    }
+  });
+}
+
+template <class Rule, class V, DType G, DType P16>
+void rule_range(void* const* s, int64_t i, int64_t end, const AdamConsts& c, float mul1,
+                float mul2) {
+  const bool masked = kRuleReadsMask<Rule> && s[int(Operand::Mask)] != nullptr;
+  const bool when = Rule::when(c, masked);
+  const typename V::F vm1 = V::set1(mul1), vm2 = V::set1(mul2);
+  for (; i + V::W <= end; i += V::W) apply_at<Rule, V, G, P16>(s, i, c, masked, when, vm1, vm2);
+  // A short tail is cheaper element by element than staged.
+  if (end - i >= V::W / 4) {
+    apply_tail<Rule, V, G, P16>(s, i, end - i, c, masked, when, vm1, vm2);
+    return;
+  }
+  for (; i < end; ++i) apply_at<Rule, VecScalar, G, P16>(s, i, c, masked, when, mul1, mul2);
+}
+
+// The 16-bit parameter's dtype, for rules that write the parameter.
+template <class Rule, class V, DType G>
+void rule_range_g(const UpdateSlot& slot, int64_t b, int64_t e, const AdamConsts& c, float m1,
+                  float m2) {
+  void* const* s = slot.streams;
+  if constexpr (!kRuleWritesParam<Rule>) rule_range<Rule, V, G, DType::F32>(s, b, e, c, m1, m2);
+  else if (!slot.data(Operand::Param16)) rule_range<Rule, V, G, DType::F32>(s, b, e, c, m1, m2);
+  else if (slot.param16_dtype == DType::F16) rule_range<Rule, V, G, DType::F16>(s, b, e, c, m1, m2);
+  else rule_range<Rule, V, G, DType::BF16>(s, b, e, c, m1, m2);
+}
+
+// The gradient's dtype, for rules that read the gradient.
+template <class Rule, class V>
+void rule_range_r(const UpdateSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
+                  float m2) {
+  if constexpr (!kRuleReadsGrad<Rule>) {
+    rule_range_g<Rule, V, DType::F32>(s, b, e, c, m1, m2);
+  } else {
+    switch (s.grad_dtype) {
+      case DType::F32: return rule_range_g<Rule, V, DType::F32>(s, b, e, c, m1, m2);
+      case DType::F16: return rule_range_g<Rule, V, DType::F16>(s, b, e, c, m1, m2);
+      case DType::BF16: return rule_range_g<Rule, V, DType::BF16>(s, b, e, c, m1, m2);
+    }
+  }
+}
+
+// `rule` over elements [b, e) of one slot.
+template <class V>
+void update_range(UpdateRule rule, const UpdateSlot& s, int64_t b, int64_t e, const AdamConsts& c,
+                  float m1, float m2) {
+  switch (rule) {
+#define DSOPT_RULE_CASE(name, functor) \
+  case UpdateRule::name: return rule_range_r<functor, V>(s, b, e, c, m1, m2);
+    DSOPT_UPDATE_RULES(DSOPT_RULE_CASE)
+#undef DSOPT_RULE_CASE
+  }
+}
+
+}  // namespace cpu
+DSOPT_ISA_END
+}  // namespace dsopt
