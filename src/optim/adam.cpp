@@ -31,11 +31,13 @@ bool Adam::update(const PreparedGrads& grads) {
 
 namespace dsopt {
 
-void Adam::check_sections(const BlobReader& r) const {
-  if (r.has(kZeroLayoutSection))
-    fail(DSOPT_EMISMATCH, "the blob is one rank's ZeRO shard: load all blobs of that run with "
-                          "dsopt_state_load_shards");
-  moments_.check(r);
+void Adam::describe_state(StateSchema& s) {
+  s.check([](const BlobReader& r) {
+    if (r.has(kZeroLayoutSection))
+      fail(DSOPT_EMISMATCH, "the blob is one rank's ZeRO shard: load all blobs of that run with "
+                            "dsopt_state_load_shards");
+  });
+  moments_.describe(s);
 }
 
 std::function<void()> Adam::reshard(const Blobs& blobs) {

@@ -15,10 +15,7 @@ class Adam final : public Optimizer {
   std::string algorithm() const override;
   bool update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return true; }
-  uint32_t section_count() const override { return 2; }
-  void save_sections(BlobWriter& w) const override { moments_.save(w); }
-  void check_sections(const BlobReader& r) const override;
-  void restore_sections(const BlobReader& r) override { moments_.restore(r); }
+  void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
   // State views (defined in optim/state_views.cpp).
   AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;

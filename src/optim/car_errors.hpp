@@ -3,12 +3,13 @@
 // only at that world size (zero otherwise). Shared by the 1-bit optimizers.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/compressed_allreduce.hpp"
-#include "state/blob.hpp"
+#include "state/state_schema.hpp"
 
 namespace dsopt {
 
@@ -31,13 +32,12 @@ class CarErrors {
   // The world size to record with the errors of `car` (0: none).
   static int32_t world_of(const CompressedAllreduce* car) { return car ? car->world() : 0; }
 
-  void save(BlobWriter& w, const CompressedAllreduce* car, Kernels& kernels) const;
-  // Throws Error(DSOPT_ECORRUPT) when the sections do not fit `saved_world`.
-  void check(const BlobReader& r, int32_t saved_world) const;
-  // Copies the saved errors into `car` when it runs at `saved_world` ranks;
-  // leaves them as they are (zero) otherwise. Returns whether it restored.
-  bool restore(const BlobReader& r, int32_t saved_world, CompressedAllreduce* car,
-               Kernels& kernels) const;
+  // The sections of the errors of car() (none: empty sections), as long as
+  // the world size a blob recorded with them (`saved_world`, already
+  // checked with check_world) says; restored into car() when `restore_if`.
+  void describe(StateSchema& s, Kernels& kernels, std::function<CompressedAllreduce*()> car,
+                std::function<int32_t(const BlobReader&)> saved_world,
+                std::function<bool(const BlobReader&)> restore_if) const;
 
  private:
   std::string prefix_;

@@ -51,19 +51,9 @@ const std::vector<UpdateSlot>& Moments::all_slots(const ParamSet& params,
   return all_slots_;
 }
 
-void Moments::save(BlobWriter& w) const {
-  w.section_from_device(prefix_ + ".exp_avg", m_.get(), bytes_, kernels_);
-  w.section_from_device(prefix_ + ".exp_avg_sq", v_.get(), bytes_, kernels_);
-}
-
-void Moments::check(const BlobReader& r) const {
-  r.section(prefix_ + ".exp_avg", bytes_);
-  r.section(prefix_ + ".exp_avg_sq", bytes_);
-}
-
-void Moments::restore(const BlobReader& r) {
-  kernels_.copy_from_host(m_.get(), r.section(prefix_ + ".exp_avg", bytes_), bytes_);
-  kernels_.copy_from_host(v_.get(), r.section(prefix_ + ".exp_avg_sq", bytes_), bytes_);
+void Moments::describe(StateSchema& s) {
+  s.array(prefix_ + ".exp_avg", kernels_, [this] { return m_.get(); }, bytes_)
+      .array(prefix_ + ".exp_avg_sq", kernels_, [this] { return v_.get(); }, bytes_);
 }
 
 }  // namespace dsopt

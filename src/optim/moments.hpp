@@ -7,7 +7,7 @@
 #include "kernels/device_buffer.hpp"
 #include "params/param_set.hpp"
 #include "optim/step_pipeline.hpp"
-#include "state/blob.hpp"
+#include "state/state_schema.hpp"
 
 namespace dsopt {
 
@@ -37,9 +37,8 @@ class Moments {
   // does no per-tensor allocation.
   const std::vector<UpdateSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
 
-  void save(BlobWriter& w) const;
-  void check(const BlobReader& r) const;
-  void restore(const BlobReader& r);
+  // The sections <prefix>.exp_avg and <prefix>.exp_avg_sq.
+  void describe(StateSchema& s);
 
  private:
   Kernels& kernels_;

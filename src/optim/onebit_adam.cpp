@@ -110,49 +110,52 @@ void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
   masks_.set(kernels(), params(), i, mask);
 }
 
-void OneBitAdam::save_sections(BlobWriter& w) const {
-  moments_.save(w);
-  const int32_t error_world = CarErrors::world_of(car_.get());
-  FieldWriter f;
-  f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step).add(error_world);
-  w.section(kStage, f.bytes().data(), f.bytes().size());
-  FieldWriter st;
-  st.add(stage_.frozen_after);
-  w.section(kStabilize, st.bytes().data(), st.bytes().size());
-  save_rule_flag(w, kRule, bias_correction_);
-  save_rule_flag(w, kUnits, update_units_);
-  errors_.save(w, car_.get(), kernels());
+void OneBitAdam::describe_state(StateSchema& s) {
+  moments_.describe(s);
+  s.record(
+       kStage, kStageBytes,
+       [this](FieldWriter& f) {
+         f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step)
+             .add(CarErrors::world_of(car_.get()));
+       },
+       [](FieldReader& f) {
+         f.get<int32_t>();
+         f.get<int64_t>();
+         CarErrors::check_world(f.get<int32_t>());
+       },
+       nullptr)
+      .record(
+          kStabilize, 8, [this](FieldWriter& f) { f.add(stage_.frozen_after); },
+          [](FieldReader& f) {
+            if (f.get<int64_t>() < 0)
+              fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
+          },
+          nullptr)
+      .flag(kRule, kBiasCorrectionRule, [this] { return bias_correction_; },
+            [this](bool on) { bias_correction_ = on; })
+      .flag(kUnits, kUnitsRule, [this] { return update_units_; },
+            [this](bool on) { update_units_ = on; })
+      .then([this](const BlobReader& r) { resume_stage(r); });
+  // Errors belong to the world size that produced them (K1/K2): restored at
+  // the same P, zero otherwise.
+  errors_.describe(s, kernels(), [this] { return car_.get(); }, error_world,
+                   [this](const BlobReader& r) {
+                     return car_ && rank_local_world(error_world(r)) == car_->world();
+                   });
 }
 
-void OneBitAdam::check_sections(const BlobReader& r) const {
-  moments_.check(r);
-  errors_.check(r, error_world(r));
-  FieldReader st(r.section(kStabilize, 8), 8);
-  if (st.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
-  saved_rule_flag(r, kRule, kBiasCorrectionRule);
-  saved_rule_flag(r, kUnits, kUnitsRule);
-}
-
-void OneBitAdam::restore_sections(const BlobReader& r) {
-  moments_.restore(r);
+void OneBitAdam::resume_stage(const BlobReader& r) {
   FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
   FreezeStage saved;
   saved.compressing = f.get<int32_t>() != 0;
   const int64_t saved_freeze_step = f.get<int64_t>();
-  const int32_t error_world = f.get<int32_t>();
   FieldReader st(r.section(kStabilize, 8), 8);
   saved.frozen_after = st.get<int64_t>();
-  bias_correction_ = saved_rule_flag(r, kRule, kBiasCorrectionRule);
-  update_units_ = saved_rule_flag(r, kUnits, kUnitsRule);
   const FreezeStage resumed =
       FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
   car_.reset();
   stage_ = FreezeStage{};
-  if (!resumed.compressing) return;
-  enter_compression(resumed.frozen_after);
-  // Errors belong to the world size that produced them (K1/K2): restored at
-  // the same P, zero otherwise.
-  errors_.restore(r, rank_local_world(error_world), car_.get(), kernels());
+  if (resumed.compressing) enter_compression(resumed.frozen_after);
 }
 
 std::string OneBitAdam::rank_local_state(const BlobReader& r) const {

@@ -23,11 +23,10 @@ class OneBitAdam final : public Optimizer {
   std::string algorithm() const override { return "OneBitAdam"; }
   bool averaged(int64_t i) const override { return !stage_.compressing || non_freeze(i); }
   bool update(const PreparedGrads& grads) override;
-  uint32_t section_count() const override { return 8; }
   std::string divergence_hint() const override;
-  void save_sections(BlobWriter& w) const override;
-  void check_sections(const BlobReader& r) const override;
-  void restore_sections(const BlobReader& r) override;
+  void describe_state(StateSchema& s) override;
+  // The stage a loaded blob resumes in (after its sections are checked).
+  void resume_stage(const BlobReader& r);
   std::string rank_local_state(const BlobReader& r) const override;
   // State views (defined in optim/state_views.cpp).
   AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;

@@ -13,11 +13,32 @@ const char* kStage = "lamb.stage";
 const char* kFresh = "lamb.exp_avg_sq_fresh";
 const char* kCoeffs = "lamb.coefficients";
 const char* kTail = "lamb.momentum_tail";
-const char* kWorkerError = "lamb.worker_error";
-const char* kServerError = "lamb.server_error";
 const char* kUnits = "lamb.units";  // the stabilized stage's rule (optim/rule_flag.hpp)
 // compressing, freeze_step, frozen_after, world of the errors and the tail
 constexpr uint64_t kStageBytes = 4 + 8 + 8 + 4;
+
+// What a blob's stage record holds.
+FreezeStage saved_stage(const BlobReader& r) {
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  FreezeStage saved;
+  saved.compressing = f.get<int32_t>() != 0;
+  f.get<int64_t>();
+  saved.frozen_after = f.get<int64_t>();
+  return saved;
+}
+int64_t saved_freeze_step(const BlobReader& r) {
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  f.get<int32_t>();
+  return f.get<int64_t>();
+}
+// The world size of the errors and the tail (0: none).
+int32_t error_world(const BlobReader& r) {
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  f.get<int32_t>();
+  f.get<int64_t>();
+  f.get<int64_t>();
+  return f.get<int32_t>();
+}
 
 int64_t fused_length(int64_t numel, int world) {
   return world > 1 ? CompressedAllreduce::padded_length(numel, world) : numel;
@@ -43,6 +64,7 @@ OneBitLamb::OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
       last_factor_(size_t(count), 1.0),
       scaling_(size_t(count), 1.0),
       masks_(count),
+      errors_("lamb", {this->params().total_numel()}),
       update_units_(cfg.stabilize) {}
 
 std::string OneBitLamb::divergence_hint() const {
@@ -178,63 +200,63 @@ void OneBitLamb::start_compressed_allreduce() {
 // (doubles). The tail and the errors belong to the world size that produced
 // them (K1/K2): restored at the same P, zero otherwise.
 
-void OneBitLamb::save_sections(BlobWriter& w) const {
-  moments_.save(w);
-  const int32_t world = car_ ? car_->world() : 0;
-  FieldWriter f;
-  f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step).add(stage_.frozen_after).add(world);
-  w.section(kStage, f.bytes().data(), f.bytes().size());
-  w.section_from_device(kFresh, fresh_.get(), fresh_.bytes(), kernels());
-  FieldWriter k;
-  for (size_t i = 0; i < coeff_freeze_.size(); ++i) k.add(coeff_freeze_[i]).add(last_factor_[i]).add(scaling_[i]);
-  w.section(kCoeffs, k.bytes().data(), k.bytes().size());
-  const uint64_t tail_bytes = car_ ? uint64_t(tail()) * 4 : 0;
-  w.section_from_device(kTail, moments_.exp_avg() + params().total_numel(), tail_bytes, kernels());
-  w.section_from_device(kWorkerError, car_ ? car_->worker_error() : nullptr,
-                        car_ ? uint64_t(padded_) * 4 : 0, kernels());
-  w.section_from_device(kServerError, car_ ? car_->server_error() : nullptr,
-                        car_ ? uint64_t(padded_ / world) * 4 : 0, kernels());
-  save_rule_flag(w, kUnits, update_units_);
+void OneBitLamb::describe_state(StateSchema& s) {
+  const uint64_t coeff_bytes = uint64_t(params().count()) * 24;
+  const int64_t total = params().total_numel();
+  moments_.describe(s);
+  s.record(
+       kStage, kStageBytes,
+       [this](FieldWriter& f) {
+         f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step)
+             .add(stage_.frozen_after).add(CarErrors::world_of(car_.get()));
+       },
+       [](FieldReader& f) {
+         f.get<int32_t>();
+         f.get<int64_t>();
+         if (f.get<int64_t>() < 0)
+           fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
+         CarErrors::check_world(f.get<int32_t>());
+       },
+       nullptr)
+      .array(kFresh, kernels(), [this] { return fresh_.get(); }, uint64_t(fresh_.bytes()))
+      .record(
+          kCoeffs, coeff_bytes,
+          [this](FieldWriter& f) {
+            for (size_t i = 0; i < coeff_freeze_.size(); ++i)
+              f.add(coeff_freeze_[i]).add(last_factor_[i]).add(scaling_[i]);
+          },
+          nullptr,
+          [this](FieldReader& f) {
+            for (size_t i = 0; i < coeff_freeze_.size(); ++i) {
+              coeff_freeze_[i] = f.get<double>();
+              last_factor_[i] = f.get<double>();
+              scaling_[i] = f.get<double>();
+            }
+          })
+      .then([this](const BlobReader& r) { resume_stage(r); });
+  // The tail and the errors belong to the world size that produced them
+  // (K1/K2): restored at the same P into a stage that was compressing, zero
+  // otherwise.
+  const auto same_world = [this](const BlobReader& r) {
+    return car_ && saved_stage(r).compressing && rank_local_world(error_world(r)) == car_->world();
+  };
+  s.array(kTail, kernels(), [this, total] { return moments_.exp_avg() + total; },
+          [this, total](const BlobReader* r) {
+            const int32_t world = r ? error_world(*r) : CarErrors::world_of(car_.get());
+            return world > 1 ? uint64_t(fused_length(total, world) - total) * 4 : 0;
+          },
+          same_world);
+  errors_.describe(s, kernels(), [this] { return car_.get(); }, error_world, same_world);
+  s.flag(kUnits, kUnitsRule, [this] { return update_units_; },
+         [this](bool on) { update_units_ = on; });
 }
 
-void OneBitLamb::check_sections(const BlobReader& r) const {
-  moments_.check(r);
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  f.get<int32_t>();
-  f.get<int64_t>();
-  if (f.get<int64_t>() < 0) fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
-  const int32_t world = f.get<int32_t>();
-  CarErrors::check_world(world);
-  r.section(kFresh, fresh_.bytes());
-  r.section(kCoeffs, uint64_t(params().count()) * 24);
-  const int64_t padded = world > 1 ? fused_length(params().total_numel(), world) : 0;
-  r.section(kTail, world > 1 ? uint64_t(padded - params().total_numel()) * 4 : 0);
-  r.section(kWorkerError, uint64_t(padded) * 4);
-  r.section(kServerError, world > 1 ? uint64_t(padded / world) * 4 : 0);
-  saved_rule_flag(r, kUnits, kUnitsRule);
-}
-
-void OneBitLamb::restore_sections(const BlobReader& r) {
-  moments_.restore(r);
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  FreezeStage saved;
-  saved.compressing = f.get<int32_t>() != 0;
-  const int64_t saved_freeze_step = f.get<int64_t>();
-  saved.frozen_after = f.get<int64_t>();
-  const int32_t world = rank_local_world(f.get<int32_t>());
-  update_units_ = saved_rule_flag(r, kUnits, kUnitsRule);
-  kernels().copy_from_host(fresh_.get(), r.section(kFresh, fresh_.bytes()), fresh_.bytes());
-  FieldReader k(r.section(kCoeffs, uint64_t(params().count()) * 24), uint64_t(params().count()) * 24);
-  for (size_t i = 0; i < coeff_freeze_.size(); ++i) {
-    coeff_freeze_[i] = k.get<double>();
-    last_factor_[i] = k.get<double>();
-    scaling_[i] = k.get<double>();
-  }
-  float* tail_dst = moments_.exp_avg() + params().total_numel();
-  kernels().fill_zero(tail_dst, size_t(tail()) * 4);
+void OneBitLamb::resume_stage(const BlobReader& r) {
+  const FreezeStage saved = saved_stage(r);
+  kernels().fill_zero(moments_.exp_avg() + params().total_numel(), size_t(tail()) * 4);
   car_.reset();
-  const FreezeStage resumed =
-      FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
+  const FreezeStage resumed = FreezeStage::resumed(saved, saved_freeze_step(r),
+                                                   config().freeze_step, group_step(0));
   stage_ = FreezeStage{};
   if (!resumed.compressing) return;
   if (!saved.compressing) {
@@ -243,20 +265,10 @@ void OneBitLamb::restore_sections(const BlobReader& r) {
   }
   stage_ = resumed;
   start_compressed_allreduce();
-  if (!car_ || world != car_->world()) return;
-  kernels().copy_from_host(tail_dst, r.section(kTail, uint64_t(tail()) * 4), size_t(tail()) * 4);
-  kernels().copy_from_host(car_->worker_error(), r.section(kWorkerError, uint64_t(padded_) * 4),
-                           size_t(padded_) * 4);
-  kernels().copy_from_host(car_->server_error(), r.section(kServerError, uint64_t(padded_ / world) * 4),
-                           size_t(padded_ / world) * 4);
 }
 
 std::string OneBitLamb::rank_local_state(const BlobReader& r) const {
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  f.get<int32_t>();
-  f.get<int64_t>();
-  f.get<int64_t>();
-  return f.get<int32_t>() > 1 ? "its compression errors (1-bit LAMB's error feedback and momentum tail)"
+  return error_world(r) > 1 ? "its compression errors (1-bit LAMB's error feedback and momentum tail)"
                               : "";
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/compressed_allreduce.hpp"
+#include "optim/car_errors.hpp"
 #include "optim/freeze_stage.hpp"
 #include "optim/moments.hpp"
 #include "optim/momentum_masks.hpp"
@@ -27,11 +28,10 @@ class OneBitLamb final : public Optimizer {
   std::string algorithm() const override { return "OneBitLamb"; }
   bool averaged(int64_t) const override { return !stage_.compressing; }
   bool update(const PreparedGrads& grads) override;
-  uint32_t section_count() const override { return 9; }
   std::string divergence_hint() const override;
-  void save_sections(BlobWriter& w) const override;
-  void check_sections(const BlobReader& r) const override;
-  void restore_sections(const BlobReader& r) override;
+  void describe_state(StateSchema& s) override;
+  // The stage a loaded blob resumes in (after its sections are checked).
+  void resume_stage(const BlobReader& r);
   std::string rank_local_state(const BlobReader& r) const override;
   // State views (defined in optim/state_views.cpp).
   AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
@@ -61,6 +61,7 @@ class OneBitLamb final : public Optimizer {
   DeviceBuffer u_, aux_, ratio_;  // per-step scratch, numel each
   std::vector<double> coeff_freeze_, last_factor_, scaling_;  // per tensor
   MomentumMasks masks_;
+  CarErrors errors_;  // of the one fused tensor
   std::unique_ptr<CompressedAllreduce> car_;  // in the compression stage with P > 1
   // The stabilized compression stage's rule (the config's stabilize, or a
   // loaded blob's): the momentum compressed in the update's units, and the

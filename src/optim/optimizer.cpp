@@ -374,7 +374,7 @@ Optimizer::MemoryUsage Optimizer::memory_usage() const {
 uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   BlobWriter w(dst, capacity);
   w.header(BlobHeader{algorithm(), uint32_t(comm_.size()), uint32_t(comm_.rank()), params_.shapes()});
-  w.begin_sections(kCommonSections + section_count());
+  w.begin_sections(kCommonSections + state_schema().section_count());
   w.section(kStepsSection, steps_.data(), steps_.size() * 8);
   std::vector<double> lrs;
   for (const AdamHyper& g : groups_) lrs.push_back(g.lr);
@@ -393,7 +393,7 @@ uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   w.section(kDivergenceSection, divergence.data(), divergence.size());
   w.section_from_device(kMastersSection, params_.masters(), uint64_t(params_.master_numel()) * 4,
                         *kernels_);
-  save_sections(w);
+  state_schema().save(w);
   return w.finish();
 }
 
@@ -534,7 +534,7 @@ bool Optimizer::load(const void* src, uint64_t size, uint32_t flags) {
     if (!src) fail(DSOPT_EINVAL, "src is NULL");
     std::shared_ptr<const BlobReader> r = read_blob(src, size);
     r->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
-    check_sections(*r);
+    state_schema().check(*r);
     reset = others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0);
     return [this, r] { restore(*r); };
   });
@@ -551,7 +551,7 @@ void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int
     const bool own = count == comm_.size() && comm_.size() > 1;
     std::shared_ptr<const BlobReader> r = set[own ? size_t(comm_.rank()) : 0];
     r->section(kMastersSection, uint64_t(params_.master_numel()) * 4);
-    check_sections(*r);
+    state_schema().check(*r);
     others_rank_local(*r, false);  // one blob of another rank at this size
     return [this, r] { restore(*r); };
   });
@@ -601,7 +601,16 @@ void Optimizer::restore(const BlobReader& r) {
   restore_common(r);
   restore_masters(reinterpret_cast<const float*>(
       r.section(kMastersSection, uint64_t(params_.master_numel()) * 4)));
-  restore_sections(r);
+  state_schema().restore(r);
+}
+
+const StateSchema& Optimizer::state_schema() const {
+  if (!schema_) {
+    auto schema = std::make_unique<StateSchema>();
+    const_cast<Optimizer*>(this)->describe_state(*schema);  // describing changes nothing
+    schema_ = std::move(schema);
+  }
+  return *schema_;
 }
 
 }  // namespace dsopt

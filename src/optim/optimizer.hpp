@@ -19,6 +19,7 @@
 #include "optim/replication_check.hpp"
 #include "optim/step_pipeline.hpp"
 #include "state/blob.hpp"
+#include "state/state_schema.hpp"
 
 namespace dsopt {
 
@@ -181,12 +182,10 @@ class Optimizer {
   virtual std::string divergence_hint() const {
     return "try a lower lr or \"gradient_clipping\"";
   }
-  // The algorithm's own sections: written by save_sections, checked by
-  // check_sections (throw, change nothing), then restored.
-  virtual uint32_t section_count() const = 0;
-  virtual void save_sections(BlobWriter& w) const = 0;
-  virtual void check_sections(const BlobReader& r) const = 0;
-  virtual void restore_sections(const BlobReader& r) = 0;
+  // The algorithm's own state, section by section (state/state_schema.hpp):
+  // saved, checked (throw, change nothing) and restored from this list. The
+  // entries restore into this object; describing them changes nothing.
+  virtual void describe_state(StateSchema& s) = 0;
   // What of a (checked) blob's state belongs to the rank that saved it, in
   // words for messages ("" when nothing): restored only by that rank at the
   // same world size, reset elsewhere (rank_local_world).
@@ -195,7 +194,7 @@ class Optimizer {
     return "";
   }
   // The world size a blob recorded with its rank-local state, as
-  // restore_sections compares it with this run's: `saved_world`, or 0 while
+  // the state's restore compares it with this run's: `saved_world`, or 0 while
   // a load resets rank-local state (DSOPT_LOAD_RESET_RANK_LOCAL), which then
   // starts over as after a load at another world size.
   int32_t rank_local_world(int32_t saved_world) const {
@@ -288,6 +287,8 @@ class Optimizer {
   // rank's are unusable, and every rank fails the step (DSOPT_EINVAL,
   // nothing changed) once the window's reductions have completed.
   StepResult step_uncounted(const dsopt_tensor* grads, int64_t count);
+  // The algorithm's state list, described on first use.
+  const StateSchema& state_schema() const;
   StepResult step_handed_over(bool abandon);
   // Opens a step's hand-over window (and posts its handshake).
   void open_window();
@@ -323,6 +324,7 @@ class Optimizer {
   ReplicationCheck replication_;
   DivergenceCheck divergence_;
   bool resetting_rank_local_ = false;  // see rank_local_world()
+  mutable std::unique_ptr<StateSchema> schema_;  // see state_schema()
   mutable std::string state_names_;  // state_names(), formed on first use
 };
 

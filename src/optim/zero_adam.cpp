@@ -109,15 +109,17 @@ ZeroLayoutRecord ZeroAdam::record() const {
                           layout_.bucket_elems(), layout_.shard_numel(), state_.master_numel};
 }
 
-void ZeroAdam::save_sections(BlobWriter& w) const {
-  const std::vector<uint8_t> rec = encode(record());
-  w.section(kZeroLayoutSection, rec.data(), rec.size());
-  w.section_from_device(kZeroMastersSection, masters_.get(), uint64_t(state_.master_numel) * 4,
-                        state_kernels());
-  moments_.save(w);
+void ZeroAdam::describe_state(StateSchema& s) {
+  s.check([this](const BlobReader& r) { check_layout(r); })
+      .record(kZeroLayoutSection, kZeroLayoutBytes,
+              [this](FieldWriter& f) { f.add_bytes(encode(record())); }, nullptr, nullptr)
+      .array(kZeroMastersSection, state_kernels(), [this] { return masters_.get(); },
+             uint64_t(state_.master_numel) * 4);
+  moments_.describe(s);
+  s.then([this](const BlobReader&) { publish_parameters(); });
 }
 
-void ZeroAdam::check_sections(const BlobReader& r) const {
+void ZeroAdam::check_layout(const BlobReader& r) const {
   if (!r.has(kZeroLayoutSection))
     fail(DSOPT_EMISMATCH, "the blob is from a run without ZeRO (stage 0): load it with "
                           "dsopt_state_load_shards");
@@ -138,15 +140,6 @@ void ZeroAdam::check_sections(const BlobReader& r) const {
              "), this optimizer is rank " + std::to_string(live.rank) + " of " +
              std::to_string(live.world) + " (reduce bucket " + std::to_string(live.bucket_elems) +
              "): load all blobs of that run with dsopt_state_load_shards");
-  r.section(kZeroMastersSection, uint64_t(state_.master_numel) * 4);
-  moments_.check(r);
-}
-
-void ZeroAdam::restore_sections(const BlobReader& r) {
-  const uint64_t bytes = uint64_t(state_.master_numel) * 4;
-  state_kernels().copy_from_host(masters_.get(), r.section(kZeroMastersSection, bytes), bytes);
-  moments_.restore(r);
-  publish_parameters();
 }
 
 std::function<void()> ZeroAdam::reshard(const Blobs& blobs) {

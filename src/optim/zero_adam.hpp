@@ -33,10 +33,7 @@ class ZeroAdam final : public Optimizer {
   PreparedGrads prepare_handed_over() override;
   bool update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return true; }
-  uint32_t section_count() const override { return 4; }
-  void save_sections(BlobWriter& w) const override;
-  void check_sections(const BlobReader& r) const override;
-  void restore_sections(const BlobReader& r) override;
+  void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
   // State views (defined in optim/state_views.cpp).
   AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
@@ -46,6 +43,9 @@ class ZeroAdam final : public Optimizer {
 
  private:
   ZeroLayoutRecord record() const;
+  // Throws Error(DSOPT_EMISMATCH) unless blob r is this rank's shard of a
+  // run with this layout.
+  void check_layout(const BlobReader& r) const;
   // The step's status and multipliers from what the reduction found.
   PreparedGrads prepared(const ReducedShard& reduced);
   // Rounds the masters of this rank's 16-bit fragments into the caller's

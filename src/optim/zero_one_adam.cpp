@@ -23,6 +23,26 @@ constexpr int64_t kMaxSchedule = int64_t(1) << 62;
 // min(limit, 2 x) without overflow (x >= 1, limit >= 1).
 int64_t doubled(int64_t x, int64_t limit) { return x >= limit - x ? limit : 2 * x; }
 
+// The world size a blob recorded with its errors (the schedule's last field).
+int32_t error_world(const BlobReader& r) {
+  FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
+  f.get<int32_t>();
+  for (int i = 0; i < 5; ++i) f.get<int64_t>();
+  return f.get<int32_t>();
+}
+
+void check_schedule(FieldReader& f) {
+  const int32_t frozen = f.get<int32_t>();
+  const int64_t var_interval = f.get<int64_t>(), var_counter = f.get<int64_t>();
+  const int64_t local_interval = f.get<int64_t>(), local_counter = f.get<int64_t>();
+  const int64_t variance_updates = f.get<int64_t>();
+  const auto in_range = [](int64_t x, int64_t lo) { return x >= lo && x <= kMaxSchedule; };
+  if ((frozen != 0 && frozen != 1) || !in_range(var_interval, 1) || !in_range(var_counter, 0) ||
+      !in_range(local_interval, 1) || !in_range(local_counter, 0) || !in_range(variance_updates, 0))
+    fail(DSOPT_ECORRUPT, "state blob: invalid 0/1 Adam schedule");
+  CarErrors::check_world(f.get<int32_t>());
+}
+
 std::vector<int64_t> all_sizes(const dsopt_tensor* params, int64_t count) {
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < count; ++i) sizes.push_back(params[i].numel);
@@ -205,78 +225,71 @@ void ZeroOneAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
   masks_.set(kernels(), params(), i, mask);
 }
 
-void ZeroOneAdam::save_sections(BlobWriter& w) const {
-  moments_.save(w);
-  FieldWriter f;
-  f.add(sched_.frozen).add(sched_.var_interval).add(sched_.var_counter).add(sched_.local_interval)
-      .add(sched_.local_counter).add(sched_.variance_updates).add(CarErrors::world_of(car_.get()));
-  w.section(kSchedule, f.bytes().data(), f.bytes().size());
-  std::vector<double> interval = lrs_;
-  interval.insert(interval.end(), decay_.begin(), decay_.end());
-  w.section(kInterval, interval.data(), interval.size() * 8);
-  w.section_from_device(kAccumulator, acc_.get(), acc_.bytes(), kernels());
-  w.section_from_device(kAnchor, anchor_.get(), anchor_.bytes(), kernels());
-  errors_.save(w, car_.get(), kernels());
-  save_rule_flag(w, kRule, bias_correction_);
-  save_rule_flag(w, kUnits, update_units_);
-}
-
-void ZeroOneAdam::check_sections(const BlobReader& r) const {
-  moments_.check(r);
-  FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
-  const int32_t frozen = f.get<int32_t>();
-  const int64_t var_interval = f.get<int64_t>(), var_counter = f.get<int64_t>();
-  const int64_t local_interval = f.get<int64_t>(), local_counter = f.get<int64_t>();
-  const int64_t variance_updates = f.get<int64_t>();
-  const auto in_range = [](int64_t x, int64_t lo) { return x >= lo && x <= kMaxSchedule; };
-  if ((frozen != 0 && frozen != 1) || !in_range(var_interval, 1) || !in_range(var_counter, 0) ||
-      !in_range(local_interval, 1) || !in_range(local_counter, 0) || !in_range(variance_updates, 0))
-    fail(DSOPT_ECORRUPT, "state blob: invalid 0/1 Adam schedule");
-  errors_.check(r, f.get<int32_t>());
-  r.section(kInterval, uint64_t(num_groups()) * 16);
-  r.section(kAccumulator, acc_.bytes());
-  r.section(kAnchor, anchor_.bytes());
-  saved_rule_flag(r, kRule, kBiasCorrectionRule);
-  saved_rule_flag(r, kUnits, kUnitsRule);
-}
-
-void ZeroOneAdam::restore_sections(const BlobReader& r) {
-  moments_.restore(r);
-  FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
-  sched_.frozen = f.get<int32_t>();
-  sched_.var_interval = f.get<int64_t>();
-  sched_.var_counter = f.get<int64_t>();
-  sched_.local_interval = f.get<int64_t>();
-  sched_.local_counter = f.get<int64_t>();
-  sched_.variance_updates = f.get<int64_t>();
-  bias_correction_ = saved_rule_flag(r, kRule, kBiasCorrectionRule);
-  update_units_ = saved_rule_flag(r, kUnits, kUnitsRule);
-  const int32_t error_world = rank_local_world(f.get<int32_t>());
-  const bool same_world = error_world == CarErrors::world_of(car_.get());
-  if (car_) car_->reset_errors();
-  errors_.restore(r, error_world, car_.get(), kernels());
-  if (same_world) {
-    const uint8_t* interval = r.section(kInterval, uint64_t(num_groups()) * 16);
-    std::memcpy(lrs_.data(), interval, lrs_.size() * 8);
-    std::memcpy(decay_.data(), interval + lrs_.size() * 8, decay_.size() * 8);
-    kernels().copy_from_host(acc_.get(), r.section(kAccumulator, acc_.bytes()), acc_.bytes());
-    kernels().copy_from_host(anchor_.get(), r.section(kAnchor, anchor_.bytes()), anchor_.bytes());
-    return;
-  }
-  // Another world size (K2): the rank-local accumulator starts over from the
-  // saved parameters, as if a sync had just happened there; m, v and the
-  // schedules stay.
-  reset_interval();
-  kernels().fill_zero(acc_.get(), acc_.bytes());
-  for (const Param& p : params().params())
-    kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
+void ZeroOneAdam::describe_state(StateSchema& s) {
+  const uint64_t interval_bytes = uint64_t(num_groups()) * 16;
+  // The rank-local state (K1/K2) is restored at the world size that saved
+  // it; elsewhere it starts over (finish_load).
+  const auto same_world = [this](const BlobReader& r) {
+    return rank_local_world(error_world(r)) == CarErrors::world_of(car_.get());
+  };
+  moments_.describe(s);
+  s.record(
+       kSchedule, kScheduleBytes,
+       [this](FieldWriter& f) {
+         f.add(sched_.frozen).add(sched_.var_interval).add(sched_.var_counter)
+             .add(sched_.local_interval).add(sched_.local_counter).add(sched_.variance_updates)
+             .add(CarErrors::world_of(car_.get()));
+       },
+       check_schedule,
+       [this](FieldReader& f) {
+         sched_.frozen = f.get<int32_t>();
+         sched_.var_interval = f.get<int64_t>();
+         sched_.var_counter = f.get<int64_t>();
+         sched_.local_interval = f.get<int64_t>();
+         sched_.local_counter = f.get<int64_t>();
+         sched_.variance_updates = f.get<int64_t>();
+       })
+      .record(
+          kInterval, interval_bytes,
+          [this](FieldWriter& f) {
+            for (double x : lrs_) f.add(x);
+            for (double x : decay_) f.add(x);
+          },
+          nullptr, nullptr)
+      .array(kAccumulator, kernels(), [this] { return acc_.get(); },
+             [this](const BlobReader*) { return uint64_t(acc_.bytes()); }, same_world)
+      .array(kAnchor, kernels(), [this] { return anchor_.get(); },
+             [this](const BlobReader*) { return uint64_t(anchor_.bytes()); }, same_world)
+      .then([this](const BlobReader&) {
+        if (car_) car_->reset_errors();
+      });
+  errors_.describe(s, kernels(), [this] { return car_.get(); }, error_world,
+                   [this](const BlobReader& r) {
+                     return car_ && rank_local_world(error_world(r)) == car_->world();
+                   });
+  s.flag(kRule, kBiasCorrectionRule, [this] { return bias_correction_; },
+         [this](bool on) { bias_correction_ = on; })
+      .flag(kUnits, kUnitsRule, [this] { return update_units_; },
+            [this](bool on) { update_units_ = on; })
+      .then([this, same_world, interval_bytes](const BlobReader& r) {
+        if (same_world(r)) {
+          const uint8_t* interval = r.section(kInterval, interval_bytes);
+          std::memcpy(lrs_.data(), interval, lrs_.size() * 8);
+          std::memcpy(decay_.data(), interval + lrs_.size() * 8, decay_.size() * 8);
+          return;
+        }
+        // Another world size (K2): the rank-local accumulator starts over from
+        // the saved parameters, as if a sync had just happened there; m, v and
+        // the schedules stay.
+        reset_interval();
+        kernels().fill_zero(acc_.get(), acc_.bytes());
+        for (const Param& p : params().params())
+          kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
+      });
 }
 
 std::string ZeroOneAdam::rank_local_state(const BlobReader& r) const {
-  FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
-  f.get<int32_t>();
-  for (int i = 0; i < 5; ++i) f.get<int64_t>();
-  return f.get<int32_t>() > 1 ? "its compression errors and accumulator (0/1 Adam's rank-local state)"
+  return error_world(r) > 1 ? "its compression errors and accumulator (0/1 Adam's rank-local state)"
                               : "";
 }
 

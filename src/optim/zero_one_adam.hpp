@@ -25,11 +25,8 @@ class ZeroOneAdam final : public Optimizer {
   bool averaged(int64_t) const override;
   bool update(const PreparedGrads& grads) override;
   int32_t step_phase(bool compressed) const override { (void)compressed; return phase_; }
-  uint32_t section_count() const override { return 10; }
   std::string divergence_hint() const override;
-  void save_sections(BlobWriter& w) const override;
-  void check_sections(const BlobReader& r) const override;
-  void restore_sections(const BlobReader& r) override;
+  void describe_state(StateSchema& s) override;
   std::string rank_local_state(const BlobReader& r) const override;
   // State views (defined in optim/state_views.cpp).
   AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;

@@ -96,6 +96,10 @@ class FieldWriter {
     bytes_.insert(bytes_.end(), p, p + sizeof(T));
     return *this;
   }
+  FieldWriter& add_bytes(const std::vector<uint8_t>& bytes) {
+    bytes_.insert(bytes_.end(), bytes.begin(), bytes.end());
+    return *this;
+  }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
 
  private:

@@ -11,7 +11,6 @@
 namespace dsopt {
 namespace {
 
-constexpr uint64_t kLayoutBytes = 4 + 4 + 4 + 8 + 8 + 8;
 
 // One blob's state, seen through its layout.
 struct SourceBlob {
@@ -61,7 +60,7 @@ struct Located {
 }  // namespace
 
 std::vector<uint8_t> encode(const ZeroLayoutRecord& z) {
-  std::vector<uint8_t> out(kLayoutBytes);
+  std::vector<uint8_t> out(kZeroLayoutBytes);
   uint8_t* p = out.data();
   std::memcpy(p, &z.stage, 4);
   std::memcpy(p + 4, &z.world, 4);
@@ -73,7 +72,7 @@ std::vector<uint8_t> encode(const ZeroLayoutRecord& z) {
 }
 
 ZeroLayoutRecord decode_zero_layout(const BlobReader& r) {
-  const uint8_t* p = r.section(kZeroLayoutSection, kLayoutBytes);
+  const uint8_t* p = r.section(kZeroLayoutSection, kZeroLayoutBytes);
   ZeroLayoutRecord z;
   std::memcpy(&z.stage, p, 4);
   std::memcpy(&z.world, p + 4, 4);

@@ -19,6 +19,7 @@ constexpr const char* kAdamMomentsPrefix = "adam";
 constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kStageMastersSection = "common.masters";
+constexpr uint64_t kZeroLayoutBytes = 4 + 4 + 4 + 8 + 8 + 8;
 
 // What a ZeRO blob records about its layout.
 struct ZeroLayoutRecord {

@@ -1,0 +1,70 @@
+// An algorithm's state in the blob, each section listed once: its name,
+// where its bytes are and how long they are, how it is checked, and
+// whether it belongs to the rank that saved it. Saving, checking (before
+// anything changes), restoring and the section count are generated from the
+// list, in its order.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "state/blob.hpp"
+
+namespace dsopt {
+
+class Kernels;
+
+class StateSchema {
+ public:
+  // The length of a section: of the live state (blob nullptr) or as blob r
+  // recorded it (r checked up to this section).
+  using Length = std::function<uint64_t(const BlobReader* r)>;
+
+  // A float array in `kernels`' memory: saved from data(), restored into it
+  // when `restore_if(r)` holds (default: always; a rank-local array passes
+  // the test of the world size it was saved at).
+  StateSchema& array(std::string name, Kernels& kernels, std::function<void*()> data,
+                     Length bytes, std::function<bool(const BlobReader&)> restore_if = nullptr);
+  // The same for an array whose length does not depend on the blob.
+  StateSchema& array(std::string name, Kernels& kernels, std::function<void*()> data,
+                     uint64_t bytes);
+
+  // A record of host values, `bytes` long: `write` adds them, `check`
+  // validates a saved one (throws Error(DSOPT_ECORRUPT) or
+  // Error(DSOPT_EMISMATCH), may be null) and `read` restores it (may be
+  // null when a later step reads it).
+  using Write = std::function<void(FieldWriter&)>;
+  using Read = std::function<void(FieldReader&)>;
+  StateSchema& record(std::string name, uint64_t bytes, Write write, Read check, Read read);
+
+  // A rule choice (optim/rule_flag.hpp): one int32 0 or 1; blobs without it
+  // were written by the old rule (false). `what` names it in messages.
+  StateSchema& flag(std::string name, const char* what, std::function<bool()> get,
+                    std::function<void(bool)> set);
+
+  // A check of the blob as a whole at this point of the list (no section).
+  StateSchema& check(std::function<void(const BlobReader&)> fn);
+  // A restore step at this point of the list (no section): what depends on
+  // the sections before it.
+  StateSchema& then(std::function<void(const BlobReader&)> fn);
+
+  uint32_t section_count() const;
+  void save(BlobWriter& w) const;
+  // Throws, changing nothing, unless the blob holds every section with its
+  // length and valid values.
+  void check(const BlobReader& r) const;
+  void restore(const BlobReader& r) const;
+
+ private:
+  struct Entry {
+    std::string name;  // empty: a check or restore step
+    Length bytes;
+    std::function<void(BlobWriter&)> save;
+    std::function<void(const BlobReader&)> check;
+    std::function<void(const BlobReader&)> restore;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace dsopt
