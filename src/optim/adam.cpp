@@ -37,7 +37,7 @@ void Adam::describe_state(StateSchema& s) {
       fail(DSOPT_EMISMATCH, "the blob is one rank's ZeRO shard: load all blobs of that run with "
                             "dsopt_state_load_shards");
   });
-  moments_.describe(s);
+  moments_.describe(s, flat_slices());
 }
 
 std::function<void()> Adam::reshard(const Blobs& blobs) {

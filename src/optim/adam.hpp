@@ -17,9 +17,6 @@ class Adam final : public Optimizer {
   bool skips_absent() const override { return true; }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
-  // State views (defined in optim/state_views.cpp).
-  AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
-  std::string algorithm_state_names() const override;
 
  private:
   bool decoupled_;

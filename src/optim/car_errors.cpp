@@ -11,6 +11,13 @@ std::pair<uint64_t, uint64_t> CarErrors::bytes(int world) const {
   return {worker, worker / uint64_t(world)};
 }
 
+StateSchema::Slice CarErrors::tensor_slice(float* worker_errors, size_t t, int world) const {
+  if (!worker_errors || t >= sizes_.size()) return {};
+  int64_t at = 0;
+  for (size_t u = 0; u < t; ++u) at += CompressedAllreduce::padded_length(sizes_[u], world);
+  return {true, worker_errors + at, sizes_[t], 0};
+}
+
 void CarErrors::check_world(int32_t saved_world) {
   if (saved_world < 0 || saved_world == 1 || saved_world > kMaxWorld)
     fail(DSOPT_ECORRUPT, "state blob: invalid world size of the compression errors (" +
@@ -20,7 +27,8 @@ void CarErrors::check_world(int32_t saved_world) {
 void CarErrors::describe(StateSchema& s, Kernels& kernels,
                          std::function<CompressedAllreduce*()> car,
                          std::function<int32_t(const BlobReader&)> saved_world,
-                         std::function<bool(const BlobReader&)> restore_if) const {
+                         std::function<bool(const BlobReader&)> restore_if,
+                         StateSchema::Slicer slice, std::function<bool()> listed) const {
   const CarErrors self = *this;
   const auto length = [self, car, saved_world](bool worker) {
     return [self, car, saved_world, worker](const BlobReader* r) {
@@ -31,6 +39,7 @@ void CarErrors::describe(StateSchema& s, Kernels& kernels,
   s.array(prefix_ + ".worker_error", kernels,
           [car]() -> void* { return car() ? car()->worker_error() : nullptr; }, length(true),
           restore_if)
+      .view("worker_error", std::move(slice), std::move(listed))
       .array(prefix_ + ".server_error", kernels,
              [car]() -> void* { return car() ? car()->server_error() : nullptr; }, length(false),
              restore_if);

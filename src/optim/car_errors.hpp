@@ -35,9 +35,16 @@ class CarErrors {
   // The sections of the errors of car() (none: empty sections), as long as
   // the world size a blob recorded with them (`saved_world`, already
   // checked with check_world) says; restored into car() when `restore_if`.
+  // The worker errors are the view "worker_error" through `slice`, listed
+  // while `listed()`.
   void describe(StateSchema& s, Kernels& kernels, std::function<CompressedAllreduce*()> car,
                 std::function<int32_t(const BlobReader&)> saved_world,
-                std::function<bool(const BlobReader&)> restore_if) const;
+                std::function<bool(const BlobReader&)> restore_if, StateSchema::Slicer slice,
+                std::function<bool()> listed) const;
+  // Tensor t's worker error in a buffer of errors at `world` ranks: the
+  // tensors back to back, each padded, its first sizes[t] elements those of
+  // the tensor in order. Not found without a buffer.
+  StateSchema::Slice tensor_slice(float* worker_errors, size_t t, int world) const;
 
  private:
   std::string prefix_;

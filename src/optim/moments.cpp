@@ -51,9 +51,11 @@ const std::vector<UpdateSlot>& Moments::all_slots(const ParamSet& params,
   return all_slots_;
 }
 
-void Moments::describe(StateSchema& s) {
+void Moments::describe(StateSchema& s, const StateSchema::Slicer& slice) {
   s.array(prefix_ + ".exp_avg", kernels_, [this] { return m_.get(); }, bytes_)
-      .array(prefix_ + ".exp_avg_sq", kernels_, [this] { return v_.get(); }, bytes_);
+      .view("exp_avg", slice)
+      .array(prefix_ + ".exp_avg_sq", kernels_, [this] { return v_.get(); }, bytes_)
+      .view("exp_avg_sq", slice);
 }
 
 }  // namespace dsopt

@@ -37,8 +37,9 @@ class Moments {
   // does no per-tensor allocation.
   const std::vector<UpdateSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
 
-  // The sections <prefix>.exp_avg and <prefix>.exp_avg_sq.
-  void describe(StateSchema& s);
+  // The sections <prefix>.exp_avg and <prefix>.exp_avg_sq, shown as the
+  // views "exp_avg" and "exp_avg_sq" through `slice`.
+  void describe(StateSchema& s, const StateSchema::Slicer& slice);
 
  private:
   Kernels& kernels_;

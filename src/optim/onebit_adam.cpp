@@ -1,5 +1,6 @@
 #include "optim/onebit_adam.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/error.hpp"
@@ -111,7 +112,7 @@ void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
 }
 
 void OneBitAdam::describe_state(StateSchema& s) {
-  moments_.describe(s);
+  moments_.describe(s, flat_slices());
   s.record(
        kStage, kStageBytes,
        [this](FieldWriter& f) {
@@ -138,10 +139,18 @@ void OneBitAdam::describe_state(StateSchema& s) {
       .then([this](const BlobReader& r) { resume_stage(r); });
   // Errors belong to the world size that produced them (K1/K2): restored at
   // the same P, zero otherwise.
-  errors_.describe(s, kernels(), [this] { return car_.get(); }, error_world,
-                   [this](const BlobReader& r) {
-                     return car_ && rank_local_world(error_world(r)) == car_->world();
-                   });
+  // The compressed allreduce runs over the compressed parameters, in order.
+  errors_.describe(
+      s, kernels(), [this] { return car_.get(); }, error_world,
+      [this](const BlobReader& r) {
+        return car_ && rank_local_world(error_world(r)) == car_->world();
+      },
+      [this](int64_t i, float* errors) {
+        const auto at = std::find(compressed_.begin(), compressed_.end(), i);
+        if (at == compressed_.end()) return StateSchema::Slice{};  // a non_freeze parameter
+        return errors_.tensor_slice(errors, size_t(at - compressed_.begin()), comm().size());
+      },
+      [this] { return comm().size() > 1 && !compressed_.empty(); });
 }
 
 void OneBitAdam::resume_stage(const BlobReader& r) {

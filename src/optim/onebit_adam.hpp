@@ -28,9 +28,6 @@ class OneBitAdam final : public Optimizer {
   // The stage a loaded blob resumes in (after its sections are checked).
   void resume_stage(const BlobReader& r);
   std::string rank_local_state(const BlobReader& r) const override;
-  // State views (defined in optim/state_views.cpp).
-  AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
-  std::string algorithm_state_names() const override;
 
  private:
   bool non_freeze(int64_t i) const;

@@ -203,7 +203,7 @@ void OneBitLamb::start_compressed_allreduce() {
 void OneBitLamb::describe_state(StateSchema& s) {
   const uint64_t coeff_bytes = uint64_t(params().count()) * 24;
   const int64_t total = params().total_numel();
-  moments_.describe(s);
+  moments_.describe(s, flat_slices());
   s.record(
        kStage, kStageBytes,
        [this](FieldWriter& f) {
@@ -219,6 +219,7 @@ void OneBitLamb::describe_state(StateSchema& s) {
        },
        nullptr)
       .array(kFresh, kernels(), [this] { return fresh_.get(); }, uint64_t(fresh_.bytes()))
+      .view("exp_avg_sq_fresh", flat_slices())
       .record(
           kCoeffs, coeff_bytes,
           [this](FieldWriter& f) {
@@ -246,7 +247,12 @@ void OneBitLamb::describe_state(StateSchema& s) {
             return world > 1 ? uint64_t(fused_length(total, world) - total) * 4 : 0;
           },
           same_world);
-  errors_.describe(s, kernels(), [this] { return car_.get(); }, error_world, same_world);
+  // One compressed tensor: the fused momentum, parameters at their offsets.
+  const StateSchema::Slicer flat = flat_slices();
+  errors_.describe(
+      s, kernels(), [this] { return car_.get(); }, error_world, same_world,
+      [flat](int64_t i, float* errors) { return errors ? flat(i, errors) : StateSchema::Slice{}; },
+      [this] { return comm().size() > 1; });
   s.flag(kUnits, kUnitsRule, [this] { return update_units_; },
          [this](bool on) { update_units_ = on; });
 }

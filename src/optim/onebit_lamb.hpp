@@ -33,9 +33,6 @@ class OneBitLamb final : public Optimizer {
   // The stage a loaded blob resumes in (after its sections are checked).
   void resume_stage(const BlobReader& r);
   std::string rank_local_state(const BlobReader& r) const override;
-  // State views (defined in optim/state_views.cpp).
-  AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
-  std::string algorithm_state_names() const override;
 
  private:
   // One slot per parameter, slot.group = its index (constants are per tensor).

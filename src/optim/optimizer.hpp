@@ -134,22 +134,6 @@ class Optimizer {
   // Throws Error(DSOPT_EUNSUPPORTED) where the algorithm has none.
   virtual void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask);
 
- protected:
-  // The algorithm's state tensors of parameter i (besides "master", which
-  // the base class handles): nullptr data with found = false when the
-  // algorithm has no tensor of that name. `names` lists them.
-  struct AlgorithmView {
-    bool found = false;
-    StateView view;
-  };
-  virtual AlgorithmView algorithm_view(int64_t param_index, const std::string& name) = 0;
-  virtual std::string algorithm_state_names() const = 0;
-  // The fp32 master of parameter i (16-bit parameters); ZeRO keeps the
-  // masters of its shard only and overrides it.
-  virtual AlgorithmView master_view(int64_t param_index);
-
- public:
-
   Comm& comm() const { return comm_; }
 
  protected:
@@ -183,9 +167,14 @@ class Optimizer {
     return "try a lower lr or \"gradient_clipping\"";
   }
   // The algorithm's own state, section by section (state/state_schema.hpp):
-  // saved, checked (throw, change nothing) and restored from this list. The
-  // entries restore into this object; describing them changes nothing.
+  // saved, checked (throw, change nothing), restored and shown as state
+  // views from this list. The entries restore into this object; describing
+  // them changes nothing. ("master" of a 16-bit parameter is the base
+  // class's view unless the list has one.)
   virtual void describe_state(StateSchema& s) = 0;
+  // Views of arrays laid out like the parameters back to back (parameter i
+  // at Param::offset).
+  StateSchema::Slicer flat_slices() const;
   // What of a (checked) blob's state belongs to the rank that saved it, in
   // words for messages ("" when nothing): restored only by that rank at the
   // same world size, reset elsewhere (rank_local_world).

@@ -7,6 +7,39 @@
 namespace dsopt {
 namespace {
 
+// This rank's part of parameter `param` under ZeRO: its pieces in the shard,
+// merged where they follow each other (in the parameter, the moments and the
+// masters), as one run. found is false when the rank holds none of it.
+struct ShardRun {
+  bool found = false;
+  StatePiece piece{};
+};
+
+bool follows(const StatePiece& run, const StatePiece& p) {
+  const int64_t n = run.numel;
+  return p.param_offset == run.param_offset + n && p.state_offset == run.state_offset + n &&
+         (p.master_offset < 0 || p.master_offset == run.master_offset + n);
+}
+
+ShardRun shard_run(const StateLayout& state, int64_t param, int64_t bucket_elems) {
+  std::vector<StatePiece> runs;
+  for (const StatePiece& p : state.pieces) {
+    if (p.param != param) continue;
+    if (!runs.empty() && follows(runs.back(), p))
+      runs.back().numel += p.numel;
+    else
+      runs.push_back(p);
+  }
+  if (runs.size() > 1)
+    fail(DSOPT_EINVAL,
+         "parameter " + std::to_string(param) + " spans several reduce buckets (reduce_bucket_size " +
+             std::to_string(bucket_elems) + " elements), so this rank's ZeRO shard holds it in " +
+             std::to_string(runs.size()) + " separate runs and one view cannot show them; set "
+             "\"reduce_bucket_size\" to at least the total numel of the parameters (the default "
+             "does) to view its state");
+  return runs.empty() ? ShardRun{} : ShardRun{true, runs[0]};
+}
+
 std::vector<int64_t> numels(const ParamSet& params) {
   std::vector<int64_t> n;
   for (const Param& p : params.params()) n.push_back(p.numel);
@@ -114,9 +147,24 @@ void ZeroAdam::describe_state(StateSchema& s) {
       .record(kZeroLayoutSection, kZeroLayoutBytes,
               [this](FieldWriter& f) { f.add_bytes(encode(record())); }, nullptr, nullptr)
       .array(kZeroMastersSection, state_kernels(), [this] { return masters_.get(); },
-             uint64_t(state_.master_numel) * 4);
-  moments_.describe(s);
+             uint64_t(state_.master_numel) * 4)
+      // The masters of this rank's 16-bit fragments (ParamSet keeps none
+      // under ZeRO); the base class lists "master" with the 16-bit parameters.
+      .view("master",
+            [this](int64_t i, float* masters) {
+              if (params().params()[size_t(i)].dtype == DType::F32) return StateSchema::Slice{};
+              return shard_slice(i, masters, true);
+            },
+            [] { return false; });
+  moments_.describe(s, [this](int64_t i, float* m) { return shard_slice(i, m, false); });
   s.then([this](const BlobReader&) { publish_parameters(); });
+}
+
+StateSchema::Slice ZeroAdam::shard_slice(int64_t i, float* array, bool masters) const {
+  const ShardRun run = shard_run(state_, i, layout_.bucket_elems());
+  if (!run.found) return {true, nullptr, 0, 0};  // this rank holds none of it
+  const int64_t at = masters ? run.piece.master_offset : run.piece.state_offset;
+  return {true, array + at, run.piece.numel, run.piece.param_offset};
 }
 
 void ZeroAdam::check_layout(const BlobReader& r) const {

@@ -35,17 +35,15 @@ class ZeroAdam final : public Optimizer {
   bool skips_absent() const override { return true; }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
-  // State views (defined in optim/state_views.cpp).
-  AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
-  std::string algorithm_state_names() const override;
-  // The masters of this rank's 16-bit fragments (ParamSet keeps none under ZeRO).
-  AlgorithmView master_view(int64_t param_index) override;
 
  private:
   ZeroLayoutRecord record() const;
   // Throws Error(DSOPT_EMISMATCH) unless blob r is this rank's shard of a
   // run with this layout.
   void check_layout(const BlobReader& r) const;
+  // Parameter i's run in this rank's shard of the moments or the masters
+  // (found with no data when the rank holds none of it).
+  StateSchema::Slice shard_slice(int64_t i, float* array, bool masters) const;
   // The step's status and multipliers from what the reduction found.
   PreparedGrads prepared(const ReducedShard& reduced);
   // Rounds the masters of this rank's 16-bit fragments into the caller's

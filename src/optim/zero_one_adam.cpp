@@ -232,7 +232,7 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
   const auto same_world = [this](const BlobReader& r) {
     return rank_local_world(error_world(r)) == CarErrors::world_of(car_.get());
   };
-  moments_.describe(s);
+  moments_.describe(s, flat_slices());
   s.record(
        kSchedule, kScheduleBytes,
        [this](FieldWriter& f) {
@@ -263,10 +263,14 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
       .then([this](const BlobReader&) {
         if (car_) car_->reset_errors();
       });
-  errors_.describe(s, kernels(), [this] { return car_.get(); }, error_world,
-                   [this](const BlobReader& r) {
-                     return car_ && rank_local_world(error_world(r)) == car_->world();
-                   });
+  // The compressed allreduce runs over every parameter, in order.
+  errors_.describe(
+      s, kernels(), [this] { return car_.get(); }, error_world,
+      [this](const BlobReader& r) {
+        return car_ && rank_local_world(error_world(r)) == car_->world();
+      },
+      [this](int64_t i, float* errors) { return errors_.tensor_slice(errors, size_t(i), comm().size()); },
+      [this] { return car_ != nullptr; });
   s.flag(kRule, kBiasCorrectionRule, [this] { return bias_correction_; },
          [this](bool on) { bias_correction_ = on; })
       .flag(kUnits, kUnitsRule, [this] { return update_units_; },

@@ -28,9 +28,6 @@ class ZeroOneAdam final : public Optimizer {
   std::string divergence_hint() const override;
   void describe_state(StateSchema& s) override;
   std::string rank_local_state(const BlobReader& r) const override;
-  // State views (defined in optim/state_views.cpp).
-  AlgorithmView algorithm_view(int64_t param_index, const std::string& name) override;
-  std::string algorithm_state_names() const override;
 
  private:
   // The schedules of docs/design/zero-one-adam.md section 3, on DeepSpeed's counter k (G2).

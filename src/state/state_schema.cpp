@@ -9,15 +9,19 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
                                 Length bytes, std::function<bool(const BlobReader&)> restore_if) {
   const std::string n = name;
   Kernels* k = &kernels;
-  entries_.push_back(Entry{
-      std::move(name), bytes,
-      [n, k, data, bytes](BlobWriter& w) { w.section_from_device(n, data(), bytes(nullptr), *k); },
-      [n, bytes](const BlobReader& r) { r.section(n, bytes(&r)); },
-      [n, k, data, bytes, restore_if](const BlobReader& r) {
-        if (restore_if && !restore_if(r)) return;
-        const uint64_t size = bytes(&r);
-        if (size) k->copy_from_host(data(), r.section(n, size), size);
-      }});
+  Entry e;
+  e.name = std::move(name);
+  e.bytes = bytes;
+  e.save = [n, k, data, bytes](BlobWriter& w) { w.section_from_device(n, data(), bytes(nullptr), *k); };
+  e.check = [n, bytes](const BlobReader& r) { r.section(n, bytes(&r)); };
+  e.restore = [n, k, data, bytes, restore_if](const BlobReader& r) {
+    if (restore_if && !restore_if(r)) return;
+    const uint64_t size = bytes(&r);
+    if (size) k->copy_from_host(data(), r.section(n, size), size);
+  };
+  e.data = std::move(data);
+  e.kernels = k;
+  entries_.push_back(std::move(e));
   return *this;
 }
 
@@ -29,22 +33,24 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
 StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, Read check,
                                  Read read) {
   const std::string n = name;
-  entries_.push_back(Entry{
-      std::move(name), [bytes](const BlobReader*) { return bytes; },
-      [n, write](BlobWriter& w) {
-        FieldWriter f;
-        write(f);
-        w.section(n, f.bytes().data(), f.bytes().size());
-      },
-      [n, bytes, check](const BlobReader& r) {
-        FieldReader f(r.section(n, bytes), bytes);
-        if (check) check(f);
-      },
-      [n, bytes, read](const BlobReader& r) {
-        if (!read) return;
-        FieldReader f(r.section(n, bytes), bytes);
-        read(f);
-      }});
+  Entry e;
+  e.name = std::move(name);
+  e.bytes = [bytes](const BlobReader*) { return bytes; };
+  e.save = [n, write](BlobWriter& w) {
+    FieldWriter f;
+    write(f);
+    w.section(n, f.bytes().data(), f.bytes().size());
+  };
+  e.check = [n, bytes, check](const BlobReader& r) {
+    FieldReader f(r.section(n, bytes), bytes);
+    if (check) check(f);
+  };
+  e.restore = [n, bytes, read](const BlobReader& r) {
+    if (!read) return;
+    FieldReader f(r.section(n, bytes), bytes);
+    read(f);
+  };
+  entries_.push_back(std::move(e));
   return *this;
 }
 
@@ -62,25 +68,59 @@ bool saved_flag(const BlobReader& r, const std::string& name, const char* what) 
 StateSchema& StateSchema::flag(std::string name, const char* what, std::function<bool()> get,
                                std::function<void(bool)> set) {
   const std::string n = name;
-  entries_.push_back(Entry{
-      std::move(name), [](const BlobReader*) { return uint64_t(4); },
-      [n, get](BlobWriter& w) {
-        const int32_t flag = get() ? 1 : 0;
-        w.section(n, &flag, 4);
-      },
-      [n, what](const BlobReader& r) { saved_flag(r, n, what); },
-      [n, what, set](const BlobReader& r) { set(saved_flag(r, n, what)); }});
+  Entry e;
+  e.name = std::move(name);
+  e.bytes = [](const BlobReader*) { return uint64_t(4); };
+  e.save = [n, get](BlobWriter& w) {
+    const int32_t flag = get() ? 1 : 0;
+    w.section(n, &flag, 4);
+  };
+  e.check = [n, what](const BlobReader& r) { saved_flag(r, n, what); };
+  e.restore = [n, what, set](const BlobReader& r) { set(saved_flag(r, n, what)); };
+  entries_.push_back(std::move(e));
   return *this;
 }
 
 StateSchema& StateSchema::check(std::function<void(const BlobReader&)> fn) {
-  entries_.push_back(Entry{"", nullptr, nullptr, std::move(fn), nullptr});
+  Entry e;
+  e.check = std::move(fn);
+  entries_.push_back(std::move(e));
   return *this;
 }
 
 StateSchema& StateSchema::then(std::function<void(const BlobReader&)> fn) {
-  entries_.push_back(Entry{"", nullptr, nullptr, nullptr, std::move(fn)});
+  Entry e;
+  e.restore = std::move(fn);
+  entries_.push_back(std::move(e));
   return *this;
+}
+
+StateSchema& StateSchema::view(std::string name, Slicer slice, std::function<bool()> listed) {
+  if (entries_.empty() || !entries_.back().data)
+    fail(DSOPT_EINTERNAL, "state schema: view " + name + " follows no array");
+  Entry& e = entries_.back();
+  e.view = std::move(name);
+  e.slice = std::move(slice);
+  e.listed = std::move(listed);
+  return *this;
+}
+
+StateSchema::View StateSchema::view(const std::string& name, int64_t param) const {
+  for (const Entry& e : entries_) {
+    if (e.view != name || name.empty()) continue;
+    View v;
+    v.on_device = e.kernels->device() == Device::Cuda;
+    v.slice = e.slice(param, static_cast<float*>(e.data()));
+    return v;
+  }
+  return {};
+}
+
+std::string StateSchema::view_names() const {
+  std::string names;
+  for (const Entry& e : entries_)
+    if (!e.view.empty() && (!e.listed || e.listed())) names += (names.empty() ? "" : " ") + e.view;
+  return names;
 }
 
 uint32_t StateSchema::section_count() const {

@@ -1,8 +1,9 @@
-// An algorithm's state in the blob, each section listed once: its name,
-// where its bytes are and how long they are, how it is checked, and
-// whether it belongs to the rank that saved it. Saving, checking (before
-// anything changes), restoring and the section count are generated from the
-// list, in its order.
+// An algorithm's state, each section listed once: its name in the blob,
+// where its bytes are and how long they are, how it is checked, whether it
+// belongs to the rank that saved it, and the state view that shows it.
+// Saving, checking (before anything changes), restoring, the section
+// count and the state views (dsopt_get_state_view, dsopt_state_names) are
+// generated from the list, in its order.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -43,11 +44,36 @@ class StateSchema {
   StateSchema& flag(std::string name, const char* what, std::function<bool()> get,
                     std::function<void(bool)> set);
 
+  // Parameter i's part of an array as a state view shows it: `numel` floats
+  // at `data`, element `offset` of the parameter on; found false when the
+  // array has no part for it.
+  struct Slice {
+    bool found = false;
+    float* data = nullptr;
+    int64_t numel = 0;
+    int64_t offset = 0;
+  };
+  using Slicer = std::function<Slice(int64_t param, float* array)>;
+  // Shows the last array as state view `name`; listed in the state names
+  // while `listed()` holds (default: always). `slice` gets the array's
+  // data, nullptr when it has none (a rank-local array not made yet).
+  StateSchema& view(std::string name, Slicer slice, std::function<bool()> listed = nullptr);
+
   // A check of the blob as a whole at this point of the list (no section).
   StateSchema& check(std::function<void(const BlobReader&)> fn);
   // A restore step at this point of the list (no section): what depends on
   // the sections before it.
   StateSchema& then(std::function<void(const BlobReader&)> fn);
+
+  // The view `name` of parameter `param` (found false: there is none), and
+  // whether it lies in device memory.
+  struct View {
+    Slice slice;
+    bool on_device = false;
+  };
+  View view(const std::string& name, int64_t param) const;
+  // The listed views' names, space-separated.
+  std::string view_names() const;
 
   uint32_t section_count() const;
   void save(BlobWriter& w) const;
@@ -63,6 +89,12 @@ class StateSchema {
     std::function<void(BlobWriter&)> save;
     std::function<void(const BlobReader&)> check;
     std::function<void(const BlobReader&)> restore;
+    // Arrays only.
+    std::function<void*()> data;
+    Kernels* kernels = nullptr;
+    std::string view;
+    Slicer slice;
+    std::function<bool()> listed;
   };
   std::vector<Entry> entries_;
 };
