@@ -1,6 +1,7 @@
 #include "optim/optimizer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -23,6 +24,41 @@ const char* kDivergenceSection = "common.divergence";
 constexpr uint32_t kCommonSections = 8;
 constexpr uint64_t kHyperDoubles = 4;
 constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
+
+// Values of the common sections no optimizer writes are corrupt: they would
+// otherwise reach the step (signed overflow of the counters, a zero or NaN
+// loss scale, ...). Checked before anything else in the blob.
+void check_common_values(const BlobReader& r) {
+  constexpr int64_t kMaxCount = int64_t(1) << 62;
+  // Each 8-byte value of a section (none when the blob lacks it).
+  const auto each = [&](const char* name, const auto& fn) {
+    if (!r.has(name)) return;
+    const uint64_t n = r.section_size(name);
+    const uint8_t* p = r.section(name, n);
+    for (uint64_t at = 0; at + 8 <= n; at += 8) fn(p + at);
+  };
+  each(kStepsSection, [](const uint8_t* p) {
+    int64_t steps;
+    std::memcpy(&steps, p, 8);
+    if (steps < 0 || steps > kMaxCount)
+      fail(DSOPT_ECORRUPT, "state blob: step counter " + std::to_string(steps) + " is out of range");
+  });
+  each(kLrSection, [](const uint8_t* p) {
+    double lr;
+    std::memcpy(&lr, p, 8);
+    if (!std::isfinite(lr) || lr < 0)
+      fail(DSOPT_ECORRUPT, "state blob: learning rate " + std::to_string(lr) + " is not finite and >= 0");
+  });
+  if (r.has(kScalerSection) && r.section_size(kScalerSection) == kScalerBytes) {
+    FieldReader f(r.section(kScalerSection, kScalerBytes), kScalerBytes);
+    const double scale = f.get<double>();
+    const int64_t iter = f.get<int64_t>(), last_overflow = f.get<int64_t>();
+    const int32_t hysteresis_left = f.get<int32_t>();
+    if (!std::isfinite(scale) || !(scale > 0) || iter < 0 || iter > kMaxCount ||
+        last_overflow < -1 || last_overflow >= iter || hysteresis_left < 1)
+      fail(DSOPT_ECORRUPT, "state blob: the loss scaler's state is impossible");
+  }
+}
 
 std::string describe(const BlobParam& p) {
   return "numel " + std::to_string(p.numel) + ", dtype " +
@@ -400,6 +436,7 @@ uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
 std::unique_ptr<const BlobReader> Optimizer::read_blob(const void* src, uint64_t size) const {
   if (!src) fail(DSOPT_EINVAL, "the blob pointer is NULL");
   auto reader = std::make_unique<const BlobReader>(src, size);
+  check_common_values(*reader);
   const BlobHeader& h = reader->header();
   if (h.algorithm != algorithm())
     fail(DSOPT_EMISMATCH, "state blob is from a " + h.algorithm + " optimizer, this one is " + algorithm());

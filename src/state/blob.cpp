@@ -2,7 +2,6 @@
 
 #include <zlib.h>
 
-#include <cmath>
 #include <cstring>
 
 #include "base/error.hpp"
@@ -16,7 +15,6 @@ namespace {
 constexpr char kMagic[8] = {'D', 'S', 'O', 'P', 'T', 'S', 'T', '\0'};
 constexpr uint64_t kPrefixBytes = 8 + 4 + 4 + 8;  // magic, version, reserved, total size
 constexpr uint64_t kTrailerBytes = 4;
-constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;  // common.loss_scaler: scale, iter, last overflow, hysteresis
 
 uint32_t crc_of(const uint8_t* p, uint64_t n) {
   return uint32_t(crc32_z(crc32_z(0L, Z_NULL, 0), p, size_t(n)));
@@ -162,45 +160,6 @@ BlobReader::BlobReader(const void* src, uint64_t size) {
   }
   if (body.pos() != size - kTrailerBytes)
     fail(DSOPT_ECORRUPT, "state blob has trailing bytes after its sections");
-  check_common_values();
-}
-
-// Values no optimizer writes are corrupt: they would otherwise reach the
-// step (signed overflow of the counters, a zero or NaN loss scale, ...).
-void BlobReader::check_common_values() const {
-  constexpr int64_t kMaxCount = int64_t(1) << 62;
-  const auto span = [&](const char* name) -> const Span* {
-    auto it = sections_.find(name);
-    return it == sections_.end() ? nullptr : &it->second;
-  };
-  if (const Span* s = span("common.steps")) {
-    for (uint64_t at = 0; at + 8 <= s->size; at += 8) {
-      int64_t steps;
-      std::memcpy(&steps, s->data + at, 8);
-      if (steps < 0 || steps > kMaxCount)
-        fail(DSOPT_ECORRUPT, "state blob: step counter " + std::to_string(steps) + " is out of range");
-    }
-  }
-  if (const Span* s = span("common.lr")) {
-    for (uint64_t at = 0; at + 8 <= s->size; at += 8) {
-      double lr;
-      std::memcpy(&lr, s->data + at, 8);
-      if (!std::isfinite(lr) || lr < 0)
-        fail(DSOPT_ECORRUPT, "state blob: learning rate " + std::to_string(lr) + " is not finite and >= 0");
-    }
-  }
-  if (const Span* s = span("common.loss_scaler")) {
-    if (s->size == kScalerBytes) {
-      FieldReader f(s->data, s->size);
-      const double scale = f.get<double>();
-      const int64_t iter = f.get<int64_t>(), last_overflow = f.get<int64_t>();
-      const int32_t hysteresis_left = f.get<int32_t>();
-      if (!std::isfinite(scale) || !(scale > 0) || iter < 0 || iter > kMaxCount ||
-          last_overflow < -1 || last_overflow >= iter ||
-          hysteresis_left < 1)
-        fail(DSOPT_ECORRUPT, "state blob: the loss scaler's state is impossible");
-    }
-  }
 }
 
 const uint8_t* BlobReader::section(const std::string& name, uint64_t bytes) const {

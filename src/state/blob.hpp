@@ -61,11 +61,8 @@ class BlobWriter {
 };
 
 // A parsed and checksum-verified blob; sections point into the caller's
-// memory. Throws Error(DSOPT_ECORRUPT) on anything malformed, and on values
-// of the common sections that no optimizer writes: a step counter outside
-// [0, 2^62], a learning rate that is negative or not finite, a loss scaler
-// whose scale is not finite and > 0, whose iteration is outside [0, 2^62],
-// whose last overflow is not in [-1, iteration) or whose hysteresis is < 1.
+// memory. Throws Error(DSOPT_ECORRUPT) on anything malformed. What the
+// sections hold is the optimizers' to check.
 class BlobReader {
  public:
   BlobReader(const void* src, uint64_t size);
@@ -78,7 +75,6 @@ class BlobReader {
   const uint8_t* section(const std::string& name, uint64_t bytes) const;
 
  private:
-  void check_common_values() const;
   struct Span {
     const uint8_t* data;
     uint64_t size;
