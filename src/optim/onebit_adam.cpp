@@ -4,14 +4,15 @@
 #include <cstring>
 
 #include "base/error.hpp"
+#include "onebit/divergence_hint.hpp"
 #include "math/onebit_adam.hpp"
-#include "optim/rule_flag.hpp"
+#include "onebit/rule_flag.hpp"
 
 namespace dsopt {
 namespace {
 const char* kStage = "onebit.stage";
 const char* kStabilize = "onebit.stabilize";
-const char* kRule = "onebit.rule";    // bias_correction (optim/rule_flag.hpp)
+const char* kRule = "onebit.rule";    // bias_correction (onebit/rule_flag.hpp)
 const char* kUnits = "onebit.units";  // compression in the update's units
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
 
@@ -59,10 +60,9 @@ std::vector<AdamConsts> OneBitAdam::consts() const {
 }
 
 std::string OneBitAdam::divergence_hint() const {
-  if (!config().stabilize)
-    return "\"stabilize\" is off: DeepSpeed's compression stage diverges where the frozen variance "
-           "is near zero; set \"stabilize\": true (the default), or a lower lr or later freeze_step";
-  return "try a lower lr, \"gradient_clipping\" or a later freeze_step";
+  return onebit_divergence_hint(config().stabilize,
+                                "compression stage diverges where the frozen variance",
+                                "lr", "freeze_step");
 }
 
 void OneBitAdam::enter_compression(int64_t warmup_updates) {

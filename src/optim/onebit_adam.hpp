@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "comm/compressed_allreduce.hpp"
-#include "optim/car_errors.hpp"
-#include "optim/freeze_stage.hpp"
+#include "onebit/car_errors.hpp"
+#include "onebit/freeze_stage.hpp"
 #include "optim/moments.hpp"
-#include "optim/momentum_masks.hpp"
+#include "onebit/momentum_masks.hpp"
 #include "optim/optimizer.hpp"
 
 namespace dsopt {

@@ -3,9 +3,10 @@
 #include <algorithm>
 
 #include "base/error.hpp"
-#include "optim/car_errors.hpp"
+#include "onebit/divergence_hint.hpp"
+#include "onebit/car_errors.hpp"
 #include "math/onebit_lamb.hpp"
-#include "optim/rule_flag.hpp"
+#include "onebit/rule_flag.hpp"
 
 namespace dsopt {
 namespace {
@@ -13,7 +14,7 @@ const char* kStage = "lamb.stage";
 const char* kFresh = "lamb.exp_avg_sq_fresh";
 const char* kCoeffs = "lamb.coefficients";
 const char* kTail = "lamb.momentum_tail";
-const char* kUnits = "lamb.units";  // the stabilized stage's rule (optim/rule_flag.hpp)
+const char* kUnits = "lamb.units";  // the stabilized stage's rule (onebit/rule_flag.hpp)
 // compressing, freeze_step, frozen_after, world of the errors and the tail
 constexpr uint64_t kStageBytes = 4 + 8 + 8 + 4;
 
@@ -68,11 +69,9 @@ OneBitLamb::OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
       update_units_(cfg.stabilize) {}
 
 std::string OneBitLamb::divergence_hint() const {
-  if (!config().stabilize)
-    return "\"stabilize\" is off: DeepSpeed's compression stage diverges where the frozen variance "
-           "is near zero; set \"stabilize\": true (the default), or a lower lr, lower max_coeff or "
-           "later freeze_step";
-  return "try a lower lr or max_coeff, \"gradient_clipping\" or a later freeze_step";
+  return onebit_divergence_hint(config().stabilize,
+                                "compression stage diverges where the frozen variance",
+                                "lr or max_coeff", "freeze_step");
 }
 
 std::vector<UpdateSlot> OneBitLamb::slots(const PreparedGrads* grads) const {

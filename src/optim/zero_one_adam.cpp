@@ -4,8 +4,9 @@
 #include <cstring>
 
 #include "base/error.hpp"
+#include "onebit/divergence_hint.hpp"
 #include "math/onebit_adam.hpp"
-#include "optim/rule_flag.hpp"
+#include "onebit/rule_flag.hpp"
 
 namespace dsopt {
 namespace {
@@ -13,7 +14,7 @@ const char* kSchedule = "zoadam.schedule";
 const char* kInterval = "zoadam.interval";  // per group: lrs and decay since the last sync
 const char* kAccumulator = "zoadam.accumulator";
 const char* kAnchor = "zoadam.anchor";
-const char* kRule = "zoadam.rule";    // bias_correction (optim/rule_flag.hpp)
+const char* kRule = "zoadam.rule";    // bias_correction (onebit/rule_flag.hpp)
 const char* kUnits = "zoadam.units";  // compression in the update's units
 constexpr uint64_t kScheduleBytes = 4 + 5 * 8 + 4;  // Schedule, world of the errors
 // No schedule value exceeds the largest step count (configs cap
@@ -102,10 +103,8 @@ std::vector<UpdateSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
 }
 
 std::string ZeroOneAdam::divergence_hint() const {
-  if (!config().stabilize)
-    return "\"stabilize\" is off: DeepSpeed's 1-bit steps diverge where the variance is near "
-           "zero; set \"stabilize\": true (the default), or a lower lr or later var_freeze_step";
-  return "try a lower lr, \"gradient_clipping\" or a later var_freeze_step";
+  return onebit_divergence_hint(config().stabilize, "1-bit steps diverge where the variance",
+                                "lr", "var_freeze_step");
 }
 
 bool ZeroOneAdam::update(const PreparedGrads& grads) {

@@ -39,7 +39,7 @@ class StateSchema {
   using Read = std::function<void(FieldReader&)>;
   StateSchema& record(std::string name, uint64_t bytes, Write write, Read check, Read read);
 
-  // A rule choice (optim/rule_flag.hpp): one int32 0 or 1; blobs without it
+  // A rule choice (onebit/rule_flag.hpp): one int32 0 or 1; blobs without it
   // were written by the old rule (false). `what` names it in messages.
   StateSchema& flag(std::string name, const char* what, std::function<bool()> get,
                     std::function<void(bool)> set);

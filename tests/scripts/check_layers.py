@@ -27,6 +27,7 @@ LAYERS = [
     ["state"],
     ["comm"],
     ["params"],
+    ["onebit"],  # what the 1-bit optimizers share
     ["handover"],
     ["zero"],
     ["optim"],

@@ -1,4 +1,4 @@
-#include "optim/momentum_masks.hpp"
+#include "onebit/momentum_masks.hpp"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "optim/car_errors.hpp"
+#include "onebit/car_errors.hpp"
 
 #include "base/error.hpp"
 
