@@ -20,6 +20,10 @@ struct LocalOutcome {
   std::string error;  // without the call's name
   bool ok() const { return status == DSOPT_OK; }
   static LocalOutcome failure(int status, std::string error) { return {status, std::move(error)}; }
+  // Bad arguments when `error` says what is wrong, else success.
+  static LocalOutcome invalid_if(std::string error) {
+    return error.empty() ? LocalOutcome{} : failure(DSOPT_EINVAL, std::move(error));
+  }
 };
 
 // Runs f, turning what it throws (Error, bad_alloc) into the outcome.

@@ -16,13 +16,24 @@ const char* kRule = "onebit.rule";    // bias_correction (onebit/rule_flag.hpp)
 const char* kUnits = "onebit.units";  // compression in the update's units
 constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
 
-// The world size a blob's errors were saved at (0: it has none).
-int32_t error_world(const BlobReader& r) {
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  f.get<int32_t>();
-  f.get<int64_t>();
-  return f.get<int32_t>();
+// What a blob's stage record holds.
+struct StageRecord {
+  bool compressing;
+  int64_t freeze_step;
+  int32_t world;  // of the errors (0: none)
+};
+StageRecord read_stage(FieldReader& f) {
+  StageRecord s;
+  s.compressing = f.get<int32_t>() != 0;
+  s.freeze_step = f.get<int64_t>();
+  s.world = f.get<int32_t>();
+  return s;
 }
+StageRecord read_stage(const BlobReader& r) {
+  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
+  return read_stage(f);
+}
+int32_t error_world(const BlobReader& r) { return read_stage(r).world; }
 }  // namespace
 
 OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
@@ -119,11 +130,7 @@ void OneBitAdam::describe_state(StateSchema& s) {
          f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step)
              .add(CarErrors::world_of(car_.get()));
        },
-       [](FieldReader& f) {
-         f.get<int32_t>();
-         f.get<int64_t>();
-         CarErrors::check_world(f.get<int32_t>());
-       },
+       [](FieldReader& f) { CarErrors::check_world(read_stage(f).world); },
        nullptr)
       .record(
           kStabilize, 8, [this](FieldWriter& f) { f.add(stage_.frozen_after); },
@@ -154,14 +161,11 @@ void OneBitAdam::describe_state(StateSchema& s) {
 }
 
 void OneBitAdam::resume_stage(const BlobReader& r) {
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  FreezeStage saved;
-  saved.compressing = f.get<int32_t>() != 0;
-  const int64_t saved_freeze_step = f.get<int64_t>();
+  const StageRecord record = read_stage(r);
   FieldReader st(r.section(kStabilize, 8), 8);
-  saved.frozen_after = st.get<int64_t>();
+  const FreezeStage saved{record.compressing, st.get<int64_t>()};
   const FreezeStage resumed =
-      FreezeStage::resumed(saved, saved_freeze_step, config().freeze_step, group_step(0));
+      FreezeStage::resumed(saved, record.freeze_step, config().freeze_step, group_step(0));
   car_.reset();
   stage_ = FreezeStage{};
   if (resumed.compressing) enter_compression(resumed.frozen_after);

@@ -19,27 +19,24 @@ const char* kUnits = "lamb.units";  // the stabilized stage's rule (onebit/rule_
 constexpr uint64_t kStageBytes = 4 + 8 + 8 + 4;
 
 // What a blob's stage record holds.
-FreezeStage saved_stage(const BlobReader& r) {
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  FreezeStage saved;
-  saved.compressing = f.get<int32_t>() != 0;
-  f.get<int64_t>();
-  saved.frozen_after = f.get<int64_t>();
-  return saved;
+struct StageRecord {
+  FreezeStage stage;
+  int64_t freeze_step;
+  int32_t world;  // of the errors and the tail (0: none)
+};
+StageRecord read_stage(FieldReader& f) {
+  StageRecord s;
+  s.stage.compressing = f.get<int32_t>() != 0;
+  s.freeze_step = f.get<int64_t>();
+  s.stage.frozen_after = f.get<int64_t>();
+  s.world = f.get<int32_t>();
+  return s;
 }
-int64_t saved_freeze_step(const BlobReader& r) {
+StageRecord read_stage(const BlobReader& r) {
   FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  f.get<int32_t>();
-  return f.get<int64_t>();
+  return read_stage(f);
 }
-// The world size of the errors and the tail (0: none).
-int32_t error_world(const BlobReader& r) {
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  f.get<int32_t>();
-  f.get<int64_t>();
-  f.get<int64_t>();
-  return f.get<int32_t>();
-}
+int32_t error_world(const BlobReader& r) { return read_stage(r).world; }
 
 int64_t fused_length(int64_t numel, int world) {
   return world > 1 ? CompressedAllreduce::padded_length(numel, world) : numel;
@@ -210,11 +207,10 @@ void OneBitLamb::describe_state(StateSchema& s) {
              .add(stage_.frozen_after).add(CarErrors::world_of(car_.get()));
        },
        [](FieldReader& f) {
-         f.get<int32_t>();
-         f.get<int64_t>();
-         if (f.get<int64_t>() < 0)
+         const StageRecord saved = read_stage(f);
+         if (saved.stage.frozen_after < 0)
            fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
-         CarErrors::check_world(f.get<int32_t>());
+         CarErrors::check_world(saved.world);
        },
        nullptr)
       .array(kFresh, kernels(), [this] { return fresh_.get(); }, uint64_t(fresh_.bytes()))
@@ -238,7 +234,8 @@ void OneBitLamb::describe_state(StateSchema& s) {
   // (K1/K2): restored at the same P into a stage that was compressing, zero
   // otherwise.
   const auto same_world = [this](const BlobReader& r) {
-    return car_ && saved_stage(r).compressing && rank_local_world(error_world(r)) == car_->world();
+    const StageRecord saved = read_stage(r);
+    return car_ && saved.stage.compressing && rank_local_world(saved.world) == car_->world();
   };
   s.array(kTail, kernels(), [this, total] { return moments_.exp_avg() + total; },
           [this, total](const BlobReader* r) {
@@ -257,11 +254,12 @@ void OneBitLamb::describe_state(StateSchema& s) {
 }
 
 void OneBitLamb::resume_stage(const BlobReader& r) {
-  const FreezeStage saved = saved_stage(r);
+  const StageRecord record = read_stage(r);
+  const FreezeStage& saved = record.stage;
   kernels().fill_zero(moments_.exp_avg() + params().total_numel(), size_t(tail()) * 4);
   car_.reset();
-  const FreezeStage resumed = FreezeStage::resumed(saved, saved_freeze_step(r),
-                                                   config().freeze_step, group_step(0));
+  const FreezeStage resumed =
+      FreezeStage::resumed(saved, record.freeze_step, config().freeze_step, group_step(0));
   stage_ = FreezeStage{};
   if (!resumed.compressing) return;
   if (!saved.compressing) {

@@ -24,8 +24,7 @@ std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int
 }
 
 void StepPipeline::fail_step(const std::string& local_error) {
-  agreement_.fail(kStepFailure, local_error.empty() ? LocalOutcome{}
-                                                    : LocalOutcome::failure(DSOPT_EINVAL, local_error));
+  agreement_.fail(kStepFailure, LocalOutcome::invalid_if(local_error));
 }
 
 void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
@@ -86,7 +85,7 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
   // Ranks agree on status and on sqrt(mean_i ||g_i||^2) of the local part
   // through one small allreduce, unless the gradient allreduce said it all.
   if (world > 1 && (!any_averaged || (!local_refs.empty() && wants_norm())))
-    nonfinite = agree(ok, nonfinite, &local_sumsq, local_error);
+    nonfinite = agree(nonfinite, &local_sumsq, local_error);
 
   out.skip = nonfinite && cfg_.skip_nonfinite;
   out.local_norm = world > 1 && !local_refs.empty();
@@ -128,7 +127,7 @@ PreparedGrads StepPipeline::prepare_handed_over() {
   if (any_averaged)
     nonfinite |= finish_averaged(out, 1.0f / (float(world) * float(micro_batches)), "", &avg_sumsq);
   if (world > 1 && (!any_averaged || !local.empty()))
-    nonfinite = agree(true, nonfinite, &local_sumsq, "");
+    nonfinite = agree(nonfinite, &local_sumsq, "");
   packed_.close();
   out.skip = nonfinite && cfg_.skip_nonfinite;
   out.local_norm = world > 1 && !local.empty();
@@ -153,9 +152,9 @@ bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const std::str
   return nonfinite;
 }
 
-bool StepPipeline::agree(bool ok, bool nonfinite, double* local_sumsq, const std::string& local_error) {
-  const LocalOutcome mine = ok ? LocalOutcome{} : LocalOutcome::failure(DSOPT_EINVAL, local_error);
-  nonfinite = agreement_.settle_sum(kStepFailure, mine, nonfinite, local_sumsq);
+bool StepPipeline::agree(bool nonfinite, double* local_sumsq, const std::string& local_error) {
+  nonfinite = agreement_.settle_sum(kStepFailure, LocalOutcome::invalid_if(local_error), nonfinite,
+                                    local_sumsq);
   *local_sumsq /= comm_.size();
   return nonfinite;
 }

@@ -81,7 +81,7 @@ class StepPipeline {
                        double* sumsq);
   // One small allreduce that agrees on status and the mean over ranks of the
   // local parts' sums of squares.
-  bool agree(bool ok, bool nonfinite, double* local_sumsq, const std::string& local_error);
+  bool agree(bool nonfinite, double* local_sumsq, const std::string& local_error);
 
   PipelineConfig cfg_;
   Comm& comm_;

@@ -24,24 +24,36 @@ constexpr int64_t kMaxSchedule = int64_t(1) << 62;
 // min(limit, 2 x) without overflow (x >= 1, limit >= 1).
 int64_t doubled(int64_t x, int64_t limit) { return x >= limit - x ? limit : 2 * x; }
 
-// The world size a blob recorded with its errors (the schedule's last field).
+// What a blob's schedule record holds: the schedule, then the world size
+// of the errors (0: none).
+ZeroOneAdam::Schedule read_schedule(FieldReader& f, int32_t* world) {
+  ZeroOneAdam::Schedule s;
+  s.frozen = f.get<int32_t>();
+  s.var_interval = f.get<int64_t>();
+  s.var_counter = f.get<int64_t>();
+  s.local_interval = f.get<int64_t>();
+  s.local_counter = f.get<int64_t>();
+  s.variance_updates = f.get<int64_t>();
+  *world = f.get<int32_t>();
+  return s;
+}
+
 int32_t error_world(const BlobReader& r) {
   FieldReader f(r.section(kSchedule, kScheduleBytes), kScheduleBytes);
-  f.get<int32_t>();
-  for (int i = 0; i < 5; ++i) f.get<int64_t>();
-  return f.get<int32_t>();
+  int32_t world = 0;
+  read_schedule(f, &world);
+  return world;
 }
 
 void check_schedule(FieldReader& f) {
-  const int32_t frozen = f.get<int32_t>();
-  const int64_t var_interval = f.get<int64_t>(), var_counter = f.get<int64_t>();
-  const int64_t local_interval = f.get<int64_t>(), local_counter = f.get<int64_t>();
-  const int64_t variance_updates = f.get<int64_t>();
+  int32_t world = 0;
+  const ZeroOneAdam::Schedule s = read_schedule(f, &world);
   const auto in_range = [](int64_t x, int64_t lo) { return x >= lo && x <= kMaxSchedule; };
-  if ((frozen != 0 && frozen != 1) || !in_range(var_interval, 1) || !in_range(var_counter, 0) ||
-      !in_range(local_interval, 1) || !in_range(local_counter, 0) || !in_range(variance_updates, 0))
+  if ((s.frozen != 0 && s.frozen != 1) || !in_range(s.var_interval, 1) ||
+      !in_range(s.var_counter, 0) || !in_range(s.local_interval, 1) ||
+      !in_range(s.local_counter, 0) || !in_range(s.variance_updates, 0))
     fail(DSOPT_ECORRUPT, "state blob: invalid 0/1 Adam schedule");
-  CarErrors::check_world(f.get<int32_t>());
+  CarErrors::check_world(world);
 }
 
 std::vector<int64_t> all_sizes(const dsopt_tensor* params, int64_t count) {
@@ -241,12 +253,8 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
        },
        check_schedule,
        [this](FieldReader& f) {
-         sched_.frozen = f.get<int32_t>();
-         sched_.var_interval = f.get<int64_t>();
-         sched_.var_counter = f.get<int64_t>();
-         sched_.local_interval = f.get<int64_t>();
-         sched_.local_counter = f.get<int64_t>();
-         sched_.variance_updates = f.get<int64_t>();
+         int32_t world = 0;
+         sched_ = read_schedule(f, &world);
        })
       .record(
           kInterval, interval_bytes,

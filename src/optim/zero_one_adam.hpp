@@ -20,6 +20,16 @@ class ZeroOneAdam final : public Optimizer {
               const dsopt_tensor* params, int64_t count);
   void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask) override;
 
+  // The schedules of docs/design/zero-one-adam.md section 3, on DeepSpeed's counter k (G2).
+  struct Schedule {
+    int32_t frozen = 0;            // phase 2: v frozen, local steps and syncs
+    int64_t var_interval = 1;
+    int64_t var_counter = 0;
+    int64_t local_interval = 1;
+    int64_t local_counter = 0;
+    int64_t variance_updates = 0;  // K: full steps so far (the stabilized bound's K)
+  };
+
  protected:
   std::string algorithm() const override { return "ZeroOneAdam"; }
   bool averaged(int64_t) const override;
@@ -30,15 +40,6 @@ class ZeroOneAdam final : public Optimizer {
   std::string rank_local_state(const BlobReader& r) const override;
 
  private:
-  // The schedules of docs/design/zero-one-adam.md section 3, on DeepSpeed's counter k (G2).
-  struct Schedule {
-    int32_t frozen = 0;            // phase 2: v frozen, local steps and syncs
-    int64_t var_interval = 1;
-    int64_t var_counter = 0;
-    int64_t local_interval = 1;
-    int64_t local_counter = 0;
-    int64_t variance_updates = 0;  // K: full steps so far (the stabilized bound's K)
-  };
   std::vector<AdamConsts> consts(bool clamp) const;
   std::vector<UpdateSlot> slots(const PreparedGrads* grads) const;
   void variance_phase_step(const PreparedGrads& grads, int64_t k);

@@ -10,8 +10,6 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
   const std::string n = name;
   Kernels* k = &kernels;
   Entry e;
-  e.name = std::move(name);
-  e.bytes = bytes;
   e.save = [n, k, data, bytes](BlobWriter& w) { w.section_from_device(n, data(), bytes(nullptr), *k); };
   e.check = [n, bytes](const BlobReader& r) { r.section(n, bytes(&r)); };
   e.restore = [n, k, data, bytes, restore_if](const BlobReader& r) {
@@ -34,8 +32,6 @@ StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, 
                                  Read read) {
   const std::string n = name;
   Entry e;
-  e.name = std::move(name);
-  e.bytes = [bytes](const BlobReader*) { return bytes; };
   e.save = [n, write](BlobWriter& w) {
     FieldWriter f;
     write(f);
@@ -69,8 +65,6 @@ StateSchema& StateSchema::flag(std::string name, const char* what, std::function
                                std::function<void(bool)> set) {
   const std::string n = name;
   Entry e;
-  e.name = std::move(name);
-  e.bytes = [](const BlobReader*) { return uint64_t(4); };
   e.save = [n, get](BlobWriter& w) {
     const int32_t flag = get() ? 1 : 0;
     w.section(n, &flag, 4);

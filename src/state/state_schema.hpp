@@ -83,9 +83,7 @@ class StateSchema {
   void restore(const BlobReader& r) const;
 
  private:
-  struct Entry {
-    std::string name;  // empty: a check or restore step
-    Length bytes;
+  struct Entry {  // a section has save; a check or restore step has not
     std::function<void(BlobWriter&)> save;
     std::function<void(const BlobReader&)> check;
     std::function<void(const BlobReader&)> restore;

@@ -179,9 +179,8 @@ ReducedShard GradientReducer::finish(float mul, bool nonfinite, bool norm,
                                     norm ? &out.sumsq : nullptr).nonfinite;
   out.nonfinite = nonfinite;
   if (layout_.world() > 1) {
-    const LocalOutcome mine = local_error.empty() ? LocalOutcome{}
-                                                  : LocalOutcome::failure(DSOPT_EINVAL, local_error);
-    out.nonfinite = agreement_.settle_sum(kStepFailure, mine, nonfinite, &out.sumsq);
+    out.nonfinite = agreement_.settle_sum(kStepFailure, LocalOutcome::invalid_if(local_error),
+                                          nonfinite, &out.sumsq);
   }
   return out;
 }
