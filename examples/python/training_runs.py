@@ -126,6 +126,18 @@ def zoadam_config(var_freeze_step, lr=1e-3, weight_decay=0.01, var_update_scaler
             "threads": 1}
 
 
+def plain_lamb_config(lr=1e-2, weight_decay=0.01, zero_stage=0, **params):
+    """LAMB (no compression; bias-corrected unless bias_correction=False),
+    its state sharded by ZeRO stage 1/2 when zero_stage > 0 (buckets of 4,096
+    elements, smaller than the models' largest tensors)."""
+    config = {"optimizer": {"type": "Lamb", "params": dict(lr=lr, weight_decay=weight_decay, **params)},
+              "threads": 1}
+    if zero_stage:
+        config["zero_optimization"] = {"stage": zero_stage, "reduce_bucket_size": 4096,
+                                       "allgather_bucket_size": 4096}
+    return config
+
+
 def adamw_config(lr=1e-3, weight_decay=0.01):
     return {"optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay}}, "threads": 1}
 

@@ -154,6 +154,25 @@ void read_lamb(const json& params, const std::string& path, LambCoeffConfig& k) 
   require(k.factor_threshold >= 0, sub(path, "factor_threshold"), "must be >= 0");
 }
 
+// LAMB (docs/optimizers/lamb.md): DeepSpeed's FusedLamb keys, with the
+// update of 1-bit LAMB's warmup.
+void read_plain_lamb(const json& params, const std::string& path,
+                     const std::set<std::string>& ignored, OptimizerConfig& cfg) {
+  check_keys(params, path,
+             {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff",
+              "max_grad_norm", "eps_inside_sqrt", "amsgrad"},
+             ignored);
+  if (params.contains("max_grad_norm"))
+    bad(sub(path, "max_grad_norm"), "is not used by dsopt's LAMB; clip with the top-level "
+                                    "\"gradient_clipping\"");
+  if (boolean(params, path, "eps_inside_sqrt", false))
+    bad(sub(path, "eps_inside_sqrt"), "eps is always added outside the square root");
+  read_hyper(params, path, cfg.defaults);
+  cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
+  cfg.defaults.decoupled = true;
+  read_lamb(params, path, cfg.lamb);
+}
+
 // 0/1 Adam's schedules (docs/design/zero-one-adam.md section 1).
 void read_zero_one(const json& params, const std::string& path, OptimizerConfig& cfg) {
   const int64_t big = int64_t(1) << 62;
@@ -172,7 +191,9 @@ std::string canonical_type(const std::string& type) {
   if (t == "onebitadam") return "OneBitAdam";
   if (t == "onebitlamb") return "OneBitLamb";
   if (t == "zerooneadam") return "ZeroOneAdam";
-  bad("optimizer.type", "unknown optimizer type '" + type + "' (known: Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam)");
+  if (t == "lamb") return "Lamb";
+  bad("optimizer.type", "unknown optimizer type '" + type +
+                            "' (known: Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam)");
 }
 
 void read_optimizer(const json& root, OptimizerConfig& cfg) {
@@ -201,6 +222,8 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
     read_onebit(params, path, cfg);
     if (cfg.type == "OneBitLamb") read_lamb(params, path, cfg.lamb);
     if (zero_one) read_zero_one(params, path, cfg);
+  } else if (cfg.type == "Lamb") {
+    read_plain_lamb(params, path, ignored, cfg);
   } else {
     check_keys(params, path,
                {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},
@@ -301,10 +324,15 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
     if (zc.offload_cpu && zc.stage == 0)
       bad(path + ".offload_optimizer", "CPU offload of the optimizer state needs ZeRO stage 1 or 2");
   }
-  if (zc.stage > 0 && cfg.type != "Adam" && cfg.type != "AdamW")
-    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".stage " + std::to_string(zc.stage) + " with " +
-                             cfg.type + ": ZeRO stage 1/2 exist for Adam and AdamW (the 1-bit "
-                             "optimizers run with stage 0)");
+  if (zc.stage > 0 && cfg.type != "Adam" && cfg.type != "AdamW" && cfg.type != "Lamb")
+    fail(DSOPT_EUNSUPPORTED,
+         "config: " + path + ".stage " + std::to_string(zc.stage) + " with " + cfg.type +
+             ": ZeRO stage 1/2 shard the state of Lamb, Adam and AdamW; a 1-bit optimizer's "
+             "compressed stage needs every rank's whole momentum, so it runs with stage 0 "
+             "(docs/guides/zero.md \"Any update rule\")");
+  if (zc.offload_cpu && cfg.cuda && cfg.type == "Lamb")
+    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".offload_optimizer: CPU offload exists for "
+                             "Adam and AdamW; Lamb keeps its shard on the device");
 }
 
 // divergence_check: the rule of dsopt_step_info.diverging

@@ -21,6 +21,11 @@ json hyper(const AdamHyper& h) {
 // ignored bias_correction left out), Adam's "adam_w_mode" as applied.
 json optimizer_params(const OptimizerConfig& c) {
   json p = hyper(c.defaults);
+  if (c.type == "Lamb") {
+    p["bias_correction"] = c.defaults.bias_correction;
+    p.update({{"max_coeff", c.lamb.max_coeff}, {"min_coeff", c.lamb.min_coeff}});
+    return p;
+  }
   const bool onebit = c.type != "Adam" && c.type != "AdamW";
   if (!onebit) {
     p["bias_correction"] = c.defaults.bias_correction;

@@ -18,15 +18,16 @@
 namespace dsopt {
 DSOPT_ISA_BEGIN
 
-// Warmup: m and v from the averaged gradient, then the LAMB direction
-// u = m / (sqrt(v) + eps) + wd p (no bias correction).
+// Warmup (and every step of LAMB): m and v from the averaged gradient,
+// then the LAMB direction u = m' / (sqrt(v) rbc2 + eps) + wd p with
+// m' = m momentum_scale (onebit_direction; both factors are 1 without bias
+// correction, which 1-bit LAMB never has: u = m / (sqrt(v) + eps) + wd p).
 template <class Ops>
 DSOPT_HD void lamb_warmup(typename Ops::F p, typename Ops::F& m, typename Ops::F& v,
                           typename Ops::F& u, typename Ops::F g, const AdamConsts& c) {
   onebit_momentum<Ops>(m, g, c);
   onebit_variance<Ops>(v, g, c);
-  u = Ops::div(m, Ops::add(Ops::sqrt(v), Ops::set1(c.eps)));
-  if (c.wd > 0.0f) u = Ops::fma(Ops::set1(c.wd), p, u);
+  u = onebit_with_decay<Ops>(onebit_direction<Ops>(m, v, c), p, c);
 }
 
 // Compression stage, before the compressed allreduce: m_prev keeps the

@@ -48,7 +48,7 @@ struct PipelineConfig {
 
 // zero_optimization (docs/design/zero.md section 2; docs/guides/zero.md "ZeRO").
 struct ZeroConfig {
-  int stage = 0;                           // 0: replicated state; 1, 2: sharded (ZeroAdam)
+  int stage = 0;                           // 0: replicated state; 1, 2: sharded (ZeroOptimizer)
   int64_t reduce_bucket_size = 500000000;  // elements per gradient reduce-scatter
   int64_t allgather_bucket_size = 500000000;  // elements gathered per parameter allgather
   bool reduce_scatter = true;              // false: allreduce each bucket (2x the traffic)

@@ -3,11 +3,11 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "optim/adam.hpp"
 #include "optim/onebit_adam.hpp"
 #include "optim/zero_one_adam.hpp"
 #include "optim/onebit_lamb.hpp"
-#include "optim/zero_adam.hpp"
+#include "optim/replicated_optimizer.hpp"
+#include "optim/zero_optimizer.hpp"
 
 namespace dsopt {
 
@@ -17,10 +17,10 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, Comm& comm
     fail(DSOPT_EUNSUPPORTED, "an NCCL communicator works on device memory: set \"device\": \"cuda\"");
   std::unique_ptr<Kernels> kernels =
       cfg.cuda ? make_cuda_kernels(comm.cuda_stream()) : make_cpu_kernels(cfg.threads);
-  if ((cfg.type == "Adam" || cfg.type == "AdamW") && cfg.zero.stage > 0)
-    return std::make_unique<ZeroAdam>(cfg, comm, std::move(kernels), params, count);
-  if (cfg.type == "Adam" || cfg.type == "AdamW")
-    return std::make_unique<Adam>(cfg, comm, std::move(kernels), params, count);
+  if (has_moment_rule(cfg) && cfg.zero.stage > 0)
+    return std::make_unique<ZeroOptimizer>(cfg, comm, std::move(kernels), params, count);
+  if (has_moment_rule(cfg))
+    return std::make_unique<ReplicatedOptimizer>(cfg, comm, std::move(kernels), params, count);
   if (cfg.type == "OneBitAdam")
     return std::make_unique<OneBitAdam>(cfg, comm, std::move(kernels), params, count);
   if (cfg.type == "ZeroOneAdam")

@@ -7,6 +7,7 @@
 #include "onebit/car_errors.hpp"
 #include "math/onebit_lamb.hpp"
 #include "onebit/rule_flag.hpp"
+#include "optim/lamb_step.hpp"
 
 namespace dsopt {
 namespace {
@@ -84,35 +85,16 @@ std::vector<UpdateSlot> OneBitLamb::slots(const PreparedGrads* grads) const {
   return s;
 }
 
-std::vector<AdamConsts> OneBitLamb::consts() const {
-  std::vector<AdamConsts> c;
-  for (size_t i = 0; i < size_t(params().count()); ++i) {
-    const AdamHyper& h = group(params().params()[i].group);
-    c.push_back(onebit_consts(h, false, 1, 1));  // no bias correction (docs/optimizers/onebit-lamb.md "1-bit LAMB")
-    if (!stage_.compressing) continue;
-    c.back().tensor_scale = float(scaling_[i]);
-    c.back().momentum_limit = config().momentum_limit(h.beta2, stage_.frozen_after);
-    c.back().update_units = update_units_ && car_ != nullptr;
+LambStepConsts OneBitLamb::consts() const {
+  LambStepConsts c = lamb_step_consts();  // no bias correction (docs/optimizers/onebit-lamb.md "1-bit LAMB")
+  if (!stage_.compressing) return c;
+  for (size_t i = 0; i < c.consts.size(); ++i) {
+    AdamConsts& k = c.consts[i];
+    k.tensor_scale = float(scaling_[i]);
+    k.momentum_limit = config().momentum_limit(group(params().params()[i].group).beta2, stage_.frozen_after);
+    k.update_units = update_units_ && car_ != nullptr;
   }
   return c;
-}
-
-std::vector<double> OneBitLamb::sums_of_squares(const std::vector<UpdateSlot>& s,
-                                                std::initializer_list<Operand> streams) const {
-  std::vector<TensorRef> refs;
-  for (Operand o : streams)
-    for (const UpdateSlot& slot : s) refs.push_back(TensorRef{slot.data(o), slot.numel, DType::F32});
-  std::vector<double> sums(refs.size(), 0.0);
-  kernels().transform(refs.data(), int64_t(refs.size()), 1.0f, nullptr, sums.data());
-  return sums;
-}
-
-void OneBitLamb::apply(const std::vector<UpdateSlot>& s, std::vector<AdamConsts>& c,
-                       const std::vector<double>& coeff) {
-  for (size_t i = 0; i < s.size(); ++i)
-    c[i].step_size = float(-group(params().params()[i].group).lr * coeff[i]);
-  kernels().update(UpdateRule::LambApply, s.data(), int64_t(s.size()), c.data(), int32_t(c.size()),
-                   1.0f, 1.0f);
 }
 
 bool OneBitLamb::update(const PreparedGrads& grads) {
@@ -127,22 +109,21 @@ bool OneBitLamb::update(const PreparedGrads& grads) {
 }
 
 void OneBitLamb::warmup(const PreparedGrads& grads) {
-  const std::vector<UpdateSlot> s = slots(&grads);
-  std::vector<AdamConsts> c = consts();
-  const int64_t n = int64_t(s.size());
-  kernels().update(UpdateRule::LambWarmup, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
-  const std::vector<double> sums = sums_of_squares(s, {Operand::Param, Operand::U});
-  std::vector<double> coeff(static_cast<size_t>(n));
-  for (size_t i = 0; i < size_t(n); ++i) {
-    coeff[i] = lamb_warmup_coeff(sums[i], sums[size_t(n) + i], config().lamb);
+  LambStepConsts c = consts();
+  Kernels& k = kernels();
+  const std::vector<double> coeff =
+      lamb_step(k, slots(&grads), c.consts, c.lr, grads.mul1, grads.mul2, config().lamb,
+                [&k](const std::vector<UpdateSlot>& s, std::initializer_list<Operand> streams) {
+                  return whole_tensor_sums(k, s, streams);
+                });
+  for (size_t i = 0; i < coeff.size(); ++i)
     coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], config().lamb);
-  }
-  apply(s, c, coeff);
 }
 
 void OneBitLamb::compressed(const PreparedGrads& grads) {
   const std::vector<UpdateSlot> s = slots(&grads);
-  std::vector<AdamConsts> c = consts();
+  LambStepConsts step = consts();
+  std::vector<AdamConsts>& c = step.consts;
   const int64_t n = int64_t(s.size());
   kernels().update(UpdateRule::LambMomentum, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
   if (car_) {
@@ -151,9 +132,9 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
   }
   kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
   // aux holds u0 now; the stabilized rule also needs ||p||.
-  const std::vector<double> sums = update_units_
-                                       ? sums_of_squares(s, {Operand::U, Operand::Aux, Operand::Param})
-                                       : sums_of_squares(s, {Operand::U, Operand::Aux});
+  const std::vector<double> sums =
+      update_units_ ? whole_tensor_sums(kernels(), s, {Operand::U, Operand::Aux, Operand::Param})
+                    : whole_tensor_sums(kernels(), s, {Operand::U, Operand::Aux});
   std::vector<TensorRef> ratios;
   for (const UpdateSlot& slot : s) ratios.push_back(TensorRef{slot.data(Operand::Ratio), slot.numel, DType::F32});
   std::vector<float> max_ratio(static_cast<size_t>(n));
@@ -169,7 +150,7 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
     if (update_units_)
       coeff[i] = std::max(coeff[i], lamb_warmup_coeff(sums[2 * size_t(n) + i], sums[i], config().lamb));
   }
-  apply(s, c, coeff);
+  lamb_move(kernels(), s, c, step.lr, coeff);
 }
 
 void OneBitLamb::enter_compression(int64_t warmup_updates) {
@@ -177,7 +158,7 @@ void OneBitLamb::enter_compression(int64_t warmup_updates) {
   // vf starts as v at the actual transition (L1).
   kernels().copy(fresh_.get(), moments_.exp_avg_sq(), fresh_.bytes());
   const std::vector<UpdateSlot> s = slots(nullptr);
-  const std::vector<double> sums = sums_of_squares(s, {Operand::M});
+  const std::vector<double> sums = whole_tensor_sums(kernels(), s, {Operand::M});
   std::vector<int64_t> numel;
   for (const UpdateSlot& slot : s) numel.push_back(slot.numel);
   lamb_scaling_coeffs(sums.data(), numel.data(), int64_t(sums.size()), scaling_.data());

@@ -3,7 +3,6 @@
 // a warmup, then frozen variance and trust ratio, and every momentum in one
 // fused buffer averaged through the 1-bit compressed allreduce.
 #pragma once
-#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -37,16 +36,9 @@ class OneBitLamb final : public Optimizer {
  private:
   // One slot per parameter, slot.group = its index (constants are per tensor).
   std::vector<UpdateSlot> slots(const PreparedGrads* grads) const;
-  std::vector<AdamConsts> consts() const;
+  LambStepConsts consts() const;
   void warmup(const PreparedGrads& grads);
   void compressed(const PreparedGrads& grads);
-  // Per-tensor sums of squares of each stream over the slots (one pass;
-  // the first stream's tensors first), in the order of math/sum_squares.hpp.
-  std::vector<double> sums_of_squares(const std::vector<UpdateSlot>& s,
-                                      std::initializer_list<Operand> streams) const;
-  // p += fl32(-lr * coeff[t]) * u of every tensor.
-  void apply(const std::vector<UpdateSlot>& s, std::vector<AdamConsts>& c,
-             const std::vector<double>& coeff);
   void enter_compression(int64_t warmup_updates);
   void start_compressed_allreduce();
   int64_t tail() const { return padded_ - params().total_numel(); }

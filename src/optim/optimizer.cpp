@@ -395,6 +395,16 @@ AdamStepConsts Optimizer::adam_step_consts() const {
   return dsopt::adam_step_consts(groups_, steps_, param_groups_, param_steps_, inactive_);
 }
 
+LambStepConsts Optimizer::lamb_step_consts() const {
+  LambStepConsts c;
+  for (size_t i = 0; i < param_groups_.size(); ++i) {
+    const AdamHyper& h = groups_[size_t(param_groups_[i])];
+    c.consts.push_back(onebit_consts(h, h.bias_correction, param_steps_[i], param_steps_[i]));
+    c.lr.push_back(h.lr);
+  }
+  return c;
+}
+
 void Optimizer::set_momentum_mask(int64_t, const dsopt_tensor*) {
   fail(DSOPT_EUNSUPPORTED, "dsopt_set_momentum_mask: " + algorithm() +
                                " has no momentum mask (only the 1-bit optimizers do)");

@@ -15,6 +15,8 @@
 #include "optim/adam_step_consts.hpp"
 #include "optim/config.hpp"
 #include "optim/divergence_check.hpp"
+#include "optim/lamb_step.hpp"
+#include "optim/moment_rule.hpp"
 #include "params/param_set.hpp"
 #include "optim/replication_check.hpp"
 #include "optim/step_pipeline.hpp"
@@ -205,6 +207,16 @@ class Optimizer {
   // This step's Adam constants: per group, or per parameter when steps
   // differ or parameters are left out (call from update()).
   AdamStepConsts adam_step_consts() const;
+  // This step's LAMB constants, per parameter (math/onebit_lamb.hpp), at
+  // the parameter's own update count; bias-corrected as its group says.
+  LambStepConsts lamb_step_consts() const;
+  // One update of a moment rule (optim/moment_rule.hpp) over `slots`: whole
+  // tensors or a shard's fragments, param_of(k) the parameter of slot k,
+  // whose group is its parameter's group; LAMB's slots carry the U stream
+  // and `sums` gives it the per-tensor sums of squares (lamb_step.hpp).
+  void update_moments(MomentRule rule, const std::vector<UpdateSlot>& slots,
+                      const std::function<int64_t(size_t)>& param_of, const PreparedGrads& grads,
+                      const TensorSums& sums);
   // Restores steps, learning rates, the loss scaler and the run id (what
   // every blob shares); for reshard's restore functions.
   void restore_common(const BlobReader& r);

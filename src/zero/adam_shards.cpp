@@ -20,9 +20,9 @@ struct SourceBlob {
   const float* masters;
 };
 
-SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_t index) {
+SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_t index,
+                const std::string& prefix) {
   const std::string who = "blobs[" + std::to_string(index) + "]";
-  const std::string prefix = kAdamMomentsPrefix;
   SourceBlob s;
   const char* masters_section;
   if (r.has(kZeroLayoutSection)) {
@@ -42,7 +42,7 @@ SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_
     masters_section = kStageMastersSection;
   }
   if (!r.has(prefix + ".exp_avg"))
-    fail(DSOPT_EMISMATCH, who + " holds no Adam moments");
+    fail(DSOPT_EMISMATCH, who + " holds no moments named " + prefix + ".exp_avg");
   const uint64_t state_bytes = uint64_t(s.layout.state_numel) * 4;
   s.m = reinterpret_cast<const float*>(r.section(prefix + ".exp_avg", state_bytes));
   s.v = reinterpret_cast<const float*>(r.section(prefix + ".exp_avg_sq", state_bytes));
@@ -115,7 +115,8 @@ StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
 }
 
 HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
-                                  const std::vector<BlobParam>& params, const StateLayout& target) {
+                                  const std::vector<BlobParam>& params, const StateLayout& target,
+                                  const std::string& prefix) {
   const bool sharded = blobs[0]->has(kZeroLayoutSection);
   for (size_t i = 1; i < blobs.size(); ++i)
     if (blobs[i]->has(kZeroLayoutSection) != sharded)
@@ -124,7 +125,7 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
   // Replicated state: every blob holds all of it; the first one suffices.
   const size_t used = sharded ? blobs.size() : 1;
   std::vector<SourceBlob> sources;
-  for (size_t i = 0; i < used; ++i) sources.push_back(view(*blobs[i], params, i));
+  for (size_t i = 0; i < used; ++i) sources.push_back(view(*blobs[i], params, i, prefix));
 
   // Every parameter's pieces, sorted; they must tile it exactly.
   std::vector<std::vector<Located>> by_param(params.size());

@@ -1,4 +1,4 @@
-// Adam/AdamW state as pieces of parameters, whatever layout saved it
+// Moment state (Adam/AdamW, LAMB) as pieces of parameters, whatever layout saved it
 // (docs/design/zero.md section 11.6): a stage-0 blob holds every parameter's
 // moments (and the fp32 masters of 16-bit parameters); a ZeRO blob holds
 // its shard of them, described by its zero.layout section. Resharding
@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "state/blob.hpp"
@@ -14,8 +15,10 @@
 
 namespace dsopt {
 
-// Blob section names shared by Adam (stage 0) and ZeroAdam.
+// Blob section names shared by stage 0 and ZeRO: the moments are
+// <prefix>.exp_avg and <prefix>.exp_avg_sq.
 constexpr const char* kAdamMomentsPrefix = "adam";
+constexpr const char* kLambMomentsPrefix = "lamb";
 constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kStageMastersSection = "common.masters";
@@ -59,10 +62,11 @@ struct HostAdamState {
 };
 
 // Validates that `blobs` (already checked to be one save of one run, in
-// rank order) hold Adam state of one kind, all stage 0 or one complete set
-// of ZeRO shards, and assembles `target` from them. Throws, changing
-// nothing, otherwise.
+// rank order) hold moments named <prefix>.* of one kind, all stage 0 or one
+// complete set of ZeRO shards, and assembles `target` from them. Throws,
+// changing nothing, otherwise.
 HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
-                                  const std::vector<BlobParam>& params, const StateLayout& target);
+                                  const std::vector<BlobParam>& params, const StateLayout& target,
+                                  const std::string& prefix);
 
 }  // namespace dsopt

@@ -1,5 +1,5 @@
 // ZeRO-Offload's update path (src/optim/offloaded_update.cpp) without a GPU:
-// ZeroAdam on a stand-in device whose memory is host memory but which the
+// ZeroOptimizer (Adam) on a stand-in device whose memory is host memory but which the
 // optimizer treats as CUDA, so "offload_optimizer": {"device": "cpu"} moves
 // masters and moments to the host kernels, uploads through the async lanes
 // and pins through the device. Offloaded and device-resident optimizers
@@ -22,7 +22,7 @@
 #include "base/error.hpp"
 #include "comm/comm.hpp"
 #include "fake_device_kernels.hpp"
-#include "optim/zero_adam.hpp"
+#include "optim/zero_optimizer.hpp"
 
 using namespace dsopt;
 
@@ -90,7 +90,7 @@ struct Run {
 Run make(const OptimizerConfig& cfg, Comm& comm, Model& m) {
   auto kernels = std::make_unique<FakeDeviceKernels>();
   FakeDeviceKernels* device = kernels.get();
-  Run r{device, std::make_unique<ZeroAdam>(cfg, comm, std::move(kernels), m.param_desc.data(),
+  Run r{device, std::make_unique<ZeroOptimizer>(cfg, comm, std::move(kernels), m.param_desc.data(),
                                            int64_t(m.param_desc.size()))};
   r.opt->set_run_id(42);
   return r;

@@ -5,7 +5,8 @@ themselves; a failing check aborts the run with its traceback. Phases
 
 * equivalence: stage 1 and 2 equal stage 0 after every step (bit for bit
   with exact gradients or at most two ranks, else within fp32 rounding),
-  the same step infos, identical parameters on every rank;
+  the same step infos, identical parameters on every rank; LAMB's stage 0
+  also equals its numpy reference (lamb_reference.py) bit for bit;
 * resume: a ZeRO-2 run saved after 3 steps and loaded into a fresh
   optimizer continues bit-identically;
 * save: writes the blobs of a ZeRO-2 run and of a stage-0 run after 3
@@ -15,7 +16,8 @@ themselves; a failing check aborts the run with its traceback. Phases
   from stage-0 blobs) and into stage 0 (from stage-2 blobs), and continues:
   bit-identical to the stage-0 run of the same old world size loaded with
   dsopt_state_load (replicated state loads as is) and continued here;
-* memory: dsopt_memory_usage equals the accounting of the layout rule;
+* memory: dsopt_memory_usage equals the accounting of the layout rule
+  (AdamW, and LAMB with its direction and rebuilt blocks);
 * bad_blobs: missing, duplicated, misordered, corrupted, foreign and
   other-run blobs are rejected on every rank and change nothing."""
 
@@ -29,12 +31,14 @@ from mpi4py import MPI
 
 import dsopt
 import zero_runs as zr
+from lamb_reference import LambReference
 from mpi_phases import main, out_path
 
 MPI_WORLD = MPI.COMM_WORLD
 SAVE_AFTER = 3
 CONTINUE = 3
-RESHARD_SCENARIOS = ["fp32", "mixed_dtypes", "fp16_dynamic"]
+RESHARD_SCENARIOS = ["fp32", "mixed_dtypes", "fp16_dynamic", "lamb_mixed_dtypes"]
+RESUME_SCENARIOS = ["fp32_random", "fp16_dynamic", "mixed_dtypes", "lamb_mixed_dtypes", "lamb_fp16_dynamic"]
 
 
 def bits(arrays):
@@ -70,10 +74,22 @@ def run(sc, stage, comm, rank, steps=None):
     return history, infos
 
 
+def check_lamb_reference(sc, history, size):
+    """Stage 0 of a LAMB scenario with exact gradients and a fixed loss
+    scale against the numpy reference on `size` ranks."""
+    ref = LambReference(zr.config(sc, 0), zr.initial_params(sc), size, group_of=sc.groups,
+                        kinds=list(sc.kinds))
+    for k, got in enumerate(history):
+        ref.step([zr.gradients(sc, k, r, 1.0) for r in range(size)])
+        assert_same(got, ref.params(), f"{sc.name} stage 0 step {k + 1} at P={size} against the reference")
+
+
 def phase_equivalence(comm, rank, size):
     checked = 0
     for sc in zr.SCENARIOS:
         ref, ref_infos = run(sc, 0, comm, rank)
+        if sc.opt_type == "Lamb" and sc.grads == "exact" and not sc.overflow:
+            check_lamb_reference(sc, ref, size)
         exact = sc.grads == "exact" or size <= 2
         for stage in (1, 2):
             hist, infos = run(sc, stage, comm, rank)
@@ -112,7 +128,7 @@ def continue_from(sc, stage, comm, rank, params, load):
 
 
 def phase_resume(comm, rank, size):
-    for sc in (zr.BY_NAME["fp32_random"], zr.BY_NAME["fp16_dynamic"], zr.BY_NAME["mixed_dtypes"]):
+    for sc in (zr.BY_NAME[name] for name in RESUME_SCENARIOS):
         for stage in (1, 2):
             whole, _ = run(sc, stage, comm, rank, SAVE_AFTER + CONTINUE)
             blob, params = save_blobs(sc, stage, comm, rank)
@@ -208,15 +224,15 @@ def phase_bad_blobs(comm, rank, size):
 
 
 def phase_memory(comm, rank, size):
-    sc = zr.MEMORY
-    want = zr.expected_host_bytes(sc, size)
-    for stage in (0, 1, 2):
-        opt, _ = zr.make(sc, stage, comm)
-        with opt:
-            zr.step_all(opt, sc, rank, 0, 1)
-            got = opt.memory_usage()
-        assert got == {"host": want[stage], "device": 0}, (stage, got, want)
-    return want[2]
+    for sc, expected in ((zr.MEMORY, zr.expected_host_bytes), (zr.LAMB_MEMORY, zr.expected_lamb_host_bytes)):
+        want = expected(sc, size)
+        for stage in (0, 1, 2):
+            opt, _ = zr.make(sc, stage, comm)
+            with opt:
+                zr.step_all(opt, sc, rank, 0, 1)
+                got = opt.memory_usage()
+            assert got == {"host": want[stage], "device": 0}, (sc.name, stage, got, want)
+    return zr.expected_host_bytes(zr.MEMORY, size)[2]
 
 
 PHASES = {"memory": phase_memory, "equivalence": phase_equivalence, "resume": phase_resume, "save": phase_save,

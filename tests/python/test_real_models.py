@@ -22,6 +22,11 @@ AdamW under ZeRO stage 2 (buckets of 4,096 elements, smaller than the
 models' largest tensors) ends where AdamW ends, on 4 ranks and on one, on
 both models, without a skipped step.
 
+LAMB (lr 1e-2, bias-corrected) trains both models to under half their
+first loss, on 4 ranks and on one; under ZeRO stage 2 it ends where it
+ends (bit for bit on one rank, fp32 rounding of the gradient sums apart on
+4); without bias correction it is 1-bit LAMB's warmup rule bit for bit.
+
 Divergence that stays finite (StepInfo.diverging, docs/reference/c-api.md "Divergence that
 stays finite"): never reported on any of the healthy runs above, the same
 on every rank of every run, and reported within a few steps of a blow-up
@@ -42,7 +47,8 @@ from dsopt_testing import skip_unless_mpi_runs
 
 sys.path.insert(0, str(conftest.REPO_ROOT / "examples" / "python"))
 import training_runs  # noqa: E402
-from training_runs import RunSpec, adamw_config, lamb_config, onebit_config, zoadam_config  # noqa: E402
+from training_runs import (RunSpec, adamw_config, lamb_config, onebit_config, plain_lamb_config,  # noqa: E402
+                           zoadam_config)
 import divergence_rule  # noqa: E402
 
 WORKER = conftest.HERE / "mpi_real_models.py"
@@ -58,6 +64,8 @@ RUNS = {
     "lamb_stabilized": lamb_config(freeze_step=FREEZE_STEP),
     "lamb_deepspeed_rule": lamb_config(freeze_step=FREEZE_STEP, stabilize=False),
     "adamw": adamw_config(),
+    "lamb": plain_lamb_config(),
+    "lamb_zero2": plain_lamb_config(zero_stage=2),
     "zero2": dict(adamw_config(), zero_optimization={"stage": 2, "reduce_bucket_size": 4096,
                                                      "allgather_bucket_size": 4096}),
     "zoadam_stabilized": zoadam_config(FREEZE_STEP),
@@ -201,3 +209,26 @@ def test_zero2_trains_like_adamw(model, four_ranks):
     local = training_runs.run_local([s for s in specs_for([model]) if s.name in names])
     assert local[names[0]].train_loss == local[names[1]].train_loss
     assert local[names[0]].losses == local[names[1]].losses
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_lamb_trains_and_zero2_ends_where_it_ends(model, four_ranks):
+    lamb, zero2 = four_ranks(f"{model}/lamb"), four_ranks(f"{model}/lamb_zero2")
+    for rank, (a, b) in enumerate(zip(lamb, zero2)):
+        for what, result in (("LAMB", a), ("LAMB ZeRO-2", b)):
+            assert not result.error and result.skipped == 0, f"{model}, {what}, rank {rank}: {result}"
+            assert not any(result.diverging), f"{model}, {what}, rank {rank}"
+    assert lamb[0].train_loss < 0.5 * lamb[0].losses[0], (lamb[0].train_loss, lamb[0].losses[0])
+    assert abs(zero2[0].train_loss - lamb[0].train_loss) <= 1e-3 * lamb[0].train_loss, \
+        (zero2[0].train_loss, lamb[0].train_loss)
+    names = [f"{model}/lamb_zero2", f"{model}/lamb"]
+    local = training_runs.run_local([s for s in specs_for([model]) if s.name in names])
+    assert local[names[0]].losses == local[names[1]].losses
+    assert local[names[1]].train_loss < 0.5 * local[names[1]].losses[0]
+
+
+def test_lamb_without_bias_correction_is_one_bit_lambs_warmup():
+    specs = [RunSpec("lamb", "digits", plain_lamb_config(bias_correction=False), steps=60, batch=64, seed=0),
+             RunSpec("warmup", "digits", lamb_config(freeze_step=100000), steps=60, batch=64, seed=0)]
+    local = training_runs.run_local(specs)
+    assert local["lamb"].losses == local["warmup"].losses

@@ -31,6 +31,7 @@ class Scenario:
                                                 "allgather_bucket_size": 200})
     overflow: tuple = ()          # (step, rank): that rank's gradient is Inf then
     seed: int = 7
+    opt_type: str = "AdamW"
 
 
 SCENARIOS = [
@@ -49,11 +50,27 @@ SCENARIOS = [
     Scenario("tiny", sizes=(1, 2, 3), groups=(0, 1, 0), kinds=("fp32", "bf16", "fp32"),
              zero={"reduce_bucket_size": 1, "allgather_bucket_size": 1}),
 ]
+# LAMB: tensors of several sum blocks (4096 elements), cut by small buckets
+# (most blocks rebuilt across ranks) or by the one-bucket shards (a few).
+LAMB_SIZES = (37, 9000, 3, 5000, 64)
+SCENARIOS += [
+    Scenario("lamb", sizes=LAMB_SIZES, opt_type="Lamb",
+             zero={"reduce_bucket_size": 1000, "allgather_bucket_size": 3000}),
+    Scenario("lamb_one_bucket", sizes=LAMB_SIZES, opt_type="Lamb", zero={}),
+    Scenario("lamb_mixed_dtypes", sizes=LAMB_SIZES, kinds=("fp32", "bf16", "fp16", "fp32", "bf16"),
+             opt_type="Lamb", top={"optimizer": {"type": "Lamb", "params": {
+                 "lr": 0.01, "weight_decay": 0.01, "bias_correction": False, "max_coeff": 2.0}}}),
+    Scenario("lamb_random", sizes=LAMB_SIZES, grads="random", opt_type="Lamb"),
+    Scenario("lamb_fp16_dynamic", sizes=LAMB_SIZES, kinds=("fp16",) * 5, overflow=(3, 1), opt_type="Lamb",
+             top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
+    Scenario("lamb_tiny", sizes=(1, 2, 3), groups=(0, 1, 0), kinds=("fp32", "bf16", "fp32"), opt_type="Lamb",
+             zero={"reduce_bucket_size": 1, "allgather_bucket_size": 1}),
+]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
 
 
 def config(sc: Scenario, stage: int) -> dict:
-    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01,
+    cfg = {"optimizer": {"type": sc.opt_type, "params": {"lr": 0.01, "weight_decay": 0.01,
                                                        "betas": [0.8, 0.99]}},
            "param_groups": [{}, {"lr": 0.02, "weight_decay": 0.0}],
            "report_grad_norm": True}
@@ -115,6 +132,36 @@ def make(sc, stage, comm, params=None):
 # An all-bf16 model whose 1440 elements need no padding for P = 1..4.
 MEMORY = Scenario("memory", sizes=(1001, 437, 2), kinds=("bf16",) * 3, groups=(0, 1, 0),
                   top={"bf16": {"enabled": True}})
+
+
+# The same model with LAMB in one reduce bucket (DeepSpeed's contiguous shards).
+LAMB_MEMORY = Scenario("lamb_memory", sizes=MEMORY.sizes, kinds=MEMORY.kinds, groups=MEMORY.groups,
+                       top=MEMORY.top, opt_type="Lamb",
+                       zero={"reduce_bucket_size": 1440, "allgather_bucket_size": 200})
+
+
+def cut_numel(sizes, world: int) -> int:
+    """Elements of LAMB's sum blocks (4096 elements from a tensor's start)
+    that a one-bucket layout splits between ranks: rebuilt on every rank."""
+    shard = sum(sizes) // world
+    bounds = [k * shard for k in range(1, world)]
+    start, cut = 0, 0
+    for n in sizes:
+        for b in range(0, n, 4096):
+            lo, hi = start + b, start + min(n, b + 4096)
+            cut += (hi - lo) if any(lo < x < hi for x in bounds) else 0
+        start += n
+    return cut
+
+
+def expected_lamb_host_bytes(sc: Scenario, world: int) -> dict:
+    """expected_host_bytes plus LAMB's direction u (4 bytes per element
+    kept) and, under ZeRO, the rebuilt blocks of p and u (8 bytes per cut
+    element)."""
+    n, want = sum(sc.sizes), expected_host_bytes(sc, world)
+    shard = n // world
+    extra = 8 * cut_numel(sc.sizes, world)
+    return {0: want[0] + 4 * n, 1: want[1] + 4 * shard + extra, 2: want[2] + 4 * shard + extra}
 
 
 def expected_host_bytes(sc: Scenario, world: int) -> dict:

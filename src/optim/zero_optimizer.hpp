@@ -1,14 +1,16 @@
-// ZeRO stage 1 and 2 with the Adam/AdamW update (docs/design/zero.md; README
-// "ZeRO"): this rank keeps the moments, and fp32 masters of 16-bit
-// parameters, for its shard only; gradients are reduce-scattered into the
+// ZeRO stage 1 and 2 (docs/guides/zero.md) with a moment rule
+// (optim/moment_rule.hpp: Adam, AdamW, LAMB): this rank keeps the moments,
+// and fp32 masters of 16-bit parameters, for its shard only; gradients are reduce-scattered into the
 // shard, the update runs on it, and the parameters are allgathered back
 // into the caller's buffers. The caller passes all its gradients to
 // dsopt_step, so both stages hold the same buffers here; they differ once
-// gradients are handed over during backward.
+// gradients are handed over during backward. LAMB's trust ratios take the
+// norms of whole tensors across the shards (zero/shard_tensor_sums.hpp).
 #pragma once
 #include <memory>
 #include <vector>
 
+#include "optim/moment_rule.hpp"
 #include "optim/moments.hpp"
 #include "optim/optimizer.hpp"
 #include "zero/adam_shards.hpp"
@@ -16,23 +18,24 @@
 #include "zero/gradient_reducer.hpp"
 #include "zero/param_gatherer.hpp"
 #include "zero/shard_layout.hpp"
+#include "zero/shard_tensor_sums.hpp"
 
 namespace dsopt {
 
-class ZeroAdam final : public Optimizer {
+class ZeroOptimizer final : public Optimizer {
  public:
-  ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+  ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
            const dsopt_tensor* params, int64_t count);
-  ~ZeroAdam() override { stop_reductions(); }
+  ~ZeroOptimizer() override { stop_reductions(); }
 
  protected:
-  std::string algorithm() const override;
+  std::string algorithm() const override { return moment_algorithm(config()); }
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count) override;
   GradientHandover& handover() override { return reducer_; }
   void open_handover(int micro_batches) override { reducer_.open_handover(micro_batches); }
   PreparedGrads prepare_handed_over() override;
   bool update(const PreparedGrads& grads) override;
-  bool skips_absent() const override { return true; }
+  bool skips_absent() const override { return rule_ == MomentRule::Adam; }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
 
@@ -57,7 +60,7 @@ class ZeroAdam final : public Optimizer {
   // Where masters and moments live: the host with CPU offload.
   Kernels& state_kernels() const { return offload_ ? host_kernels() : kernels(); }
 
-  bool decoupled_;
+  MomentRule rule_;
   bool offload_;
   ShardLayout layout_;
   StateLayout state_;         // this rank's fragments, with master offsets
@@ -66,6 +69,8 @@ class ZeroAdam final : public Optimizer {
   DeviceBuffer scratch_;      // the reducer's bucket, then the gatherer's chunk
   GradientReducer reducer_;
   ParamGatherer gatherer_;
+  DeviceBuffer u_;             // LAMB's direction over the shard
+  std::unique_ptr<ShardTensorSums> sums_;  // LAMB's norms of whole tensors
   std::vector<UpdateSlot> slots_;  // see slots()
   uint64_t slots_generation_ = 0;  // params().generation() slots_ point at
   std::unique_ptr<OffloadedUpdate> offloaded_;  // with offload; unpins before the buffers go

@@ -1,4 +1,4 @@
-#include "optim/zero_adam.hpp"
+#include "optim/zero_optimizer.hpp"
 
 #include <algorithm>
 
@@ -48,15 +48,15 @@ std::vector<int64_t> numels(const ParamSet& params) {
 
 }  // namespace
 
-ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
+ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
                    const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
-      decoupled_(cfg.defaults.decoupled),
+      rule_(moment_rule(cfg)),
       offload_(cfg.zero.offload_cpu && this->kernels().device() == Device::Cuda),
       layout_(numels(this->params()), comm.size(), cfg.zero.reduce_bucket_size),
       state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes())),
       masters_(state_kernels(), size_t(state_.master_numel) * 4),
-      moments_(layout_.shard_numel(), state_kernels(), kAdamMomentsPrefix),
+      moments_(layout_.shard_numel(), state_kernels(), moments_prefix(rule_)),
       scratch_(this->kernels(),
                std::max(GradientReducer::scratch_bytes(layout_),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
@@ -65,6 +65,11 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
                this->params(), pipeline().agreement(), runner(), scratch_.get()),
       gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {
+  if (rule_ == MomentRule::Lamb) {
+    if (offload_) fail(DSOPT_EUNSUPPORTED, "LAMB under ZeRO with CPU offload is not supported");
+    u_ = DeviceBuffer(this->kernels(), size_t(layout_.shard_numel()) * 4);
+    sums_ = std::make_unique<ShardTensorSums>(layout_, comm.rank(), comm, this->kernels(), mem());
+  }
   if (offload_) {
     offloaded_ = std::make_unique<OffloadedUpdate>(state_, this->params(), this->kernels(),
                                                    host_kernels(), cfg.zero.pin_memory,
@@ -81,7 +86,7 @@ ZeroAdam::ZeroAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kerne
                                s.floats(Operand::Param));
 }
 
-void ZeroAdam::point_slots() {
+void ZeroOptimizer::point_slots() {
   slots_.clear();
   for (const StatePiece& f : state_.pieces) {
     const Param& p = params().params()[size_t(f.param)];
@@ -96,53 +101,50 @@ void ZeroAdam::point_slots() {
   slots_generation_ = params().generation();
 }
 
-const std::vector<UpdateSlot>& ZeroAdam::slots() {
+const std::vector<UpdateSlot>& ZeroOptimizer::slots() {
   if (!offloaded_ && slots_generation_ != params().generation()) point_slots();
   return slots_;
 }
 
-std::string ZeroAdam::algorithm() const { return decoupled_ ? "AdamW" : "Adam"; }
-
-PreparedGrads ZeroAdam::prepare(const dsopt_tensor* grads, int64_t count) {
+PreparedGrads ZeroOptimizer::prepare(const dsopt_tensor* grads, int64_t count) {
   return prepared(reducer_.reduce_at_once(grads, count, pipeline().wants_norm()));
 }
 
-PreparedGrads ZeroAdam::prepare_handed_over() {
+PreparedGrads ZeroOptimizer::prepare_handed_over() {
   return prepared(reducer_.reduce_handed_over(pipeline().wants_norm()));
 }
 
-PreparedGrads ZeroAdam::prepared(const ReducedShard& reduced) {
+PreparedGrads ZeroOptimizer::prepared(const ReducedShard& reduced) {
   PreparedGrads out;  // grads empty: the update reads the shard
   out.skip = reduced.nonfinite && pipeline().config().skip_nonfinite;
   pipeline().set_multipliers(out, reduced.sumsq);
   return out;
 }
 
-bool ZeroAdam::update(const PreparedGrads& grads) {
-  const AdamStepConsts c = adam_step_consts();
-  const int32_t n = int32_t(c.consts.size());
+bool ZeroOptimizer::update(const PreparedGrads& grads) {
+  const auto param_of = [this](size_t k) { return state_.pieces[k].param; };
   if (offloaded_) {
-    offloaded_->run(reducer_.shard(), c, grads.mul1, grads.mul2);
-  } else if (c.of_param.empty()) {
-    const std::vector<UpdateSlot>& all = slots();
-    kernels().update(UpdateRule::Adam, all.data(), int64_t(all.size()), c.consts.data(), n,
-                     grads.mul1, grads.mul2);
-  } else {  // parameters with their own step counts, or some left out
-    const std::vector<UpdateSlot> slots =
-        c.select(this->slots(), [this](size_t k) { return state_.pieces[k].param; });
-    kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(), n,
-                     grads.mul1, grads.mul2);
+    offloaded_->run(reducer_.shard(), adam_step_consts(), grads.mul1, grads.mul2);
+  } else if (rule_ == MomentRule::Adam) {
+    update_moments(rule_, slots(), param_of, grads, nullptr);
+  } else {
+    std::vector<UpdateSlot> s = slots();
+    for (size_t k = 0; k < s.size(); ++k) s[k].set(Operand::U, u_.floats() + state_.pieces[k].state_offset);
+    update_moments(rule_, s, param_of, grads,
+                   [this](const std::vector<UpdateSlot>& fragments, std::initializer_list<Operand> streams) {
+                     return sums_->sums(fragments, streams);
+                   });
   }
   gatherer_.gather();
   return false;
 }
 
-ZeroLayoutRecord ZeroAdam::record() const {
+ZeroLayoutRecord ZeroOptimizer::record() const {
   return ZeroLayoutRecord{config().zero.stage, uint32_t(comm().size()), uint32_t(comm().rank()),
                           layout_.bucket_elems(), layout_.shard_numel(), state_.master_numel};
 }
 
-void ZeroAdam::describe_state(StateSchema& s) {
+void ZeroOptimizer::describe_state(StateSchema& s) {
   s.check([this](const BlobReader& r) { check_layout(r); })
       .record(kZeroLayoutSection, kZeroLayoutBytes,
               [this](FieldWriter& f) { f.add_bytes(encode(record())); }, nullptr, nullptr)
@@ -160,14 +162,14 @@ void ZeroAdam::describe_state(StateSchema& s) {
   s.then([this](const BlobReader&) { publish_parameters(); });
 }
 
-StateSchema::Slice ZeroAdam::shard_slice(int64_t i, float* array, bool masters) const {
+StateSchema::Slice ZeroOptimizer::shard_slice(int64_t i, float* array, bool masters) const {
   const ShardRun run = shard_run(state_, i, layout_.bucket_elems());
   if (!run.found) return {true, nullptr, 0, 0};  // this rank holds none of it
   const int64_t at = masters ? run.piece.master_offset : run.piece.state_offset;
   return {true, array + at, run.piece.numel, run.piece.param_offset};
 }
 
-void ZeroAdam::check_layout(const BlobReader& r) const {
+void ZeroOptimizer::check_layout(const BlobReader& r) const {
   if (!r.has(kZeroLayoutSection))
     fail(DSOPT_EMISMATCH, "the blob is from a run without ZeRO (stage 0): load it with "
                           "dsopt_state_load_shards");
@@ -190,8 +192,8 @@ void ZeroAdam::check_layout(const BlobReader& r) const {
              "): load all blobs of that run with dsopt_state_load_shards");
 }
 
-std::function<void()> ZeroAdam::reshard(const Blobs& blobs) {
-  auto state = std::make_shared<HostAdamState>(assemble_adam_state(blobs, params().shapes(), state_));
+std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
+  auto state = std::make_shared<HostAdamState>(assemble_adam_state(blobs, params().shapes(), state_, moments_prefix(rule_)));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {
     restore_common(*first);
@@ -203,7 +205,7 @@ std::function<void()> ZeroAdam::reshard(const Blobs& blobs) {
   };
 }
 
-void ZeroAdam::publish_parameters() {
+void ZeroOptimizer::publish_parameters() {
   if (offloaded_) {
     offloaded_->read_masters(false);  // fp32 parameters are the caller's values
     offloaded_->publish();

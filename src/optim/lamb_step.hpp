@@ -1,0 +1,46 @@
+// The LAMB update written once, for every layout of its slots: 1-bit
+// LAMB's warmup and LAMB at stage 0 pass whole tensors, LAMB under ZeRO
+// passes a shard's fragments (docs/optimizers/lamb.md).
+//
+// Slot k's group is the index of its parameter; consts[i] holds parameter
+// i's constants and lr[i] its learning rate. `sums` returns, for each
+// stream in turn, the sum of squares of every parameter's whole tensor in
+// the order of math/sum_squares.hpp (so the trust ratios are the same on
+// every rank and in every layout).
+#pragma once
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "math/onebit_lamb.hpp"
+
+namespace dsopt {
+
+// One step's constants and learning rate of every parameter.
+struct LambStepConsts {
+  std::vector<AdamConsts> consts;
+  std::vector<double> lr;
+};
+
+using TensorSums = std::function<std::vector<double>(const std::vector<UpdateSlot>&,
+                                                     std::initializer_list<Operand>)>;
+
+// Sums over slots that are whole tensors, one per parameter.
+std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<UpdateSlot>& slots,
+                                      std::initializer_list<Operand> streams);
+
+// m, v and the direction u from the gradient (LambWarmupRule), the trust
+// ratio ||p|| / ||u|| of every tensor (clamped, math/onebit_lamb.hpp), then
+// p += fl32(-lr * ratio) u. Returns the trust ratios.
+std::vector<double> lamb_step(Kernels& kernels, const std::vector<UpdateSlot>& slots,
+                              std::vector<AdamConsts>& consts, const std::vector<double>& lr,
+                              float mul1, float mul2, const LambCoeffConfig& k,
+                              const TensorSums& sums);
+
+// p += fl32(-lr[i] coeff[i]) u of every parameter i (LambApplyRule).
+void lamb_move(Kernels& kernels, const std::vector<UpdateSlot>& slots,
+               std::vector<AdamConsts>& consts, const std::vector<double>& lr,
+               const std::vector<double>& coeff);
+
+}  // namespace dsopt

@@ -1,0 +1,56 @@
+#include "optim/replicated_optimizer.hpp"
+
+#include "base/error.hpp"
+#include "zero/adam_shards.hpp"
+
+namespace dsopt {
+
+ReplicatedOptimizer::ReplicatedOptimizer(const OptimizerConfig& cfg, Comm& comm,
+                                         std::unique_ptr<Kernels> kernels,
+                                         const dsopt_tensor* params, int64_t count)
+    : Optimizer(cfg, comm, std::move(kernels), params, count),
+      rule_(moment_rule(cfg)),
+      moments_(this->params(), this->kernels(), moments_prefix(rule_)) {
+  if (rule_ == MomentRule::Lamb) u_ = DeviceBuffer(this->kernels(), size_t(this->params().total_numel()) * 4);
+}
+
+bool ReplicatedOptimizer::update(const PreparedGrads& grads) {
+  const std::vector<UpdateSlot>& all = moments_.all_slots(params(), grads);
+  const auto param_of = [](size_t k) { return int64_t(k); };
+  if (rule_ == MomentRule::Adam) {
+    update_moments(rule_, all, param_of, grads, nullptr);
+    return false;
+  }
+  std::vector<UpdateSlot> slots = all;
+  for (size_t i = 0; i < slots.size(); ++i)
+    slots[i].set(Operand::U, u_.floats() + params().params()[i].offset);
+  Kernels& k = kernels();
+  update_moments(rule_, slots, param_of, grads,
+                 [&k](const std::vector<UpdateSlot>& s, std::initializer_list<Operand> streams) {
+                   return whole_tensor_sums(k, s, streams);
+                 });
+  return false;
+}
+
+void ReplicatedOptimizer::describe_state(StateSchema& s) {
+  s.check([](const BlobReader& r) {
+    if (r.has(kZeroLayoutSection))
+      fail(DSOPT_EMISMATCH, "the blob is one rank's ZeRO shard: load all blobs of that run with "
+                            "dsopt_state_load_shards");
+  });
+  moments_.describe(s, flat_slices());
+}
+
+std::function<void()> ReplicatedOptimizer::reshard(const Blobs& blobs) {
+  auto state = std::make_shared<HostAdamState>(assemble_adam_state(
+      blobs, params().shapes(), replicated_state_layout(params().shapes()), moments_prefix(rule_)));
+  std::shared_ptr<const BlobReader> first = blobs[0];
+  return [this, state, first] {
+    restore_common(*first);
+    restore_masters(state->masters.data());
+    kernels().copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
+    kernels().copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
+  };
+}
+
+}  // namespace dsopt
