@@ -367,7 +367,7 @@ DSOPT_API int dsopt_get_param_step(const dsopt_optimizer *opt, int64_t param_ind
 
 /* Sets it (moving a run's state over from torch.optim). Adam/AdamW only;
  * step >= 0. Not collective; the same value on every rank. Returns
- * DSOPT_OK, DSOPT_EINVAL or DSOPT_EUNSUPPORTED (the 1-bit optimizers). */
+ * DSOPT_OK, DSOPT_EINVAL or DSOPT_EUNSUPPORTED (every other type). */
 DSOPT_API int dsopt_set_param_step(dsopt_optimizer *opt, int64_t param_index, int64_t step);
 
 /* ========================================================================

@@ -61,7 +61,7 @@ struct ZeroConfig {
 };
 
 struct OptimizerConfig {
-  std::string type;  // canonical: "Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"
+  std::string type;  // canonical: "Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"
   bool cuda = false;
   bool cuda_aware = false;
   int threads = 0;
@@ -80,7 +80,7 @@ struct OptimizerConfig {
   float momentum_limit(double beta2, int64_t variance_updates) const {
     return stabilize ? onebit_momentum_limit(stabilize_limit, beta2, variance_updates) : 0.0f;
   }
-  LambCoeffConfig lamb;           // 1-bit LAMB's trust-ratio and factor settings
+  LambCoeffConfig lamb;           // LAMB and 1-bit LAMB: trust-ratio (and factor) settings
   // 0/1 Adam (docs/design/zero-one-adam.md section 1; docs/optimizers/zero-one-adam.md "0/1 Adam").
   int64_t var_freeze_step = 100000;
   int64_t var_update_scaler = 16;

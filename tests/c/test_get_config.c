@@ -49,6 +49,9 @@ static const char *const expected[][2] = {
           "\"local_step_scaler\":32678,\"lr\":0.001,\"stabilize\":true,\"stabilize_limit\":4.0,"
           "\"var_freeze_step\":100000,\"var_update_scaler\":16,\"weight_decay\":0.0},"
           "\"type\":\"ZeroOneAdam\"}," TAIL_AFTER_PARAM_GROUPS(GROUP)},
+    {"Lamb", HEAD "\"optimizer\":{\"params\":{\"betas\":[0.9,0.999],\"bias_correction\":true,"
+                  "\"eps\":1e-08,\"lr\":0.001,\"max_coeff\":10.0,\"min_coeff\":0.01,"
+                  "\"weight_decay\":0.0},\"type\":\"Lamb\"}," TAIL_AFTER_PARAM_GROUPS(GROUP)},
 };
 
 /* The canonical text of a config (malloc'ed), through the size query. */

@@ -30,6 +30,7 @@ ONEBIT = {"freeze_step": 100000, "stabilize": True, "stabilize_limit": 4.0}
 PARAMS = {
     "Adam": dict(HYPER, bias_correction=True, adam_w_mode=True),
     "AdamW": dict(HYPER, bias_correction=True, adam_w_mode=True),
+    "Lamb": dict(HYPER, bias_correction=True, max_coeff=10.0, min_coeff=0.01),
     "OneBitAdam": dict(HYPER, bias_correction=True, **ONEBIT),
     "OneBitLamb": dict(HYPER, **ONEBIT, max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9,
                        factor_max=4.0, factor_min=0.5, factor_threshold=0.1),

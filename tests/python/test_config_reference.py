@@ -17,7 +17,7 @@ import dsopt
 from test_blob_compat import sections
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md"
-TYPES = ("Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam")
+TYPES = ("Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam")
 
 
 def rows():
@@ -114,8 +114,8 @@ def documented(prefix, kind):
                                   "zero_optimization.offload_optimizer", "divergence_check"])
 def test_the_table_lists_exactly_the_keys_the_library_knows(part, kind):
     cfg = base(kind, part + ".x")
-    if part == "zero_optimization.offload_optimizer" and kind not in ("Adam", "AdamW"):
-        pytest.skip("ZeRO is for Adam and AdamW")
+    if part == "zero_optimization.offload_optimizer" and kind not in ("Adam", "AdamW", "Lamb"):
+        pytest.skip("ZeRO is for Adam, AdamW and Lamb")
     if part == "zero_optimization.offload_optimizer":
         cfg["zero_optimization"] = {"stage": 2, "offload_optimizer": {}}
     probe = put(cfg, part + ".bogus_key" if part else "bogus_key", 1)

@@ -1,4 +1,4 @@
-"""dsopt.torch.Adam / AdamW / OneBitAdam / OneBitLamb / ZeroOneAdam as
+"""dsopt.torch.Adam / AdamW / Lamb / OneBitAdam / OneBitLamb / ZeroOneAdam as
 drop-in torch.optim optimizers: signatures, defaults and errors; .grad
 None (frozen parameters, unused branches) as torch.optim treats it;
 group hyperparameters that change mid-run; optimizer.state as a live view
@@ -26,8 +26,8 @@ torch = pytest.importorskip(
 import dsopt  # noqa: E402
 import dsopt.torch  # noqa: E402
 
-CLASSES = [dsopt.torch.Adam, dsopt.torch.AdamW, dsopt.torch.OneBitAdam, dsopt.torch.OneBitLamb,
-           dsopt.torch.ZeroOneAdam]
+CLASSES = [dsopt.torch.Adam, dsopt.torch.AdamW, dsopt.torch.Lamb, dsopt.torch.OneBitAdam,
+           dsopt.torch.OneBitLamb, dsopt.torch.ZeroOneAdam]
 PAIRS = {"Adam": (dsopt.torch.Adam, torch.optim.Adam),
          "AdamW": (dsopt.torch.AdamW, torch.optim.AdamW)}
 # dsopt's fp32 Adam and torch's round differently in the last bits.
@@ -161,6 +161,8 @@ BAD_VALUES = [
     (dsopt.torch.OneBitAdam, {"stabilize_limit": 0}, "stabilize_limit"),
     (dsopt.torch.OneBitAdam, {"zero_stage": 2}, "zero_stage"),
     (dsopt.torch.OneBitLamb, {"max_coeff": 0.001}, "max_coeff"),
+    (dsopt.torch.Lamb, {"min_coeff": 0}, "min_coeff"),
+    (dsopt.torch.Lamb, {"bias_correction": "yes"}, "bias_correction"),
     (dsopt.torch.OneBitLamb, {"coeff_beta": -1}, "coeff_beta"),
     (dsopt.torch.OneBitLamb, {"factor_min": 0}, "factor_min"),
     (dsopt.torch.ZeroOneAdam, {"var_update_scaler": 0}, "var_update_scaler"),
@@ -194,6 +196,25 @@ def test_one_bit_keywords_reach_dsopt():
     assert zoa._config["optimizer"]["type"] == "ZeroOneAdam"
 
 
+def test_lamb_keywords_reach_dsopt_and_zero_changes_no_bit():
+    lamb = dsopt.torch.Lamb(one_param(), lr=0.02, max_coeff=3.0, bias_correction=False)
+    assert lamb._config["optimizer"] == {
+        "type": "Lamb", "params": {"lr": 0.02, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
+                                   "bias_correction": False, "max_coeff": 3.0, "min_coeff": 0.01}}
+    runs = []
+    for stage in (0, 1, 2):
+        model = make_model()
+        opt = dsopt.torch.Lamb(model.parameters(), lr=0.01, weight_decay=0.01, zero_stage=stage,
+                               zero_optimization={"reduce_bucket_size": 40} if stage else None)
+        x, y = batch(0)
+        first = torch.nn.functional.mse_loss(model(x), y).item()
+        train(model, opt, 30)
+        assert torch.nn.functional.mse_loss(model(x), y).item() < 0.5 * first
+        runs.append(params_of(model))
+    assert_equal(runs[1], runs[0])
+    assert_equal(runs[2], runs[0])
+
+
 def test_dsopt_settings_reach_dsopt():
     model = make_model()
     opt = dsopt.torch.AdamW(model.parameters(), gradient_clipping=0.5, threads=1,
@@ -208,7 +229,7 @@ def test_dsopt_settings_reach_dsopt():
     assert sharded._config["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 64}
 
 
-@pytest.mark.parametrize("name", ["SGD", "Lamb", "RAdam", "NotAnOptimizer"])
+@pytest.mark.parametrize("name", ["SGD", "Lion", "RAdam", "NotAnOptimizer"])
 def test_unknown_names_of_the_module_say_what_exists(name):
     with pytest.raises(AttributeError, match=f"'{name}'.*Adam, AdamW, OneBitAdam, OneBitLamb"):
         getattr(dsopt.torch, name)
@@ -681,17 +702,18 @@ def test_state_under_zero_is_flat_with_its_offset():
 
 
 @pytest.mark.parametrize("cls,names", [
+    (dsopt.torch.Lamb, ["exp_avg", "exp_avg_sq"]),
     (dsopt.torch.OneBitAdam, ["exp_avg", "exp_avg_sq"]),
     (dsopt.torch.OneBitLamb, ["exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"]),
     (dsopt.torch.ZeroOneAdam, ["exp_avg", "exp_avg_sq"])], ids=lambda x: getattr(x, "__name__", ""))
-def test_state_of_one_bit_optimizers(cls, names):
+def test_state_of_lamb_and_the_one_bit_optimizers(cls, names):
     model = make_model()
     opt = cls(model.parameters(), lr=0.01)
     train(model, opt, 2)
     entry = opt.state[model[0].weight]
     assert list(entry) == ["step"] + names and entry["step"] == 2
     with pytest.raises(dsopt.Unsupported):
-        entry["step"] = 1  # the 1-bit optimizers' stages follow the steps applied
+        entry["step"] = 1  # steps follow the steps applied (the 1-bit optimizers' stages, LAMB's)
 
 
 # ---- torch.optim <-> dsopt ------------------------------------------------------------
@@ -920,7 +942,7 @@ def test_add_param_group_errors_change_nothing():
     assert opt.dsopt.param_step(0) == 2
 
 
-@pytest.mark.parametrize("cls", [dsopt.torch.OneBitAdam, dsopt.torch.OneBitLamb,
+@pytest.mark.parametrize("cls", [dsopt.torch.Lamb, dsopt.torch.OneBitAdam, dsopt.torch.OneBitLamb,
                                  dsopt.torch.ZeroOneAdam], ids=lambda c: c.__name__)
 def test_one_bit_add_param_group_before_the_first_step_only(cls):
     model = make_model()

@@ -6,7 +6,7 @@ arguments, and the config-dict ``Optimizer`` they all are::
 
     import dsopt.torch
     opt = dsopt.torch.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    # dsopt.torch.Adam, OneBitAdam(..., freeze_step=1000), OneBitLamb,
+    # dsopt.torch.Adam, Lamb, OneBitAdam(..., freeze_step=1000), OneBitLamb,
     # ZeroOneAdam; or dsopt.torch.Optimizer(params, config_dict)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=1000)
     for batch in data:
@@ -197,13 +197,13 @@ classes infer it).
 
 import torch as _torch
 
-from ._classes import Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam
+from ._classes import Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._ddp import ddp_comm_hook
 from ._optimizer import Optimizer
 # Looked up here by the optimizer (tests patch it here).
 from ._optimizer import _has_post_accumulate_grad_hooks  # noqa: F401
 
-__all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "Optimizer", "ZeroOneAdam",
+__all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "Optimizer", "ZeroOneAdam", "Lamb",
            "ddp_comm_hook"]
 
 

@@ -173,7 +173,7 @@ def _settings_config(tensors, one_bit, *, gradient_clipping, fp16, bf16, skip_no
         stage = zero.get("stage", 0)
         if one_bit and stage not in (0, None):
             raise ValueError(f"zero_stage / zero_optimization stage {stage!r}: ZeRO stage 1/2 "
-                             f"exist for Adam and AdamW only (the 1-bit optimizers run with "
+                             f"exist for Adam, AdamW and Lamb (the 1-bit optimizers run with "
                              f"stage 0)")
         config["zero_optimization"] = zero
     return config
@@ -373,6 +373,37 @@ class OneBitLamb(_TorchStyle):
                               divergence_check))
 
 
+class Lamb(_TorchStyle):
+    """LAMB (dsopt ``"Lamb"``; docs/optimizers/lamb.md) with torch-style
+    hyperparameters: Adam's moments, weight decay added to the update, and
+    each tensor's step scaled by its trust ratio ||p|| / ||update||,
+    clamped to [min_coeff, max_coeff]; both moments bias-corrected unless
+    ``bias_correction=False`` (then 1-bit LAMB's warmup rule, bit for bit).
+    Its state can be sharded with ZeRO stage 1/2 (``zero_stage=2``).
+
+    ``Lamb(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, *,
+    bias_correction=True, max_coeff=10.0, min_coeff=0.01, ...)``. A
+    parameter without ``.grad`` steps with a zero gradient.
+    """
+
+    _CONFIG_TYPE = "Lamb"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, *,
+                 bias_correction=True, max_coeff=10.0, min_coeff=0.01, comm=None, overlap=False,
+                 gradient_clipping=None, fp16=None, bf16=None, skip_nonfinite=None,
+                 max_consecutive_skips=None, gradient_accumulation_steps=None,
+                 zero_optimization=None, zero_stage=None, device=None, threads=None,
+                 divergence_check=None):
+        algorithm = {"bias_correction": _check_bool("bias_correction", bias_correction),
+                     "max_coeff": _check_number("max_coeff", max_coeff, positive=True),
+                     "min_coeff": _check_number("min_coeff", min_coeff, positive=True)}
+        self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
+                    _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
+                              max_consecutive_skips, gradient_accumulation_steps,
+                              zero_optimization, zero_stage, device, threads,
+                              divergence_check))
+
+
 class ZeroOneAdam(_TorchStyle):
     """0/1 Adam (dsopt ``"ZeroOneAdam"``; docs/optimizers/zero-one-adam.md "0/1 Adam") with
     torch-style hyperparameters; weight decay is decoupled, both moments are
@@ -411,7 +442,7 @@ class ZeroOneAdam(_TorchStyle):
                               divergence_check))
 
 
-for _cls in (Adam, AdamW, OneBitAdam, OneBitLamb, ZeroOneAdam):
+for _cls in (Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam):
     _cls.__doc__ += _DSOPT_SETTINGS_DOC
 
-__all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"]
+__all__ = ["Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"]

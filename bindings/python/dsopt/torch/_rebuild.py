@@ -65,11 +65,12 @@ def _check_rebuild_allowed(opt):
     if not _has_state(opt):
         return False
     if opt._type not in _groups.ADAM:
+        why = ("its compressed state and its stages span all parameters" if opt._type != "Lamb"
+               else "dsopt.torch carries state over into a rebuilt optimizer for Adam and AdamW only")
         raise RuntimeError(
-            f"dsopt.torch: {opt._type} cannot add a parameter group after its first step: its "
-            f"compressed state and its stages span all parameters. Add every group before "
-            f"the first step (or create the optimizer with all parameters and keep some "
-            f"frozen).")
+            f"dsopt.torch: {opt._type} cannot add a parameter group after its first step: {why}. "
+            f"Add every group before the first step (or create the optimizer with all parameters "
+            f"and keep some frozen).")
     if opt._zero_stage > 0 and opt.dsopt.communicator.size > 1:
         raise RuntimeError(
             "dsopt.torch: add_param_group under ZeRO stage 1/2 on several ranks works only "
