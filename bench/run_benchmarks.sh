@@ -185,6 +185,12 @@ for name in "${mpi_benchmarks[@]}"; do
       echo
       echo "== zero_e2e_bench: ZeRO-2 vs stage 0 AdamW step time (16M), $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/zero_e2e_bench" --mem-numel 0 --numel 16777216 --warmup 1 --steps 8
+      echo
+      echo "== zero_e2e_bench --lamb 1: ZeRO-1/2 vs stage 0 LAMB, memory per rank (64M bf16) and step time (64M), $ranks ranks, loopback =="
+      loopback "$build/bench/zero_e2e_bench" --lamb 1
+      echo
+      echo "== zero_e2e_bench --lamb 1: ZeRO-2 vs stage 0 LAMB step time (16M), $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/zero_e2e_bench" --lamb 1 --mem-numel 0 --numel 16777216 --warmup 1 --steps 8
       ;;
     overlap_e2e_bench)
       echo

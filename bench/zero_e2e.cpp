@@ -1,11 +1,13 @@
-// ZeRO stage 1/2 against stage 0 for AdamW, through the public C API, on
-// every rank of MPI_COMM_WORLD: what each rank holds, and what a step costs.
+// ZeRO stage 1/2 against stage 0 for AdamW (or LAMB, --lamb 1), through the
+// public C API, on every rank of MPI_COMM_WORLD: what each rank holds, and
+// what a step costs.
 //
 // The model: --numel elements (Psi) in --tensors tensors of odd sizes (a
 // few large "weight matrices" and many small ones, the last tensor taking
 // the rest; Psi grows by one when the count of odd sizes cannot add up to
 // it). Every optimizer is AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
-// weight decay 0.01), "threads" --threads, with
+// weight decay 0.01), or with --lamb 1 LAMB with the same settings,
+// "threads" --threads, with
 //   stage 0   no "zero_optimization"
 //   ZeRO-1/2  "zero_optimization": {"stage": 1|2, "reduce_bucket_size":
 //             --bucket, "allgather_bucket_size": --ag-bucket} (reduce_scatter
@@ -26,6 +28,10 @@
 //                  an allgather chunk: max(4 min(B, n'), (N + 1) L w), with
 //                  B = --bucket rounded down to a multiple of 2N,
 //                  L = min(S, --ag-bucket/N), w = 2 (all parameters 16-bit),
+//       LAMB adds its direction u (stage 0: 4 Psi; ZeRO: 4 S) and, under
+//       ZeRO, the rebuilt sum blocks of p and u (8 C, C the elements of the
+//       4,096-element blocks from each tensor's start that no one bucket
+//       piece holds whole; src/zero/shard_tensor_sums.hpp),
 //     printed next to the textbook 12 Psi/N + 4 Psi/N + the same buffer,
 //   - the process's resident memory (/proc/self/smaps_rollup Rss, else
 //     VmRSS) before dsopt_create and after the step (every buffer is
@@ -76,7 +82,7 @@
 //
 //   zero_e2e_bench [--mem-numel N] [--numel N] [--tensors T] [--bucket E]
 //                  [--ag-bucket E] [--warmup W] [--steps S] [--threads T]
-//                  [--fp32 0|1] [--bf16 0|1] [--stage1 0|1]
+//                  [--fp32 0|1] [--bf16 0|1] [--stage1 0|1] [--lamb 0|1]
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <malloc.h>
@@ -160,22 +166,42 @@ struct Layout {
   }
 };
 
+// The elements of LAMB's sum blocks (4,096 elements from each tensor's
+// start) that no one bucket piece holds whole: C of the formula at the top.
+int64_t lamb_cut_numel(const std::vector<int64_t>& sizes, const Layout& L, int P) {
+  const auto piece = [&](int64_t x) {
+    const int64_t k = x / L.bucket, len = std::min(L.bucket, L.padded - k * L.bucket);
+    return k * P + (x - k * L.bucket) / (len / P);
+  };
+  int64_t start = 0, cut = 0;
+  for (int64_t n : sizes) {
+    for (int64_t b = 0; b < n; b += 4096) {
+      const int64_t lo = start + b, hi = start + std::min(n, b + 4096);
+      if (piece(lo) != piece(hi - 1)) cut += hi - lo;
+    }
+    start += n;
+  }
+  return cut;
+}
+
 // Bytes dsopt allocates on rank r, by the code's rules (see the top).
 struct Expected {
-  double masters = 0, moments = 0, grads = 0, reduce_buf = 0, ag_buf = 0;
+  double masters = 0, moments = 0, grads = 0, reduce_buf = 0, ag_buf = 0, lamb = 0;
   double scratch() const { return std::max(reduce_buf, ag_buf); }  // one buffer serves both
-  double total() const { return masters + moments + grads + scratch(); }
+  double total() const { return masters + moments + grads + scratch() + lamb; }
 };
 
-Expected expected_stage0(int64_t n, int P, bool half) {
+Expected expected_stage0(int64_t n, int P, bool half, bool lamb) {
   Expected e;
   e.masters = half ? 4.0 * double(n) : 0.0;
   e.moments = 8.0 * double(n);
   if (P > 1) e.grads = 4.0 * double(n + 1);  // averaged gradients and the status float
+  if (lamb) e.lamb = 4.0 * double(n);
   return e;
 }
 
-Expected expected_zero(const Layout& L, int P, int r, bool half) {
+// cut: lamb_cut_numel (LAMB only).
+Expected expected_zero(const Layout& L, int P, int r, bool half, bool lamb, int64_t cut) {
   Expected e;
   const double w = half ? 2.0 : 4.0;
   e.masters = half ? 4.0 * double(L.real_in_shard[size_t(r)]) : 0.0;
@@ -185,6 +211,7 @@ Expected expected_zero(const Layout& L, int P, int r, bool half) {
     e.reduce_buf = 4.0 * double(L.largest_bucket);
     e.ag_buf = double(L.ag_len) * w * double(1 + P);
   }
+  if (lamb) e.lamb = 4.0 * double(L.shard) + 8.0 * double(cut);
   return e;
 }
 
@@ -296,7 +323,8 @@ long long lo_tx_bytes() {
 struct Options {
   int64_t mem_numel, numel, bucket, ag_bucket;
   int tensors, warmup, steps, threads;
-  bool fp32, bf16, stage1;
+  bool fp32, bf16, stage1, lamb;
+  const char* type() const { return lamb ? "Lamb" : "AdamW"; }
 };
 
 std::string config(const Options& o, int stage) {
@@ -308,9 +336,9 @@ std::string config(const Options& o, int stage) {
                   " \"allgather_bucket_size\": %lld}",
                   stage, static_cast<long long>(o.bucket), static_cast<long long>(o.ag_bucket));
   std::snprintf(c, sizeof c,
-                "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"betas\": [0.9, 0.999],"
+                "{\"optimizer\": {\"type\": \"%s\", \"params\": {\"lr\": 1e-3, \"betas\": [0.9, 0.999],"
                 " \"eps\": 1e-8, \"weight_decay\": 0.01}}, \"threads\": %d%s}",
-                o.threads, zero);
+                o.type(), o.threads, zero);
   return c;
 }
 
@@ -371,6 +399,7 @@ void run_memory(const Options& o, dsopt_comm* comm) {
   int64_t n = 0;
   for (int64_t s : sizes) n += s;
   const Layout L(n, P, o.bucket, o.ag_bucket);
+  const int64_t cut = o.lamb ? lamb_cut_numel(sizes, L, P) : 0;
 
   // The caller's buffers, touched before any measurement.
   Flat p(true, n), init(true, n), g(true, n);
@@ -436,9 +465,10 @@ void run_memory(const Options& o, dsopt_comm* comm) {
   for (const Out& out : outs) {
     for (int r = 0; r < P; ++r) {
       const MemRow& m = out.rows[size_t(r)];
-      const Expected e = out.stage == 0 ? expected_stage0(n, P, true) : expected_zero(L, P, r, true);
-      const double formula = out.stage == 0 ? (P > 1 ? 16.0 : 12.0) * double(n)
-                                            : 16.0 * double(n) / P + e.scratch();
+      const Expected e = out.stage == 0 ? expected_stage0(n, P, true, o.lamb)
+                                        : expected_zero(L, P, r, true, o.lamb, cut);
+      const double formula = out.stage == 0 ? (P > 1 ? 16.0 : 12.0) * double(n) + e.lamb
+                                            : 16.0 * double(n) / P + e.scratch() + e.lamb;
       const double raw = double(m.rss_step - m.rss0), trim = double(m.rss_step_trim - m.rss0);
       const double acc = double(m.acc_step);
       char name[16];
@@ -455,13 +485,14 @@ void run_memory(const Options& o, dsopt_comm* comm) {
                     " bytes\n", e.total(), acc - e.total());
     }
   }
-  const Expected z = expected_zero(L, P, 0, true), s0 = expected_stage0(n, P, true);
+  const Expected z = expected_zero(L, P, 0, true, o.lamb, cut), s0 = expected_stage0(n, P, true, o.lamb);
   std::printf("\nexact formula, rank 0 (MiB): stage 0: masters %.2f + moments %.2f + averaged grads"
-              " %.2f = %.2f;\n  ZeRO: masters %.2f + moments %.2f + gradient shard %.2f + scratch"
-              " max(reduce bucket %.2f, allgather chunks %.2f) = %.2f\n",
-              s0.masters / kMiB, s0.moments / kMiB, s0.grads / kMiB, s0.total() / kMiB,
+              " %.2f + LAMB's u %.2f = %.2f;\n  ZeRO: masters %.2f + moments %.2f + gradient shard %.2f"
+              " + scratch max(reduce bucket %.2f, allgather chunks %.2f) + LAMB's u and rebuilt"
+              " blocks (C = %lld) %.2f = %.2f\n",
+              s0.masters / kMiB, s0.moments / kMiB, s0.grads / kMiB, s0.lamb / kMiB, s0.total() / kMiB,
               z.masters / kMiB, z.moments / kMiB, z.grads / kMiB, z.reduce_buf / kMiB,
-              z.ag_buf / kMiB, z.total() / kMiB);
+              z.ag_buf / kMiB, static_cast<long long>(cut), z.lamb / kMiB, z.total() / kMiB);
   std::printf("ZeRO-2 / stage 0 (accounted, after the step, rank 0): %.4f (%.2fx less)\n",
               double(outs.back().rows[0].acc_step) / double(outs.front().rows[0].acc_step),
               double(outs.front().rows[0].acc_step) / double(outs.back().rows[0].acc_step));
@@ -542,6 +573,13 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
     want2 += uint64_t(P - 1) * uint64_t(std::min(L.bucket, L.padded - start) / P) * 4;
   for (int64_t c = 0; c < L.ag_chunks; ++c)
     want2 += uint64_t(P - 1) * uint64_t(std::min(L.ag_len, L.shard - c * L.ag_len)) * uint64_t(w);
+  if (o.lamb) {  // the rebuilt blocks of p and u (when some are cut), then every block's two sums
+    const uint64_t cut = uint64_t(lamb_cut_numel(sizes, L, P));
+    uint64_t blocks = 0;
+    for (int64_t x : sizes) blocks += uint64_t((x + 4095) / 4096);
+    if (cut > 0) want2 += uint64_t(2 * (P - 1)) * (8 * cut) / uint64_t(P);
+    want2 += uint64_t(2 * (P - 1)) * (16 * blocks) / uint64_t(P);
+  }
 
   Flat p0(half, n), p2(half, n), g(half, n);
   p0.fill_params();
@@ -654,7 +692,8 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   const char* usage =
       "zero_e2e_bench [--mem-numel N] [--numel N] [--tensors T] [--bucket E] [--ag-bucket E]"
-      " [--warmup W] [--steps S] [--threads T] [--fp32 0|1] [--bf16 0|1] [--stage1 0|1]";
+      " [--warmup W] [--steps S] [--threads T] [--fp32 0|1] [--bf16 0|1] [--stage1 0|1]"
+      " [--lamb 0|1]";
   bench::Flags flags(argc, argv);
   Options o;
   o.mem_numel = flags.get("--mem-numel", int64_t(64) << 20, 0, int64_t(1) << 34);
@@ -668,11 +707,12 @@ int main(int argc, char** argv) {
   o.fp32 = flags.get("--fp32", 1, 0, 1) != 0;
   o.bf16 = flags.get("--bf16", 1, 0, 1) != 0;
   o.stage1 = flags.get("--stage1", 1, 0, 1) != 0;
+  o.lamb = flags.get("--lamb", 0, 0, 1) != 0;
   flags.finish(usage);
   omp_set_num_threads(o.threads);
 
   if (g_rank == 0) {
-    std::printf("ZeRO stage 1/2 vs stage 0, AdamW, %d ranks\n", g_world);
+    std::printf("ZeRO stage 1/2 vs stage 0, %s, %d ranks\n", o.type(), g_world);
     std::printf("dsopt:   %s\n", dsopt_build_info());
     std::printf("machine: %s; %ld cores online, shared by the %d ranks; %d thread(s) per rank\n",
                 bench::cpu_model().c_str(), sysconf(_SC_NPROCESSORS_ONLN), g_world, o.threads);

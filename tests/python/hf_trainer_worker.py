@@ -165,6 +165,8 @@ SCENARIOS = {
               {}),
     "onebit": ("created", dsopt.torch.OneBitAdam, {"lr": LR, "freeze_step": 2}, {}),
     "accumulate": ("created", dsopt.torch.AdamW, {"lr": LR}, {"gradient_accumulation_steps": 2}),
+    "lamb_zero2": ("created", dsopt.torch.Lamb, {"lr": LR, "weight_decay": WEIGHT_DECAY, "zero_stage": 2},
+                   {}),
 }
 
 

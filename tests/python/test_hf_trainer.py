@@ -5,7 +5,8 @@ the same batches, dsopt's sums in a fixed order), with one reduction
 (dsopt's bytes per step, DDP's own allreduce replaced by
 dsopt.torch.ddp_comm_hook), max_grad_norm as dsopt's clipping, and
 checkpoints that hold every rank's optimizer state: a resumed run is the
-uninterrupted one bit for bit (AdamW, ZeRO-2, 1-bit Adam compressing), and
+uninterrupted one bit for bit (AdamW, ZeRO-2, 1-bit Adam compressing,
+LAMB under ZeRO-2), and
 ZeRO-2 resumes at another world size. With torch.optim it is
 transformers.Trainer.
 

@@ -11,7 +11,7 @@ variables) and at 1 (lightning_worker.py runs them):
   is not wrapped in DDP; the process writes about what dsopt alone writes)
   and dsopt sees no double reduction;
 * resuming from a checkpoint at the same world size continues bit for bit
-  for AdamW, ZeRO-2 and 1-bit Adam (in its compressed stage), the
+  for AdamW, ZeRO-2, 1-bit Adam (in its compressed stage) and LAMB under ZeRO-2, the
   checkpoint holding every rank's dsopt state; ZeRO-2 saved at 2 ranks
   continues at 1 rank (the same samples per step, within fp32 rounding);
 * Trainer(gradient_clip_val=...) is dsopt's clipping of the averaged
@@ -40,7 +40,7 @@ if subprocess.run([sys.executable, "-c", "import lightning"], capture_output=Tru
 import conftest  # noqa: E402
 
 WORLD = 2
-NAMES = ("adamw", "adamw_zero2", "onebit_adam")
+NAMES = ("adamw", "adamw_zero2", "onebit_adam", "lamb_zero2")
 EPOCH_STEPS = 4
 TIMEOUT = 300
 
