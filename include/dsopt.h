@@ -299,8 +299,8 @@ DSOPT_API int dsopt_state_load_ex(dsopt_optimizer *opt, const void *src, uint64_
 
 /* Restores a run saved at any world size from all of its ranks' blobs
  * (blobs[i], sizes[i] bytes, from old rank i; every rank passes all of
- * them), validated together first. Adam/AdamW reshard their ZeRO state; the
- * others load replicated state (docs/reference/c-api.md "Loading state").
+ * them), validated together first. Adam/AdamW and LAMB reshard their ZeRO
+ * state; the others load replicated state (docs/reference/c-api.md "Loading state").
  * Collective. Returns DSOPT_OK, DSOPT_EINVAL, DSOPT_ECORRUPT,
  * DSOPT_EMISMATCH (a blob missing, duplicated, misordered or of another
  * run), DSOPT_ECUDA. */
@@ -512,6 +512,18 @@ DSOPT_API int dsopt_get_config(const dsopt_optimizer *opt, char *dst, uint64_t c
  * config, as dsopt_create says), DSOPT_EUNSUPPORTED, DSOPT_EBUFS. */
 DSOPT_API int dsopt_config_canonical(const char *config_json, char *dst, uint64_t capacity,
                                      uint64_t *out_size);
+
+/* ----------------------------------------------------------------------
+ * Memory of the state
+ * ---------------------------------------------------------------------- */
+
+/* The part of dsopt_memory_usage that is state the blob saves on this rank
+ * (moments, fp32 masters, compression errors, each algorithm's own arrays),
+ * in host and in device memory; the rest of dsopt_memory_usage are
+ * gradient, scratch and communication buffers. Either pointer may be NULL
+ * (not both). Not collective. Returns DSOPT_OK or DSOPT_EINVAL. */
+DSOPT_API int dsopt_state_memory_usage(const dsopt_optimizer *opt, uint64_t *host_bytes,
+                                       uint64_t *device_bytes);
 
 #endif /* DSOPT_STABLE_ONLY */
 

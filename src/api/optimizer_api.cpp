@@ -27,6 +27,18 @@ void check_lr(double lr) {
     fail(DSOPT_EINVAL, "lr must be a finite number >= 0, got " + std::to_string(lr));
 }
 
+// dsopt_memory_usage and dsopt_state_memory_usage: `which` of the optimizer.
+int report_memory(const dsopt_optimizer* opt, uint64_t* host_bytes, uint64_t* device_bytes,
+                  dsopt::Optimizer::MemoryUsage (dsopt::Optimizer::*which)() const) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = impl(opt);
+    if (!host_bytes && !device_bytes) fail(DSOPT_EINVAL, "host_bytes and device_bytes are both NULL");
+    const dsopt::Optimizer::MemoryUsage m = (o.*which)();
+    if (host_bytes) *host_bytes = m.host;
+    if (device_bytes) *device_bytes = m.device;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -260,13 +272,12 @@ DSOPT_API int dsopt_state_load_shards(dsopt_optimizer* opt, const void* const* b
 
 DSOPT_API int dsopt_memory_usage(const dsopt_optimizer* opt, uint64_t* host_bytes,
                                  uint64_t* device_bytes) {
-  return guarded([&] {
-    const dsopt::Optimizer& o = impl(opt);
-    if (!host_bytes && !device_bytes) fail(DSOPT_EINVAL, "host_bytes and device_bytes are both NULL");
-    const dsopt::Optimizer::MemoryUsage m = o.memory_usage();
-    if (host_bytes) *host_bytes = m.host;
-    if (device_bytes) *device_bytes = m.device;
-  });
+  return report_memory(opt, host_bytes, device_bytes, &dsopt::Optimizer::memory_usage);
+}
+
+DSOPT_API int dsopt_state_memory_usage(const dsopt_optimizer* opt, uint64_t* host_bytes,
+                                       uint64_t* device_bytes) {
+  return report_memory(opt, host_bytes, device_bytes, &dsopt::Optimizer::state_memory_usage);
 }
 
 DSOPT_API void dsopt_destroy(dsopt_optimizer* opt) { delete opt; }

@@ -417,6 +417,15 @@ Optimizer::MemoryUsage Optimizer::memory_usage() const {
   return m;
 }
 
+Optimizer::MemoryUsage Optimizer::state_memory_usage() const {
+  const StateSchema::Bytes b = state_schema().array_bytes();
+  MemoryUsage m{b.host, b.device};
+  // The masters of 16-bit parameters (a common section; ZeRO keeps its
+  // shard's in its own list and none here).
+  (cfg_.cuda ? m.device : m.host) += uint64_t(params_.master_numel()) * 4;
+  return m;
+}
+
 uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   BlobWriter w(dst, capacity);
   w.header(BlobHeader{algorithm(), uint32_t(comm_.size()), uint32_t(comm_.rank()), params_.shapes()});

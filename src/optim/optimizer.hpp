@@ -131,6 +131,9 @@ class Optimizer {
     uint64_t host = 0, device = 0;
   };
   MemoryUsage memory_usage() const;
+  // The part of them that is state the blob saves (the state schema's
+  // arrays); the rest are gradient, scratch and communication buffers.
+  MemoryUsage state_memory_usage() const;
 
   // The momentum mask of a parameter (1-bit optimizers); nullptr clears it.
   // Throws Error(DSOPT_EUNSUPPORTED) where the algorithm has none.

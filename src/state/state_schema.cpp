@@ -19,6 +19,7 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
   };
   e.data = std::move(data);
   e.kernels = k;
+  e.bytes = std::move(bytes);
   entries_.push_back(std::move(e));
   return *this;
 }
@@ -136,6 +137,15 @@ void StateSchema::check(const BlobReader& r) const {
 void StateSchema::restore(const BlobReader& r) const {
   for (const Entry& e : entries_)
     if (e.restore) e.restore(r);
+}
+
+StateSchema::Bytes StateSchema::array_bytes() const {
+  Bytes b;
+  for (const Entry& e : entries_) {
+    if (!e.kernels || !e.data()) continue;  // not an array, or not made yet
+    (e.kernels->device() == Device::Cuda ? b.device : b.host) += e.bytes(nullptr);
+  }
+  return b;
 }
 
 }  // namespace dsopt

@@ -2,8 +2,9 @@
 // where its bytes are and how long they are, how it is checked, whether it
 // belongs to the rank that saved it, and the state view that shows it.
 // Saving, checking (before anything changes), restoring, the section
-// count and the state views (dsopt_get_state_view, dsopt_state_names) are
-// generated from the list, in its order.
+// count, the state views (dsopt_get_state_view, dsopt_state_names) and the
+// state's memory (dsopt_state_memory_usage) are generated from the list, in
+// its order.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -75,6 +76,13 @@ class StateSchema {
   // The listed views' names, space-separated.
   std::string view_names() const;
 
+  // Bytes of the live arrays in host and in device memory: the state's
+  // part of the optimizer's memory (dsopt_state_memory_usage).
+  struct Bytes {
+    uint64_t host = 0, device = 0;
+  };
+  Bytes array_bytes() const;
+
   uint32_t section_count() const;
   void save(BlobWriter& w) const;
   // Throws, changing nothing, unless the blob holds every section with its
@@ -90,6 +98,7 @@ class StateSchema {
     // Arrays only.
     std::function<void*()> data;
     Kernels* kernels = nullptr;
+    Length bytes;
     std::string view;
     Slicer slice;
     std::function<bool()> listed;

@@ -446,6 +446,11 @@ static void state_load_shards_and_memory_usage_reject_bad_arguments(void) {
     CHECK(host > 0);
     CHECK_STATUS(dsopt_memory_usage(t.a, NULL, &device), DSOPT_OK);
     CHECK(device == 0);
+    uint64_t state_host = 0, state_device = 1;
+    CHECK_STATUS(dsopt_state_memory_usage(NULL, &state_host, &state_device), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_state_memory_usage(t.a, NULL, NULL), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_state_memory_usage(t.a, &state_host, &state_device), DSOPT_OK);
+    CHECK(state_host > 0 && state_host <= host && state_device == 0);
     free(blob);
   }
   twin_close(&t);

@@ -17,7 +17,8 @@ themselves; a failing check aborts the run with its traceback. Phases
   bit-identical to the stage-0 run of the same old world size loaded with
   dsopt_state_load (replicated state loads as is) and continued here;
 * memory: dsopt_memory_usage equals the accounting of the layout rule
-  (AdamW, and LAMB with its direction and rebuilt blocks);
+  (AdamW, and LAMB with its direction and rebuilt blocks), and
+  dsopt_state_memory_usage the masters and moments held;
 * bad_blobs: missing, duplicated, misordered, corrupted, foreign and
   other-run blobs are rejected on every rank and change nothing."""
 
@@ -230,8 +231,12 @@ def phase_memory(comm, rank, size):
             opt, _ = zr.make(sc, stage, comm)
             with opt:
                 zr.step_all(opt, sc, rank, 0, 1)
-                got = opt.memory_usage()
+                got, state = opt.memory_usage(), opt.state_memory_usage()
             assert got == {"host": want[stage], "device": 0}, (sc.name, stage, got, want)
+            # the saved state: masters and moments of every element, or of the shard
+            n = sum(sc.sizes)
+            held = n if stage == 0 else n // size
+            assert state == {"host": 12 * held, "device": 0}, (sc.name, stage, state)
     return zr.expected_host_bytes(zr.MEMORY, size)[2]
 
 

@@ -49,6 +49,8 @@ SCENARIOS = {
     "zero2": (zero(2), "fp32"),
     "zero2_clipping": (zero(2, gradient_clipping=0.5), "fp32"),
     "zero2_fp16": (zero(2, **FP16), "fp16"),
+    "lamb": (adam("Lamb"), "fp32"),
+    "lamb_zero2": (dict(zero(2), optimizer=adam("Lamb")["optimizer"]), "fp32"),
 }
 PHASES = {dsopt.lib.DSOPT_PHASE_FULL: "full", dsopt.lib.DSOPT_PHASE_COMPRESSED: "compressed",
           dsopt.lib.DSOPT_PHASE_LOCAL: "local", dsopt.lib.DSOPT_PHASE_SYNC: "sync"}
@@ -209,7 +211,7 @@ def test_every_failure_point_is_atomic_or_marks_the_optimizer(name, size):
             resume(name, size, step, [checkpoint for _, checkpoint in results], runs)
         # The handshake that starts every step changes nothing.
         assert outcome[0] == "atomic", outcome
-        if name.startswith("adamw"):  # stage 0 Adam: every collective precedes the update
+        if name.startswith("adamw") or name == "lamb":  # stage 0: every collective precedes the update
             assert set(outcome) == {"atomic"}, outcome
         report.append(f"{phase} step {step}: {outcome.count('atomic')}/{collectives} atomic "
                       f"({' '.join('a' if o == 'atomic' else 'F' for o in outcome)})")

@@ -258,8 +258,8 @@ class Optimizer:
         in this step" (a NULL-data descriptor): absent on some ranks, those
         contribute zeros; absent on every rank, Adam/AdamW leave the
         parameter, its moments and its step count (``param_step``) as they
-        are (torch.optim's ``.grad is None``), while the 1-bit optimizers
-        step with a zero gradient.
+        are (torch.optim's ``.grad is None``), while LAMB and the 1-bit
+        optimizers step with a zero gradient.
 
         Gradient objects are described (data pointer, numel, dtype, checks)
         only when they are new: the optimizer keeps the last step's
@@ -652,6 +652,17 @@ class Optimizer:
         host = ffi.new("uint64_t *")
         device = ffi.new("uint64_t *")
         check(lib.dsopt_memory_usage(handle, host, device))
+        return {"host": int(host[0]), "device": int(device[0])}
+
+    def state_memory_usage(self) -> dict:
+        """The part of ``memory_usage()`` that is state the blob saves
+        (moments, fp32 masters, compression errors):
+        ``{"host": ..., "device": ...}``; the rest are gradient, scratch and
+        communication buffers (``dsopt_state_memory_usage``)."""
+        handle = self._live()
+        host = ffi.new("uint64_t *")
+        device = ffi.new("uint64_t *")
+        check(lib.dsopt_state_memory_usage(handle, host, device))
         return {"host": int(host[0]), "device": int(device[0])}
 
     def __repr__(self) -> str:

@@ -32,7 +32,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        comm_rank, comm_size,
        step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, threads, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, param_step, set_param_step!,
-       state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage,
+       state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage, state_memory_usage,
        set_momentum_mask!, rebind_params!, config, canonical_config
 
 # ---- the library ---------------------------------------------------------------
@@ -1037,6 +1037,20 @@ function memory_usage(opt::Optimizer)
     host, device = Ref{UInt64}(0), Ref{UInt64}(0)
     @check ccall((:dsopt_memory_usage, libdsopt), Cint, (Ptr{Cvoid}, Ref{UInt64}, Ref{UInt64}),
                  live(opt), host, device)
+    return (host = Int(host[]), device = Int(device[]))
+end
+
+"""
+    state_memory_usage(opt) -> (host = bytes, device = bytes)
+
+The part of `memory_usage` that is state the blob saves (moments, fp32
+masters, compression errors); the rest are gradient, scratch and
+communication buffers. Not collective.
+"""
+function state_memory_usage(opt::Optimizer)
+    host, device = Ref{UInt64}(0), Ref{UInt64}(0)
+    @check ccall((:dsopt_state_memory_usage, libdsopt), Cint,
+                 (Ptr{Cvoid}, Ref{UInt64}, Ref{UInt64}), live(opt), host, device)
     return (host = Int(host[]), device = Int(device[]))
 end
 

@@ -1005,3 +1005,10 @@ extern "C" {
         out_size: *mut u64,
     ) -> ::std::os::raw::c_int;
 }
+extern "C" {
+    pub fn dsopt_state_memory_usage(
+        opt: *const dsopt_optimizer,
+        host_bytes: *mut u64,
+        device_bytes: *mut u64,
+    ) -> ::std::os::raw::c_int;
+}

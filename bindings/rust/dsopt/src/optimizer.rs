@@ -580,6 +580,17 @@ impl<'a> Optimizer<'a> {
         Ok(MemoryUsage { host, device })
     }
 
+    /// The part of [`memory_usage`](Self::memory_usage) that is state the
+    /// blob saves (moments, fp32 masters, compression errors;
+    /// `dsopt_state_memory_usage`); the rest are gradient, scratch and
+    /// communication buffers. Not collective.
+    pub fn state_memory_usage(&self) -> Result<MemoryUsage> {
+        let (mut host, mut device) = (0u64, 0u64);
+        // Safety: the handle is live; both are valid out pointers.
+        check(unsafe { sys::dsopt_state_memory_usage(self.raw.as_ptr(), &mut host, &mut device) })?;
+        Ok(MemoryUsage { host, device })
+    }
+
     /// The parameters (those of the last [`rebind_params`](Self::rebind_params)),
     /// as updated by the steps so far.
     pub fn params(&self) -> &[ParamSlice<'a>] {

@@ -1,6 +1,6 @@
 //! The safe binding's rules, one test each (local communicator).
 
-use dsopt::{Communicator, ErrorKind, GradSlice, Optimizer, ParamSlice};
+use dsopt::{Communicator, ErrorKind, GradSlice, MemoryUsage, Optimizer, ParamSlice};
 
 const ADAM: &str = r#"{"optimizer": {"type": "Adam", "params": {"lr": 0.01}}}"#;
 
@@ -476,6 +476,10 @@ fn memory_usage_reports_the_state_dsopt_holds() {
         "{usage:?} (before the step: {before:?})"
     );
     assert_eq!(usage.device, 0, "a CPU optimizer holds no device memory");
+    // Of which the state: the two fp32 moments of the 1000 elements (fp32
+    // parameters are their own masters).
+    let state = opt.state_memory_usage().unwrap();
+    assert_eq!(state, MemoryUsage { host: 8 * 1000, device: 0 });
 }
 
 // ---- gradients handed over one parameter at a time (grad_ready) -------------------
