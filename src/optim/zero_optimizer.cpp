@@ -97,6 +97,7 @@ void ZeroOptimizer::point_slots() {
                                  reducer_.shard() + f.state_offset, DType::F32,
                                  moments_.exp_avg() + f.state_offset,
                                  moments_.exp_avg_sq() + f.state_offset, f.numel, p.group));
+    if (u_.get()) slots_.back().set(Operand::U, u_.floats() + f.state_offset);  // LAMB
   }
   slots_generation_ = params().generation();
 }
@@ -125,14 +126,11 @@ bool ZeroOptimizer::update(const PreparedGrads& grads) {
   const auto param_of = [this](size_t k) { return state_.pieces[k].param; };
   if (offloaded_) {
     offloaded_->run(reducer_.shard(), adam_step_consts(), grads.mul1, grads.mul2);
-  } else if (rule_ == MomentRule::Adam) {
-    update_moments(rule_, slots(), param_of, grads, nullptr);
   } else {
-    std::vector<UpdateSlot> s = slots();
-    for (size_t k = 0; k < s.size(); ++k) s[k].set(Operand::U, u_.floats() + state_.pieces[k].state_offset);
-    update_moments(rule_, s, param_of, grads,
-                   [this](const std::vector<UpdateSlot>& fragments, std::initializer_list<Operand> streams) {
-                     return sums_->sums(fragments, streams);
+    ShardTensorSums* sums = sums_.get();  // LAMB's whole-tensor norms
+    update_moments(rule_, slots(), param_of, grads,
+                   [sums](const std::vector<UpdateSlot>& fragments, std::initializer_list<Operand> streams) {
+                     return sums->sums(fragments, streams);
                    });
   }
   gatherer_.gather();
