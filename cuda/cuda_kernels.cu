@@ -262,18 +262,17 @@ class CudaKernels final : public Kernels {
     return stats;
   }
 
-  void update(UpdateRule rule, const UpdateSlot* slots, int64_t count, const AdamConsts* consts,
-              int32_t num_groups, float mul1, float mul2) override {
+  void update_records(UpdateRule rule, const UpdateSlot* slots, int64_t count, const void* consts,
+                      int32_t num_groups, float mul1, float mul2) override {
     if (count <= 0) return;
     if (num_groups <= 0) fail(DSOPT_EINTERNAL, "update: no parameter groups");
     for (int64_t i = 0; i < count; ++i)
       if (slots[i].group < 0 || slots[i].group >= num_groups)
         fail(DSOPT_EINTERNAL, "update: slot group out of range");
     DeviceGuard guard(device_);
-    const size_t bytes = size_t(num_groups) * sizeof(AdamConsts);
+    const size_t bytes = size_t(num_groups) * rule_consts_bytes(rule);
     std::memcpy(consts_.host(bytes), consts, bytes);
-    const auto* dev = static_cast<const AdamConsts*>(consts_.send());
-    cuda::launch_update(stream_, rule, slots, count, dev, mul1, mul2);
+    cuda::launch_update(stream_, rule, slots, count, consts_.send(), mul1, mul2);
   }
 
   void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) override {
@@ -381,7 +380,7 @@ class CudaKernels final : public Kernels {
 
   int device_;
   cudaStream_t stream_;
-  Upload consts_;    // AdamConsts of update()
+  Upload consts_;    // the rule's constants of update_records()
   Upload car_meta_;  // metadata, scales and weights of the car_* kernels
   Workspace sums_dev_, sums_host_;
   Workspace flag_dev_, flag_host_;

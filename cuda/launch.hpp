@@ -14,10 +14,10 @@
 namespace dsopt {
 namespace cuda {
 
-// `rule` over every slot; consts_dev[slot.group] are the slot's
-// constants, already in device memory.
+// `rule` over every slot; consts_dev holds the rule's constants (its
+// Consts), record slot.group for a slot, already in device memory.
 void launch_update(cudaStream_t stream, UpdateRule rule, const UpdateSlot* slots, int64_t count,
-                   const AdamConsts* consts_dev, float mul1, float mul2);
+                   const void* consts_dev, float mul1, float mul2);
 
 // out_dev[i] = the bits of the maximum of non-negative fp32 tensor i;
 // out_dev is cleared to 0 by the caller.

@@ -19,7 +19,7 @@ using UpdateEntry = TensorListEntry<kUpdateDepth<Rule>>;
 
 template <class Rule, DType Param16, DType Grad>
 void run(cudaStream_t stream, const std::vector<UpdateEntry<Rule>>& list,
-         const AdamConsts* consts, float mul1, float mul2) {
+         const typename Rule::Consts* consts, float mul1, float mul2) {
   if (list.empty()) return;
   const UpdateFunctor<Rule, Param16, Grad> f{consts, mul1, mul2};
   multi_tensor_apply<kUpdateDepth<Rule>>(stream, kUpdateThreads, kUpdateChunk, list.data(),
@@ -33,7 +33,7 @@ template <class Rule>
 using Lists = std::vector<UpdateEntry<Rule>>[3][3];
 
 template <class Rule, DType Param16>
-void run_grads(cudaStream_t stream, const Lists<Rule>& lists, const AdamConsts* consts,
+void run_grads(cudaStream_t stream, const Lists<Rule>& lists, const typename Rule::Consts* consts,
                float mul1, float mul2) {
   const int p = dtype_index(Param16);
   run<Rule, Param16, DType::F32>(stream, lists[p][0], consts, mul1, mul2);
@@ -45,7 +45,7 @@ void run_grads(cudaStream_t stream, const Lists<Rule>& lists, const AdamConsts* 
 
 template <class Rule>
 void launch_rule(cudaStream_t stream, const UpdateSlot* slots, int64_t count,
-                 const AdamConsts* consts, float mul1, float mul2) {
+                 const typename Rule::Consts* consts, float mul1, float mul2) {
   constexpr bool grad = kRuleReadsGrad<Rule>;
   constexpr bool param = kRuleWritesParam<Rule>;
   Lists<Rule> lists;
@@ -74,10 +74,13 @@ void launch_rule(cudaStream_t stream, const UpdateSlot* slots, int64_t count,
 }  // namespace
 
 void launch_update(cudaStream_t stream, UpdateRule rule, const UpdateSlot* slots, int64_t count,
-                   const AdamConsts* consts_dev, float mul1, float mul2) {
+                   const void* consts_dev, float mul1, float mul2) {
   switch (rule) {
-#define DSOPT_RULE_CASE(name, functor) \
-  case UpdateRule::name: return launch_rule<functor>(stream, slots, count, consts_dev, mul1, mul2);
+#define DSOPT_RULE_CASE(name, functor)                                                          \
+  case UpdateRule::name:                                                                       \
+    return launch_rule<functor>(stream, slots, count,                                          \
+                                static_cast<const typename functor::Consts*>(consts_dev), mul1, \
+                                mul2);
     DSOPT_UPDATE_RULES(DSOPT_RULE_CASE)
 #undef DSOPT_RULE_CASE
   }

@@ -45,7 +45,7 @@ template <class Rule, DType Param16, DType Grad>
 struct UpdateFunctor {
   static constexpr int kDepth = kUpdateDepth<Rule>;
 
-  const AdamConsts* consts;  // device memory, indexed by the tensor's tag (group)
+  const typename Rule::Consts* consts;  // device memory, indexed by the tensor's tag (group)
   float mul1, mul2;
 
   __device__ __forceinline__ void operator()(const TensorListMeta<kDepth>& meta, int t,
@@ -59,7 +59,7 @@ struct UpdateFunctor {
         s[int(O)] = nullptr;
     });
     const bool masked = kRuleReadsMask<Rule> && s[int(Operand::Mask)] != nullptr;
-    const AdamConsts c = consts[meta.tag[t]];
+    const typename Rule::Consts c = consts[meta.tag[t]];
     const bool when = Rule::when(c, masked);
     const int64_t begin = chunk * chunk_size;
     const int64_t end = min(meta.numel[t], begin + chunk_size);

@@ -2,8 +2,8 @@
 // written once against it; "device": "cpu" gives CpuKernels
 // (src/kernels/cpu), "cuda" gives CudaKernels (cuda/). Tensor data passed
 // to a Kernels method lives in that device's memory unless the name says
-// "host"; the descriptor arrays (UpdateSlot, AdamConsts, TensorRef lists) are
-// host memory.
+// "host"; the descriptor arrays (UpdateSlot, a rule's constants, TensorRef
+// lists) are host memory.
 //
 // Ordering: methods that return data to the host (copy_to_host, transform)
 // or read host memory (copy_from_host) finish before returning; the others
@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "base/dtype.hpp"
+#include "base/error.hpp"
 #include "math/adam.hpp"
 #include "math/update_rules.hpp"
 
@@ -44,6 +46,30 @@ enum class UpdateRule : int32_t {
 #undef DSOPT_RULE_ENUMERATOR
 };
 
+DSOPT_ISA_BEGIN
+// The bytes of one record of `rule`'s constants (its functor's Consts).
+inline size_t rule_consts_bytes(UpdateRule rule) {
+  switch (rule) {
+#define DSOPT_RULE_CONSTS_BYTES(name, functor) \
+  case UpdateRule::name: return sizeof(typename functor::Consts);
+    DSOPT_UPDATE_RULES(DSOPT_RULE_CONSTS_BYTES)
+#undef DSOPT_RULE_CONSTS_BYTES
+  }
+  return 0;
+}
+// Whether C is `rule`'s constants.
+template <class C>
+bool rule_takes_consts(UpdateRule rule) {
+  switch (rule) {
+#define DSOPT_RULE_TAKES(name, functor) \
+  case UpdateRule::name: return std::is_same_v<typename functor::Consts, C>;
+    DSOPT_UPDATE_RULES(DSOPT_RULE_TAKES)
+#undef DSOPT_RULE_TAKES
+  }
+  return false;
+}
+DSOPT_ISA_END
+
 // One tensor of a compressed allreduce (docs/design/compressed-allreduce.md): x holds
 // n values; the padded length n' (a multiple of 8P) splits into P chunks of
 // c = n'/P; rank j's message carries every tensor's chunk-j bits back to
@@ -66,7 +92,7 @@ struct CarTensor {
 struct UpdateSlot {
   void* streams[kOperandCount] = {};
   int64_t numel = 0;
-  int32_t group = 0;                 // index into the AdamConsts array
+  int32_t group = 0;                 // index into the rule's constants
   DType grad_dtype = DType::F32;     // of Grad
   DType param16_dtype = DType::F32;  // of Param16 (F16 or BF16) when it is set
 
@@ -153,15 +179,27 @@ class Kernels {
   // NaN.
   virtual GradStats accumulate(const TensorRef* src, int64_t count, float* dst) = 0;
 
-  // `rule` over every slot; consts[slot.group] holds the slot's group
-  // constants. Each gradient element is first multiplied by mul1 then by
-  // mul2 (two fp32 roundings; 1.0f is exact); rules that declare no Grad
-  // read none.
-  virtual void update(UpdateRule rule, const UpdateSlot* slots, int64_t count,
-                      const AdamConsts* consts, int32_t num_groups, float mul1, float mul2) = 0;
+  // `rule` over every slot; consts[slot.group] holds the slot's group (or
+  // tensor) constants, of the type the rule reads (its Consts: AdamConsts,
+  // OneBitConsts, LambConsts or ZeroOneConsts). Each gradient element is
+  // first multiplied by mul1 then by mul2 (two fp32 roundings; 1.0f is
+  // exact); rules that declare no Grad read none.
+  template <class C>
+  void update(UpdateRule rule, const UpdateSlot* slots, int64_t count, const C* consts,
+              int32_t num_groups, float mul1, float mul2) {
+    if (!rule_takes_consts<C>(rule))
+      fail(DSOPT_EINTERNAL, "update rule " + std::to_string(int(rule)) +
+                                " given constants of another rule's type");
+    update_records(rule, slots, count, consts, num_groups, mul1, mul2);
+  }
 
   // max_host[i] = the largest value of fp32 tensor i (numel > 0, no NaN);
   // a maximum does not depend on the order, so every backend agrees.
+  // update() once the constants' type is checked: `consts` holds
+  // num_groups records of rule_consts_bytes(rule) bytes.
+  virtual void update_records(UpdateRule rule, const UpdateSlot* slots, int64_t count,
+                              const void* consts, int32_t num_groups, float mul1, float mul2) = 0;
+
   virtual void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) = 0;
 
   // ---- compressed allreduce (docs/design/compressed-allreduce.md section 3) ----------

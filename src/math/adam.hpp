@@ -19,7 +19,8 @@ struct AdamHyper {
   bool decoupled = true;  // AdamW: decay applied to p; false: L2, added to g
 };
 
-// Per-group, per-step fp32 constants the element update reads.
+// Per-group, per-step fp32 constants of the Adam update; the other rules'
+// constants extend them (OneBitConsts, LambConsts, ZeroOneConsts).
 struct AdamConsts {
   float beta1, beta2;
   float one_minus_beta1, one_minus_beta2;
@@ -28,29 +29,6 @@ struct AdamConsts {
   float step_size;  // -lr / (1 - beta1^t), or -lr
   float wd;         // L2 coefficient (0 in AdamW mode)
   float wdecay;     // -lr * wd (0 in L2 mode)
-  // 1-bit compression stage, stabilized rule: the applied momentum of an
-  // element is clamped to +-momentum_limit * sqrt(v) (math/onebit_adam.hpp);
-  // 0: not clamped (DeepSpeed's rule, and every other rule).
-  float momentum_limit = 0.0f;
-  // 1-bit Adam and 0/1 Adam with bias correction: the momentum is
-  // multiplied by 1 / (1 - beta1^t) before it is used (and rbc2 corrects
-  // the variance by its own update count); 1: uncorrected (DeepSpeed's rule).
-  float momentum_scale = 1.0f;
-  // 1-bit LAMB compression stage: the tensor's scaling_coeff, fp32
-  // (math/onebit_lamb.hpp); the constants are then per tensor.
-  float tensor_scale = 1.0f;
-  // 0/1 Adam (math/zero_one_adam.hpp): the sum of learning rates since the
-  // last sync, the factor the parameters of the last sync get at a sync
-  // (decoupled_sync_weight_decay), and whether the accumulator leaves the
-  // decay out.
-  float lrs = 0.0f;
-  float anchor_decay = 1.0f;
-  bool decoupled_sync = false;
-  // 1-bit Adam and 0/1 Adam, stabilized rule, more than one rank: what
-  // goes through the compressed allreduce is in the update's units, x / d
-  // with d = sqrt(v) rbc2 + eps, and comes back multiplied by d
-  // (math/onebit_adam.hpp, onebit_to_update_units).
-  bool update_units = false;
 };
 
 DSOPT_ISA_BEGIN
@@ -100,10 +78,11 @@ DSOPT_HD void adam_update(typename Ops::F& p, typename Ops::F& m, typename Ops::
 
 // Adam/AdamW step: m, v, p from g.
 struct AdamRule : RuleDefaults {
+  using Consts = AdamConsts;
   static constexpr OperandSet kReads = operands(Operand::Param, Operand::Grad, Operand::M, Operand::V);
   static constexpr OperandSet kWrites = operands(Operand::Param, Operand::M, Operand::V);
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     adam_update<Ops>(e.p, e.m, e.v, e.g, c);
   }
 };

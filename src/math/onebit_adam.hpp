@@ -11,6 +11,23 @@
 #include "math/stabilized_momentum.hpp"
 
 namespace dsopt {
+
+// The 1-bit rules' constants: Adam's, and
+struct OneBitConsts : AdamConsts {
+  // compression stage, stabilized rule: the applied momentum of an element
+  // is clamped to +-momentum_limit * sqrt(v) (math/stabilized_momentum.hpp);
+  // 0: not clamped (DeepSpeed's rule, and the warmup);
+  float momentum_limit = 0.0f;
+  // with bias correction the momentum is multiplied by 1 / (1 - beta1^t)
+  // before it is used (and rbc2 corrects the variance by its own update
+  // count); 1: uncorrected (DeepSpeed's rule);
+  float momentum_scale = 1.0f;
+  // stabilized rule, more than one rank: what goes through the compressed
+  // allreduce is in the update's units, x / d with d = sqrt(v) rbc2 + eps,
+  // and comes back multiplied by d (onebit_to_update_units).
+  bool update_units = false;
+};
+
 DSOPT_ISA_BEGIN
 
 // 1 / (1 - beta1^t), the bias correction of a momentum after t updates
@@ -25,9 +42,11 @@ inline double onebit_momentum_scale(const AdamHyper& h, bool bias_correction, in
 // `variance_updates` updates: step_size = -lr, wd = the decoupled decay
 // coefficient; with bias correction momentum_scale = 1 / (1 - beta1^t) and
 // rbc2 = 1 / sqrt(1 - beta2^variance_updates), else both 1.
-inline AdamConsts onebit_consts(const AdamHyper& h, bool bias_correction, int64_t t,
-                                int64_t variance_updates) {
-  AdamConsts c = adam_consts(AdamHyper{h.lr, h.beta1, h.beta2, h.eps, 0.0, false, true}, 1);
+inline OneBitConsts onebit_consts(const AdamHyper& h, bool bias_correction, int64_t t,
+                                  int64_t variance_updates) {
+  OneBitConsts c;
+  static_cast<AdamConsts&>(c) =
+      adam_consts(AdamHyper{h.lr, h.beta1, h.beta2, h.eps, 0.0, false, true}, 1);
   c.wd = float(h.weight_decay);
   c.wdecay = 0.0f;
   c.momentum_limit = 0.0f;
@@ -55,7 +74,8 @@ DSOPT_HD typename Ops::F onebit_denominator(typename Ops::F root, const AdamCons
 // sqrt(v), the stabilized bound of an uncorrected momentum), so elements
 // that would be clamped anyway (tiny v) do not set the chunk's scale.
 template <class Ops>
-DSOPT_HD typename Ops::F onebit_to_update_units(typename Ops::F x, typename Ops::F v, const AdamConsts& c) {
+DSOPT_HD typename Ops::F onebit_to_update_units(typename Ops::F x, typename Ops::F v,
+                                                const OneBitConsts& c) {
   const typename Ops::F root = Ops::sqrt(v);
   x = stabilized_momentum<Ops>(x, root, c.momentum_limit / c.momentum_scale);
   return Ops::div(x, onebit_denominator<Ops>(root, c));
@@ -86,7 +106,8 @@ DSOPT_HD void onebit_variance(typename Ops::F& v, typename Ops::F g, const AdamC
 // stabilized compression stage, math/stabilized_momentum.hpp) m' is first
 // clamped to [-L sqrt(v), L sqrt(v)]. The stored momentum is not changed.
 template <class Ops>
-DSOPT_HD typename Ops::F onebit_direction(typename Ops::F m, typename Ops::F v, const AdamConsts& c) {
+DSOPT_HD typename Ops::F onebit_direction(typename Ops::F m, typename Ops::F v,
+                                          const OneBitConsts& c) {
   const typename Ops::F root = Ops::sqrt(v);
   m = Ops::mul(m, Ops::set1(c.momentum_scale));
   m = stabilized_momentum<Ops>(m, root, c.momentum_limit);
@@ -102,7 +123,7 @@ DSOPT_HD typename Ops::F onebit_with_decay(typename Ops::F q, typename Ops::F p,
 // p = p - lr (q + wd p), q = onebit_direction(m, v).
 template <class Ops>
 DSOPT_HD void onebit_apply(typename Ops::F& p, typename Ops::F m, typename Ops::F v,
-                           const AdamConsts& c) {
+                           const OneBitConsts& c) {
   const typename Ops::F u = onebit_with_decay<Ops>(onebit_direction<Ops>(m, v, c), p, c);
   p = Ops::fma(Ops::set1(c.step_size), u, p);
 }
@@ -110,7 +131,7 @@ DSOPT_HD void onebit_apply(typename Ops::F& p, typename Ops::F m, typename Ops::
 // Warmup: momentum, variance, then the parameter.
 template <class Ops>
 DSOPT_HD void onebit_warmup(typename Ops::F& p, typename Ops::F& m, typename Ops::F& v,
-                            typename Ops::F g, const AdamConsts& c) {
+                            typename Ops::F g, const OneBitConsts& c) {
   onebit_momentum<Ops>(m, g, c);
   onebit_variance<Ops>(v, g, c);
   onebit_apply<Ops>(p, m, v, c);
@@ -118,10 +139,11 @@ DSOPT_HD void onebit_warmup(typename Ops::F& p, typename Ops::F& m, typename Ops
 
 // 1-bit Adam warmup: m, v, p from g; no bias correction, decoupled decay.
 struct OneBitWarmupRule : RuleDefaults {
+  using Consts = OneBitConsts;
   static constexpr OperandSet kReads = operands(Operand::Param, Operand::Grad, Operand::M, Operand::V);
   static constexpr OperandSet kWrites = operands(Operand::Param, Operand::M, Operand::V);
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     onebit_warmup<Ops>(e.p, e.m, e.v, e.g, c);
   }
 };
@@ -130,12 +152,13 @@ struct OneBitWarmupRule : RuleDefaults {
 // in the update's units (clamped, / d) when c.update_units, which alone
 // reads v. The parameter waits for the allreduce.
 struct OneBitMomentumRule : RuleDefaults {
+  using Consts = OneBitConsts;
   static constexpr OperandSet kReads = operands(Operand::Grad, Operand::M);
   static constexpr OperandSet kReadsWhen = operands(Operand::V);
   static constexpr OperandSet kWrites = operands(Operand::M);
-  DSOPT_HD static bool when(const AdamConsts& c, bool) { return c.update_units; }
+  DSOPT_HD static bool when(const Consts& c, bool) { return c.update_units; }
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     onebit_momentum<Ops>(e.m, e.g, c);
     if (c.update_units) e.m = onebit_to_update_units<Ops>(e.m, e.v, c);
   }
@@ -145,12 +168,13 @@ struct OneBitMomentumRule : RuleDefaults {
 // frozen v. Reads no gradient; m is stored only where it changed (masked
 // or in the update's units).
 struct OneBitApplyRule : RuleDefaults {
+  using Consts = OneBitConsts;
   static constexpr OperandSet kReads = operands(Operand::Param, Operand::M, Operand::V, Operand::Mask);
   static constexpr OperandSet kWrites = operands(Operand::Param);
   static constexpr OperandSet kWritesWhen = operands(Operand::M);
-  DSOPT_HD static bool when(const AdamConsts& c, bool masked) { return masked || c.update_units; }
+  DSOPT_HD static bool when(const Consts& c, bool masked) { return masked || c.update_units; }
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     if (c.update_units) e.m = onebit_from_update_units<Ops>(e.m, e.v, c);
     if (e.masked) e.m = Ops::mul(e.m, e.mask);
     onebit_apply<Ops>(e.p, e.m, e.v, c);

@@ -16,6 +16,13 @@
 #include "math/stabilized_momentum.hpp"
 
 namespace dsopt {
+
+// LAMB's constants, one per tensor: the 1-bit rules', and in 1-bit LAMB's
+// compression stage the tensor's scaling_coeff (fp32).
+struct LambConsts : OneBitConsts {
+  float tensor_scale = 1.0f;
+};
+
 DSOPT_ISA_BEGIN
 
 // Warmup (and every step of LAMB): m and v from the averaged gradient,
@@ -24,7 +31,7 @@ DSOPT_ISA_BEGIN
 // correction, which 1-bit LAMB never has: u = m / (sqrt(v) + eps) + wd p).
 template <class Ops>
 DSOPT_HD void lamb_warmup(typename Ops::F p, typename Ops::F& m, typename Ops::F& v,
-                          typename Ops::F& u, typename Ops::F g, const AdamConsts& c) {
+                          typename Ops::F& u, typename Ops::F g, const LambConsts& c) {
   onebit_momentum<Ops>(m, g, c);
   onebit_variance<Ops>(v, g, c);
   u = onebit_with_decay<Ops>(onebit_direction<Ops>(m, v, c), p, c);
@@ -39,7 +46,7 @@ DSOPT_HD void lamb_warmup(typename Ops::F p, typename Ops::F& m, typename Ops::F
 // update's units.
 template <class Ops>
 DSOPT_HD void lamb_momentum(typename Ops::F& m, typename Ops::F& m_prev, typename Ops::F v,
-                            typename Ops::F g, const AdamConsts& c) {
+                            typename Ops::F g, const LambConsts& c) {
   m_prev = m;
   onebit_momentum<Ops>(m, g, c);
   m = c.update_units ? onebit_to_update_units<Ops>(m, v, c) : Ops::mul(m, Ops::set1(c.tensor_scale));
@@ -58,7 +65,7 @@ template <class Ops>
 DSOPT_HD void lamb_compressed(typename Ops::F p, typename Ops::F& m, typename Ops::F m_prev,
                               typename Ops::F mask, typename Ops::F v, typename Ops::F& vf,
                               typename Ops::F& u0, typename Ops::F& u, typename Ops::F& ratio,
-                              const AdamConsts& c) {
+                              const LambConsts& c) {
   using F = typename Ops::F;
   m = c.update_units ? onebit_from_update_units<Ops>(m, v, c) : Ops::div(m, Ops::set1(c.tensor_scale));
   m = Ops::mul(m, mask);
@@ -82,10 +89,11 @@ DSOPT_HD void lamb_apply(typename Ops::F& p, typename Ops::F u, const AdamConsts
 // The rules, with per-tensor constants (a slot's group indexes one per
 // tensor). Warmup: m, v from g; u = the LAMB direction; p untouched.
 struct LambWarmupRule : RuleDefaults {
+  using Consts = LambConsts;
   static constexpr OperandSet kReads = operands(Operand::Param, Operand::Grad, Operand::M, Operand::V);
   static constexpr OperandSet kWrites = operands(Operand::M, Operand::V, Operand::U);
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     lamb_warmup<Ops>(e.p, e.m, e.v, e.u, e.g, c);
   }
 };
@@ -93,24 +101,26 @@ struct LambWarmupRule : RuleDefaults {
 // Before the compressed allreduce: aux = m, m = the scaled momentum; v is
 // read only in the update's units.
 struct LambMomentumRule : RuleDefaults {
+  using Consts = LambConsts;
   static constexpr OperandSet kReads = operands(Operand::Grad, Operand::M);
   static constexpr OperandSet kReadsWhen = operands(Operand::V);
   static constexpr OperandSet kWrites = operands(Operand::M, Operand::Aux);
-  DSOPT_HD static bool when(const AdamConsts& c, bool) { return c.update_units; }
+  DSOPT_HD static bool when(const Consts& c, bool) { return c.update_units; }
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     lamb_momentum<Ops>(e.m, e.aux, e.v, e.g, c);
   }
 };
 
 // After it: m, vf; aux = u0, u, ratio (scratch). Reads no gradient.
 struct LambCompressedRule : RuleDefaults {
+  using Consts = LambConsts;
   static constexpr OperandSet kReads = operands(Operand::Param, Operand::M, Operand::Aux,
                                                 Operand::Mask, Operand::V, Operand::VF);
   static constexpr OperandSet kWrites =
       operands(Operand::M, Operand::VF, Operand::Aux, Operand::U, Operand::Ratio);
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     const typename Ops::F m_prev = e.aux;
     lamb_compressed<Ops>(e.p, e.m, m_prev, e.mask, e.v, e.vf, e.aux, e.u, e.ratio, c);
   }
@@ -118,10 +128,11 @@ struct LambCompressedRule : RuleDefaults {
 
 // p += step_size * u. Reads no gradient.
 struct LambApplyRule : RuleDefaults {
+  using Consts = LambConsts;
   static constexpr OperandSet kReads = operands(Operand::Param, Operand::U);
   static constexpr OperandSet kWrites = operands(Operand::Param);
   template <class Ops>
-  DSOPT_HD static void apply(RuleElements<Ops>& e, const AdamConsts& c) {
+  DSOPT_HD static void apply(RuleElements<Ops>& e, const Consts& c) {
     lamb_apply<Ops>(e.p, e.u, c);
   }
 };

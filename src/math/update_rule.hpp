@@ -12,8 +12,6 @@
 
 namespace dsopt {
 
-struct AdamConsts;
-
 // The streams of one tensor an update can touch, fp32 unless noted.
 enum class Operand : int {
   Param,    // the fp32 value updated in place: the caller's, or dsopt's master copy
@@ -60,11 +58,14 @@ DSOPT_ISA_BEGIN
 // Declarations a rule leaves out: no operand read or written under a
 // runtime condition. A rule that has some lists them in kReadsWhen (read
 // when `when` holds, else 0) and kWritesWhen (stored only when it holds),
-// and gives `when`, evaluated once per tensor.
+// and gives `when`, evaluated once per tensor. Every rule also names the
+// constants it reads (`using Consts = ...`: AdamConsts or a struct that
+// extends it), one per group or tensor.
 struct RuleDefaults {
   static constexpr OperandSet kReadsWhen = 0;
   static constexpr OperandSet kWritesWhen = 0;
-  DSOPT_HD static bool when(const AdamConsts&, bool /*masked*/) { return true; }
+  template <class Consts>
+  DSOPT_HD static bool when(const Consts&, bool /*masked*/) { return true; }
 };
 
 // One bundle of elements: every operand's value in registers.

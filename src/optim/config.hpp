@@ -75,7 +75,7 @@ struct OptimizerConfig {
   bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
   double stabilize_limit = 4.0;   // its momentum limit (math/stabilized_momentum.hpp)
 
-  // AdamConsts::momentum_limit of a group with `beta2` whose v has had
+  // OneBitConsts::momentum_limit of a group with `beta2` whose v has had
   // `variance_updates` updates: 0 (not clamped) when stabilize is off.
   float momentum_limit(double beta2, int64_t variance_updates) const {
     return stabilize ? onebit_momentum_limit(stabilize_limit, beta2, variance_updates) : 0.0f;

@@ -13,7 +13,7 @@ std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<Update
 }
 
 std::vector<double> lamb_step(Kernels& kernels, const std::vector<UpdateSlot>& slots,
-                              std::vector<AdamConsts>& consts, const std::vector<double>& lr,
+                              std::vector<LambConsts>& consts, const std::vector<double>& lr,
                               float mul1, float mul2, const LambCoeffConfig& k,
                               const TensorSums& sums) {
   const size_t n = consts.size();
@@ -27,7 +27,7 @@ std::vector<double> lamb_step(Kernels& kernels, const std::vector<UpdateSlot>& s
 }
 
 void lamb_move(Kernels& kernels, const std::vector<UpdateSlot>& slots,
-               std::vector<AdamConsts>& consts, const std::vector<double>& lr,
+               std::vector<LambConsts>& consts, const std::vector<double>& lr,
                const std::vector<double>& coeff) {
   for (size_t i = 0; i < consts.size(); ++i) consts[i].step_size = float(-lr[i] * coeff[i]);
   kernels.update(UpdateRule::LambApply, slots.data(), int64_t(slots.size()), consts.data(),

@@ -19,7 +19,7 @@ namespace dsopt {
 
 // One step's constants and learning rate of every parameter.
 struct LambStepConsts {
-  std::vector<AdamConsts> consts;
+  std::vector<LambConsts> consts;
   std::vector<double> lr;
 };
 
@@ -34,13 +34,13 @@ std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<Update
 // ratio ||p|| / ||u|| of every tensor (clamped, math/onebit_lamb.hpp), then
 // p += fl32(-lr * ratio) u. Returns the trust ratios.
 std::vector<double> lamb_step(Kernels& kernels, const std::vector<UpdateSlot>& slots,
-                              std::vector<AdamConsts>& consts, const std::vector<double>& lr,
+                              std::vector<LambConsts>& consts, const std::vector<double>& lr,
                               float mul1, float mul2, const LambCoeffConfig& k,
                               const TensorSums& sums);
 
 // p += fl32(-lr[i] coeff[i]) u of every parameter i (LambApplyRule).
 void lamb_move(Kernels& kernels, const std::vector<UpdateSlot>& slots,
-               std::vector<AdamConsts>& consts, const std::vector<double>& lr,
+               std::vector<LambConsts>& consts, const std::vector<double>& lr,
                const std::vector<double>& coeff);
 
 }  // namespace dsopt

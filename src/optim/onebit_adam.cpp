@@ -56,8 +56,8 @@ bool OneBitAdam::non_freeze(int64_t i) const {
   return config().non_freeze[size_t(params().params()[size_t(i)].group)];
 }
 
-std::vector<AdamConsts> OneBitAdam::consts() const {
-  std::vector<AdamConsts> c;
+std::vector<OneBitConsts> OneBitAdam::consts() const {
+  std::vector<OneBitConsts> c;
   for (int32_t g = 0; g < num_groups(); ++g) {
     // v is updated on every warmup step, and always in non_freeze groups,
     // whose momentum is never compressed and which keep warmup math.
@@ -86,7 +86,7 @@ void OneBitAdam::enter_compression(int64_t warmup_updates) {
 }
 
 bool OneBitAdam::update(const PreparedGrads& grads) {
-  const std::vector<AdamConsts> c = consts();
+  const std::vector<OneBitConsts> c = consts();
   if (!stage_.compressing) {
     const std::vector<UpdateSlot>& slots = moments_.all_slots(params(), grads);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),

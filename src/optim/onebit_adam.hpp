@@ -31,7 +31,7 @@ class OneBitAdam final : public Optimizer {
 
  private:
   bool non_freeze(int64_t i) const;
-  std::vector<AdamConsts> consts() const;
+  std::vector<OneBitConsts> consts() const;
   void enter_compression(int64_t warmup_updates);
 
   FreezeStage stage_;

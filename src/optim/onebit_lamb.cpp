@@ -89,7 +89,7 @@ LambStepConsts OneBitLamb::consts() const {
   LambStepConsts c = lamb_step_consts();  // no bias correction (docs/optimizers/onebit-lamb.md "1-bit LAMB")
   if (!stage_.compressing) return c;
   for (size_t i = 0; i < c.consts.size(); ++i) {
-    AdamConsts& k = c.consts[i];
+    LambConsts& k = c.consts[i];
     k.tensor_scale = float(scaling_[i]);
     k.momentum_limit = config().momentum_limit(group(params().params()[i].group).beta2, stage_.frozen_after);
     k.update_units = update_units_ && car_ != nullptr;
@@ -123,7 +123,7 @@ void OneBitLamb::warmup(const PreparedGrads& grads) {
 void OneBitLamb::compressed(const PreparedGrads& grads) {
   const std::vector<UpdateSlot> s = slots(&grads);
   LambStepConsts step = consts();
-  std::vector<AdamConsts>& c = step.consts;
+  std::vector<LambConsts>& c = step.consts;
   const int64_t n = int64_t(s.size());
   kernels().update(UpdateRule::LambMomentum, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
   if (car_) {

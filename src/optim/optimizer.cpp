@@ -399,7 +399,9 @@ LambStepConsts Optimizer::lamb_step_consts() const {
   LambStepConsts c;
   for (size_t i = 0; i < param_groups_.size(); ++i) {
     const AdamHyper& h = groups_[size_t(param_groups_[i])];
-    c.consts.push_back(onebit_consts(h, h.bias_correction, param_steps_[i], param_steps_[i]));
+    c.consts.emplace_back();
+    static_cast<OneBitConsts&>(c.consts.back()) =
+        onebit_consts(h, h.bias_correction, param_steps_[i], param_steps_[i]);
     c.lr.push_back(h.lr);
   }
   return c;

@@ -93,10 +93,12 @@ bool ZeroOneAdam::averaged(int64_t) const {
   return !sched_.frozen && k % sched_.var_interval == 0;
 }
 
-std::vector<AdamConsts> ZeroOneAdam::consts(bool clamp) const {
-  std::vector<AdamConsts> c;
+std::vector<ZeroOneConsts> ZeroOneAdam::consts(bool clamp) const {
+  std::vector<ZeroOneConsts> c;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    c.push_back(onebit_consts(group(g), bias_correction_, group_step(g), sched_.variance_updates));
+    c.emplace_back();
+    static_cast<OneBitConsts&>(c.back()) =
+        onebit_consts(group(g), bias_correction_, group_step(g), sched_.variance_updates);
     c.back().decoupled_sync = config().decoupled_sync_weight_decay;
     if (clamp) c.back().momentum_limit = config().momentum_limit(group(g).beta2, sched_.variance_updates);
     c.back().update_units = update_units_ && car_ != nullptr;
@@ -134,7 +136,8 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     // count after this update).
     const bool compressed_before = sched_.variance_updates < group_step(0) - 1;
     ++sched_.variance_updates;
-    const std::vector<AdamConsts> c = consts(compressed_before);
+    const std::vector<ZeroOneConsts> all = consts(compressed_before);
+    const std::vector<OneBitConsts> c(all.begin(), all.end());  // what 1-bit Adam's warmup reads
     const std::vector<UpdateSlot> s = slots(&grads);
     kernels().update(UpdateRule::OneBitWarmup, s.data(), int64_t(s.size()), c.data(), num_groups(),
                      grads.mul1, grads.mul2);
@@ -147,7 +150,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     // 1-bit step: the gradient itself goes through the compressed allreduce
     // (error feedback on gradients), staged in the accumulator's memory so
     // caller buffers are never written (G1). One rank: the local gradient (Z2).
-    const std::vector<AdamConsts> c = consts(true);
+    const std::vector<ZeroOneConsts> c = consts(true);
     std::vector<UpdateSlot> s = slots(&grads);
     float mul1 = grads.mul1, mul2 = grads.mul2;
     if (car_) {
@@ -194,7 +197,7 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
     lrs_[size_t(g)] += group(g).lr * onebit_momentum_scale(group(g), bias_correction_, group_step(g));
     decay_[size_t(g)] *= 1.0 - group(g).lr * group(g).weight_decay;
   }
-  const std::vector<AdamConsts> c = consts(true);
+  const std::vector<ZeroOneConsts> c = consts(true);
   const std::vector<UpdateSlot> s = slots(&grads);
   kernels().update(UpdateRule::ZeroOneLocal, s.data(), int64_t(s.size()), c.data(), num_groups(),
                    grads.mul1, grads.mul2);
@@ -210,7 +213,7 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
 void ZeroOneAdam::sync(const std::vector<UpdateSlot>& s) {
   // In the update's units the accumulator (a sum of lr-weighted updates)
   // goes as it is, and SyncApply multiplies the average by d.
-  std::vector<AdamConsts> c = consts(true);
+  std::vector<ZeroOneConsts> c = consts(true);
   if (!c.front().update_units)
     kernels().update(UpdateRule::ZeroOneSyncPrepare, s.data(), int64_t(s.size()), c.data(),
                      num_groups(), 1.0f, 1.0f);
@@ -220,7 +223,7 @@ void ZeroOneAdam::sync(const std::vector<UpdateSlot>& s) {
     car_->run(x.data());
   }
   for (int32_t g = 0; g < num_groups(); ++g) {
-    AdamConsts& cg = c[size_t(g)];
+    ZeroOneConsts& cg = c[size_t(g)];
     cg.lrs = float(lrs_[size_t(g)]);
     cg.anchor_decay = float(decay_[size_t(g)]);
     // The accumulator sums lrs worth of momenta: its bound is lrs times the

@@ -40,7 +40,7 @@ class ZeroOneAdam final : public Optimizer {
   std::string rank_local_state(const BlobReader& r) const override;
 
  private:
-  std::vector<AdamConsts> consts(bool clamp) const;
+  std::vector<ZeroOneConsts> consts(bool clamp) const;
   std::vector<UpdateSlot> slots(const PreparedGrads* grads) const;
   void variance_phase_step(const PreparedGrads& grads, int64_t k);
   void local_phase_step(const PreparedGrads& grads, int64_t k);

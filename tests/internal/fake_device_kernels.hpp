@@ -27,9 +27,9 @@ class FakeDeviceKernels : public Kernels {
     return cpu_->transform(s, c, m, d, q);
   }
   GradStats accumulate(const TensorRef* s, int64_t c, float* d) override { return cpu_->accumulate(s, c, d); }
-  void update(UpdateRule r, const UpdateSlot* s, int64_t c, const AdamConsts* k, int32_t g, float a,
-              float b) override {
-    cpu_->update(r, s, c, k, g, a, b);
+  void update_records(UpdateRule r, const UpdateSlot* s, int64_t c, const void* k, int32_t g,
+                      float a, float b) override {
+    cpu_->update_records(r, s, c, k, g, a, b);
   }
   void max_per_tensor(const TensorRef* s, int64_t c, float* o) override { cpu_->max_per_tensor(s, c, o); }
   void car_worker_sumsq(const CarTensor* t, int64_t c, double* q) override { cpu_->car_worker_sumsq(t, c, q); }

@@ -11,9 +11,10 @@ namespace dsopt {
 
 struct CpuIsa {
   const char* name;
-  // An update rule over elements [begin, end) of one slot.
+  // An update rule over elements [begin, end) of one slot; `consts` is
+  // the slot's record of the rule's constants.
   void (*update_range)(UpdateRule rule, const UpdateSlot& slot, int64_t begin, int64_t end,
-                       const AdamConsts& c, float mul1, float mul2);
+                       const void* consts, float mul1, float mul2);
   // One sum block [begin, end) of a tensor (end - begin <= kSumBlock):
   // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null when
   // block_sum is not), or with `add` dst = fl(dst + y); the block's sum of

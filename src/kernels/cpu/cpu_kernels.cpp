@@ -139,12 +139,14 @@ class CpuKernels final : public Kernels {
   }
 
  public:
-  void update(UpdateRule rule, const UpdateSlot* slots, int64_t count, const AdamConsts* consts,
-              int32_t, float mul1, float mul2) override {
+  void update_records(UpdateRule rule, const UpdateSlot* slots, int64_t count, const void* consts,
+                      int32_t, float mul1, float mul2) override {
     const CpuIsa& k = isa();
+    const auto* records = static_cast<const uint8_t*>(consts);
+    const size_t bytes = rule_consts_bytes(rule);
     ElementSplit(count, [slots](int64_t i) { return slots[i].numel; })
         .run(threads_, [&](size_t t, int64_t b, int64_t e, int) {
-          k.update_range(rule, slots[t], b, e, consts[slots[t].group], mul1, mul2);
+          k.update_range(rule, slots[t], b, e, records + size_t(slots[t].group) * bytes, mul1, mul2);
         });
   }
 

@@ -25,7 +25,8 @@ constexpr bool kUses = (kRuleStreams<Rule> & kOperandBit<O>) != 0;
 // store. `when` is Rule::when for the tensor; P16 == F32 means "no 16-bit
 // parameter to write back".
 template <class Rule, class V, DType G, DType P16>
-inline void apply_at(void* const* s, int64_t i, const AdamConsts& c, bool masked, bool when,
+inline void apply_at(void* const* s, int64_t i, const typename Rule::Consts& c, bool masked,
+                     bool when,
                      typename V::F mul1, typename V::F mul2) {
   RuleElements<V> e;
   e.masked = masked;
@@ -75,7 +76,8 @@ inline void stage_out(T* dst, const T* stage, int64_t n) {
 // (tensors of a few hundred elements spend much of their time in their
 // tails otherwise).
 template <class Rule, class V, DType G, DType P16>
-void apply_tail(void* const* s, int64_t i, int64_t n, const AdamConsts& c, bool masked, bool when,
+void apply_tail(void* const* s, int64_t i, int64_t n, const typename Rule::Consts& c, bool masked,
+                bool when,
                 typename V::F vm1, typename V::F vm2) {
   constexpr int W = V::W;
   alignas(64) float stage[kOperandCount][W];
@@ -106,7 +108,7 @@ void apply_tail(void* const* s, int64_t i, int64_t n, const AdamConsts& c, bool 
 }
 
 template <class Rule, class V, DType G, DType P16>
-void rule_range(void* const* s, int64_t i, int64_t end, const AdamConsts& c, float mul1,
+void rule_range(void* const* s, int64_t i, int64_t end, const typename Rule::Consts& c, float mul1,
                 float mul2) {
   const bool masked = kRuleReadsMask<Rule> && s[int(Operand::Mask)] != nullptr;
   const bool when = Rule::when(c, masked);
@@ -122,7 +124,8 @@ void rule_range(void* const* s, int64_t i, int64_t end, const AdamConsts& c, flo
 
 // The 16-bit parameter's dtype, for rules that write the parameter.
 template <class Rule, class V, DType G>
-void rule_range_g(const UpdateSlot& slot, int64_t b, int64_t e, const AdamConsts& c, float m1,
+void rule_range_g(const UpdateSlot& slot, int64_t b, int64_t e, const typename Rule::Consts& c,
+                  float m1,
                   float m2) {
   void* const* s = slot.streams;
   if constexpr (!kRuleWritesParam<Rule>) rule_range<Rule, V, G, DType::F32>(s, b, e, c, m1, m2);
@@ -133,7 +136,8 @@ void rule_range_g(const UpdateSlot& slot, int64_t b, int64_t e, const AdamConsts
 
 // The gradient's dtype, for rules that read the gradient.
 template <class Rule, class V>
-void rule_range_r(const UpdateSlot& s, int64_t b, int64_t e, const AdamConsts& c, float m1,
+void rule_range_r(const UpdateSlot& s, int64_t b, int64_t e, const typename Rule::Consts& c,
+                  float m1,
                   float m2) {
   if constexpr (!kRuleReadsGrad<Rule>) {
     rule_range_g<Rule, V, DType::F32>(s, b, e, c, m1, m2);
@@ -148,11 +152,13 @@ void rule_range_r(const UpdateSlot& s, int64_t b, int64_t e, const AdamConsts& c
 
 // `rule` over elements [b, e) of one slot.
 template <class V>
-void update_range(UpdateRule rule, const UpdateSlot& s, int64_t b, int64_t e, const AdamConsts& c,
+void update_range(UpdateRule rule, const UpdateSlot& s, int64_t b, int64_t e, const void* c,
                   float m1, float m2) {
   switch (rule) {
-#define DSOPT_RULE_CASE(name, functor) \
-  case UpdateRule::name: return rule_range_r<functor, V>(s, b, e, c, m1, m2);
+#define DSOPT_RULE_CASE(name, functor)                                                        \
+  case UpdateRule::name:                                                                     \
+    return rule_range_r<functor, V>(s, b, e, *static_cast<const typename functor::Consts*>(c), \
+                                    m1, m2);
     DSOPT_UPDATE_RULES(DSOPT_RULE_CASE)
 #undef DSOPT_RULE_CASE
   }
