@@ -2,8 +2,9 @@
 // dsopt_state_load_shards, for every algorithm.
 //
 // Input: one selector byte, then the payload.
-//   selector bits 0-2: algorithm (mod 6): Adam (L2), AdamW, OneBitAdam,
-//                      OneBitLamb, ZeroOneAdam, AdamW with ZeRO stage 2
+//   selector bits 0-2: algorithm: Adam (L2), AdamW, OneBitAdam, OneBitLamb,
+//                      ZeroOneAdam, AdamW with ZeRO stage 2, Lamb, Lamb with
+//                      ZeRO stage 2
 //   bit 3: parameters: 0 = fp32, fp16 and bf16 tensors in two groups with
 //          dynamic fp16 loss scaling; 1 = one fp32 tensor, one group, clipping
 //   bit 4: steps taken before the blob under test is loaded: 0 = 1 (1-bit
@@ -50,10 +51,14 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 using dsopt::BlobParam;
 
-constexpr int kAlgorithms = 6;
-constexpr int kZeroAlg = 5;
-const char* const kAlgName[kAlgorithms] = {"adam",        "adamw",         "onebit_adam",
-                                           "onebit_lamb", "zero_one_adam", "adamw_zero2"};
+constexpr int kAlgorithms = 8;
+const char* const kAlgName[kAlgorithms] = {"adam",          "adamw",       "onebit_adam", "onebit_lamb",
+                                           "zero_one_adam", "adamw_zero2", "lamb",        "lamb_zero2"};
+// The ZeRO-2 algorithm of a stage-0 one and back (-1: none), and the blob
+// prefix of their moments.
+int zero_of(int alg) { return alg == 1 ? 5 : alg == 6 ? 7 : -1; }
+int stage0_of(int alg) { return alg == 5 ? 1 : alg == 7 ? 6 : -1; }
+const char* moments_of(int alg) { return alg >= 6 ? "lamb" : "adam"; }
 constexpr int64_t kZeroBucket = 8;  // reduce_bucket_size of the ZeRO optimizer
 
 [[noreturn]] void die(const char* what, const char* detail = "") {
@@ -80,8 +85,15 @@ std::string config_of(int alg, bool fp32_only) {
       opt = R"("optimizer": {"type": "ZeroOneAdam", "params": {"lr": 0.01, "var_freeze_step": 3, )"
             R"("var_update_scaler": 1, "local_step_scaler": 1, "local_step_clipper": 4}})";
       break;
-    default:
+    case 5:
       opt = R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, )"
+            R"("zero_optimization": {"stage": 2, "reduce_bucket_size": 8, "allgather_bucket_size": 6})";
+      break;
+    case 6:
+      opt = R"("optimizer": {"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.01}})";
+      break;
+    default:
+      opt = R"("optimizer": {"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.01}}, )"
             R"("zero_optimization": {"stage": 2, "reduce_bucket_size": 8, "allgather_bucket_size": 6})";
       break;
   }
@@ -411,7 +423,8 @@ Bytes as_rank_of(const Bytes& blob, uint32_t world, uint32_t rank, const std::ve
 
 // The ZeRO-2 shards of rank 0 and 1 of a 2-rank run of the state in `blob`
 // (a one-rank ZeRO blob), cut with the library's own layout code.
-std::vector<Bytes> zero_shards(const Bytes& blob, const std::vector<BlobParam>& shapes) {
+std::vector<Bytes> zero_shards(const Bytes& blob, const std::vector<BlobParam>& shapes,
+                               const std::string& prefix) {
   auto reader = std::make_shared<const dsopt::BlobReader>(blob.data(), blob.size());
   std::vector<int64_t> numels;
   for (const BlobParam& p : shapes) numels.push_back(p.numel);
@@ -419,7 +432,7 @@ std::vector<Bytes> zero_shards(const Bytes& blob, const std::vector<BlobParam>& 
   std::vector<Bytes> out;
   for (int rank = 0; rank < 2; ++rank) {
     const dsopt::StateLayout target = dsopt::sharded_state_layout(layout, rank, shapes);
-    const dsopt::HostAdamState s = dsopt::assemble_adam_state({reader}, shapes, target);
+    const dsopt::HostAdamState s = dsopt::assemble_adam_state({reader}, shapes, target, prefix);
     RawBlob r = parse(blob);
     r.world = 2;
     r.rank = uint32_t(rank);
@@ -427,8 +440,8 @@ std::vector<Bytes> zero_shards(const Bytes& blob, const std::vector<BlobParam>& 
                                 target.master_numel};
     r.section(dsopt::kZeroLayoutSection) = dsopt::encode(rec);
     r.section(dsopt::kZeroMastersSection) = bytes_of(s.masters);
-    r.section("adam.exp_avg") = bytes_of(s.m);
-    r.section("adam.exp_avg_sq") = bytes_of(s.v);
+    r.section(prefix + ".exp_avg") = bytes_of(s.m);
+    r.section(prefix + ".exp_avg_sq") = bytes_of(s.v);
     out.push_back(serialize(r));
   }
   return out;
@@ -458,11 +471,12 @@ void write_seeds(const std::string& dir) {
         ++files;
         if (!late) continue;
         // A set of two ranks' blobs, and one blob of another world size.
-        if (alg == kZeroAlg) {
-          write_file(dir, stem + "_zero2_shards.blobs", sel, zero_shards(L.baseline, L.shapes));
-          // The same shards into the stage-0 AdamW optimizer (stage 2 -> 0).
-          write_file(dir, std::string(kAlgName[1]) + (fp32 ? "_fp32" : "_mixed") + "_late_from_zero2.blobs",
-                     uint8_t(1 | fp32 << 3 | late << 4), zero_shards(L.baseline, L.shapes));
+        if (const int stage0 = stage0_of(alg); stage0 >= 0) {
+          const std::vector<Bytes> shards = zero_shards(L.baseline, L.shapes, moments_of(alg));
+          write_file(dir, stem + "_zero2_shards.blobs", sel, shards);
+          // The same shards into the stage-0 optimizer (stage 2 -> 0).
+          write_file(dir, std::string(kAlgName[stage0]) + (fp32 ? "_fp32" : "_mixed") + "_late_from_zero2.blobs",
+                     uint8_t(stage0 | fp32 << 3 | late << 4), shards);
           files += 2;
         } else {
           const Bytes r0 = as_rank_of(L.baseline, 2, 0, L.shapes);
@@ -470,9 +484,9 @@ void write_seeds(const std::string& dir) {
           write_file(dir, stem + "_world2.blobs", sel, {r0, r1});
           write_file(dir, stem + "_world2_rank1.blob", sel, {r1});
           files += 2;
-          if (alg == 1) {  // stage 0 -> 2
-            write_file(dir, std::string(kAlgName[kZeroAlg]) + (fp32 ? "_fp32" : "_mixed") + "_late_from_stage0.blobs",
-                       uint8_t(kZeroAlg | fp32 << 3 | late << 4), {r0, r1});
+          if (const int zero = zero_of(alg); zero >= 0) {  // stage 0 -> 2
+            write_file(dir, std::string(kAlgName[zero]) + (fp32 ? "_fp32" : "_mixed") + "_late_from_stage0.blobs",
+                       uint8_t(zero | fp32 << 3 | late << 4), {r0, r1});
             ++files;
           }
         }
