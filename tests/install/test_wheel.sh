@@ -51,7 +51,7 @@ done
 
 echo "== MPI, 2 ranks"
 cat > "$work/mpi_ranks.py" <<'PY'
-import ctypes, ctypes.util
+import ctypes, ctypes.util, sys
 import numpy as np
 libmpi = ctypes.CDLL(ctypes.util.find_library("mpi") or "libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
 libmpi.MPI_Init(None, None)
@@ -65,11 +65,13 @@ params = [np.ones(1000, np.float32)]
 with dsopt.Communicator.from_fortran_handle(libmpi.MPI_Comm_c2f(world)) as comm, \
      dsopt.Optimizer({"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}, params, comm=comm) as opt:
     opt.step([np.full(1000, float(rank.value + 1), np.float32)])
-print(f"rank {rank.value}: {params[0][0]:.6f}", flush=True)
+# One file per rank: mpirun may interleave the ranks' stdout mid-line.
+with open(f"{sys.argv[1]}/rank{rank.value}.txt", "w") as out:
+    out.write(f"rank {rank.value}: {params[0][0]:.6f}\n")
 libmpi.MPI_Finalize()
 PY
-OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe "$py" "$work/mpi_ranks.py" |
-  sort | tee "$work/ranks.txt"
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe "$py" "$work/mpi_ranks.py" "$work"
+cat "$work/rank0.txt" "$work/rank1.txt" | tee "$work/ranks.txt"
 [ "$(awk '{print $3}' "$work/ranks.txt" | sort -u | wc -l)" = 1 ] || fail "the ranks differ"
 grep -q "rank 1: 0.9" "$work/ranks.txt" || fail "unexpected parameters"
 
