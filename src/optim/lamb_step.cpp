@@ -12,6 +12,12 @@ std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<Update
   return sums;
 }
 
+TensorSums whole_tensors(Kernels& kernels) {
+  return [&kernels](const std::vector<UpdateSlot>& s, std::initializer_list<Operand> streams) {
+    return whole_tensor_sums(kernels, s, streams);
+  };
+}
+
 std::vector<double> lamb_step(Kernels& kernels, const std::vector<UpdateSlot>& slots,
                               std::vector<LambConsts>& consts, const std::vector<double>& lr,
                               float mul1, float mul2, const LambCoeffConfig& k,

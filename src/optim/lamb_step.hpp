@@ -26,9 +26,11 @@ struct LambStepConsts {
 using TensorSums = std::function<std::vector<double>(const std::vector<UpdateSlot>&,
                                                      std::initializer_list<Operand>)>;
 
-// Sums over slots that are whole tensors, one per parameter.
+// Sums over slots that are whole tensors, one per parameter; and the same
+// as lamb_step's `sums`.
 std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<UpdateSlot>& slots,
                                       std::initializer_list<Operand> streams);
+TensorSums whole_tensors(Kernels& kernels);
 
 // m, v and the direction u from the gradient (LambWarmupRule), the trust
 // ratio ||p|| / ||u|| of every tensor (clamped, math/onebit_lamb.hpp), then

@@ -110,12 +110,8 @@ bool OneBitLamb::update(const PreparedGrads& grads) {
 
 void OneBitLamb::warmup(const PreparedGrads& grads) {
   LambStepConsts c = consts();
-  Kernels& k = kernels();
-  const std::vector<double> coeff =
-      lamb_step(k, slots(&grads), c.consts, c.lr, grads.mul1, grads.mul2, config().lamb,
-                [&k](const std::vector<UpdateSlot>& s, std::initializer_list<Operand> streams) {
-                  return whole_tensor_sums(k, s, streams);
-                });
+  const std::vector<double> coeff = lamb_step(kernels(), slots(&grads), c.consts, c.lr, grads.mul1,
+                                              grads.mul2, config().lamb, whole_tensors(kernels()));
   for (size_t i = 0; i < coeff.size(); ++i)
     coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], config().lamb);
 }

@@ -24,11 +24,7 @@ bool ReplicatedOptimizer::update(const PreparedGrads& grads) {
   std::vector<UpdateSlot> slots = all;
   for (size_t i = 0; i < slots.size(); ++i)
     slots[i].set(Operand::U, u_.floats() + params().params()[i].offset);
-  Kernels& k = kernels();
-  update_moments(rule_, slots, param_of, grads,
-                 [&k](const std::vector<UpdateSlot>& s, std::initializer_list<Operand> streams) {
-                   return whole_tensor_sums(k, s, streams);
-                 });
+  update_moments(rule_, slots, param_of, grads, whole_tensors(kernels()));
   return false;
 }
 

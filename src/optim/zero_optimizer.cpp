@@ -66,7 +66,8 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
       gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {
   if (rule_ == MomentRule::Lamb) {
-    if (offload_) fail(DSOPT_EUNSUPPORTED, "LAMB under ZeRO with CPU offload is not supported");
+    // The config refuses it (src/api/config.cpp): the offloaded update is Adam's.
+    if (offload_) fail(DSOPT_EINTERNAL, "LAMB under ZeRO with CPU offload");
     u_ = DeviceBuffer(this->kernels(), size_t(layout_.shard_numel()) * 4);
     sums_ = std::make_unique<ShardTensorSums>(layout_, comm.rank(), comm, this->kernels(), mem());
   }

@@ -39,9 +39,6 @@ class ShardTensorSums {
   std::vector<double> sums(const std::vector<UpdateSlot>& fragments,
                            std::initializer_list<Operand> streams);
 
-  // Elements of the blocks the layout cuts (rebuilt on every rank).
-  int64_t cut_numel() const { return cut_numel_; }
-
  private:
   // A block this rank sums from one of its fragments.
   struct OwnBlock {
@@ -71,7 +68,7 @@ class ShardTensorSums {
   std::vector<OwnBlock> own_;
   std::vector<CutBlock> cut_;
   std::vector<CutPiece> pieces_;
-  int64_t cut_numel_ = 0;
+  int64_t cut_numel_ = 0;  // elements of the rebuilt blocks
   size_t fragment_count_ = 0;
   DeviceBuffer rebuilt_;  // the cut blocks, per stream (grown on demand)
 };

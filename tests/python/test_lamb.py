@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import dsopt
-from halfprec import to_bf16_bits
 from lamb_reference import LambReference
+from zero_runs import as_dsopt, random_params
 
 SIZES = (37, 9000, 3, 5000)
 
@@ -39,17 +39,7 @@ KINDS = {"fp32": ["fp32"] * 4, "mixed": ["fp16", "bf16", "fp32", "bf16"]}
 
 
 def initial(kinds, seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for n, kind in zip(SIZES, kinds):
-        x = rng.standard_normal(n).astype(np.float32)
-        out.append({"fp16": lambda: x.astype(np.float16), "bf16": lambda: to_bf16_bits(x)}
-                   .get(kind, lambda: x)())
-    return out
-
-
-def as_dsopt(params, kinds):
-    return [dsopt.bf16(p) if k == "bf16" else p for p, k in zip(params, kinds)]
+    return random_params(np.random.default_rng(seed), SIZES, kinds)
 
 
 def grads(step, scale=1.0, seed=0):

@@ -81,9 +81,14 @@ def config(sc: Scenario, stage: int) -> dict:
 
 
 def initial_params(sc: Scenario):
-    rng = np.random.default_rng([sc.seed, 1])
+    return random_params(np.random.default_rng([sc.seed, 1]), sc.sizes, sc.kinds)
+
+
+def random_params(rng, sizes, kinds):
+    """Normal values, one tensor per size, in each kind's dtype (bf16 as
+    its bits)."""
     out = []
-    for n, kind in zip(sc.sizes, sc.kinds):
+    for n, kind in zip(sizes, kinds):
         x = rng.standard_normal(n).astype(np.float32)
         out.append({"fp16": lambda: x.astype(np.float16), "bf16": lambda: to_bf16_bits(x)}
                    .get(kind, lambda: x)())
