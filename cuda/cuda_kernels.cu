@@ -220,6 +220,18 @@ class CudaKernels final : public Kernels {
     cuda::launch_from_float(stream_, src, dst, dtype, n);
   }
 
+  void codec_encode(BlockCodec c, int64_t block, const float* g, const float* e_in,
+                    float* err_out, int64_t n, int runs, uint8_t* out) override {
+    DeviceGuard guard(device_);
+    cuda::launch_codec_encode(stream_, c, block, g, e_in, err_out, n, runs, out);
+  }
+
+  void codec_decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_t n,
+                        float* dst) override {
+    DeviceGuard guard(device_);
+    cuda::launch_codec_decode_sum(stream_, c, block, in, runs, n, dst);
+  }
+
   GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
                       double* sumsq_host) override {
     return pass(src, count, mul, dst, false, sumsq_host);

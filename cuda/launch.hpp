@@ -37,6 +37,12 @@ void launch_car(cudaStream_t stream, CarOp op, const CarArgs& args, int64_t bloc
 void launch_transform(cudaStream_t stream, const TensorRef* src, int64_t count, float mul,
                       float* dst, bool add, double* block_sums_dev, int* nonfinite_dev);
 
+// The block codecs (Kernels::codec_encode, Kernels::codec_decode_sum).
+void launch_codec_encode(cudaStream_t stream, BlockCodec c, int64_t block, const float* g,
+                         const float* e_in, float* err_out, int64_t n, int runs, uint8_t* out);
+void launch_codec_decode_sum(cudaStream_t stream, BlockCodec c, int64_t block, const uint8_t* in,
+                             int runs, int64_t n, float* dst);
+
 void launch_to_float(cudaStream_t stream, const TensorRef& src, float* dst);
 void launch_from_float(cudaStream_t stream, const float* src, void* dst, DType dtype, int64_t n);
 

@@ -284,12 +284,52 @@ void read_precision(const json& root, OptimizerConfig& cfg) {
   if (bf16 && ls.enabled) bad("bf16.enabled", "fp16 and bf16 cannot both be enabled");
 }
 
+// zero_optimization.compression: the codecs of ZeRO's traffic
+// (docs/guides/compressed-zero.md).
+std::string one_of(const json& obj, const std::string& path, const std::string& key,
+                   const std::vector<std::string>& names) {
+  if (!obj.contains(key)) return names[0];
+  const json& v = obj.at(key);
+  for (const std::string& n : names)
+    if (v.is_string() && v == n) return n;
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "\"" : ", \"") + n + "\"";
+  bad(sub(path, key), "must be one of " + list + ", got " + v.dump());
+  return names[0];
+}
+
+void read_compression(const json& c, const ZeroConfig& zc, bool cuda, ZeroCompression& out) {
+  const std::string path = "zero_optimization.compression";
+  check_keys(c, path, {"gradients", "parameters", "error_feedback", "block_size"});
+  const std::string g = one_of(c, path, "gradients", {"none", "int8", "int4", "sign"});
+  out.gradients = g == "int8"   ? GradientCodec::Int8
+                  : g == "int4" ? GradientCodec::Int4
+                  : g == "sign" ? GradientCodec::Sign
+                                : GradientCodec::None;
+  const std::string p = one_of(c, path, "parameters", {"none", "bf16", "int8"});
+  out.parameters = p == "bf16" ? ParamCodec::Bf16 : p == "int8" ? ParamCodec::Int8 : ParamCodec::None;
+  out.error_feedback = boolean(c, path, "error_feedback", true);
+  out.block_size = integer(c, path, "block_size", out.block_size, 8, 65536);
+  require(out.block_size % 8 == 0, sub(path, "block_size"),
+          "must be a multiple of 8, got " + std::to_string(out.block_size));
+  const bool any = out.gradients != GradientCodec::None || out.parameters != ParamCodec::None;
+  if (any && zc.stage == 0)
+    bad(path, "compresses ZeRO's traffic and needs zero_optimization.stage 1 or 2");
+  if (out.gradients != GradientCodec::None && !zc.reduce_scatter)
+    bad(path + ".gradients", "sends each owner its compressed piece (an all-to-all) and cannot "
+                             "run with \"reduce_scatter\": false");
+  if (out.parameters != ParamCodec::None && zc.offload_cpu && cuda)
+    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".parameters: a compressed parameter allgather "
+                             "reads the masters on the device; it cannot run with "
+                             "offload_optimizer.device \"cpu\"");
+}
+
 // zero_optimization: stage 1/2 shard the Adam/AdamW state (docs/guides/zero.md "ZeRO").
 void read_zero(const json& z, OptimizerConfig& cfg) {
   const std::string path = "zero_optimization";
   check_keys(z, path,
              {"stage", "reduce_bucket_size", "allgather_bucket_size", "reduce_scatter",
-              "contiguous_gradients", "round_robin_gradients", "offload_optimizer"},
+              "contiguous_gradients", "round_robin_gradients", "offload_optimizer", "compression"},
              {"overlap_comm", "allgather_partitions", "use_multi_rank_bucket_allreduce",
               "elastic_checkpoint", "load_from_fp32_weights", "ignore_unused_parameters"});
   ZeroConfig& zc = cfg.zero;
@@ -330,6 +370,7 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
              ": ZeRO stage 1/2 shard the state of Lamb, Adam and AdamW; a 1-bit optimizer's "
              "compressed stage needs every rank's whole momentum, so it runs with stage 0 "
              "(docs/guides/zero.md \"Any update rule\")");
+  if (z.contains("compression")) read_compression(z.at("compression"), zc, cfg.cuda, zc.compression);
   if (zc.offload_cpu && cfg.cuda && cfg.type == "Lamb")
     fail(DSOPT_EUNSUPPORTED, "config: " + path + ".offload_optimizer: CPU offload exists for "
                              "Adam and AdamW; Lamb keeps its shard on the device");

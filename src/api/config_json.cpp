@@ -59,6 +59,13 @@ json groups(const OptimizerConfig& c) {
   return list;
 }
 
+json compression(const ZeroCompression& c) {
+  const char* g[] = {"none", "int8", "int4", "sign"};
+  const char* p[] = {"none", "bf16", "int8"};
+  return {{"gradients", g[int(c.gradients)]}, {"parameters", p[int(c.parameters)]},
+          {"error_feedback", c.error_feedback}, {"block_size", c.block_size}};
+}
+
 json to_json(const OptimizerConfig& c, bool bf16) {
   const LossScaleConfig& ls = c.pipeline.loss_scale;
   const DivergenceConfig& d = c.pipeline.divergence;
@@ -79,7 +86,8 @@ json to_json(const OptimizerConfig& c, bool bf16) {
       {"zero_optimization",
        {{"stage", z.stage}, {"reduce_bucket_size", z.reduce_bucket_size},
         {"allgather_bucket_size", z.allgather_bucket_size}, {"reduce_scatter", z.reduce_scatter},
-        {"offload_optimizer", {{"device", z.offload_cpu ? "cpu" : "none"}, {"pin_memory", z.pin_memory}}}}},
+        {"offload_optimizer", {{"device", z.offload_cpu ? "cpu" : "none"}, {"pin_memory", z.pin_memory}}},
+        {"compression", compression(z.compression)}}},
       {"cuda_aware", c.cuda_aware},
       {"max_consecutive_skips", c.pipeline.max_consecutive_skips},
       {"comm_timeout", c.pipeline.comm_timeout_s},

@@ -18,6 +18,7 @@
 #include "base/dtype.hpp"
 #include "base/error.hpp"
 #include "math/adam.hpp"
+#include "math/block_codec.hpp"
 #include "math/update_rules.hpp"
 
 namespace dsopt {
@@ -201,6 +202,17 @@ class Kernels {
                               const void* consts, int32_t num_groups, float mul1, float mul2) = 0;
 
   virtual void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) = 0;
+
+  // ---- block codecs of compressed ZeRO (math/block_codec.hpp) ---------------------
+  // Encodes `runs` runs of n elements each: run j is g[j*n, (j+1)*n) (plus
+  // e_in there when non-null), written to out + j * codec_run_bytes(c,
+  // block, n); with err_out (may equal e_in) the residuals x - x' go there.
+  virtual void codec_encode(BlockCodec c, int64_t block, const float* g, const float* e_in,
+                            float* err_out, int64_t n, int runs, uint8_t* out) = 0;
+  // dst[i] = the sum over runs j = 0..runs-1, in that order, of the decoded
+  // element i of the run at in + j * codec_run_bytes(c, block, n).
+  virtual void codec_decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs,
+                                int64_t n, float* dst) = 0;
 
   // ---- compressed allreduce (docs/design/compressed-allreduce.md section 3) ----------
   // Sums of squares in the order of math/sum_squares.hpp, one per tensor,

@@ -8,6 +8,7 @@
 #include "math/adam.hpp"
 #include "math/stabilized_momentum.hpp"
 #include "math/onebit_lamb.hpp"
+#include "zero/compression.hpp"
 
 namespace dsopt {
 
@@ -58,6 +59,9 @@ struct ZeroConfig {
   bool offload_cpu = false;
   bool pin_memory = false;
   int64_t offload_tile = int64_t(1) << 20;  // elements updated between uploads (not a config key)
+  // compression (docs/guides/compressed-zero.md): the codec of the gradient
+  // reduce-scatter and of the parameter allgather, at 2 or more ranks.
+  ZeroCompression compression;
 };
 
 struct OptimizerConfig {

@@ -44,6 +44,7 @@ std::function<void()> ReplicatedOptimizer::reshard(const Blobs& blobs) {
   return [this, state, first] {
     restore_common(*first);
     restore_masters(state->masters.data());
+    write_param_values(*state, params(), kernels());
     kernels().copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
     kernels().copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
   };

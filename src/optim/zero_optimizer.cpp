@@ -54,17 +54,26 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
       rule_(moment_rule(cfg)),
       offload_(cfg.zero.offload_cpu && this->kernels().device() == Device::Cuda),
       layout_(numels(this->params()), comm.size(), cfg.zero.reduce_bucket_size),
-      state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes())),
+      compressed_params_(comm.size() > 1 && cfg.zero.compression.parameters != ParamCodec::None),
+      state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes(), compressed_params_)),
       masters_(state_kernels(), size_t(state_.master_numel) * 4),
       moments_(layout_.shard_numel(), state_kernels(), moments_prefix(rule_)),
       scratch_(this->kernels(),
                std::max(GradientReducer::scratch_bytes(layout_),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
                                                      this->params()))),
-      reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, comm, this->kernels(), mem(),
-               this->params(), pipeline().agreement(), runner(), scratch_.get()),
+      reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, cfg.zero.compression, comm,
+               this->kernels(), mem(), this->params(), pipeline().agreement(), runner(),
+               scratch_.get()),
       gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {
+  if (compressed_params_) {
+    // The config refuses it (src/api/config.cpp): the gatherer reads device masters.
+    if (offload_) fail(DSOPT_EINTERNAL, "a compressed parameter allgather with CPU offload");
+    this->kernels().fill_zero(masters_.get(), masters_.bytes());  // the padding's masters stay 0
+    gatherer_.compress(cfg.zero.compression.parameters, cfg.zero.compression.block_size,
+                       masters_.floats());
+  }
   if (rule_ == MomentRule::Lamb) {
     // The config refuses it (src/api/config.cpp): the offloaded update is Adam's.
     if (offload_) fail(DSOPT_EINTERNAL, "LAMB under ZeRO with CPU offload");
@@ -81,20 +90,25 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
     return;
   }
   point_slots();
-  for (const UpdateSlot& s : slots_)
-    if (s.data(Operand::Param16))
-      this->kernels().to_float(TensorRef{s.data(Operand::Param16), s.numel, s.param16_dtype},
-                               s.floats(Operand::Param));
+  for (const StatePiece& f : state_.pieces) {
+    if (f.master_offset < 0) continue;  // an fp32 parameter is its own master
+    const Param& p = this->params().params()[size_t(f.param)];
+    const auto* data = static_cast<const uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
+    this->kernels().to_float(TensorRef{data, f.numel, p.dtype}, masters_.floats() + f.master_offset);
+  }
 }
 
 void ZeroOptimizer::point_slots() {
   slots_.clear();
   for (const StatePiece& f : state_.pieces) {
     const Param& p = params().params()[size_t(f.param)];
-    const bool half = p.dtype != DType::F32;
+    // Every element has a master with a compressed allgather, which alone
+    // writes the caller's buffers (with the decoded values).
+    const bool half = p.dtype != DType::F32 && !compressed_params_;
     auto* data = static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
-    float* master = half ? masters_.floats() + f.master_offset : reinterpret_cast<float*>(data);
-    slots_.push_back(moment_slot(master, half ? data : nullptr, p.dtype,
+    float* master = f.master_offset >= 0 ? masters_.floats() + f.master_offset
+                                         : reinterpret_cast<float*>(data);
+    slots_.push_back(moment_slot(master, half ? data : nullptr, half ? p.dtype : DType::F32,
                                  reducer_.shard() + f.state_offset, DType::F32,
                                  moments_.exp_avg() + f.state_offset,
                                  moments_.exp_avg_sq() + f.state_offset, f.numel, p.group));
@@ -124,6 +138,7 @@ PreparedGrads ZeroOptimizer::prepared(const ReducedShard& reduced) {
 }
 
 bool ZeroOptimizer::update(const PreparedGrads& grads) {
+  reducer_.commit_feedback();  // the step runs: its residual is the rank's now
   const auto param_of = [this](size_t k) { return state_.pieces[k].param; };
   if (offloaded_) {
     offloaded_->run(reducer_.shard(), adam_step_consts(), grads.mul1, grads.mul2);
@@ -158,6 +173,17 @@ void ZeroOptimizer::describe_state(StateSchema& s) {
             },
             [] { return false; });
   moments_.describe(s, [this](int64_t i, float* m) { return shard_slice(i, m, false); });
+  if (reducer_.feedback()) {
+    // Rank-local: check_layout has matched world, rank and buckets.
+    s.check([](const BlobReader& r) {
+       if (!r.has(kZeroFeedbackSection))
+         fail(DSOPT_EMISMATCH, "the blob is from a run without gradient error feedback: load "
+                               "it with dsopt_state_load_shards, which starts the residuals at "
+                               "zero (nothing was changed)");
+     })
+        .array(kZeroFeedbackSection, kernels(), [this] { return reducer_.residual(); },
+               uint64_t(layout_.padded_numel()) * 4);
+  }
   s.then([this](const BlobReader&) { publish_parameters(); });
 }
 
@@ -192,7 +218,14 @@ void ZeroOptimizer::check_layout(const BlobReader& r) const {
 }
 
 std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
-  auto state = std::make_shared<HostAdamState>(assemble_adam_state(blobs, params().shapes(), state_, moments_prefix(rule_)));
+  // A source without masters of fp32 parameters (no compressed allgather)
+  // has their values in the caller's buffers.
+  const ReadParam read_param = [this](int64_t param, int64_t offset, int64_t n, float* out) {
+    const auto* data = static_cast<const float*>(params().params()[size_t(param)].data);
+    kernels().copy_to_host(out, data + offset, size_t(n) * 4);
+  };
+  auto state = std::make_shared<HostAdamState>(
+      assemble_adam_state(blobs, params().shapes(), state_, moments_prefix(rule_), read_param));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {
     restore_common(*first);
@@ -200,6 +233,8 @@ std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
     k.copy_from_host(masters_.get(), state->masters.data(), state->masters.size() * 4);
     k.copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
     k.copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
+    write_param_values(*state, params(), kernels());
+    reducer_.reset_feedback();  // residuals are rank-local: they start again at zero
     publish_parameters();
   };
 }

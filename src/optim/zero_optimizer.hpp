@@ -63,6 +63,7 @@ class ZeroOptimizer final : public Optimizer {
   MomentRule rule_;
   bool offload_;
   ShardLayout layout_;
+  bool compressed_params_;  // a parameter codec at 2+ ranks: masters of every element
   StateLayout state_;         // this rank's fragments, with master offsets
   DeviceBuffer masters_;      // fp32 masters of the shard's 16-bit elements
   Moments moments_;           // over the shard (S elements)

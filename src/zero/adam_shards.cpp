@@ -36,6 +36,12 @@ SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_
         layout.shard_numel() != z.shard_numel)
       fail(DSOPT_ECORRUPT, who + ": its zero.layout section does not describe its header");
     s.layout = sharded_state_layout(layout, int(z.rank), params);
+    // A run with a compressed parameter allgather kept masters of all S.
+    if (s.layout.master_numel != z.master_numel)
+      s.layout = sharded_state_layout(layout, int(z.rank), params, true);
+    if (s.layout.master_numel != z.master_numel)
+      fail(DSOPT_ECORRUPT, who + ": its zero.layout section records " +
+                               std::to_string(z.master_numel) + " masters, which fits no layout");
     masters_section = kZeroMastersSection;
   } else {
     s.layout = replicated_state_layout(params);
@@ -102,21 +108,22 @@ StateLayout replicated_state_layout(const std::vector<BlobParam>& params) {
 }
 
 StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
-                                 const std::vector<BlobParam>& params) {
+                                 const std::vector<BlobParam>& params, bool all_masters) {
   StateLayout s;
   s.state_numel = layout.shard_numel();
   for (const ShardFragment& f : layout.fragments(rank)) {
     const bool half = params[size_t(f.param)].dtype != int32_t(DType::F32);
-    s.pieces.push_back(StatePiece{f.param, f.param_offset, f.numel, f.shard_offset,
-                                  half ? s.master_numel : -1});
+    const int64_t master = all_masters ? f.shard_offset : half ? s.master_numel : -1;
+    s.pieces.push_back(StatePiece{f.param, f.param_offset, f.numel, f.shard_offset, master});
     if (half) s.master_numel += f.numel;
   }
+  if (all_masters) s.master_numel = s.state_numel;
   return s;
 }
 
 HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
                                   const std::vector<BlobParam>& params, const StateLayout& target,
-                                  const std::string& prefix) {
+                                  const std::string& prefix, const ReadParam& read_param) {
   const bool sharded = blobs[0]->has(kZeroLayoutSection);
   for (size_t i = 1; i < blobs.size(); ++i)
     if (blobs[i]->has(kZeroLayoutSection) != sharded)
@@ -168,12 +175,30 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
       const int64_t to = t.state_offset + (lo - t.param_offset);
       std::memcpy(&out.m[size_t(to)], it->blob->m + from, size_t(n) * 4);
       std::memcpy(&out.v[size_t(to)], it->blob->v + from, size_t(n) * 4);
-      if (t.master_offset >= 0)
-        std::memcpy(&out.masters[size_t(t.master_offset + (lo - t.param_offset))],
-                    it->blob->masters + s.master_offset + (lo - s.param_offset), size_t(n) * 4);
+      const float* source_master =
+          s.master_offset >= 0 ? it->blob->masters + s.master_offset + (lo - s.param_offset) : nullptr;
+      if (t.master_offset >= 0) {
+        float* master = &out.masters[size_t(t.master_offset + (lo - t.param_offset))];
+        if (source_master)
+          std::memcpy(master, source_master, size_t(n) * 4);
+        else if (read_param)  // an fp32 parameter is its own master in the source
+          read_param(t.param, lo, n, master);
+        else
+          fail(DSOPT_EINTERNAL, "a master of an fp32 parameter is needed but none is readable");
+      } else if (source_master) {
+        out.fp32_params.push_back(HostAdamState::ParamValues{
+            t.param, lo, std::vector<float>(source_master, source_master + n)});
+      }
     }
   }
   return out;
+}
+
+void write_param_values(const HostAdamState& state, const ParamSet& params, Kernels& kernels) {
+  for (const HostAdamState::ParamValues& p : state.fp32_params) {
+    auto* data = static_cast<float*>(params.params()[size_t(p.param)].data);
+    kernels.copy_from_host(data + p.param_offset, p.values.data(), p.values.size() * 4);
+  }
 }
 
 }  // namespace dsopt

@@ -6,10 +6,12 @@
 // old blobs, by interval intersection in parameter order.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "params/param_set.hpp"
 #include "state/blob.hpp"
 #include "zero/shard_layout.hpp"
 
@@ -22,6 +24,7 @@ constexpr const char* kLambMomentsPrefix = "lamb";
 constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kStageMastersSection = "common.masters";
+constexpr const char* kZeroFeedbackSection = "zero.feedback";  // a rank's gradient residual
 constexpr uint64_t kZeroLayoutBytes = 4 + 4 + 4 + 8 + 8 + 8;
 
 // What a ZeRO blob records about its layout.
@@ -52,14 +55,27 @@ struct StateLayout {
 // Stage 0: every parameter whole, moments in parameter order, masters of
 // the 16-bit parameters back to back.
 StateLayout replicated_state_layout(const std::vector<BlobParam>& params);
-// ZeRO: rank's fragments; masters of its 16-bit fragments back to back.
+// ZeRO: rank's fragments; masters of its 16-bit fragments back to back,
+// or, with `all_masters` (a compressed parameter allgather), masters of
+// every element in shard order (master_offset = state_offset, S of them).
 StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
-                                 const std::vector<BlobParam>& params);
+                                 const std::vector<BlobParam>& params, bool all_masters = false);
 
 // Host copies of resharded state, laid out as a StateLayout says.
 struct HostAdamState {
   std::vector<float> m, v, masters;
+  // fp32 values of the target's fp32 pieces without a master that a
+  // source kept a master of (a run with a compressed parameter allgather):
+  // the parameter's true values, to write into its buffer.
+  struct ParamValues {
+    int64_t param, param_offset;
+    std::vector<float> values;
+  };
+  std::vector<ParamValues> fp32_params;
 };
+// Reads n fp32 values of parameter `param` from element `offset` on (the
+// caller's buffer), for target masters whose source kept none.
+using ReadParam = std::function<void(int64_t param, int64_t offset, int64_t n, float* out)>;
 
 // Validates that `blobs` (already checked to be one save of one run, in
 // rank order) hold moments named <prefix>.* of one kind, all stage 0 or one
@@ -67,6 +83,9 @@ struct HostAdamState {
 // changing nothing, otherwise.
 HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
                                   const std::vector<BlobParam>& params, const StateLayout& target,
-                                  const std::string& prefix);
+                                  const std::string& prefix, const ReadParam& read_param = nullptr);
+
+// Writes state.fp32_params into the caller's fp32 parameters.
+void write_param_values(const HostAdamState& state, const ParamSet& params, Kernels& kernels);
 
 }  // namespace dsopt

@@ -7,13 +7,71 @@
 namespace dsopt {
 
 GradientReducer::GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter,
-                                 Comm& comm, Kernels& kernels, const Mem& mem,
-                                 const ParamSet& params, RankAgreement& agreement,
+                                 const ZeroCompression& compression, Comm& comm, Kernels& kernels,
+                                 const Mem& mem, const ParamSet& params, RankAgreement& agreement,
                                  CommRunner& runner, void* scratch)
     : GradientHandover(kernels), layout_(layout), stage_(stage), reduce_scatter_(reduce_scatter),
       comm_(comm), mem_(mem), params_(params), agreement_(agreement), runner_(runner),
       scratch_(scratch) {
   shard_ = DeviceBuffer(kernels_, size_t(layout_.shard_numel()) * 4);
+  const int world = layout_.world();
+  if (world == 1) return;  // nothing travels: no codec applies
+  codec_ = block_codec(compression.gradients);
+  if (!codec_) return;
+  block_ = compression.block_size;
+  int64_t largest = 0;
+  for (const ReduceBucket& b : layout_.buckets()) largest = std::max(largest, b.numel / world);
+  wire_ = DeviceBuffer(kernels_, size_t(2 * world * codec_run_bytes(*codec_, block_, largest)));
+  if (compression.error_feedback) {
+    const size_t bytes = size_t(layout_.padded_numel()) * 4;
+    residual_ = DeviceBuffer(kernels_, bytes);
+    pending_ = DeviceBuffer(kernels_, bytes);
+    kernels_.fill_zero(residual_.get(), bytes);
+    kernels_.fill_zero(pending_.get(), bytes);
+  }
+}
+
+uint64_t GradientReducer::exchange_compressed(int64_t k, const float* packed, float* dest) {
+  const ReduceBucket& b = layout_.buckets()[size_t(k)];
+  const int world = layout_.world();
+  const int64_t piece = b.numel / world;
+  const int64_t run = codec_run_bytes(*codec_, block_, piece);
+  // The residual this encoding starts from: the current one for the
+  // window's first encoding of the bucket, the pending one after that.
+  float* e_in = nullptr;
+  float* e_out = nullptr;
+  if (feedback()) {
+    e_out = pending_.floats() + b.flat_start;
+    e_in = encoded_[size_t(k)] ? e_out : residual_.floats() + b.flat_start;
+  }
+  encoded_[size_t(k)] = 1;
+  uint8_t* send = static_cast<uint8_t*>(wire_.get());
+  uint8_t* recv = send + size_t(world) * size_t(run);
+  const BlockCodec codec = *codec_;
+  const int64_t block = block_;
+  return runner_.post([this, codec, block, packed, e_in, e_out, piece, run, send, recv, dest, world] {
+    kernels_.codec_encode(codec, block, packed, e_in, e_out, piece, world, send);
+    comm_.alltoall(send, recv, size_t(run), Elem::U8, mem_);
+    comm_.wait();
+    kernels_.codec_decode_sum(codec, block, recv, world, piece, dest);
+  });
+}
+
+void GradientReducer::reset_feedback() {
+  if (!feedback()) return;
+  kernels_.fill_zero(residual_.get(), residual_.bytes());
+}
+
+void GradientReducer::commit_feedback() {
+  if (!feedback()) return;
+  for (size_t k = 0; k < encoded_.size(); ++k) {
+    if (encoded_[k]) continue;  // a bucket the window did not reduce keeps its residual
+    const ReduceBucket& b = layout_.buckets()[k];
+    kernels_.copy(pending_.floats() + b.flat_start, residual_.floats() + b.flat_start,
+                  size_t(b.numel) * 4);
+  }
+  std::swap(residual_, pending_);
+  std::fill(encoded_.begin(), encoded_.end(), 0);
 }
 
 size_t GradientReducer::scratch_bytes(const ShardLayout& layout) {
@@ -106,6 +164,11 @@ void GradientReducer::reduce(int64_t k, int m) {
     }
   }
   const int rank = comm_.rank();
+  if (compressed()) {
+    const uint64_t ticket = exchange_compressed(k, packed, dest);
+    if (!accumulates_locally()) in_flight_.push_back(InFlight{ticket, buffer, k, add});
+    return;
+  }
   const uint64_t ticket = runner_.post([this, packed, dest, piece, rank, b] {
     if (reduce_scatter_) {
       comm_.reduce_scatter(packed, dest, size_t(piece), Elem::F32, ReduceOp::Sum, mem_);
@@ -135,6 +198,7 @@ void GradientReducer::reclaim(bool all) {
 
 void GradientReducer::open_handover(int micro_batches) {
   bucket_buffer_.assign(layout_.buckets().size(), -1);
+  encoded_.assign(layout_.buckets().size(), 0);
   in_flight_.clear();
   free_.clear();
   for (size_t i = 0; i < pool_.size(); ++i) free_.push_back(i);

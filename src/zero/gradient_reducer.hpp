@@ -12,6 +12,14 @@
 // last micro-batch. Bucket buffers come from a pool: the first is the
 // scratch shared with the parameter allgather, more are made only while
 // reductions run behind backward.
+//
+// With a gradient codec (docs/guides/compressed-zero.md) each bucket
+// travels compressed instead: this rank encodes its P pieces of the bucket
+// (plus its error-feedback residual there), an all-to-all hands every owner
+// its piece from every rank, and the owner sums the decoded pieces in rank
+// order. The residual is double-buffered: a step writes the pending copy,
+// and commit_feedback() makes it current once the update runs, so a
+// skipped or failed step leaves it as it was.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -24,6 +32,7 @@
 #include "kernels/device_buffer.hpp"
 #include "comm/rank_agreement.hpp"
 #include "params/param_set.hpp"
+#include "zero/compression.hpp"
 #include "zero/shard_layout.hpp"
 
 namespace dsopt {
@@ -40,10 +49,23 @@ class GradientReducer final : public GradientHandover {
   // (DeepSpeed's traffic, same sums). `scratch` (device memory of at least
   // scratch_bytes(layout)) holds a bucket during reduce(); it is free
   // between steps.
-  GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter, Comm& comm,
-                  Kernels& kernels, const Mem& mem, const ParamSet& params,
-                  RankAgreement& agreement, CommRunner& runner, void* scratch);
+  GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter,
+                  const ZeroCompression& compression, Comm& comm, Kernels& kernels,
+                  const Mem& mem, const ParamSet& params, RankAgreement& agreement,
+                  CommRunner& runner, void* scratch);
   static size_t scratch_bytes(const ShardLayout& layout);
+
+  // Whether buckets travel compressed (a gradient codec at 2+ ranks), and
+  // whether this rank keeps an error-feedback residual (n' floats, twice).
+  bool compressed() const { return codec_ != nullptr; }
+  bool feedback() const { return residual_.get() != nullptr; }
+  // The residual the next step starts from (n' floats; nullptr without
+  // feedback); the state blob saves and restores it.
+  float* residual() const { return residual_.floats(); }
+  // After a step whose update runs: its residual becomes the current one.
+  void commit_feedback();
+  // Sets the residual to zero (after resharding).
+  void reset_feedback();
 
   // Collective. Fills shard() with this rank's piece of the averaged
   // gradient and returns what the ranks found (the sum of squares when
@@ -87,6 +109,10 @@ class GradientReducer final : public GradientHandover {
   // Steps 2-4 once every reduction has finished: average, check, agree.
   ReducedShard finish(float mul, bool nonfinite, bool norm, const std::string& local_error);
 
+  // The compressed form of reduce(): encode, all-to-all, decode and sum.
+  // Returns the runner's ticket.
+  uint64_t exchange_compressed(int64_t k, const float* packed, float* dest);
+
   const ShardLayout& layout_;
   int stage_;
   bool reduce_scatter_;
@@ -102,6 +128,14 @@ class GradientReducer final : public GradientHandover {
   std::vector<int64_t> bucket_buffer_;  // per bucket: its pool buffer in this micro-batch, or -1
   DeviceBuffer local_sum_;  // stage 1 over several micro-batches: the flat gradient
   DeviceBuffer shard_;      // S floats
+  // With a gradient codec: the codec (or nullptr), its block, one wire
+  // buffer (the runner runs one exchange at a time), the residual and its
+  // pending copy, and which buckets this window has encoded.
+  std::unique_ptr<BlockCodec> codec_;
+  int64_t block_ = 0;
+  DeviceBuffer wire_;
+  DeviceBuffer residual_, pending_;
+  std::vector<char> encoded_;
 };
 
 }  // namespace dsopt

@@ -41,8 +41,65 @@ void* ParamGatherer::element(const ShardFragment& f) const {
   return static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
 }
 
+void ParamGatherer::compress(ParamCodec codec, int64_t block, const float* masters) {
+  if (world_ == 1 || codec == ParamCodec::None) return;
+  codec_ = codec;
+  block_ = block;
+  masters_ = masters;
+  int64_t largest = 0;
+  for (const Chunk& c : chunks_) largest = std::max(largest, c.end - c.begin);
+  coded_ = DeviceBuffer(kernels_, size_t((world_ + 1) * encoded_bytes(largest)));
+  decoded_ = DeviceBuffer(kernels_, size_t(largest) * 4);
+}
+
+int64_t ParamGatherer::encoded_bytes(int64_t len) const {
+  if (codec_ == ParamCodec::Bf16) return 2 * len;
+  if (codec_ == ParamCodec::Int8) return codec_run_bytes(BlockCodec::Int8, block_, len);
+  return int64_t(wire_) * len;
+}
+
+int64_t ParamGatherer::send_bytes() const {
+  int64_t total = 0;
+  for (const Chunk& c : chunks_) total += encoded_bytes(c.end - c.begin);
+  return total;
+}
+
+void ParamGatherer::scatter(const Chunk& c, int r, const float* values) {
+  for (const ShardFragment& f : c.by_rank[size_t(r)]) {
+    const float* src = values + (f.shard_offset - c.begin);
+    const DType dt = params_.params()[size_t(f.param)].dtype;
+    if (dt == DType::F32)
+      kernels_.copy(element(f), src, size_t(f.numel) * 4);
+    else
+      kernels_.from_float(src, element(f), dt, f.numel);
+  }
+}
+
+void ParamGatherer::gather_compressed() {
+  uint8_t* send = static_cast<uint8_t*>(coded_.get());
+  for (const Chunk& c : chunks_) {
+    const int64_t len = c.end - c.begin;
+    const int64_t bytes = encoded_bytes(len);
+    uint8_t* recv = send + bytes;
+    if (codec_ == ParamCodec::Bf16)
+      kernels_.from_float(masters_ + c.begin, send, DType::BF16, len);
+    else
+      kernels_.codec_encode(BlockCodec::Int8, block_, masters_ + c.begin, nullptr, nullptr, len, 1, send);
+    comm_.allgather(send, recv, size_t(bytes), Elem::U8, mem_);
+    for (int r = 0; r < world_; ++r) {
+      const uint8_t* from = recv + size_t(r) * size_t(bytes);
+      if (codec_ == ParamCodec::Bf16)
+        kernels_.to_float(TensorRef{from, len, DType::BF16}, decoded_.floats());
+      else
+        kernels_.codec_decode_sum(BlockCodec::Int8, block_, from, 1, len, decoded_.floats());
+      scatter(c, r, decoded_.floats());
+    }
+  }
+}
+
 void ParamGatherer::gather() {
   if (world_ == 1) return;
+  if (codec_ != ParamCodec::None) return gather_compressed();
   uint8_t* send = send_;
   uint8_t* recv = recv_;
   for (const Chunk& c : chunks_) {

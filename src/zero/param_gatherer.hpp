@@ -4,6 +4,11 @@
 // writes every other rank's values into them. The wire carries the
 // parameters' own bytes: 2 per element when every parameter is 16-bit, 4
 // otherwise (16-bit values then travel widened, exactly).
+//
+// With a parameter codec (docs/guides/compressed-zero.md) the owner encodes
+// its chunk from the fp32 masters of its shard instead (bf16, or int8 in
+// scaled blocks), and every rank, the owner included, writes the decoded
+// values into its buffers: the replicas stay bit-identical.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -11,6 +16,7 @@
 #include "comm/comm.hpp"
 #include "kernels/device_buffer.hpp"
 #include "params/param_set.hpp"
+#include "zero/compression.hpp"
 #include "zero/shard_layout.hpp"
 
 namespace dsopt {
@@ -21,6 +27,11 @@ class ParamGatherer {
   // during gather(); it is free between calls.
   ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm, Kernels& kernels,
                 const Mem& mem, const ParamSet& params, void* scratch);
+  // The compressed form: `codec` (not None) encodes the chunks of `masters`
+  // (S floats in shard order, device memory); `block` as for int8.
+  void compress(ParamCodec codec, int64_t block, const float* masters);
+  // Bytes one rank sends per gather (its chunks), for the docs' formulas.
+  int64_t send_bytes() const;
   static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params);
   // Collective: every rank's shard of the parameters into every rank's
   // buffers.
@@ -32,6 +43,10 @@ class ParamGatherer {
     std::vector<std::vector<ShardFragment>> by_rank;  // each rank's fragments in it
   };
   void* element(const ShardFragment& f) const;  // the caller's first element of f
+  int64_t encoded_bytes(int64_t len) const;      // of a chunk of len elements, compressed
+  void gather_compressed();
+  // Writes fp32 values of chunk c's fragments of rank r into the buffers.
+  void scatter(const Chunk& c, int r, const float* values);
   static size_t wire_bytes(const ParamSet& params);
   static int64_t chunk_length(const ShardLayout& layout, int64_t chunk_elems);
 
@@ -44,6 +59,12 @@ class ParamGatherer {
   std::vector<Chunk> chunks_;
   uint8_t* send_;  // scratch: this rank's chunk, then every rank's
   uint8_t* recv_;
+  // With a parameter codec: the codec, its block, the masters, and the
+  // buffers of the encoded chunks and of one decoded chunk.
+  ParamCodec codec_ = ParamCodec::None;
+  int64_t block_ = 0;
+  const float* masters_ = nullptr;
+  DeviceBuffer coded_, decoded_;
 };
 
 }  // namespace dsopt

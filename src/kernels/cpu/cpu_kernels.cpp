@@ -12,6 +12,7 @@
 #include "base/error.hpp"
 #include "kernels/cpu/block_grid.hpp"
 #include "kernels/cpu/cpu_car.hpp"
+#include "kernels/cpu/cpu_codec.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
 #include "kernels/cpu/element_split.hpp"
 #include "kernels/kernels.hpp"
@@ -178,6 +179,14 @@ class CpuKernels final : public Kernels {
     }
   }
 
+  void codec_encode(BlockCodec c, int64_t block, const float* g, const float* e_in,
+                    float* err_out, int64_t n, int runs, uint8_t* out) override {
+    cpu_codec::encode(c, block, g, e_in, err_out, n, runs, out, threads_);
+  }
+  void codec_decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_t n,
+                        float* dst) override {
+    cpu_codec::decode_sum(c, block, in, runs, n, dst, threads_);
+  }
   void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq) override {
     cpu_car::worker_sumsq(isa(), t, count, threads_, sumsq);
   }

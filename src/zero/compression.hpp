@@ -1,0 +1,32 @@
+// zero_optimization.compression (docs/guides/compressed-zero.md): the
+// codecs of ZeRO's gradient reduce-scatter and parameter allgather.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "math/block_codec.hpp"
+
+namespace dsopt {
+
+enum class GradientCodec { None, Int8, Int4, Sign };
+enum class ParamCodec { None, Bf16, Int8 };
+
+struct ZeroCompression {
+  GradientCodec gradients = GradientCodec::None;
+  ParamCodec parameters = ParamCodec::None;
+  bool error_feedback = true;  // with a gradient codec: each rank keeps a residual
+  int64_t block_size = 256;    // elements per scaled block (int8, int4, sign)
+};
+
+// The block codec of a gradient codec (nullptr: none).
+inline std::unique_ptr<BlockCodec> block_codec(GradientCodec g) {
+  switch (g) {
+    case GradientCodec::Int8: return std::make_unique<BlockCodec>(BlockCodec::Int8);
+    case GradientCodec::Int4: return std::make_unique<BlockCodec>(BlockCodec::Int4);
+    case GradientCodec::Sign: return std::make_unique<BlockCodec>(BlockCodec::Sign);
+    case GradientCodec::None: break;
+  }
+  return nullptr;
+}
+
+}  // namespace dsopt

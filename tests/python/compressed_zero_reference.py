@@ -1,0 +1,197 @@
+"""Numpy reference of compressed ZeRO (docs/guides/compressed-zero.md),
+written from the guide, not from the C++: the block codecs bit for bit,
+and the gradient path of P ranks (the flat layout and its reduce buckets,
+each rank's residual, the decoded pieces summed in rank order).
+
+A codec turns an fp32 run into (scales, levels); ``decode`` turns them
+back into fp32. ``encode_bytes`` gives the wire bytes too, so the record
+layout is checked as well as the values."""
+
+import numpy as np
+
+F32 = np.float32
+BITS = {"int8": 8, "int4": 4, "sign": 1}
+LIMIT = {"int8": 127, "int4": 7}
+
+
+def record_bytes(codec, block):
+    return 4 + block * BITS[codec] // 8
+
+
+def run_bytes(codec, block, n):
+    return -(-n // block) * record_bytes(codec, block)
+
+
+def _scale(codec, x):
+    if not np.all(np.isfinite(x)):
+        return F32(np.nan)
+    a = np.abs(x)
+    if codec == "sign":
+        total = np.cumsum(a.astype(np.float64))[-1] if len(a) else 0.0
+        return F32(total / len(a)) if len(a) else F32(0)
+    return F32(F32(a.max()) / F32(LIMIT[codec]))
+
+
+def _levels(codec, x, s):
+    if codec == "sign":
+        return (x < 0).astype(np.int64)
+    if not (s > 0) or not np.isfinite(s):
+        return np.zeros(len(x), np.int64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.rint(x / s)
+    return np.clip(q, -LIMIT[codec], LIMIT[codec]).astype(np.int64)
+
+
+def _values(codec, q, s):
+    if codec == "sign":
+        return np.where(q == 1, -s, s).astype(F32)
+    with np.errstate(invalid="ignore"):
+        return (q.astype(F32) * s).astype(F32)
+
+
+def encode(codec, block, x):
+    """x: fp32 run. Returns (bytes, decoded values) of the run."""
+    x = np.asarray(x, F32)
+    out, decoded = bytearray(), []
+    for b in range(0, len(x), block):
+        xb = x[b:b + block]
+        s = _scale(codec, xb)
+        q = _levels(codec, xb, s)
+        payload = np.zeros(block * BITS[codec] // 8, np.uint8)
+        if codec == "int8":
+            payload[:len(q)] = q.astype(np.int8).view(np.uint8)
+        elif codec == "int4":
+            nib = np.zeros(block, np.uint8)
+            nib[:len(q)] = (q & 0xF).astype(np.uint8)
+            payload[:] = nib[0::2] | (nib[1::2] << 4)
+        else:
+            bit = np.zeros(block, np.uint8)
+            bit[:len(q)] = q
+            payload[:] = np.packbits(bit.reshape(-1, 8), axis=1, bitorder="little").ravel()
+        out += np.array([s], F32).tobytes() + payload.tobytes()
+        decoded.append(_values(codec, q, s))
+    return bytes(out), (np.concatenate(decoded) if decoded else np.zeros(0, F32))
+
+
+def decode(codec, block, data, n):
+    """The values of an encoded run of n elements."""
+    rec = record_bytes(codec, block)
+    out = []
+    for k, b in enumerate(range(0, n, block)):
+        r = data[k * rec:(k + 1) * rec]
+        s = np.frombuffer(r[:4], F32)[0]
+        payload = np.frombuffer(r[4:], np.uint8)
+        length = min(block, n - b)
+        if codec == "int8":
+            q = payload.view(np.int8)[:length].astype(np.int64)
+        elif codec == "int4":
+            nib = np.empty(block, np.int64)
+            nib[0::2], nib[1::2] = payload & 0xF, payload >> 4
+            q = np.where(nib >= 8, nib - 16, nib)[:length]
+        else:
+            q = np.unpackbits(payload, bitorder="little")[:length].astype(np.int64)
+        out.append(_values(codec, q, s))
+    return np.concatenate(out) if out else np.zeros(0, F32)
+
+
+def with_feedback(codec, block, g, e):
+    """Encodes x = fl(g + e) (e None: no feedback); returns (decoded, new e)."""
+    x = np.asarray(g, F32) if e is None else (np.asarray(g, F32) + e).astype(F32)
+    _, d = encode(codec, block, x)
+    with np.errstate(invalid="ignore"):
+        return d, (None if e is None else (x - d).astype(F32))
+
+
+# ---- the layout ------------------------------------------------------------
+
+def buckets(sizes, world, bucket_elems):
+    """(flat_start, numel) of every reduce bucket and the padded length n'."""
+    n = sum(sizes)
+    padded = -(-n // (2 * world)) * (2 * world)
+    b = max(2 * world, bucket_elems // (2 * world) * (2 * world))
+    out = [(s, min(b, padded - s)) for s in range(0, padded, b)]
+    return out, padded
+
+
+class GradientPath:
+    """The compressed reduce-scatter of P ranks over the flat layout: each
+    reduction returns the decoded sum of every bucket piece (flat order,
+    n' elements), which is what lands in each owner's shard."""
+
+    def __init__(self, sizes, world, bucket_elems, codec, block, feedback):
+        self.world, self.codec, self.block = world, codec, block
+        self.buckets, self.padded = buckets(sizes, world, bucket_elems)
+        self.n = sum(sizes)
+        self.e = [np.zeros(self.padded, F32) if feedback else None for _ in range(world)]
+
+    def flat(self, grads):
+        out = np.zeros(self.padded, F32)
+        out[:self.n] = np.concatenate([np.asarray(g, F32).ravel() for g in grads])
+        return out
+
+    def reduce(self, flats, residuals):
+        """flats[r]: rank r's packed fp32 gradient. Updates residuals in
+        place; returns the decoded sums in flat order."""
+        total = np.zeros(self.padded, F32)
+        for start, numel in self.buckets:
+            piece = numel // self.world
+            for owner in range(self.world):
+                lo = start + owner * piece
+                acc = None
+                for r in range(self.world):
+                    e = None if residuals[r] is None else residuals[r][lo:lo + piece]
+                    d, e2 = with_feedback(self.codec, self.block, flats[r][lo:lo + piece], e)
+                    if e2 is not None:
+                        residuals[r][lo:lo + piece] = e2
+                    acc = d.copy() if acc is None else (acc + d).astype(F32)
+                total[lo:lo + piece] = acc
+        return total
+
+    def step(self, per_rank_grads, commit=True):
+        """One reduction of every rank's gradients; the residuals keep
+        their update only when ``commit`` (a step that is not skipped)."""
+        work = [None if e is None else e.copy() for e in self.e]
+        total = self.reduce([self.flat(g) for g in per_rank_grads], work)
+        if commit:
+            self.e = work
+        return total
+
+    def split(self, total, sizes):
+        """The flat sums as one array per parameter."""
+        out, at = [], 0
+        for n in sizes:
+            out.append(total[at:at + n].copy())
+            at += n
+        return out
+
+
+def bf16_round(x):
+    """fp32 -> bf16 -> fp32, round to nearest even (NaN kept)."""
+    u = np.asarray(x, F32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    out = r.astype(np.uint32).view(F32)
+    return np.where(np.isnan(x), x, out).astype(F32)
+
+
+def param_codec(codec, block, values):
+    """What every rank's buffer holds after a compressed allgather of fp32
+    master values (one chunk)."""
+    if codec == "bf16":
+        return bf16_round(values)
+    return encode("int8", block, values)[1]
+
+
+def gathered(flat_masters, world, bucket_list, chunk_elems, codec, block):
+    """Every rank's buffers after the compressed allgather: each owner's
+    shard (its piece of every bucket, in bucket order) is encoded chunk by
+    chunk (allgather_bucket_size / P elements each) and decoded in place."""
+    out = np.array(flat_masters, F32)
+    for r in range(world):
+        index = np.concatenate([np.arange(s + r * (n // world), s + (r + 1) * (n // world))
+                                for s, n in bucket_list])
+        shard = out[index]
+        per = min(len(shard), max(1, chunk_elems // world))
+        for c in range(0, len(shard), per):
+            shard[c:c + per] = param_codec(codec, block, shard[c:c + per])
+        out[index] = shard
+    return out

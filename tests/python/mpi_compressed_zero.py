@@ -1,0 +1,324 @@
+"""Run under ``mpirun -np P``: compressed ZeRO (docs/guides/compressed-zero.md)
+against the numpy reference of compressed_zero_reference.py. Every check is
+made on the ranks; a failing check aborts the run with its traceback.
+
+The reference computes, for every reduction of a step, the decoded sums
+each owner receives (each rank's residual included). An uncompressed run of
+the same config and world size is then fed those sums as rank 0's
+gradients and zeros elsewhere: its fp32 sums are the reference's exactly,
+so the compressed run must take the same steps bit for bit. With a
+parameter codec the compressed run's buffers must hold the reference codec
+of the uncompressed run's fp32 values (its masters). Phases
+(``$DSOPT_TEST_PHASES``):
+
+* reference: every scenario at stage 1 and 2, after every step: parameters
+  and step infos as above, and every rank's buffers bit-identical;
+* accumulation: gradients handed over one by one (``grad_ready``) over 2
+  micro-batches at stage 1 and 2, against the reference per reduction;
+* resume: saved after 3 steps, loaded into a fresh optimizer (residuals
+  included), 3 more steps bit-identical to the uninterrupted run; a blob
+  without residuals is refused;
+* reshard: every rank's blobs loaded with load_state_dict_shards: masters
+  and moments carry over, residuals start again at zero (the reference
+  with zero residuals from there);
+* memory: dsopt_memory_usage against the formula of the guide."""
+
+import dataclasses
+import warnings
+
+import numpy as np
+from mpi4py import MPI
+
+import compressed_zero_reference as ref
+import dsopt
+import zero_runs as zr
+from mpi_phases import main
+
+MPI_WORLD = MPI.COMM_WORLD
+warnings.simplefilter("ignore", dsopt.SkippedStepWarning)
+SIZES = (37, 1000, 3, 513, 64)
+FP32 = ("fp32",) * 5
+MIXED = ("fp32", "bf16", "fp16", "fp32", "bf16")
+
+
+def scenario(name, compression, kinds=FP32, sizes=SIZES, bucket=96, gather=200, **kw):
+    kw.setdefault("grads", "random")
+    return zr.Scenario(name, sizes=sizes, kinds=kinds, groups=(0, 1, 0, 1, 0)[:len(sizes)],
+                       zero={"reduce_bucket_size": bucket, "allgather_bucket_size": gather,
+                             "compression": compression}, **kw)
+
+
+SCENARIOS = [
+    scenario("int8", {"gradients": "int8", "block_size": 32}),
+    scenario("int4_mixed", {"gradients": "int4", "block_size": 16}, kinds=MIXED),
+    scenario("sign", {"gradients": "sign", "block_size": 8}),
+    scenario("int4_no_feedback", {"gradients": "int4", "error_feedback": False}),
+    scenario("int8_int8", {"gradients": "int8", "parameters": "int8", "block_size": 32}),
+    scenario("int4_bf16", {"gradients": "int4", "parameters": "bf16"}, bucket=400, gather=50),
+    scenario("params_only_int8", {"parameters": "int8", "block_size": 8}),
+    scenario("one_bucket", {"gradients": "int4", "parameters": "int8"}, bucket=10**9, gather=10**9),
+    # Three elements of padding at P = 4 with 2P-element buckets: rank 3's
+    # piece of the last bucket is padding only.
+    scenario("tiny", {"gradients": "int8", "parameters": "int8", "block_size": 8},
+             sizes=(1, 2, 3), kinds=("fp32",) * 3, bucket=1, gather=1),
+    scenario("fp16_dynamic", {"gradients": "int4", "block_size": 64}, kinds=("fp16",) * 5,
+             overflow=(3, 1),
+             top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
+    scenario("lamb", {"gradients": "int8", "parameters": "int8", "block_size": 32},
+             sizes=zr.LAMB_SIZES, opt_type="Lamb", bucket=1000, gather=3000),
+    scenario("clipping", {"gradients": "int4", "parameters": "int8"}, top={"gradient_clipping": 0.5}),
+]
+BY_NAME = {sc.name: sc for sc in SCENARIOS}
+RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb"]
+
+
+def compression(sc):
+    return sc.zero["compression"]
+
+
+def plain(sc):
+    """The same scenario without compression."""
+    zero = {k: v for k, v in sc.zero.items() if k != "compression"}
+    return dataclasses.replace(sc, zero=zero)
+
+
+def make(sc, stage, comm, accumulation=1):
+    params = zr.initial_params(sc)
+    cfg = zr.config(sc, stage)
+    if accumulation > 1:
+        cfg["gradient_accumulation_steps"] = accumulation
+    opt = dsopt.Optimizer(cfg, zr.as_dsopt(params, sc.kinds), comm=comm, groups=list(sc.groups))
+    return opt
+
+
+def path(sc, world):
+    c = compression(sc)
+    if c.get("gradients", "none") == "none" or world == 1:
+        return None  # nothing travels compressed: the twin gets the same gradients
+    return ref.GradientPath(sc.sizes, world, sc.zero["reduce_bucket_size"], c["gradients"],
+                            c.get("block_size", 256), c.get("error_feedback", True))
+
+
+def reference_grads(sc, rp, world, k, scale, skip):
+    """Rank 0's gradients of the uncompressed twin at step k: the decoded
+    sums of every owner (zeros on the other ranks)."""
+    per_rank = [zr.gradients(sc, k, r, scale) for r in range(world)]
+    if rp is None:
+        return None
+    return rp.split(rp.step(per_rank, commit=not skip), sc.sizes)
+
+
+def expected_params(sc, twin_params, world):
+    """The compressed run's buffers: the twin's with the parameter codec."""
+    c = compression(sc)
+    codec = c.get("parameters", "none")
+    if codec == "none" or world == 1:
+        return twin_params
+    buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
+    flat = np.zeros(padded, np.float32)
+    flat[:sum(sc.sizes)] = np.concatenate([p.ravel() for p in twin_params])
+    out = ref.gathered(flat, world, buckets, sc.zero["allgather_bucket_size"], codec,
+                       c.get("block_size", 256))
+    return ref.GradientPath.split(None, out, sc.sizes)
+
+
+def check_replicas(params, what):
+    """Every rank's buffers hold the same bytes."""
+    mine = b"".join(np.ascontiguousarray(p).tobytes() for p in params)
+    everyone = MPI_WORLD.allgather(mine)
+    assert all(x == everyone[0] for x in everyone), f"{what}: the ranks' parameters differ"
+
+
+def assert_bits(actual, expected, what):
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        a = np.asarray(a)
+        e = np.asarray(e, a.dtype)
+        if a.tobytes() != e.tobytes():
+            diff = np.flatnonzero(a.view(np.uint8).reshape(len(a), -1) != e.view(np.uint8).reshape(len(e), -1))
+            diff = np.unique(diff // a.itemsize)
+            raise AssertionError(f"{what}: tensor {i} differs at {diff[:8]} ({len(diff)} elements): "
+                                 f"{a[diff[:4]]} vs {e[diff[:4]]}")
+
+
+def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, opt=None,
+                twin=None, rp=None):
+    """Steps the compressed run and its uncompressed twin side by side;
+    returns (opt, twin, rp) for further steps."""
+    opt = opt or make(sc, stage, comm, accumulation)
+    twin = twin or make(plain(sc), stage, comm, accumulation)
+    rp = rp if rp is not None else path(sc, world)
+    for k in range(first, first + steps):
+        scale = opt.loss_scale
+        skip = bool(sc.overflow) and sc.overflow[0] == k and sc.overflow[1] < world
+        mine = []
+        sums = []
+        for m in range(accumulation):
+            g = zr.gradients(sc, k * accumulation + m, rank, scale)
+            mine.append(g)
+            sums.append(reference_grads(sc, rp, world, k * accumulation + m, scale, skip)
+                        if stage == 2 or accumulation == 1 else None)
+        if stage == 1 and accumulation > 1 and rp is not None:
+            # Stage 1 adds the micro-batches locally (fp32) and reduces once.
+            per_rank = []
+            for r in range(world):
+                acc = None
+                for m in range(accumulation):
+                    g = zr.gradients(sc, k * accumulation + m, r, scale)
+                    acc = g if acc is None else [(a + b).astype(np.float32) for a, b in zip(acc, g)]
+                per_rank.append(acc)
+            sums = [rp.split(rp.step(per_rank, commit=not skip), sc.sizes)] + \
+                   [[np.zeros(n, np.float32) for n in sc.sizes]] * (accumulation - 1)
+        twin_grads = []
+        for m in range(accumulation):
+            if sums[m] is None:
+                twin_grads.append(mine[m])
+            else:
+                twin_grads.append(sums[m] if rank == 0 else [np.zeros(n, np.float32) for n in sc.sizes])
+            if skip and rank == 0 and sums[m] is not None:
+                twin_grads[m][-1][0] = np.inf  # the overflow the compressed run saw
+        if accumulation == 1:
+            info = opt.step(mine[0])
+            twin_info = twin.step(twin_grads[0])
+        else:
+            # One optimizer at a time: their reductions share the communicator.
+            for o, grads in ((opt, mine), (twin, twin_grads)):
+                for m in range(accumulation):
+                    for i in range(len(sc.sizes)):
+                        o.grad_ready(i, grads[m][i])
+                if o is opt:
+                    info = o.step()
+                else:
+                    twin_info = o.step()
+        what = f"{sc.name} stage {stage} step {k}"
+        assert info.skipped == twin_info.skipped == skip, f"{what}: skipped {info.skipped} {twin_info.skipped}"
+        assert info.loss_scale == twin_info.loss_scale, what
+        got = zr.opt_params(opt)
+        assert_bits(got, expected_params(sc, zr.opt_params(twin), world), what)
+        check_replicas(got, what)
+    return opt, twin, rp
+
+
+def restore_model(opt, source):
+    """What a model checkpoint does before the optimizer state is loaded:
+    the parameters take the saved run's values."""
+    for mine, theirs in zip(zr.opt_params(opt), zr.opt_params(source)):
+        mine[...] = theirs
+
+
+def reference_phase(comm, rank, world):
+    n = 0
+    for sc in SCENARIOS:
+        for stage in (1, 2):
+            compare_run(sc, stage, comm, rank, world)
+            n += 1
+    return n
+
+
+def accumulation_phase(comm, rank, world):
+    for name in ("int8", "int4_mixed", "int8_int8"):
+        for stage in (1, 2):
+            compare_run(BY_NAME[name], stage, comm, rank, world, steps=3, accumulation=2)
+    return 6
+
+
+def resume_phase(comm, rank, world):
+    for name in RESUME:
+        sc = BY_NAME[name]
+        opt, twin, rp = compare_run(sc, 2, comm, rank, world, steps=3)
+        blob = opt.state_dict()
+        fresh = make(sc, 2, comm)
+        restore_model(fresh, opt)
+        fresh.load_state_dict(blob)
+        assert_bits(zr.opt_params(fresh), zr.opt_params(opt), f"{name}: loaded parameters")
+        compare_run(sc, 2, comm, rank, world, steps=3, first=3, opt=fresh, twin=twin, rp=rp)
+        if world > 1 and compression(sc).get("gradients", "none") != "none":
+            # A blob without residuals (an uncompressed run's) is refused.
+            other = make(sc, 2, comm)
+            try:
+                other.load_state_dict(make(plain(sc), 2, comm).state_dict())
+            except dsopt.Mismatch as error:
+                assert "load_state_dict_shards" in str(error) or "dsopt_state_load_shards" in str(error), str(error)
+            else:
+                raise AssertionError(f"{name}: a blob without residuals loaded")
+    return len(RESUME)
+
+
+def reshard_phase(comm, rank, world):
+    for name in RESUME:
+        sc = BY_NAME[name]
+        opt, twin, rp = compare_run(sc, 2, comm, rank, world, steps=3)
+        blobs = MPI_WORLD.allgather(opt.state_dict())
+        twin_blob = twin.state_dict()
+        fresh, fresh_twin = make(sc, 2, comm), make(plain(sc), 2, comm)
+        restore_model(fresh, opt)
+        restore_model(fresh_twin, twin)
+        fresh.load_state_dict_shards(blobs)
+        fresh_twin.load_state_dict(twin_blob)
+        assert_bits(zr.opt_params(fresh), zr.opt_params(opt), f"{name}: resharded parameters")
+        restarted = path(sc, world)  # residuals start again at zero
+        compare_run(sc, 2, comm, rank, world, steps=3, first=3, opt=fresh, twin=fresh_twin,
+                    rp=restarted)
+        if compression(sc).get("parameters", "none") != "none" and world > 1:
+            # Into an uncompressed stage-0 run: fp32 parameters take the
+            # saved masters (the twin's values), not the decoded ones.
+            stage0 = make(plain(sc), 0, comm)
+            stage0.load_state_dict_shards(blobs)
+            assert_bits(zr.opt_params(stage0), zr.opt_params(twin), f"{name}: into stage 0")
+            # From the uncompressed twin's blobs, the caller's parameters
+            # restored first (a model checkpoint): masters come from them.
+            back = make(sc, 2, comm)
+            restore_model(back, twin)
+            back.load_state_dict_shards(MPI_WORLD.allgather(twin_blob))
+            assert_bits(zr.opt_params(back), expected_params(sc, zr.opt_params(twin), world),
+                        f"{name}: from the uncompressed run")
+    return len(RESUME)
+
+
+def expected_memory(sc, world):
+    """docs/guides/compressed-zero.md "Memory": uncompressed ZeRO-2's bytes
+    (zero_runs.expected_host_bytes) plus, at P > 1, the residual and its
+    pending copy (8 n'), the gradient wire buffer (2 P run bytes of the
+    largest piece), fp32 masters of every element with a parameter codec
+    (4 S, replacing the 16-bit ones), and its wire and decode buffers."""
+    base = zr.expected_host_bytes(sc, world)[2]
+    if world == 1:
+        return base
+    c = compression(sc)
+    buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
+    shard = padded // world
+    block = c.get("block_size", 256)
+    extra = 0
+    g = c.get("gradients", "none")
+    if g != "none":
+        largest = max(n for _, n in buckets) // world
+        extra += 2 * world * ref.run_bytes(g, block, largest)
+        if c.get("error_feedback", True):
+            extra += 8 * padded
+    p = c.get("parameters", "none")
+    if p != "none":
+        chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
+        extra += 4 * shard - 4 * shard  # MEMORY is all bf16: every element already has a master
+        coded = 2 * chunk if p == "bf16" else ref.run_bytes("int8", block, chunk)
+        extra += (world + 1) * coded + 4 * chunk
+    return base + extra
+
+
+def memory_phase(comm, rank, world):
+    checked = 0
+    for comp in ({"gradients": "int4"}, {"gradients": "sign", "error_feedback": False},
+                 {"gradients": "int8", "parameters": "int8"}, {"parameters": "bf16"}):
+        sc = dataclasses.replace(zr.MEMORY, zero={"reduce_bucket_size": 96, "allgather_bucket_size": 200,
+                                                  "compression": dict(comp, block_size=32)})
+        opt = make(sc, 2, comm)
+        for k in range(2):
+            opt.step(zr.gradients(sc, k, rank, opt.loss_scale))
+        got, want = opt.memory_usage()["host"], expected_memory(sc, world)
+        assert got == want, f"{comp} at P={world}: memory_usage {got}, formula {want}"
+        checked += 1
+    return checked
+
+
+if __name__ == "__main__":
+    raise SystemExit(main({"reference": reference_phase, "accumulation": accumulation_phase,
+                           "resume": resume_phase, "reshard": reshard_phase,
+                           "memory": memory_phase}))
