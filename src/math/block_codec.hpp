@@ -5,7 +5,8 @@
 // leaves the rest zero).
 //
 //   int8: s = fl(amax / 127), q = clamp(rint(fl(x / s)), -127, 127), x' = fl(q * s)
-//   int4: s = fl(amax / 7),   q = clamp(rint(fl(x / s)), -7, 7), two per byte
+//         (when fl(127 s) overflows, s is the next float below: x' stays finite)
+//   int4: s = fl(amax / 7),   q = clamp(rint(fl(x / s)), -7, 7), two per byte (s as for int8)
 //         (element 2k in the low nibble), x' = fl(q * s)
 //   sign: s = fl(mean |x|) (the sum in double, in element order), one bit per
 //         element, set iff x < 0 (bit i%8 of byte i/8), x' = -s or s
@@ -62,7 +63,11 @@ DSOPT_HD float codec_scale(BlockCodec c, const float* g, const float* e, int64_t
     return s;
   }
   if (c == BlockCodec::Sign) return len > 0 ? float(sum / double(len)) : 0.0f;
-  return amax / (c == BlockCodec::Int8 ? 127.0f : 7.0f);
+  const float limit = c == BlockCodec::Int8 ? 127.0f : 7.0f;
+  float s = amax / limit;
+  // Near FLT_MAX the rounded-up scale would decode the top level to Inf.
+  if (!(limit * s <= 3.402823466e38f)) s = nextafterf(s, 0.0f);
+  return s;
 }
 
 DSOPT_HD int codec_level(float x, float s, int limit) {

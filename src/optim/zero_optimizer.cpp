@@ -1,6 +1,7 @@
 #include "optim/zero_optimizer.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/error.hpp"
 
@@ -122,7 +123,13 @@ const std::vector<UpdateSlot>& ZeroOptimizer::slots() {
   return slots_;
 }
 
+void ZeroOptimizer::open_handover(int micro_batches) {
+  reducer_.set_gradient_scale(loss_scale());
+  reducer_.open_handover(micro_batches);
+}
+
 PreparedGrads ZeroOptimizer::prepare(const dsopt_tensor* grads, int64_t count) {
+  reducer_.set_gradient_scale(loss_scale());
   return prepared(reducer_.reduce_at_once(grads, count, pipeline().wants_norm()));
 }
 
@@ -182,7 +189,15 @@ void ZeroOptimizer::describe_state(StateSchema& s) {
                                "zero (nothing was changed)");
      })
         .array(kZeroFeedbackSection, kernels(), [this] { return reducer_.residual(); },
-               uint64_t(layout_.padded_numel()) * 4);
+               uint64_t(layout_.padded_numel()) * 4)
+        .record(kZeroFeedbackScaleSection, 8,
+                [this](FieldWriter& f) { f.add(reducer_.residual_scale()); },
+                [](FieldReader& f) {
+                  const double scale = f.get<double>();
+                  if (!(scale > 0.0) || !std::isfinite(scale))
+                    fail(DSOPT_ECORRUPT, "the zero.feedback_scale section holds an impossible scale");
+                },
+                [this](FieldReader& f) { reducer_.residual_scale() = f.get<double>(); });
   }
   s.then([this](const BlobReader&) { publish_parameters(); });
 }
@@ -235,6 +250,7 @@ std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
     k.copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
     write_param_values(*state, params(), kernels());
     reducer_.reset_feedback();  // residuals are rank-local: they start again at zero
+    reducer_.residual_scale() = loss_scale();
     publish_parameters();
   };
 }

@@ -32,7 +32,7 @@ class ZeroOptimizer final : public Optimizer {
   std::string algorithm() const override { return moment_algorithm(config()); }
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count) override;
   GradientHandover& handover() override { return reducer_; }
-  void open_handover(int micro_batches) override { reducer_.open_handover(micro_batches); }
+  void open_handover(int micro_batches) override;
   PreparedGrads prepare_handed_over() override;
   bool update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return rule_ == MomentRule::Adam; }

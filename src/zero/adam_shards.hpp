@@ -25,6 +25,7 @@ constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kStageMastersSection = "common.masters";
 constexpr const char* kZeroFeedbackSection = "zero.feedback";  // a rank's gradient residual
+constexpr const char* kZeroFeedbackScaleSection = "zero.feedback_scale";  // the loss scale it is in
 constexpr uint64_t kZeroLayoutBytes = 4 + 4 + 4 + 8 + 8 + 8;
 
 // What a ZeRO blob records about its layout.

@@ -62,6 +62,13 @@ void GradientReducer::reset_feedback() {
   kernels_.fill_zero(residual_.get(), residual_.bytes());
 }
 
+void GradientReducer::set_gradient_scale(double scale) {
+  if (!feedback() || scale == residual_scale_) return;
+  const TensorRef all{residual_.floats(), layout_.padded_numel(), DType::F32};
+  kernels_.transform(&all, 1, float(scale / residual_scale_), residual_.floats(), nullptr);
+  residual_scale_ = scale;
+}
+
 void GradientReducer::commit_feedback() {
   if (!feedback()) return;
   for (size_t k = 0; k < encoded_.size(); ++k) {

@@ -66,6 +66,12 @@ class GradientReducer final : public GradientHandover {
   void commit_feedback();
   // Sets the residual to zero (after resharding).
   void reset_feedback();
+  // Before a step's reduction: the loss scale its gradients carry. The
+  // residual is kept in the units of the scale it was made under and is
+  // multiplied by new/old when the scale changes (powers of two: exact).
+  void set_gradient_scale(double scale);
+  // The scale the residual is in (saved with it).
+  double& residual_scale() { return residual_scale_; }
 
   // Collective. Fills shard() with this rank's piece of the averaged
   // gradient and returns what the ranks found (the sum of squares when
@@ -136,6 +142,7 @@ class GradientReducer final : public GradientHandover {
   DeviceBuffer wire_;
   DeviceBuffer residual_, pending_;
   std::vector<char> encoded_;
+  double residual_scale_ = 1.0;
 };
 
 }  // namespace dsopt

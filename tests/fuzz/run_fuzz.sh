@@ -35,10 +35,10 @@ fi
 cmake -S . -B "$BUILD" -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSOPT_WITH_CUDA=OFF -DDSOPT_WITH_MPI=OFF \
   -DDSOPT_BUILD_TESTS=OFF -DDSOPT_BUILD_EXAMPLES=OFF -DDSOPT_BUILD_BENCH=OFF -DDSOPT_BUILD_FUZZ=ON
-cmake --build "$BUILD" --target fuzz_state_load fuzz_config -j"$(nproc)"
+cmake --build "$BUILD" --target fuzz_state_load fuzz_config fuzz_block_codec -j"$(nproc)"
 
 status=0
-for t in state_load config; do
+for t in state_load config block_codec; do
   work="$tmp/$t"
   mkdir -p "$work/corpus" "$work/artifacts"
   cp tests/fuzz/corpus/"$t"/* "$work/corpus/"

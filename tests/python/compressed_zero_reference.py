@@ -29,7 +29,11 @@ def _scale(codec, x):
     if codec == "sign":
         total = np.cumsum(a.astype(np.float64))[-1] if len(a) else 0.0
         return F32(total / len(a)) if len(a) else F32(0)
-    return F32(F32(a.max()) / F32(LIMIT[codec]))
+    s = F32(F32(a.max()) / F32(LIMIT[codec]))
+    with np.errstate(over="ignore"):
+        if not np.isfinite(F32(LIMIT[codec]) * s):  # the top level would decode to Inf
+            s = np.nextafter(s, F32(0))
+    return s
 
 
 def _levels(codec, x, s):
@@ -123,6 +127,7 @@ class GradientPath:
         self.buckets, self.padded = buckets(sizes, world, bucket_elems)
         self.n = sum(sizes)
         self.e = [np.zeros(self.padded, F32) if feedback else None for _ in range(world)]
+        self.scale = 1.0  # the loss scale the residuals are in
 
     def flat(self, grads):
         out = np.zeros(self.padded, F32)
@@ -147,9 +152,14 @@ class GradientPath:
                 total[lo:lo + piece] = acc
         return total
 
-    def step(self, per_rank_grads, commit=True):
-        """One reduction of every rank's gradients; the residuals keep
-        their update only when ``commit`` (a step that is not skipped)."""
+    def step(self, per_rank_grads, commit=True, scale=1.0):
+        """One reduction of every rank's gradients, made with loss scale
+        ``scale``; the residuals keep their update only when ``commit`` (a
+        step that is not skipped). Residuals made under another scale are
+        first multiplied by fl(new / old)."""
+        if scale != self.scale:
+            self.e = [None if e is None else (e * F32(scale / self.scale)).astype(F32) for e in self.e]
+            self.scale = scale
         work = [None if e is None else e.copy() for e in self.e]
         total = self.reduce([self.flat(g) for g in per_rank_grads], work)
         if commit:

@@ -67,9 +67,32 @@ SCENARIOS = [
     scenario("lamb", {"gradients": "int8", "parameters": "int8", "block_size": 32},
              sizes=zr.LAMB_SIZES, opt_type="Lamb", bucket=1000, gather=3000),
     scenario("clipping", {"gradients": "int4", "parameters": "int8"}, top={"gradient_clipping": 0.5}),
+    scenario("edge_int8", {"gradients": "int8", "parameters": "int8", "block_size": 64}),
+    scenario("edge_int4", {"gradients": "int4", "block_size": 8}),
+    scenario("edge_nan", {"gradients": "sign", "parameters": "int8", "block_size": 64}),
 ]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
 RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb"]
+
+
+def gradients(sc, step, rank, scale):
+    """zero_runs' gradients, or for the "edge" scenarios values the codecs
+    must survive: a block of zeros, denormals, magnitudes near FLT_MAX/8,
+    tiny values beside large ones, and (edge_nan) a NaN on rank 0 at step 4
+    that skips the step on every rank."""
+    g = zr.gradients(sc, step, rank, scale)
+    if not sc.name.startswith("edge"):
+        return g
+    rng = np.random.default_rng([sc.seed, step, rank, 99])
+    big = g[1]
+    big[0:64] = 0.0
+    big[64:128] = (rng.standard_normal(64) * 1e-40).astype(np.float32)
+    big[128:136] = (rng.standard_normal(8) * 4e37).astype(np.float32)
+    big[136:200] = (rng.standard_normal(64) * 1e-30).astype(np.float32)
+    big[200] = np.float32(1.0)
+    if sc.name == "edge_nan" and step == 4 and rank == 0:
+        g[3][5] = np.nan
+    return g
 
 
 def compression(sc):
@@ -102,10 +125,10 @@ def path(sc, world):
 def reference_grads(sc, rp, world, k, scale, skip):
     """Rank 0's gradients of the uncompressed twin at step k: the decoded
     sums of every owner (zeros on the other ranks)."""
-    per_rank = [zr.gradients(sc, k, r, scale) for r in range(world)]
+    per_rank = [gradients(sc, k, r, scale) for r in range(world)]
     if rp is None:
         return None
-    return rp.split(rp.step(per_rank, commit=not skip), sc.sizes)
+    return rp.split(rp.step(per_rank, commit=not skip, scale=scale), sc.sizes)
 
 
 def expected_params(sc, twin_params, world):
@@ -149,11 +172,12 @@ def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, 
     rp = rp if rp is not None else path(sc, world)
     for k in range(first, first + steps):
         scale = opt.loss_scale
-        skip = bool(sc.overflow) and sc.overflow[0] == k and sc.overflow[1] < world
+        skip = (bool(sc.overflow) and sc.overflow[0] == k and sc.overflow[1] < world) or \
+            (sc.name == "edge_nan" and k == 4)
         mine = []
         sums = []
         for m in range(accumulation):
-            g = zr.gradients(sc, k * accumulation + m, rank, scale)
+            g = gradients(sc, k * accumulation + m, rank, scale)
             mine.append(g)
             sums.append(reference_grads(sc, rp, world, k * accumulation + m, scale, skip)
                         if stage == 2 or accumulation == 1 else None)
@@ -163,10 +187,10 @@ def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, 
             for r in range(world):
                 acc = None
                 for m in range(accumulation):
-                    g = zr.gradients(sc, k * accumulation + m, r, scale)
+                    g = gradients(sc, k * accumulation + m, r, scale)
                     acc = g if acc is None else [(a + b).astype(np.float32) for a, b in zip(acc, g)]
                 per_rank.append(acc)
-            sums = [rp.split(rp.step(per_rank, commit=not skip), sc.sizes)] + \
+            sums = [rp.split(rp.step(per_rank, commit=not skip, scale=scale), sc.sizes)] + \
                    [[np.zeros(n, np.float32) for n in sc.sizes]] * (accumulation - 1)
         twin_grads = []
         for m in range(accumulation):
@@ -311,7 +335,7 @@ def memory_phase(comm, rank, world):
                                                   "compression": dict(comp, block_size=32)})
         opt = make(sc, 2, comm)
         for k in range(2):
-            opt.step(zr.gradients(sc, k, rank, opt.loss_scale))
+            opt.step(gradients(sc, k, rank, opt.loss_scale))
         got, want = opt.memory_usage()["host"], expected_memory(sc, world)
         assert got == want, f"{comp} at P={world}: memory_usage {got}, formula {want}"
         checked += 1
