@@ -22,7 +22,9 @@ COMMON = {
              "min_loss_scale": 1.0},
     "zero_optimization": {"stage": 0, "reduce_bucket_size": 500000000,
                           "allgather_bucket_size": 500000000, "reduce_scatter": True,
-                          "offload_optimizer": {"device": "none", "pin_memory": False}},
+                          "offload_optimizer": {"device": "none", "pin_memory": False},
+                          "compression": {"gradients": "none", "parameters": "none",
+                                          "error_feedback": True, "block_size": 256}},
     "divergence_check": {"enabled": True, "factor": 20.0, "min_steps": 10, "horizon": 50,
                          "count": 3, "window": 8},
 }

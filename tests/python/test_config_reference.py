@@ -111,13 +111,14 @@ def documented(prefix, kind):
 @pytest.mark.parametrize("kind", TYPES)
 @pytest.mark.parametrize("part", ["", "optimizer", "optimizer.params", "param_groups[]", "fp16",
                                   "bf16", "zero_optimization",
-                                  "zero_optimization.offload_optimizer", "divergence_check"])
+                                  "zero_optimization.offload_optimizer", "zero_optimization.compression",
+                                  "divergence_check"])
 def test_the_table_lists_exactly_the_keys_the_library_knows(part, kind):
     cfg = base(kind, part + ".x")
-    if part == "zero_optimization.offload_optimizer" and kind not in ("Adam", "AdamW", "Lamb"):
+    if part.startswith("zero_optimization.") and kind not in ("Adam", "AdamW", "Lamb"):
         pytest.skip("ZeRO is for Adam, AdamW and Lamb")
-    if part == "zero_optimization.offload_optimizer":
-        cfg["zero_optimization"] = {"stage": 2, "offload_optimizer": {}}
+    if part.startswith("zero_optimization."):
+        cfg["zero_optimization"] = {"stage": 2, part.split(".")[1]: {}}
     probe = put(cfg, part + ".bogus_key" if part else "bogus_key", 1)
     assert known_keys(probe) == documented(part, kind)
 
