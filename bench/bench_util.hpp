@@ -190,6 +190,18 @@ class Flags {
     return fallback;
   }
 
+  // A text value.
+  std::string text(const char* name, const std::string& fallback) {
+    for (size_t i = 0; i < args_.size(); ++i) {
+      if (args_[i] != name) continue;
+      if (i + 1 >= args_.size()) die(std::string(name) + " needs a value");
+      const std::string v = args_[i + 1];
+      args_.erase(args_.begin() + long(i), args_.begin() + long(i) + 2);
+      return v;
+    }
+    return fallback;
+  }
+
   // Call after every get(): rejects what is left.
   void finish(const char* usage) {
     if (!args_.empty()) die("unknown argument '" + args_[0] + "'\nusage: " + usage);

@@ -42,7 +42,7 @@ build_targets() {
 # list of benchmarks (bench/benchmarks.txt, written when CMake configures).
 build_targets adam_cpu_bench
 mpi_benchmarks=()
-for name in compressed_allreduce_bench onebit_e2e_bench zero_e2e_bench overlap_e2e_bench; do
+for name in compressed_allreduce_bench onebit_e2e_bench zero_e2e_bench compressed_zero_bench overlap_e2e_bench; do
   if grep -qx "$name" "$build/bench/benchmarks.txt" 2>/dev/null; then mpi_benchmarks+=("$name"); fi
 done
 if [ ${#mpi_benchmarks[@]} -gt 0 ]; then build_targets "${mpi_benchmarks[@]}"; fi
@@ -88,13 +88,13 @@ fi
 
 if [ ${#mpi_benchmarks[@]} -eq 0 ]; then
   echo
-  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench, zero_e2e_bench and overlap_e2e_bench skipped" \
+  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench, zero_e2e_bench, compressed_zero_bench and overlap_e2e_bench skipped" \
        "(dsopt built without MPI)"
   exit 0
 fi
 if ! command -v mpirun >/dev/null 2>&1; then
   echo
-  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench, zero_e2e_bench and overlap_e2e_bench" \
+  echo "run_benchmarks: compressed_allreduce_bench, onebit_e2e_bench, zero_e2e_bench, compressed_zero_bench and overlap_e2e_bench" \
        "skipped (no mpirun; Debian: apt-get install openmpi-bin)"
   exit 0
 fi
@@ -191,6 +191,14 @@ for name in "${mpi_benchmarks[@]}"; do
       echo
       echo "== zero_e2e_bench --lamb 1: ZeRO-2 vs stage 0 LAMB step time (16M), $ranks ranks on an emulated 1 Gbit/s link =="
       emulated "$build/bench/zero_e2e_bench" --lamb 1 --mem-numel 0 --numel 16777216 --warmup 1 --steps 8
+      ;;
+    compressed_zero_bench)
+      echo
+      echo "== compressed_zero_bench: bytes and memory per rank of every codec pair against ZeRO-2 (4M), $ranks ranks, loopback =="
+      loopback "$build/bench/compressed_zero_bench" --numel 0
+      echo
+      echo "== compressed_zero_bench: compressed vs uncompressed ZeRO-2 AdamW step time (16M), $ranks ranks on an emulated 1 Gbit/s link =="
+      emulated "$build/bench/compressed_zero_bench" --bytes-numel 0 --numel 16777216 --warmup 1 --steps 5
       ;;
     overlap_e2e_bench)
       echo
