@@ -15,7 +15,8 @@
 // holding Inf or NaN is stored with s = NaN and q = 0, so every decoded
 // value of it is NaN: the receiver sees the non-finite gradient too.
 // rint rounds half to even. With error feedback the encoded value is
-// x = fl(g + e) and the residual becomes fl(x - x').
+// x = fl(g + fl(e * e_mul)) (e_mul: a power of two, 1 when the loss scale
+// has not changed since e was made) and the residual becomes fl(x - x').
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -41,16 +42,16 @@ DSOPT_HD int64_t codec_run_bytes(BlockCodec c, int64_t block, int64_t n) {
   return (n + block - 1) / block * codec_record_bytes(c, block);
 }
 
-DSOPT_HD float codec_input(const float* g, const float* e, int64_t i) {
-  return e ? g[i] + e[i] : g[i];
+DSOPT_HD float codec_input(const float* g, const float* e, float e_mul, int64_t i) {
+  return e ? g[i] + e[i] * e_mul : g[i];
 }
 
-DSOPT_HD float codec_scale(BlockCodec c, const float* g, const float* e, int64_t len) {
+DSOPT_HD float codec_scale(BlockCodec c, const float* g, const float* e, float e_mul, int64_t len) {
   bool finite = true;
   float amax = 0.0f;
   double sum = 0.0;
   for (int64_t i = 0; i < len; ++i) {
-    const float x = codec_input(g, e, i);
+    const float x = codec_input(g, e, e_mul, i);
     if (!(std::fabs(x) <= 3.402823466e38f)) finite = false;
     const float a = std::fabs(x);
     if (a > amax) amax = a;
@@ -78,16 +79,16 @@ DSOPT_HD int codec_level(float x, float s, int limit) {
   return int(q);
 }
 
-// One block: len (<= block) values g (+ e) into `rec`; err (may alias e)
-// receives x - x' when non-null.
-DSOPT_HD void encode_block(BlockCodec c, int64_t block, const float* g, const float* e,
+// One block: len (<= block) values g (+ e e_mul) into `rec`; err (may
+// alias e) receives x - x' when non-null.
+DSOPT_HD void encode_block(BlockCodec c, int64_t block, const float* g, const float* e, float e_mul,
                            int64_t len, uint8_t* rec, float* err) {
-  const float s = codec_scale(c, g, e, len);
+  const float s = codec_scale(c, g, e, e_mul, len);
   std::memcpy(rec, &s, 4);
   uint8_t* payload = rec + 4;
   for (int64_t i = 0; i < block * codec_bits(c) / 8; ++i) payload[i] = 0;
   for (int64_t i = 0; i < len; ++i) {
-    const float x = codec_input(g, e, i);
+    const float x = codec_input(g, e, e_mul, i);
     float decoded;
     if (c == BlockCodec::Sign) {
       const bool negative = x < 0.0f;

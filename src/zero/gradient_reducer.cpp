@@ -40,44 +40,44 @@ uint64_t GradientReducer::exchange_compressed(int64_t k, const float* packed, fl
   // window's first encoding of the bucket, the pending one after that.
   float* e_in = nullptr;
   float* e_out = nullptr;
+  float e_mul = 1.0f;
   if (feedback()) {
     e_out = pending_.floats() + b.flat_start;
     e_in = encoded_[size_t(k)] ? e_out : residual_.floats() + b.flat_start;
+    if (!encoded_[size_t(k)]) e_mul = rescale();  // the pending copy is in the step's scale
   }
   encoded_[size_t(k)] = 1;
   uint8_t* send = static_cast<uint8_t*>(wire_.get());
   uint8_t* recv = send + size_t(world) * size_t(run);
   const BlockCodec codec = *codec_;
   const int64_t block = block_;
-  return runner_.post([this, codec, block, packed, e_in, e_out, piece, run, send, recv, dest, world] {
-    kernels_.codec_encode(codec, block, packed, e_in, e_out, piece, world, send);
+  return runner_.post([this, codec, block, packed, e_in, e_mul, e_out, piece, run, send, recv, dest,
+                       world] {
+    kernels_.codec_encode(codec, block, packed, e_in, e_mul, e_out, piece, world, send);
     comm_.alltoall(send, recv, size_t(run), Elem::U8, mem_);
     comm_.wait();
     kernels_.codec_decode_sum(codec, block, recv, world, piece, dest);
   });
 }
 
+float GradientReducer::rescale() const { return float(step_scale_ / residual_scale_); }
+
 void GradientReducer::reset_feedback() {
   if (!feedback()) return;
   kernels_.fill_zero(residual_.get(), residual_.bytes());
 }
 
-void GradientReducer::set_gradient_scale(double scale) {
-  if (!feedback() || scale == residual_scale_) return;
-  const TensorRef all{residual_.floats(), layout_.padded_numel(), DType::F32};
-  kernels_.transform(&all, 1, float(scale / residual_scale_), residual_.floats(), nullptr);
-  residual_scale_ = scale;
-}
-
 void GradientReducer::commit_feedback() {
   if (!feedback()) return;
+  const float mul = rescale();
   for (size_t k = 0; k < encoded_.size(); ++k) {
     if (encoded_[k]) continue;  // a bucket the window did not reduce keeps its residual
     const ReduceBucket& b = layout_.buckets()[k];
-    kernels_.copy(pending_.floats() + b.flat_start, residual_.floats() + b.flat_start,
-                  size_t(b.numel) * 4);
+    const TensorRef kept{residual_.floats() + b.flat_start, b.numel, DType::F32};
+    kernels_.transform(&kept, 1, mul, pending_.floats() + b.flat_start, nullptr);
   }
   std::swap(residual_, pending_);
+  residual_scale_ = step_scale_;
   std::fill(encoded_.begin(), encoded_.end(), 0);
 }
 

@@ -67,9 +67,10 @@ class GradientReducer final : public GradientHandover {
   // Sets the residual to zero (after resharding).
   void reset_feedback();
   // Before a step's reduction: the loss scale its gradients carry. The
-  // residual is kept in the units of the scale it was made under and is
-  // multiplied by new/old when the scale changes (powers of two: exact).
-  void set_gradient_scale(double scale);
+  // residual is kept in the units of the scale it was made under; the
+  // step's encodings multiply it by new/old (powers of two: exact), and
+  // commit_feedback() records the new scale with the new residual.
+  void set_gradient_scale(double scale) { step_scale_ = scale; }
   // The scale the residual is in (saved with it).
   double& residual_scale() { return residual_scale_; }
 
@@ -118,6 +119,8 @@ class GradientReducer final : public GradientHandover {
   // The compressed form of reduce(): encode, all-to-all, decode and sum.
   // Returns the runner's ticket.
   uint64_t exchange_compressed(int64_t k, const float* packed, float* dest);
+  // What the current residual is multiplied by in this step's units.
+  float rescale() const;
 
   const ShardLayout& layout_;
   int stage_;
@@ -143,6 +146,7 @@ class GradientReducer final : public GradientHandover {
   DeviceBuffer residual_, pending_;
   std::vector<char> encoded_;
   double residual_scale_ = 1.0;
+  double step_scale_ = 1.0;
 };
 
 }  // namespace dsopt

@@ -84,7 +84,8 @@ void ParamGatherer::gather_compressed() {
     if (codec_ == ParamCodec::Bf16)
       kernels_.from_float(masters_ + c.begin, send, DType::BF16, len);
     else
-      kernels_.codec_encode(BlockCodec::Int8, block_, masters_ + c.begin, nullptr, nullptr, len, 1, send);
+      kernels_.codec_encode(BlockCodec::Int8, block_, masters_ + c.begin, nullptr, 1.0f, nullptr, len,
+                            1, send);
     comm_.allgather(send, recv, size_t(bytes), Elem::U8, mem_);
     for (int r = 0; r < world_; ++r) {
       const uint8_t* from = recv + size_t(r) * size_t(bytes);

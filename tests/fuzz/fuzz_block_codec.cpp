@@ -3,8 +3,8 @@
 // codec_decode_sum).
 //
 // Input: byte 0 picks the codec (int8, int4, sign), byte 1 the block (8 to
-// 64 elements), byte 2 the number of runs (1 to 3) and whether a residual
-// is added; the rest are the fp32 bit patterns of the values (then of the
+// 64 elements), byte 2 the number of runs (1 to 3), whether a residual
+// is added and whether it is halved first (a loss scale that changed); the rest are the fp32 bit patterns of the values (then of the
 // residual): every NaN, Inf, denormal and zero the fuzzer makes. Properties
 // (abort() when one fails):
 //  - the kernels write exactly codec_run_bytes per run and agree with the
@@ -88,6 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t block = 8 * (1 + data[1] % 8);
   const int runs = 1 + data[2] % 3;
   const bool feedback = (data[2] / 3) % 2 == 1;
+  const float e_mul = (data[2] / 6) % 2 ? 0.5f : 1.0f;  // a loss scale halved since e was made
   const size_t floats = (size - 3) / 4;
   const int64_t n = int64_t(feedback ? floats / 2 : floats) / runs;
   if (n == 0) return 0;
@@ -99,7 +100,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int64_t record = dsopt::codec_record_bytes(c, block);
   std::vector<uint8_t> out(size_t(run_bytes * runs) + 16, 0xAB);
   std::vector<float> err(g.size());
-  kernels().codec_encode(c, block, g.data(), feedback ? e.data() : nullptr, err.data(), n, runs, out.data());
+  kernels().codec_encode(c, block, g.data(), feedback ? e.data() : nullptr, e_mul, err.data(), n, runs,
+                         out.data());
   for (size_t i = size_t(run_bytes * runs); i < out.size(); ++i)
     if (out[i] != 0xAB) die("codec_encode wrote past its runs");
 
@@ -107,10 +109,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t b = 0; b * block < n; ++b) {
       const int64_t first = j * n + b * block, len = std::min(block, n - b * block);
       std::vector<float> x(static_cast<size_t>(len));
-      for (int64_t i = 0; i < len; ++i) x[size_t(i)] = feedback ? g[size_t(first + i)] + e[size_t(first + i)] : g[size_t(first + i)];
+      for (int64_t i = 0; i < len; ++i)
+        x[size_t(i)] = feedback ? g[size_t(first + i)] + e[size_t(first + i)] * e_mul : g[size_t(first + i)];
       std::vector<uint8_t> rec(static_cast<size_t>(record));
       std::vector<float> one_err(static_cast<size_t>(len));
-      dsopt::encode_block(c, block, g.data() + first, feedback ? e.data() + first : nullptr, len,
+      dsopt::encode_block(c, block, g.data() + first, feedback ? e.data() + first : nullptr, e_mul, len,
                           rec.data(), one_err.data());
       const uint8_t* got = out.data() + j * run_bytes + b * record;
       if (std::memcmp(got, rec.data(), size_t(record)) != 0) die("the kernel's record differs from encode_block's");

@@ -154,16 +154,14 @@ class GradientPath:
 
     def step(self, per_rank_grads, commit=True, scale=1.0):
         """One reduction of every rank's gradients, made with loss scale
-        ``scale``; the residuals keep their update only when ``commit`` (a
-        step that is not skipped). Residuals made under another scale are
-        first multiplied by fl(new / old)."""
-        if scale != self.scale:
-            self.e = [None if e is None else (e * F32(scale / self.scale)).astype(F32) for e in self.e]
-            self.scale = scale
-        work = [None if e is None else e.copy() for e in self.e]
+        ``scale``; residuals made under another scale enter it multiplied
+        by fl(new / old). The residuals (and their scale) keep the update
+        only when ``commit`` (a step that is not skipped)."""
+        mul = F32(scale / self.scale)
+        work = [None if e is None else (e * mul).astype(F32) for e in self.e]
         total = self.reduce([self.flat(g) for g in per_rank_grads], work)
         if commit:
-            self.e = work
+            self.e, self.scale = work, scale
         return total
 
     def split(self, total, sizes):

@@ -167,6 +167,10 @@ SCENARIOS = {
     "accumulate": ("created", dsopt.torch.AdamW, {"lr": LR}, {"gradient_accumulation_steps": 2}),
     "lamb_zero2": ("created", dsopt.torch.Lamb, {"lr": LR, "weight_decay": WEIGHT_DECAY, "zero_stage": 2},
                    {}),
+    "compressed_zero2": ("created", dsopt.torch.AdamW,
+                         {"lr": LR, "weight_decay": WEIGHT_DECAY, "zero_optimization": {
+                             "stage": 2, "compression": {"gradients": "int4", "parameters": "int8"}}},
+                         {}),
 }
 
 

@@ -49,6 +49,8 @@ OPTIMIZERS = {
                                                      zero_stage=2, **kw),
     "onebit_adam": lambda p, **kw: dsopt.torch.OneBitAdam(p, lr=3e-3, freeze_step=3, **kw),
     "lamb_zero2": lambda p, **kw: dsopt.torch.Lamb(p, lr=1e-2, weight_decay=0.01, zero_stage=2, **kw),
+    "compressed_zero2": lambda p, **kw: dsopt.torch.AdamW(p, lr=3e-3, weight_decay=0.01, zero_optimization={
+        "stage": 2, "compression": {"gradients": "int4", "parameters": "int8"}}, **kw),
     "torch_adamw": lambda p, **kw: torch.optim.AdamW(p, lr=3e-3, **kw),
 }
 
@@ -193,7 +195,7 @@ def checkpoint_rank_states(path):
 def launcher_run(out_dir):
     data = tuple(t[:SAMPLES] for t in digits())
     results, first = {}, None
-    for name in ("adamw", "adamw_zero2", "onebit_adam", "lamb_zero2"):
+    for name in ("adamw", "adamw_zero2", "onebit_adam", "lamb_zero2", "compressed_zero2"):
         ckpt_dir = os.path.join(out_dir, name)
         trainer, full = lightning_fit(name, data, devices=2, batch=BATCH, epochs=EPOCHS,
                                       out_dir=ckpt_dir)

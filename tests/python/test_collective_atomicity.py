@@ -51,6 +51,12 @@ SCENARIOS = {
     "zero2_fp16": (zero(2, **FP16), "fp16"),
     "lamb": (adam("Lamb"), "fp32"),
     "lamb_zero2": (dict(zero(2), optimizer=adam("Lamb")["optimizer"]), "fp32"),
+    # Compressed ZeRO: the residual's update is part of the step.
+    "zero2_compressed": (dict(zero(2), zero_optimization=dict(
+        zero(2)["zero_optimization"], compression={"gradients": "int4", "parameters": "int8",
+                                                   "block_size": 32})), "fp32"),
+    "zero1_compressed_fp16": (dict(zero(1, **FP16), zero_optimization=dict(
+        zero(1)["zero_optimization"], compression={"gradients": "sign", "block_size": 64})), "fp16"),
 }
 PHASES = {dsopt.lib.DSOPT_PHASE_FULL: "full", dsopt.lib.DSOPT_PHASE_COMPRESSED: "compressed",
           dsopt.lib.DSOPT_PHASE_LOCAL: "local", dsopt.lib.DSOPT_PHASE_SYNC: "sync"}

@@ -40,7 +40,7 @@ if subprocess.run([sys.executable, "-c", "import lightning"], capture_output=Tru
 import conftest  # noqa: E402
 
 WORLD = 2
-NAMES = ("adamw", "adamw_zero2", "onebit_adam", "lamb_zero2")
+NAMES = ("adamw", "adamw_zero2", "onebit_adam", "lamb_zero2", "compressed_zero2")
 EPOCH_STEPS = 4
 TIMEOUT = 300
 

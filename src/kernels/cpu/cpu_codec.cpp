@@ -5,8 +5,8 @@
 namespace dsopt {
 namespace cpu_codec {
 
-void encode(BlockCodec c, int64_t block, const float* g, const float* e_in, float* err_out,
-            int64_t n, int runs, uint8_t* out, int threads) {
+void encode(BlockCodec c, int64_t block, const float* g, const float* e_in, float e_mul,
+            float* err_out, int64_t n, int runs, uint8_t* out, int threads) {
   const int64_t per_run = (n + block - 1) / block;
   const int64_t run_bytes = codec_run_bytes(c, block, n);
   const int64_t record = codec_record_bytes(c, block);
@@ -16,7 +16,7 @@ void encode(BlockCodec c, int64_t block, const float* g, const float* e_in, floa
     const int64_t j = b / per_run, k = b % per_run;
     const int64_t first = j * n + k * block;
     const int64_t len = std::min(block, n - k * block);
-    encode_block(c, block, g + first, e_in ? e_in + first : nullptr, len,
+    encode_block(c, block, g + first, e_in ? e_in + first : nullptr, e_mul, len,
                  out + j * run_bytes + k * record, err_out ? err_out + first : nullptr);
   }
 }
