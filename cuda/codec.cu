@@ -34,7 +34,8 @@ __global__ void decode_sum_kernel(BlockCodec c, int64_t block, const uint8_t* in
   const int64_t run_bytes = codec_run_bytes(c, block, n);
   const uint8_t* rec = in + (i / block) * codec_record_bytes(c, block);
   float sum = decode_element(c, rec, i % block);
-  for (int j = 1; j < runs; ++j) sum += decode_element(c, rec + int64_t(j) * run_bytes, i % block);
+  for (int j = 1; j < runs; ++j)
+    sum = CodecOps::add(sum, decode_element(c, rec + int64_t(j) * run_bytes, i % block));
   dst[i] = sum;
 }
 

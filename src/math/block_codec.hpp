@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "math/hd.hpp"
+#include "math/scalar_ops.hpp"
 
 namespace dsopt {
 
@@ -42,28 +43,39 @@ DSOPT_HD int64_t codec_run_bytes(BlockCodec c, int64_t block, int64_t n) {
   return (n + block - 1) / block * codec_record_bytes(c, block);
 }
 
+// Every product and sum below is one rounding, never fused (ScalarOps).
+using CodecOps = ScalarOps;
+
 DSOPT_HD float codec_input(const float* g, const float* e, float e_mul, int64_t i) {
-  return e ? g[i] + e[i] * e_mul : g[i];
+  return e ? CodecOps::add(g[i], CodecOps::mul(e[i], e_mul)) : g[i];
+}
+
+DSOPT_HD float quiet_nan() {
+  const uint32_t bits = 0x7fc00000u;
+  float s;
+  std::memcpy(&s, &bits, 4);
+  return s;
 }
 
 DSOPT_HD float codec_scale(BlockCodec c, const float* g, const float* e, float e_mul, int64_t len) {
-  bool finite = true;
+  int finite = 1;
+  if (c == BlockCodec::Sign) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < len; ++i) {
+      const float a = std::fabs(codec_input(g, e, e_mul, i));
+      finite &= int(a <= 3.402823466e38f);
+      sum += double(a);
+    }
+    if (!finite) return quiet_nan();
+    return len > 0 ? float(sum / double(len)) : 0.0f;
+  }
   float amax = 0.0f;
-  double sum = 0.0;
   for (int64_t i = 0; i < len; ++i) {
-    const float x = codec_input(g, e, e_mul, i);
-    if (!(std::fabs(x) <= 3.402823466e38f)) finite = false;
-    const float a = std::fabs(x);
-    if (a > amax) amax = a;
-    sum += double(a);
+    const float a = std::fabs(codec_input(g, e, e_mul, i));
+    finite &= int(a <= 3.402823466e38f);
+    amax = a > amax ? a : amax;
   }
-  if (!finite) {
-    const uint32_t quiet_nan = 0x7fc00000u;
-    float s;
-    std::memcpy(&s, &quiet_nan, 4);
-    return s;
-  }
-  if (c == BlockCodec::Sign) return len > 0 ? float(sum / double(len)) : 0.0f;
+  if (!finite) return quiet_nan();
   const float limit = c == BlockCodec::Int8 ? 127.0f : 7.0f;
   float s = amax / limit;
   // Near FLT_MAX the rounded-up scale would decode the top level to Inf.
@@ -71,11 +83,21 @@ DSOPT_HD float codec_scale(BlockCodec c, const float* g, const float* e, float e
   return s;
 }
 
-DSOPT_HD int codec_level(float x, float s, int limit) {
-  if (!(s > 0.0f) || !(s <= 3.402823466e38f)) return 0;  // zero or NaN scale
-  float q = rintf(x / s);
-  if (q > float(limit)) q = float(limit);
-  if (q < -float(limit)) q = -float(limit);
+// rint(t) for |t| < 2^22 in round-to-nearest-even: adding 1.5 * 2^23
+// leaves no fraction bits, and subtracting it again is exact. (Inline
+// arithmetic instead of a libm call, so the element loops vectorize.)
+DSOPT_HD float round_even(float t) {
+  const float magic = 12582912.0f;
+  return (t + magic) - magic;
+}
+
+// The level of x at a usable scale s (0 < s <= FLT_MAX): |x / s| stays
+// below 2 * limit + 1 because s >= amax / limit up to its rounding, even
+// for denormal scales.
+DSOPT_HD int codec_level(float x, float s, float limit) {
+  float q = round_even(CodecOps::div(x, s));
+  q = q > limit ? limit : q;
+  q = q < -limit ? -limit : q;
   return int(q);
 }
 
@@ -86,42 +108,100 @@ DSOPT_HD void encode_block(BlockCodec c, int64_t block, const float* g, const fl
   const float s = codec_scale(c, g, e, e_mul, len);
   std::memcpy(rec, &s, 4);
   uint8_t* payload = rec + 4;
-  for (int64_t i = 0; i < block * codec_bits(c) / 8; ++i) payload[i] = 0;
-  for (int64_t i = 0; i < len; ++i) {
-    const float x = codec_input(g, e, e_mul, i);
-    float decoded;
-    if (c == BlockCodec::Sign) {
-      const bool negative = x < 0.0f;
-      if (negative) payload[i / 8] = uint8_t(payload[i / 8] | (1u << (i % 8)));
-      decoded = negative ? -s : s;
-    } else {
-      const int q = codec_level(x, s, c == BlockCodec::Int8 ? 127 : 7);
-      if (c == BlockCodec::Int8) {
-        payload[i] = uint8_t(int8_t(q));
-      } else {
-        const uint8_t nibble = uint8_t(q & 0xF);
-        payload[i / 2] = uint8_t(payload[i / 2] | (i % 2 ? nibble << 4 : nibble));
+  const int64_t payload_bytes = block * codec_bits(c) / 8;
+  int64_t written = 0;  // payload bytes set below; the rest are zero
+  if (c == BlockCodec::Sign) {
+    for (int64_t b = 0; b * 8 < len; ++b) {
+      unsigned bits = 0;
+      for (int64_t j = 0; j < 8 && b * 8 + j < len; ++j) {
+        const int64_t i = b * 8 + j;
+        const float x = codec_input(g, e, e_mul, i);
+        const bool negative = x < 0.0f;
+        bits |= unsigned(negative) << j;
+        if (err) err[i] = CodecOps::add(x, negative ? s : -s);
       }
-      decoded = float(q) * s;
+      payload[b] = uint8_t(bits);
+      written = b + 1;
     }
-    if (err) err[i] = x - decoded;
+  } else {
+    // A zero or NaN scale encodes every level as 0 (x' = 0 or NaN).
+    const bool usable = s > 0.0f && s <= 3.402823466e38f;
+    const float limit = c == BlockCodec::Int8 ? 127.0f : 7.0f;
+    if (c == BlockCodec::Int8) {
+      for (int64_t i = 0; i < len; ++i) {
+        const float x = codec_input(g, e, e_mul, i);
+        const int q = usable ? codec_level(x, s, limit) : 0;
+        payload[i] = uint8_t(int8_t(q));
+        if (err) err[i] = CodecOps::add(x, -CodecOps::mul(float(q), s));
+      }
+      written = len;
+    } else {
+      for (int64_t i = 0; i < len; i += 2) {
+        const float x0 = codec_input(g, e, e_mul, i);
+        const int q0 = usable ? codec_level(x0, s, limit) : 0;
+        int q1 = 0;
+        if (i + 1 < len) {
+          const float x1 = codec_input(g, e, e_mul, i + 1);
+          q1 = usable ? codec_level(x1, s, limit) : 0;
+          if (err) err[i + 1] = CodecOps::add(x1, -CodecOps::mul(float(q1), s));
+        }
+        if (err) err[i] = CodecOps::add(x0, -CodecOps::mul(float(q0), s));
+        payload[i / 2] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
+      }
+      written = (len + 1) / 2;
+    }
   }
+  for (int64_t i = written; i < payload_bytes; ++i) payload[i] = 0;
+}
+
+// The code of element i of a block's payload.
+DSOPT_HD int codec_code(BlockCodec c, const uint8_t* payload, int64_t i) {
+  if (c == BlockCodec::Sign) return (payload[i / 8] >> (i % 8)) & 1;
+  if (c == BlockCodec::Int8) return int8_t(payload[i]);
+  const int nibble = (payload[i / 2] >> (i % 2 ? 4 : 0)) & 0xF;
+  return nibble >= 8 ? nibble - 16 : nibble;
+}
+
+DSOPT_HD float decode_code(BlockCodec c, int q, float s) {
+  return c == BlockCodec::Sign ? (q ? -s : s) : CodecOps::mul(float(q), s);
 }
 
 // Element i of a block's record.
 DSOPT_HD float decode_element(BlockCodec c, const uint8_t* rec, int64_t i) {
   float s;
   std::memcpy(&s, rec, 4);
+  return decode_code(c, codec_code(c, rec + 4, i), s);
+}
+
+// The len decoded values of a block's record into dst (add: dst += them,
+// one fp32 rounding each), the scale read once.
+DSOPT_HD void decode_block(BlockCodec c, const uint8_t* rec, int64_t len, float* dst, bool add) {
+  float s;
+  std::memcpy(&s, rec, 4);
   const uint8_t* payload = rec + 4;
-  if (c == BlockCodec::Sign) return (payload[i / 8] >> (i % 8)) & 1u ? -s : s;
-  int q;
   if (c == BlockCodec::Int8) {
-    q = int8_t(payload[i]);
-  } else {
-    const int nibble = (payload[i / 2] >> (i % 2 ? 4 : 0)) & 0xF;
-    q = nibble >= 8 ? nibble - 16 : nibble;
+    for (int64_t i = 0; i < len; ++i) {
+      const float d = CodecOps::mul(float(int8_t(payload[i])), s);
+      dst[i] = add ? CodecOps::add(dst[i], d) : d;
+    }
+    return;
   }
-  return float(q) * s;
+  // int4 and sign: a byte at a time (2 or 8 elements).
+  const int per_byte = c == BlockCodec::Int4 ? 2 : 8;
+  for (int64_t b = 0; b * per_byte < len; ++b) {
+    const unsigned byte = payload[b];
+    for (int j = 0; j < per_byte && b * per_byte + j < len; ++j) {
+      float d;
+      if (c == BlockCodec::Int4) {
+        const int nibble = int((byte >> (4 * j)) & 0xFu);
+        d = CodecOps::mul(float(nibble >= 8 ? nibble - 16 : nibble), s);
+      } else {
+        d = (byte >> j) & 1u ? -s : s;
+      }
+      float& out = dst[b * per_byte + j];
+      out = add ? CodecOps::add(out, d) : d;
+    }
+  }
 }
 
 DSOPT_ISA_END
