@@ -5,8 +5,9 @@
 // tensors of odd sizes; AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8,
 // weight decay 0.01), "threads" --threads, "zero_optimization": {"stage":
 // 2, "reduce_bucket_size": --bucket, "allgather_bucket_size": --ag-bucket,
-// "compression": {"gradients": G, "parameters": W, "block_size": --block,
-// "error_feedback": true}}; G = W = "none" is uncompressed ZeRO-2.
+// "compression": {"gradients": G, "parameters": W, "gradient_block_size":
+// --block, "parameter_block_size": --param-block, "error_feedback": true}};
+// G = W = "none" is uncompressed ZeRO-2.
 // Gradients are fixed and different on every rank (zero_e2e_bench's).
 //
 // Part 1, bytes and memory (--bytes-numel Psi; 0 leaves it out), for fp32
@@ -18,7 +19,8 @@
 //     all-to-all of the encoded pieces (N-1) R(m)
 //   + per allgather chunk of L elements: none (N-1) L w (w = 2 for bf16,
 //     4 for fp32 parameters), bf16 (N-1) 2 L, int8 (N-1) R(L),
-// R(m) = ceil(m / block) (4 + block b / 8), b the codec's bits), its ratio
+// R(m) = ceil(m / block) (4 + block b / 8), b the codec's bits, block
+// --block for gradients, --param-block for parameters), its ratio
 // to uncompressed ZeRO-2, and dsopt_memory_usage (checked against the
 // formula of the guide's "Memory": uncompressed ZeRO-2's allocation plus
 // 2 N R(largest piece) and, with feedback, 8 n' for a gradient codec;
@@ -35,7 +37,7 @@
 // Checked: every rank ends with the same parameters in every run.
 //
 //   compressed_zero_bench [--bytes-numel N] [--numel N] [--tensors T]
-//       [--bucket E] [--ag-bucket E] [--block B] [--warmup W] [--steps S]
+//       [--bucket E] [--ag-bucket E] [--block B] [--param-block B] [--warmup W] [--steps S]
 //       [--threads T] [--fp32 0|1] [--bf16 0|1] [--time-pairs G/W,...]
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -77,7 +79,7 @@ struct Pair {
 };
 
 struct Options {
-  int64_t bytes_numel, numel, bucket, ag_bucket, block;
+  int64_t bytes_numel, numel, bucket, ag_bucket, block, param_block;
   int tensors, warmup, steps, threads;
   bool fp32, bf16;
   std::vector<Pair> time_pairs;
@@ -89,10 +91,11 @@ std::string config(const Options& o, const Pair& p) {
                 "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"betas\": [0.9, 0.999],"
                 " \"eps\": 1e-8, \"weight_decay\": 0.01}}, \"threads\": %d, \"zero_optimization\":"
                 " {\"stage\": 2, \"reduce_bucket_size\": %lld, \"allgather_bucket_size\": %lld,"
-                " \"compression\": {\"gradients\": \"%s\", \"parameters\": \"%s\", \"block_size\": %lld,"
-                " \"error_feedback\": true}}}",
+                " \"compression\": {\"gradients\": \"%s\", \"parameters\": \"%s\","
+                " \"gradient_block_size\": %lld, \"parameter_block_size\": %lld, \"error_feedback\": true}}}",
                 o.threads, static_cast<long long>(o.bucket), static_cast<long long>(o.ag_bucket),
-                p.grads.c_str(), p.params.c_str(), static_cast<long long>(o.block));
+                p.grads.c_str(), p.params.c_str(), static_cast<long long>(o.block),
+                static_cast<long long>(o.param_block));
   return c;
 }
 
@@ -109,7 +112,8 @@ uint64_t chunk_bytes(const std::string& codec, int64_t block, int64_t len, int w
   return run_bytes("int8", block, len);
 }
 
-uint64_t bytes_formula(const Layout& L, int P, bool half, const Pair& p, int64_t block) {
+uint64_t bytes_formula(const Layout& L, int P, bool half, const Pair& p, int64_t block,
+                       int64_t param_block) {
   const uint64_t N = uint64_t(P);
   uint64_t b = 2 * (2 * (N - 1) * 16 / N);  // handshake, status/norm
   for (int64_t start = 0; start < L.padded; start += L.bucket) {
@@ -117,11 +121,12 @@ uint64_t bytes_formula(const Layout& L, int P, bool half, const Pair& p, int64_t
     b += (N - 1) * (p.grads == "none" ? uint64_t(piece) * 4 : run_bytes(p.grads, block, piece));
   }
   for (int64_t c = 0; c < L.ag_chunks; ++c)
-    b += (N - 1) * chunk_bytes(p.params, block, std::min(L.ag_len, L.shard - c * L.ag_len), half ? 2 : 4);
+    b += (N - 1) * chunk_bytes(p.params, param_block, std::min(L.ag_len, L.shard - c * L.ag_len), half ? 2 : 4);
   return b;
 }
 
-double memory_formula(const Layout& L, int P, bool half, const Pair& p, int64_t block) {
+double memory_formula(const Layout& L, int P, bool half, const Pair& p, int64_t block,
+                      int64_t param_block) {
   Expected e = expected_zero(L, P, g_rank, half, false, 0);
   if (P > 1 && p.grads != "none") {
     e.lamb += 2.0 * P * double(run_bytes(p.grads, block, L.largest_bucket / P));  // the wire buffer
@@ -129,7 +134,7 @@ double memory_formula(const Layout& L, int P, bool half, const Pair& p, int64_t 
   }
   if (P > 1 && p.params != "none") {
     e.masters = 4.0 * double(L.shard);
-    e.lamb += double(P + 1) * double(chunk_bytes(p.params, block, L.ag_len, 0)) + 4.0 * double(L.ag_len);
+    e.lamb += double(P + 1) * double(chunk_bytes(p.params, param_block, L.ag_len, 0)) + 4.0 * double(L.ag_len);
   }
   return e.total();
 }
@@ -177,8 +182,9 @@ void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
   const std::vector<dsopt_tensor> pv = p.views(sizes), gv = g.views(sizes);
   if (g_rank == 0) {
     std::printf("== bytes and memory per rank: %s parameters, Psi = %lld in %d tensors, %d ranks,"
-                " block %lld ==\n", half ? "bf16" : "fp32", static_cast<long long>(n), o.tensors, P,
-                static_cast<long long>(o.block));
+                " blocks %lld (gradients) and %lld (parameters) ==\n", half ? "bf16" : "fp32",
+                static_cast<long long>(n), o.tensors, P, static_cast<long long>(o.block),
+                static_cast<long long>(o.param_block));
     std::printf("%-6s %-6s %13s %9s %11s %9s\n", "grads", "params", "bytes/step", "x fewer",
                 "dsopt MiB", "x ZeRO-2");
   }
@@ -196,8 +202,8 @@ void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
       const uint64_t mem = host_usage(opt);
       dsopt_destroy(opt);
       same_on_every_rank(p, pair.name());
-      const uint64_t want = bytes_formula(L, P, half, pair, o.block);
-      const double want_mem = memory_formula(L, P, half, pair, o.block);
+      const uint64_t want = bytes_formula(L, P, half, pair, o.block, o.param_block);
+      const double want_mem = memory_formula(L, P, half, pair, o.block, o.param_block);
       if (info.bytes_sent != want)
         fail_all(pair.name() + ": sent " + std::to_string(info.bytes_sent) + " bytes (formula " +
                  std::to_string(want) + ")");
@@ -303,7 +309,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   const char* usage =
       "compressed_zero_bench [--bytes-numel N] [--numel N] [--tensors T] [--bucket E]"
-      " [--ag-bucket E] [--block B] [--warmup W] [--steps S] [--threads T] [--fp32 0|1]"
+      " [--ag-bucket E] [--block B] [--param-block B] [--warmup W] [--steps S] [--threads T] [--fp32 0|1]"
       " [--bf16 0|1] [--time-pairs G/W,...]";
   bench::Flags flags(argc, argv);
   Options o;
@@ -312,7 +318,8 @@ int main(int argc, char** argv) {
   o.tensors = int(flags.get("--tensors", 36, 1, 100000));
   o.bucket = flags.get("--bucket", int64_t(1) << 22, 1, int64_t(1) << 40);
   o.ag_bucket = flags.get("--ag-bucket", int64_t(1) << 22, 1, int64_t(1) << 40);
-  o.block = flags.get("--block", 256, 8, 65536);
+  o.block = flags.get("--block", 64, 8, 65536);
+  o.param_block = flags.get("--param-block", 256, 8, 65536);
   o.warmup = int(flags.get("--warmup", 1, 0, 1000000));
   o.steps = int(flags.get("--steps", 5, 1, 1000000));
   o.threads = int(flags.get("--threads", 1, 1, 256));

@@ -300,7 +300,8 @@ std::string one_of(const json& obj, const std::string& path, const std::string& 
 
 void read_compression(const json& c, const ZeroConfig& zc, bool cuda, ZeroCompression& out) {
   const std::string path = "zero_optimization.compression";
-  check_keys(c, path, {"gradients", "parameters", "error_feedback", "block_size"});
+  check_keys(c, path, {"gradients", "parameters", "error_feedback", "gradient_block_size",
+                       "parameter_block_size"});
   const std::string g = one_of(c, path, "gradients", {"none", "int8", "int4", "sign"});
   out.gradients = g == "int8"   ? GradientCodec::Int8
                   : g == "int4" ? GradientCodec::Int4
@@ -309,9 +310,11 @@ void read_compression(const json& c, const ZeroConfig& zc, bool cuda, ZeroCompre
   const std::string p = one_of(c, path, "parameters", {"none", "bf16", "int8"});
   out.parameters = p == "bf16" ? ParamCodec::Bf16 : p == "int8" ? ParamCodec::Int8 : ParamCodec::None;
   out.error_feedback = boolean(c, path, "error_feedback", true);
-  out.block_size = integer(c, path, "block_size", out.block_size, 8, 65536);
-  require(out.block_size % 8 == 0, sub(path, "block_size"),
-          "must be a multiple of 8, got " + std::to_string(out.block_size));
+  for (auto [key, block] : {std::pair<const char*, int64_t*>{"gradient_block_size", &out.gradient_block},
+                            {"parameter_block_size", &out.parameter_block}}) {
+    *block = integer(c, path, key, *block, 8, 65536);
+    require(*block % 8 == 0, sub(path, key), "must be a multiple of 8, got " + std::to_string(*block));
+  }
   const bool any = out.gradients != GradientCodec::None || out.parameters != ParamCodec::None;
   if (any && zc.stage == 0)
     bad(path, "compresses ZeRO's traffic and needs zero_optimization.stage 1 or 2");

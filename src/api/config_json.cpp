@@ -63,7 +63,8 @@ json compression(const ZeroCompression& c) {
   const char* g[] = {"none", "int8", "int4", "sign"};
   const char* p[] = {"none", "bf16", "int8"};
   return {{"gradients", g[int(c.gradients)]}, {"parameters", p[int(c.parameters)]},
-          {"error_feedback", c.error_feedback}, {"block_size", c.block_size}};
+          {"error_feedback", c.error_feedback}, {"gradient_block_size", c.gradient_block},
+          {"parameter_block_size", c.parameter_block}};
 }
 
 json to_json(const OptimizerConfig& c, bool bf16) {

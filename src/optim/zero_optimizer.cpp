@@ -72,7 +72,7 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
     // The config refuses it (src/api/config.cpp): the gatherer reads device masters.
     if (offload_) fail(DSOPT_EINTERNAL, "a compressed parameter allgather with CPU offload");
     this->kernels().fill_zero(masters_.get(), masters_.bytes());  // the padding's masters stay 0
-    gatherer_.compress(cfg.zero.compression.parameters, cfg.zero.compression.block_size,
+    gatherer_.compress(cfg.zero.compression.parameters, cfg.zero.compression.parameter_block,
                        masters_.floats());
   }
   if (rule_ == MomentRule::Lamb) {

@@ -15,7 +15,8 @@ struct ZeroCompression {
   GradientCodec gradients = GradientCodec::None;
   ParamCodec parameters = ParamCodec::None;
   bool error_feedback = true;  // with a gradient codec: each rank keeps a residual
-  int64_t block_size = 256;    // elements per scaled block (int8, int4, sign)
+  int64_t gradient_block = 64;    // elements per scaled block of a gradient codec
+  int64_t parameter_block = 256;  // ... of the int8 parameter codec
 };
 
 // The block codec of a gradient codec (nullptr: none).

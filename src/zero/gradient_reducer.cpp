@@ -18,7 +18,7 @@ GradientReducer::GradientReducer(const ShardLayout& layout, int stage, bool redu
   if (world == 1) return;  // nothing travels: no codec applies
   codec_ = block_codec(compression.gradients);
   if (!codec_) return;
-  block_ = compression.block_size;
+  block_ = compression.gradient_block;
   int64_t largest = 0;
   for (const ReduceBucket& b : layout_.buckets()) largest = std::max(largest, b.numel / world);
   wire_ = DeviceBuffer(kernels_, size_t(2 * world * codec_run_bytes(*codec_, block_, largest)));

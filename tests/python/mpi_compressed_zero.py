@@ -49,27 +49,29 @@ def scenario(name, compression, kinds=FP32, sizes=SIZES, bucket=96, gather=200, 
 
 
 SCENARIOS = [
-    scenario("int8", {"gradients": "int8", "block_size": 32}),
-    scenario("int4_mixed", {"gradients": "int4", "block_size": 16}, kinds=MIXED),
-    scenario("sign", {"gradients": "sign", "block_size": 8}),
+    scenario("int8", {"gradients": "int8", "gradient_block_size": 32, "parameter_block_size": 32}),
+    scenario("int4_mixed", {"gradients": "int4", "gradient_block_size": 16, "parameter_block_size": 16}, kinds=MIXED),
+    scenario("sign", {"gradients": "sign", "gradient_block_size": 8, "parameter_block_size": 8}),
     scenario("int4_no_feedback", {"gradients": "int4", "error_feedback": False}),
-    scenario("int8_int8", {"gradients": "int8", "parameters": "int8", "block_size": 32}),
+    scenario("int8_int8", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 32,
+                           "parameter_block_size": 16}),
     scenario("int4_bf16", {"gradients": "int4", "parameters": "bf16"}, bucket=400, gather=50),
-    scenario("params_only_int8", {"parameters": "int8", "block_size": 8}),
+    scenario("params_only_int8", {"parameters": "int8", "gradient_block_size": 8, "parameter_block_size": 8}),
     scenario("one_bucket", {"gradients": "int4", "parameters": "int8"}, bucket=10**9, gather=10**9),
     # Three elements of padding at P = 4 with 2P-element buckets: rank 3's
     # piece of the last bucket is padding only.
-    scenario("tiny", {"gradients": "int8", "parameters": "int8", "block_size": 8},
+    scenario("tiny", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 8, "parameter_block_size": 8},
              sizes=(1, 2, 3), kinds=("fp32",) * 3, bucket=1, gather=1),
-    scenario("fp16_dynamic", {"gradients": "int4", "block_size": 64}, kinds=("fp16",) * 5,
+    scenario("fp16_dynamic", {"gradients": "int4", "gradient_block_size": 64, "parameter_block_size": 64}, kinds=("fp16",) * 5,
              overflow=(3, 1),
              top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
-    scenario("lamb", {"gradients": "int8", "parameters": "int8", "block_size": 32},
+    scenario("lamb", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 24,
+                      "parameter_block_size": 40},
              sizes=zr.LAMB_SIZES, opt_type="Lamb", bucket=1000, gather=3000),
     scenario("clipping", {"gradients": "int4", "parameters": "int8"}, top={"gradient_clipping": 0.5}),
-    scenario("edge_int8", {"gradients": "int8", "parameters": "int8", "block_size": 64}),
-    scenario("edge_int4", {"gradients": "int4", "block_size": 8}),
-    scenario("edge_nan", {"gradients": "sign", "parameters": "int8", "block_size": 64}),
+    scenario("edge_int8", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
+    scenario("edge_int4", {"gradients": "int4", "gradient_block_size": 8, "parameter_block_size": 8}),
+    scenario("edge_nan", {"gradients": "sign", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
 ]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
 RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb"]
@@ -119,7 +121,7 @@ def path(sc, world):
     if c.get("gradients", "none") == "none" or world == 1:
         return None  # nothing travels compressed: the twin gets the same gradients
     return ref.GradientPath(sc.sizes, world, sc.zero["reduce_bucket_size"], c["gradients"],
-                            c.get("block_size", 256), c.get("error_feedback", True))
+                            c.get("gradient_block_size", 64), c.get("error_feedback", True))
 
 
 def reference_grads(sc, rp, world, k, scale, skip):
@@ -141,7 +143,7 @@ def expected_params(sc, twin_params, world):
     flat = np.zeros(padded, np.float32)
     flat[:sum(sc.sizes)] = np.concatenate([p.ravel() for p in twin_params])
     out = ref.gathered(flat, world, buckets, sc.zero["allgather_bucket_size"], codec,
-                       c.get("block_size", 256))
+                       c.get("parameter_block_size", 256))
     return ref.GradientPath.split(None, out, sc.sizes)
 
 
@@ -310,7 +312,8 @@ def expected_memory(sc, world):
     c = compression(sc)
     buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
     shard = padded // world
-    block = c.get("block_size", 256)
+    block = c.get("gradient_block_size", 64)
+    pblock = c.get("parameter_block_size", 256)
     extra = 0
     g = c.get("gradients", "none")
     if g != "none":
@@ -322,7 +325,7 @@ def expected_memory(sc, world):
     if p != "none":
         chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
         extra += 4 * shard - 4 * shard  # MEMORY is all bf16: every element already has a master
-        coded = 2 * chunk if p == "bf16" else ref.run_bytes("int8", block, chunk)
+        coded = 2 * chunk if p == "bf16" else ref.run_bytes("int8", pblock, chunk)
         extra += (world + 1) * coded + 4 * chunk
     return base + extra
 
@@ -332,7 +335,8 @@ def memory_phase(comm, rank, world):
     for comp in ({"gradients": "int4"}, {"gradients": "sign", "error_feedback": False},
                  {"gradients": "int8", "parameters": "int8"}, {"parameters": "bf16"}):
         sc = dataclasses.replace(zr.MEMORY, zero={"reduce_bucket_size": 96, "allgather_bucket_size": 200,
-                                                  "compression": dict(comp, block_size=32)})
+                                                  "compression": dict(comp, gradient_block_size=32,
+                                                                      parameter_block_size=16)})
         opt = make(sc, 2, comm)
         for k in range(2):
             opt.step(gradients(sc, k, rank, opt.loss_scale))

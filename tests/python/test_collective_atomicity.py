@@ -54,9 +54,9 @@ SCENARIOS = {
     # Compressed ZeRO: the residual's update is part of the step.
     "zero2_compressed": (dict(zero(2), zero_optimization=dict(
         zero(2)["zero_optimization"], compression={"gradients": "int4", "parameters": "int8",
-                                                   "block_size": 32})), "fp32"),
+                                                   "gradient_block_size": 32})), "fp32"),
     "zero1_compressed_fp16": (dict(zero(1, **FP16), zero_optimization=dict(
-        zero(1)["zero_optimization"], compression={"gradients": "sign", "block_size": 64})), "fp16"),
+        zero(1)["zero_optimization"], compression={"gradients": "sign", "gradient_block_size": 64})), "fp16"),
 }
 PHASES = {dsopt.lib.DSOPT_PHASE_FULL: "full", dsopt.lib.DSOPT_PHASE_COMPRESSED: "compressed",
           dsopt.lib.DSOPT_PHASE_LOCAL: "local", dsopt.lib.DSOPT_PHASE_SYNC: "sync"}

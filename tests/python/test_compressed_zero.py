@@ -43,9 +43,10 @@ def make(compression, stage=2, **zero):
     ({"parameters": "fp8"}, 2, {}, r"parameters.*one of \"none\", \"bf16\", \"int8\""),
     ({"gradients": 8}, 2, {}, "gradients"),
     ({"error_feedback": "yes"}, 2, {}, "true or false"),
-    ({"block_size": 12}, 2, {}, "multiple of 8"),
-    ({"block_size": 4}, 2, {}, r"block_size.*\[8, 65536\]"),
-    ({"block_size": 1 << 20}, 2, {}, r"block_size.*\[8, 65536\]"),
+    ({"gradient_block_size": 12}, 2, {}, "gradient_block_size.*multiple of 8"),
+    ({"parameter_block_size": 4}, 2, {}, r"parameter_block_size.*\[8, 65536\]"),
+    ({"gradient_block_size": 1 << 20}, 2, {}, r"gradient_block_size.*\[8, 65536\]"),
+    ({"block_size": 64}, 2, {}, "unknown key"),
     ({"gradients": "int4", "level": 3}, 2, {}, "unknown key"),
     ({"gradients": "int4"}, 0, {}, "stage 1 or 2"),
     ({"parameters": "int8"}, 0, {}, "stage 1 or 2"),
@@ -61,12 +62,15 @@ def test_defaults_and_canonical_config():
     canonical = dsopt.canonical_config({"optimizer": {"type": "AdamW"},
                                         "zero_optimization": {"stage": 2}})
     assert canonical["zero_optimization"]["compression"] == {
-        "gradients": "none", "parameters": "none", "error_feedback": True, "block_size": 256}
+        "gradients": "none", "parameters": "none", "error_feedback": True, "gradient_block_size": 64,
+        "parameter_block_size": 256}
     chosen = dsopt.canonical_config({"optimizer": {"type": "Lamb"}, "zero_optimization": {
         "stage": 1, "compression": {"gradients": "int4", "parameters": "int8",
-                                    "error_feedback": False, "block_size": 64}}})
+                                    "error_feedback": False, "gradient_block_size": 32,
+                                    "parameter_block_size": 128}}})
     assert chosen["zero_optimization"]["compression"] == {
-        "gradients": "int4", "parameters": "int8", "error_feedback": False, "block_size": 64}
+        "gradients": "int4", "parameters": "int8", "error_feedback": False, "gradient_block_size": 32,
+        "parameter_block_size": 128}
 
 
 @pytest.mark.parametrize("opt_type", ["OneBitAdam", "OneBitLamb", "ZeroOneAdam"])

@@ -24,7 +24,8 @@ COMMON = {
                           "allgather_bucket_size": 500000000, "reduce_scatter": True,
                           "offload_optimizer": {"device": "none", "pin_memory": False},
                           "compression": {"gradients": "none", "parameters": "none",
-                                          "error_feedback": True, "block_size": 256}},
+                                          "error_feedback": True, "gradient_block_size": 64,
+                                          "parameter_block_size": 256}},
     "divergence_check": {"enabled": True, "factor": 20.0, "min_steps": 10, "horizon": 50,
                          "count": 3, "window": 8},
 }
