@@ -67,7 +67,7 @@ test-install: build
 	tests/install/test_wheel.sh
 
 # The libFuzzer targets (tests/fuzz) in $(FUZZ_BUILD), clang with ASan and
-# UBSan, 60 s each (FUZZ_SECONDS) on a copy of the checked-in corpus; fails on
+# UBSan, 40 s each (FUZZ_SECONDS) on a copy of the checked-in corpus; fails on
 # any crash. Skips with a message when clang or libFuzzer is missing.
 test-fuzz: deps
 	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD)

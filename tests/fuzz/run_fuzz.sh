@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make test-fuzz`: builds the libFuzzer targets (tests/fuzz) into BUILD
 # (default build-fuzz: clang, CUDA and MPI off, ASan + UBSan) and runs each for
-# FUZZ_SECONDS (default 60) on a temporary copy of its checked-in corpus, so
+# FUZZ_SECONDS (default 40) on a temporary copy of its checked-in corpus, so
 # the repository is not modified. Fails on any crash, leak, sanitizer report
 # or property violation; the input is kept in BUILD/fuzz-artifacts/.
 # Skips (exit 0, with a message) when clang, libFuzzer or clang's OpenMP
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-fuzz}
-SECONDS_EACH=${FUZZ_SECONDS:-60}
+SECONDS_EACH=${FUZZ_SECONDS:-40}
 CC=${FUZZ_CC:-clang}
 CXX=${FUZZ_CXX:-clang++}
 

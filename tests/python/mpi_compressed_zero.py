@@ -24,6 +24,7 @@ of the uncompressed run's fp32 values (its masters). Phases
 * memory: dsopt_memory_usage against the formula of the guide."""
 
 import dataclasses
+import struct
 import warnings
 
 import numpy as np
@@ -33,6 +34,7 @@ import compressed_zero_reference as ref
 import dsopt
 import zero_runs as zr
 from mpi_phases import main
+from test_blob_compat import pack, sections
 
 MPI_WORLD = MPI.COMM_WORLD
 warnings.simplefilter("ignore", dsopt.SkippedStepWarning)
@@ -258,6 +260,7 @@ def resume_phase(comm, rank, world):
         assert_bits(zr.opt_params(fresh), zr.opt_params(opt), f"{name}: loaded parameters")
         compare_run(sc, 2, comm, rank, world, steps=3, first=3, opt=fresh, twin=twin, rp=rp)
         if world > 1 and compression(sc).get("gradients", "none") != "none":
+            reject_damaged_residuals(fresh, rank)
             # A blob without residuals (an uncompressed run's) is refused.
             other = make(sc, 2, comm)
             try:
@@ -267,6 +270,31 @@ def resume_phase(comm, rank, world):
             else:
                 raise AssertionError(f"{name}: a blob without residuals loaded")
     return len(RESUME)
+
+
+def reject_damaged_residuals(opt, rank):
+    """A blob whose residual sections are damaged (an impossible scale, a
+    truncated or missing residual) is rejected on every rank and changes
+    nothing: every rank damages its own blob the same way."""
+    blob, params = opt.state_dict(), [p.copy() for p in zr.opt_params(opt)]
+    prefix, parts = sections(blob)
+    names = [n for n, _ in parts]
+    assert "zero.feedback" in names and "zero.feedback_scale" in names, names
+    damaged = {
+        "zero scale": [(n, struct.pack("<d", 0.0) if n == "zero.feedback_scale" else d) for n, d in parts],
+        "NaN scale": [(n, struct.pack("<d", float("nan")) if n == "zero.feedback_scale" else d) for n, d in parts],
+        "short residual": [(n, d[:-4] if n == "zero.feedback" else d) for n, d in parts],
+        "no residual": [(n, d) for n, d in parts if n != "zero.feedback"],
+    }
+    for what, changed in damaged.items():
+        try:
+            opt.load_state_dict(pack(prefix, changed))
+        except (dsopt.CorruptState, dsopt.Mismatch):
+            pass
+        else:
+            raise AssertionError(f"rank {rank}: a blob with a {what} loaded")
+        assert opt.state_dict() == blob, f"rank {rank}: a rejected blob ({what}) changed the state"
+        assert_bits(zr.opt_params(opt), params, f"{what}: parameters after a rejected load")
 
 
 def reshard_phase(comm, rank, world):
