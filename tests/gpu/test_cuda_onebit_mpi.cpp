@@ -76,6 +76,18 @@ const Config kConfigs[] = {
      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
      "\"zero_optimization\": {\"stage\": 1}",
      1, true, {1, 6}, {}, -1, 8, false},
+    // Compressed ZeRO: the codec kernels on the device, the residual
+    // rescaled across loss-scale changes and kept through skipped steps.
+    {"zero2_compressed_int4_int8",
+     "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01}}, "
+     "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000, \"allgather_bucket_size\": 30000, "
+     "\"compression\": {\"gradients\": \"int4\", \"parameters\": \"int8\"}}",
+     1, false, {}, {}, -1, 8, false},
+    {"zero1_compressed_sign_fp16_overflow_on_one_rank",
+     "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 2e-3}}, "
+     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
+     "\"zero_optimization\": {\"stage\": 1, \"compression\": {\"gradients\": \"sign\", \"parameters\": \"bf16\"}}",
+     1, true, {1, 6}, {}, -1, 8, false},
     // ZeRO-Offload: the CUDA optimizer keeps masters and moments on the host
     // (the CPU optimizer ignores the key), several upload tiles per shard.
     {"zero2_offload_pinned_clipping",

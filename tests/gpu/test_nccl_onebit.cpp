@@ -133,6 +133,11 @@ int main(int argc, char** argv) {
        "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}, "
        "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000}",
        false, {}, true, true},
+      {"zero2_compressed_int8_bf16_grad_ready", DSOPT_BFLOAT16, DSOPT_FLOAT32,
+       "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}, "
+       "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000, "
+       "\"compression\": {\"gradients\": \"int8\", \"parameters\": \"int8\"}}",
+       false, {}, true, true},
       {"onebit_fp32_grad_ready", DSOPT_FLOAT32, DSOPT_FLOAT32,
        "\"optimizer\": {\"type\": \"OneBitAdam\", \"params\": {\"lr\": 1e-3, \"freeze_step\": 3}}, "
        "\"zero_optimization\": {\"reduce_bucket_size\": 100000}",
