@@ -97,6 +97,7 @@ std::unique_ptr<Optimizer> create_optimizer(Comm& comm,
   const auto [agreed_run_id, cpu_peers] = agree(comm, mine, row);
   opt->set_run_id(agreed_run_id);
   opt->set_default_threads(default_threads(place, cpu_peers));
+  opt->created();
   return opt;
 }
 

@@ -115,6 +115,9 @@ class Optimizer {
   // rank (same world size) or the first one. Collective.
   void load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count);
 
+  // Collective, once every rank has built its optimizer and the ranks
+  // agree (dsopt_create): what creation needs the other ranks for.
+  virtual void created() {}
   // The identifier of this run, the same on every rank; blobs carry it so
   // that blobs of different runs are not mixed. Set after creation.
   void set_run_id(uint64_t id) { run_id_ = id; }

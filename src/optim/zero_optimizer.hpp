@@ -27,6 +27,11 @@ class ZeroOptimizer final : public Optimizer {
   ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
            const dsopt_tensor* params, int64_t count);
   ~ZeroOptimizer() override { stop_reductions(); }
+  // With a parameter codec: every rank's buffers take the decoded values of
+  // the owners' masters, as after every step.
+  void created() override {
+    if (compressed_params_) gatherer_.gather();
+  }
 
  protected:
   std::string algorithm() const override { return moment_algorithm(config()); }

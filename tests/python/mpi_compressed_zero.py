@@ -171,8 +171,11 @@ def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, 
                 twin=None, rp=None):
     """Steps the compressed run and its uncompressed twin side by side;
     returns (opt, twin, rp) for further steps."""
-    opt = opt or make(sc, stage, comm, accumulation)
-    twin = twin or make(plain(sc), stage, comm, accumulation)
+    if opt is None:  # creation already writes the decoded masters into every rank's buffers
+        opt = make(sc, stage, comm, accumulation)
+        twin = make(plain(sc), stage, comm, accumulation)
+        assert_bits(zr.opt_params(opt), expected_params(sc, zr.opt_params(twin), world),
+                    f"{sc.name} stage {stage}: parameters after creation")
     rp = rp if rp is not None else path(sc, world)
     for k in range(first, first + steps):
         scale = opt.loss_scale
