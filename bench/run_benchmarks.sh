@@ -10,8 +10,8 @@
 # default config (no "threads", OMP_NUM_THREADS unset: what a new user's
 # mpirun gets), the rows marked "default config".
 # DSOPT_BENCH_NETEM=0 leaves out the runs on the emulated 1 Gbit/s link
-# (bench/netem.sh; they need root and take about 36 minutes, the 0/1 Adam,
-# ZeRO and overlap runs included).
+# (bench/netem.sh; they need root and take about 43 minutes, the 0/1 Adam,
+# ZeRO, compressed ZeRO and overlap runs included).
 # DSOPT_BENCH_LAMB=1 adds the 1-bit LAMB training run on that link (about
 # 12 more minutes).
 # bench/time_to_quality.py (a GPT trained with AdamW and the 1-bit
@@ -21,6 +21,11 @@
 # mpi4py added to it), python3, /usr/bin/python3; its JSON goes to
 # DSOPT_BENCH_TTQ_OUT (default <builddir>/bench/time_to_quality).
 # DSOPT_BENCH_TTQ=0 leaves it out.
+# examples/python/compressed_zero_study.py (compressed ZeRO's final loss on
+# the digits MLP and the GPT, every codec pair, 3 seeds at 4 ranks, about 2
+# minutes) runs under the same Python; its JSON goes to
+# DSOPT_BENCH_STUDY_OUT (default <builddir>/bench/compressed_zero_study.json;
+# runs already there are not run again). DSOPT_BENCH_STUDY=0 leaves it out.
 set -euo pipefail
 
 build=${1:?usage: run_benchmarks.sh <builddir> [adam_cpu_bench arguments]}
@@ -251,4 +256,16 @@ elif ! ttq_python=$(torch_python); then
 else
   with_build emulated "$ttq_python" "$here/time_to_quality.py" \
     --out "${DSOPT_BENCH_TTQ_OUT:-$build/bench/time_to_quality}"
+fi
+
+echo
+echo "== compressed_zero_study.py: final loss of every codec pair against ZeRO-2 (digits MLP, GPT), $ranks ranks, 3 seeds =="
+if [ "${DSOPT_BENCH_STUDY:-1}" = 0 ]; then
+  echo "run_benchmarks: skipped (DSOPT_BENCH_STUDY=0)"
+elif ! study_python=$(torch_python); then
+  echo "run_benchmarks: compressed_zero_study.py skipped (no Python with torch, mpi4py and the dsopt binding;" \
+       "set DSOPT_BENCH_TORCH_PYTHON)"
+else
+  with_build "$study_python" "$here/../examples/python/compressed_zero_study.py" --ranks "$ranks" \
+    --results "${DSOPT_BENCH_STUDY_OUT:-$build/bench/compressed_zero_study.json}"
 fi
