@@ -213,6 +213,17 @@ class Flags {
 
 // ---- machine ----------------------------------------------------------------
 
+// Transmit counter of the loopback device in this network namespace; -1
+// when it cannot be read.
+inline long long lo_tx_bytes() {
+  std::FILE* f = std::fopen("/sys/class/net/lo/statistics/tx_bytes", "r");
+  if (!f) return -1;
+  long long v = -1;
+  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
+  std::fclose(f);
+  return v;
+}
+
 inline std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;

@@ -89,16 +89,6 @@ inline float input_value(int r, int64_t i) {
   return bench::hash_unit(11, i) + 0.5f * bench::hash_unit(100 + uint64_t(r), i);
 }
 
-// Transmit counter of the loopback device in this network namespace; -1
-// when it cannot be read.
-long long lo_tx_bytes() {
-  std::FILE* f = std::fopen("/sys/class/net/lo/statistics/tx_bytes", "r");
-  if (!f) return -1;
-  long long v = -1;
-  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
-  std::fclose(f);
-  return v;
-}
 
 double max_over_ranks(double x) {
   double out = 0.0;
@@ -118,14 +108,14 @@ template <class Prepare, class Op>
 void timed_call(dsopt::Comm& comm, Measured& m, bool record, Prepare&& prepare, Op&& op) {
   prepare();
   MPI_Barrier(MPI_COMM_WORLD);
-  const long long lo0 = g_rank == 0 ? lo_tx_bytes() : -1;
+  const long long lo0 = g_rank == 0 ? bench::lo_tx_bytes() : -1;
   const uint64_t c0 = comm.bytes_sent();
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = bench::now_seconds();
   op();
   const double t = bench::now_seconds() - t0;
   MPI_Barrier(MPI_COMM_WORLD);
-  const long long lo1 = g_rank == 0 ? lo_tx_bytes() : -1;
+  const long long lo1 = g_rank == 0 ? bench::lo_tx_bytes() : -1;
   const double slowest = max_over_ranks(t);
   if (!record) return;
   m.samples.seconds.push_back(slowest);

@@ -139,40 +139,11 @@ double memory_formula(const Layout& L, int P, bool half, const Pair& p, int64_t 
   return e.total();
 }
 
-dsopt_step_info step(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& g) {
-  dsopt_step_info info;
-  std::memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  CZ_CHECK(dsopt_step(opt, g.data(), int64_t(g.size()), &info));
-  if (info.skipped) fail_all("a step was skipped");
-  return info;
-}
-
-uint64_t host_usage(const dsopt_optimizer* opt) {
-  uint64_t host = 0, device = 0;
-  CZ_CHECK(dsopt_memory_usage(opt, &host, &device));
-  return host;
-}
-
-void same_on_every_rank(const Flat& p, const std::string& what) {
-  const uint64_t h = p.fingerprint();
-  uint64_t lo = 0, hi = 0;
-  MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-  if (lo != hi) fail_all(what + ": ranks ended with different parameters");
-}
-
-std::vector<int64_t> model_sizes(int64_t numel, int tensors) {
-  std::vector<int64_t> sizes = tensor_sizes(numel, tensors);
-  if (sizes.empty()) fail_all("--numel too small for --tensors");
-  return sizes;
-}
-
 // ---- part 1 -------------------------------------------------------------------
 
 void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
   const int P = g_world;
-  const std::vector<int64_t> sizes = model_sizes(o.bytes_numel, o.tensors);
+  const std::vector<int64_t> sizes = model_sizes(o.bytes_numel, o.tensors, fail_all);
   int64_t n = 0;
   for (int64_t s : sizes) n += s;
   const Layout L(n, P, o.bucket, o.ag_bucket);
@@ -198,10 +169,10 @@ void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
       const std::string c = config(o, pair);
       CZ_CHECK(dsopt_create(&opt, c.c_str(), comm, pv.data(), int64_t(pv.size())));
       dsopt_step_info info{};
-      for (int k = 0; k < kBytesSteps; ++k) info = step(opt, gv);
-      const uint64_t mem = host_usage(opt);
+      for (int k = 0; k < kBytesSteps; ++k) info = checked_step(opt, gv, fail_all);
+      const uint64_t mem = host_usage(opt, fail_all);
       dsopt_destroy(opt);
-      same_on_every_rank(p, pair.name());
+      same_on_every_rank(p, pair.name(), fail_all);
       const uint64_t want = bytes_formula(L, P, half, pair, o.block, o.param_block);
       const double want_mem = memory_formula(L, P, half, pair, o.block, o.param_block);
       if (info.bytes_sent != want)
@@ -233,7 +204,7 @@ void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
 double slowest_step(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& g, uint64_t* bytes) {
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = bench::now_seconds();
-  *bytes = step(opt, g).bytes_sent;
+  *bytes = checked_step(opt, g, fail_all).bytes_sent;
   const double mine = bench::now_seconds() - t0;
   double slowest = 0.0;
   MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -242,7 +213,7 @@ double slowest_step(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& g, ui
 
 void run_timing(const Options& o, dsopt_comm* comm, bool half) {
   const int P = g_world;
-  const std::vector<int64_t> sizes = model_sizes(o.numel, o.tensors);
+  const std::vector<int64_t> sizes = model_sizes(o.numel, o.tensors, fail_all);
   int64_t n = 0;
   for (int64_t s : sizes) n += s;
   Flat p0(half, n), p1(half, n), g(half, n);
@@ -273,8 +244,8 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
     }
     dsopt_destroy(plain);
     dsopt_destroy(packed);
-    same_on_every_rank(p0, "uncompressed");
-    same_on_every_rank(p1, pair.name());
+    same_on_every_rank(p0, "uncompressed", fail_all);
+    same_on_every_rank(p1, pair.name(), fail_all);
     if (g_rank == 0) {
       const bench::Samples s0{t0}, s1{t1};
       std::printf("%-11s %9.3f %9.3f %9.3f %9.2f %13llu | %9.3f %9llu\n", pair.name().c_str(),

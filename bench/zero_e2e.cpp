@@ -116,11 +116,6 @@ constexpr double kMiB = 1024.0 * 1024.0;
     if (!failure_.empty()) fail_all(failure_);                          \
   } while (0)
 
-std::vector<int64_t> model_sizes(int64_t numel, int tensors) {
-  std::vector<int64_t> sizes = tensor_sizes(numel, tensors);
-  if (sizes.empty()) fail_all("--numel too small for --tensors");
-  return sizes;
-}
 
 // ---- the model ----------------------------------------------------------------
 
@@ -226,21 +221,6 @@ std::string config(const Options& o, int stage) {
   return c;
 }
 
-uint64_t host_usage(const dsopt_optimizer* opt) {
-  uint64_t host = 0, device = 0;
-  ZB_CHECK(dsopt_memory_usage(opt, &host, &device));
-  if (device != 0) fail_all("dsopt_memory_usage reports device bytes for a CPU optimizer");
-  return host;
-}
-
-dsopt_step_info step(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& g) {
-  dsopt_step_info info;
-  std::memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
-  ZB_CHECK(dsopt_step(opt, g.data(), int64_t(g.size()), &info));
-  if (info.skipped) fail_all("a step was skipped");
-  return info;
-}
 
 // ---- part 1: memory -----------------------------------------------------------
 
@@ -263,13 +243,13 @@ MemRow measure_memory(const Options& o, int stage, const std::vector<int64_t>& s
   const std::string cfg = config(o, stage);
   ZB_CHECK(dsopt_create(&opt, cfg.c_str(), comm, pv.data(), int64_t(pv.size())));
   m.rss_create = rss_bytes();
-  m.acc_create = host_usage(opt);
-  step(opt, gv);
+  m.acc_create = host_usage(opt, fail_all);
+  checked_step(opt, gv, fail_all);
   m.rss_step = rss_bytes();
   m.hwm = hwm_ok ? hwm_bytes() : -1;
   malloc_trim(0);
   m.rss_step_trim = rss_bytes();
-  m.acc_step = host_usage(opt);
+  m.acc_step = host_usage(opt, fail_all);
   dsopt_destroy(opt);
   malloc_trim(0);
   m.rss_destroy = rss_bytes();
@@ -279,7 +259,7 @@ MemRow measure_memory(const Options& o, int stage, const std::vector<int64_t>& s
 
 void run_memory(const Options& o, dsopt_comm* comm) {
   const int P = g_world;
-  const std::vector<int64_t> sizes = model_sizes(o.mem_numel, o.tensors);
+  const std::vector<int64_t> sizes = model_sizes(o.mem_numel, o.tensors, fail_all);
   int64_t n = 0;
   for (int64_t s : sizes) n += s;
   const Layout L(n, P, o.bucket, o.ag_bucket);
@@ -443,7 +423,7 @@ struct ShardSnapshot {
 
 void run_timing(const Options& o, dsopt_comm* comm, bool half) {
   const int P = g_world;
-  const std::vector<int64_t> sizes = model_sizes(o.numel, o.tensors);
+  const std::vector<int64_t> sizes = model_sizes(o.numel, o.tensors, fail_all);
   int64_t n = 0;
   for (int64_t s : sizes) n += s;
   const Layout L(n, P, o.bucket, o.ag_bucket);
@@ -484,13 +464,13 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
   for (int round = 0; round < o.warmup + o.steps; ++round) {
     for (int k = 0; k < 2; ++k) {
       MPI_Barrier(MPI_COMM_WORLD);
-      const long long lo0 = g_rank == 0 ? lo_tx_bytes() : -1;
+      const long long lo0 = g_rank == 0 ? bench::lo_tx_bytes() : -1;
       const double t0 = bench::now_seconds();
-      const dsopt_step_info info = step(opts[k], gv);
+      const dsopt_step_info info = checked_step(opts[k], gv, fail_all);
       const double mine = bench::now_seconds() - t0;
       double slowest = 0.0;
       MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      const long long lo1 = g_rank == 0 ? lo_tx_bytes() : -1;
+      const long long lo1 = g_rank == 0 ? bench::lo_tx_bytes() : -1;
       // The first kReplicationChecked steps also compare the ranks'
       // gradients (info.grads_replicated): one more 16-byte allreduce.
       const uint64_t expected = want[k] + (round < kReplicationChecked ? handshake : 0);
@@ -513,17 +493,11 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
   }
   const size_t snapshot_bytes = shard ? shard->bytes : 0;
   shard.reset();
-  t[0].acc = host_usage(opt0);
-  t[1].acc = host_usage(opt2);
+  t[0].acc = host_usage(opt0, fail_all);
+  t[1].acc = host_usage(opt2, fail_all);
 
   // Same parameters on every rank, and ZeRO-2's equal to stage 0's.
-  for (int k = 0; k < 2; ++k) {
-    const uint64_t h = (k == 0 ? p0 : p2).fingerprint();
-    uint64_t lo = 0, hi = 0;
-    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    if (lo != hi) fail_all(std::string(names[k]) + ": ranks ended with different parameters");
-  }
+  for (int k = 0; k < 2; ++k) same_on_every_rank(k == 0 ? p0 : p2, names[k], fail_all);
   int64_t differ = 0, first = -1;
   for (int64_t i = 0; i < n; ++i) {
     const bool same = half ? p0.b16()[i] == p2.b16()[i]
@@ -606,7 +580,7 @@ int main(int argc, char** argv) {
     const int64_t models[2] = {o.mem_numel, o.numel};
     for (int k = 0; k < 2; ++k) {
       if (models[k] == 0 || (k == 1 && models[1] == models[0])) continue;
-      const std::vector<int64_t> sz = model_sizes(models[k], o.tensors);
+      const std::vector<int64_t> sz = model_sizes(models[k], o.tensors, fail_all);
       int64_t total = 0;
       for (int64_t x : sz) total += x;
       std::printf("model:   Psi = %lld in %d tensors of odd sizes, %lld to %lld elements\n",

@@ -1,17 +1,19 @@
 // The model and the layout rules the ZeRO benchmarks share (zero_e2e.cpp,
 // compressed_zero.cpp): tensor sizes, what src/zero makes of them, dsopt's
 // allocations by the code's rules, the flat parameter and gradient
-// buffers, and the loopback device's byte counter.
+// buffers, and the checked calls both make.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench_util.hpp"
 #include "dsopt.h"
+#include "mpi_fail.hpp"
 
 namespace zero_model {
 
@@ -131,13 +133,46 @@ struct Flat {
   }
 };
 
-inline long long lo_tx_bytes() {
-  std::FILE* f = std::fopen("/sys/class/net/lo/statistics/tx_bytes", "r");
-  if (!f) return -1;
-  long long v = -1;
-  if (std::fscanf(f, "%lld", &v) != 1) v = -1;
-  std::fclose(f);
-  return v;
+// ---- checked calls ------------------------------------------------------------
+// `fail` is the benchmark's own fail_all: it ends every rank, never returns.
+using FailAll = void (*)(const std::string& what);
+
+inline std::vector<int64_t> model_sizes(int64_t numel, int tensors, FailAll fail) {
+  std::vector<int64_t> sizes = tensor_sizes(numel, tensors);
+  if (sizes.empty()) fail("--numel too small for --tensors");
+  return sizes;
+}
+
+// One dsopt_step that must succeed and not skip.
+inline dsopt_step_info checked_step(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& g,
+                                    FailAll fail) {
+  dsopt_step_info info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  const std::string failure =
+      bench::call_failure(dsopt_step(opt, g.data(), int64_t(g.size()), &info), "dsopt_step");
+  if (!failure.empty()) fail(failure);
+  if (info.skipped) fail("a step was skipped");
+  return info;
+}
+
+// dsopt_memory_usage's host bytes of a CPU optimizer.
+inline uint64_t host_usage(const dsopt_optimizer* opt, FailAll fail) {
+  uint64_t host = 0, device = 0;
+  const std::string failure =
+      bench::call_failure(dsopt_memory_usage(opt, &host, &device), "dsopt_memory_usage");
+  if (!failure.empty()) fail(failure);
+  if (device != 0) fail("dsopt_memory_usage reports device bytes for a CPU optimizer");
+  return host;
+}
+
+// Collective: every rank holds the same parameters.
+inline void same_on_every_rank(const Flat& p, const std::string& what, FailAll fail) {
+  const uint64_t h = p.fingerprint();
+  uint64_t lo = 0, hi = 0;
+  MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  if (lo != hi) fail(what + ": ranks ended with different parameters");
 }
 
 }  // namespace zero_model

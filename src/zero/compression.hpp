@@ -2,7 +2,7 @@
 // codecs of ZeRO's gradient reduce-scatter and parameter allgather.
 #pragma once
 #include <cstdint>
-#include <memory>
+#include <optional>
 
 #include "math/block_codec.hpp"
 
@@ -19,15 +19,15 @@ struct ZeroCompression {
   int64_t parameter_block = 256;  // ... of the int8 parameter codec
 };
 
-// The block codec of a gradient codec (nullptr: none).
-inline std::unique_ptr<BlockCodec> block_codec(GradientCodec g) {
+// The block codec of a gradient codec (none for GradientCodec::None).
+inline std::optional<BlockCodec> block_codec(GradientCodec g) {
   switch (g) {
-    case GradientCodec::Int8: return std::make_unique<BlockCodec>(BlockCodec::Int8);
-    case GradientCodec::Int4: return std::make_unique<BlockCodec>(BlockCodec::Int4);
-    case GradientCodec::Sign: return std::make_unique<BlockCodec>(BlockCodec::Sign);
+    case GradientCodec::Int8: return BlockCodec::Int8;
+    case GradientCodec::Int4: return BlockCodec::Int4;
+    case GradientCodec::Sign: return BlockCodec::Sign;
     case GradientCodec::None: break;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 }  // namespace dsopt

@@ -23,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,7 @@ class GradientReducer final : public GradientHandover {
 
   // Whether buckets travel compressed (a gradient codec at 2+ ranks), and
   // whether this rank keeps an error-feedback residual (n' floats, twice).
-  bool compressed() const { return codec_ != nullptr; }
+  bool compressed() const { return codec_.has_value(); }
   bool feedback() const { return residual_.get() != nullptr; }
   // The residual the next step starts from (n' floats; nullptr without
   // feedback); the state blob saves and restores it.
@@ -137,10 +138,10 @@ class GradientReducer final : public GradientHandover {
   std::vector<int64_t> bucket_buffer_;  // per bucket: its pool buffer in this micro-batch, or -1
   DeviceBuffer local_sum_;  // stage 1 over several micro-batches: the flat gradient
   DeviceBuffer shard_;      // S floats
-  // With a gradient codec: the codec (or nullptr), its block, one wire
+  // With a gradient codec: the codec (or none), its block, one wire
   // buffer (the runner runs one exchange at a time), the residual and its
   // pending copy, and which buckets this window has encoded.
-  std::unique_ptr<BlockCodec> codec_;
+  std::optional<BlockCodec> codec_;
   int64_t block_ = 0;
   DeviceBuffer wire_;
   DeviceBuffer residual_, pending_;

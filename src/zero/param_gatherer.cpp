@@ -58,12 +58,6 @@ int64_t ParamGatherer::encoded_bytes(int64_t len) const {
   return int64_t(wire_) * len;
 }
 
-int64_t ParamGatherer::send_bytes() const {
-  int64_t total = 0;
-  for (const Chunk& c : chunks_) total += encoded_bytes(c.end - c.begin);
-  return total;
-}
-
 void ParamGatherer::scatter(const Chunk& c, int r, const float* values) {
   for (const ShardFragment& f : c.by_rank[size_t(r)]) {
     const float* src = values + (f.shard_offset - c.begin);

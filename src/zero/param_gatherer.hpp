@@ -30,8 +30,6 @@ class ParamGatherer {
   // The compressed form: `codec` (not None) encodes the chunks of `masters`
   // (S floats in shard order, device memory); `block` as for int8.
   void compress(ParamCodec codec, int64_t block, const float* masters);
-  // Bytes one rank sends per gather (its chunks), for the docs' formulas.
-  int64_t send_bytes() const;
   static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params);
   // Collective: every rank's shard of the parameters into every rank's
   // buffers.

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "fuzz_seeds.hpp"
 
 namespace {
 
@@ -171,10 +172,6 @@ void write_seeds(const std::string& dir) {
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   setenv("OMP_THREAD_LIMIT", "4", 0);
   setenv("OMP_WAIT_POLICY", "passive", 0);
-  for (int i = 1; i + 1 < *argc; ++i)
-    if (std::strcmp((*argv)[i], "--write-seeds") == 0) {
-      write_seeds((*argv)[i + 1]);
-      std::exit(0);
-    }
+  write_seeds_if_asked(*argc, *argv, write_seeds);
   return 0;
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dsopt.h"
+#include "fuzz_seeds.hpp"
 
 namespace {
 
@@ -150,11 +151,7 @@ void write_seeds(const std::string& dir) {
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   setenv("OMP_THREAD_LIMIT", "4", 0);
   setenv("OMP_WAIT_POLICY", "passive", 0);
-  for (int i = 1; i + 1 < *argc; ++i)
-    if (std::strcmp((*argv)[i], "--write-seeds") == 0) {
-      write_seeds((*argv)[i + 1]);
-      std::exit(0);
-    }
+  write_seeds_if_asked(*argc, *argv, write_seeds);
   return 0;
 }
 

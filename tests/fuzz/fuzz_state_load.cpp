@@ -41,6 +41,7 @@
 
 #include "comm/compressed_allreduce.hpp"
 #include "dsopt.h"
+#include "fuzz_seeds.hpp"
 #include "math/half.hpp"
 #include "state/blob.hpp"
 #include "zero/adam_shards.hpp"
@@ -503,11 +504,7 @@ void write_seeds(const std::string& dir) {
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   // Kernels run on one thread ("threads": 1); keep OpenMP from spinning.
   setenv("OMP_WAIT_POLICY", "passive", 0);
-  for (int i = 1; i + 1 < *argc; ++i)
-    if (std::strcmp((*argv)[i], "--write-seeds") == 0) {
-      write_seeds((*argv)[i + 1]);
-      std::exit(0);
-    }
+  write_seeds_if_asked(*argc, *argv, write_seeds);
   return 0;
 }
 

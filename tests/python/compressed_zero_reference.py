@@ -164,13 +164,15 @@ class GradientPath:
             self.e, self.scale = work, scale
         return total
 
-    def split(self, total, sizes):
-        """The flat sums as one array per parameter."""
-        out, at = [], 0
-        for n in sizes:
-            out.append(total[at:at + n].copy())
-            at += n
-        return out
+
+
+def split(flat, sizes):
+    """A flat array (n' elements) as one array per parameter."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(flat[at:at + n].copy())
+        at += n
+    return out
 
 
 def bf16_round(x):

@@ -132,7 +132,7 @@ def reference_grads(sc, rp, world, k, scale, skip):
     per_rank = [gradients(sc, k, r, scale) for r in range(world)]
     if rp is None:
         return None
-    return rp.split(rp.step(per_rank, commit=not skip, scale=scale), sc.sizes)
+    return ref.split(rp.step(per_rank, commit=not skip, scale=scale), sc.sizes)
 
 
 def expected_params(sc, twin_params, world):
@@ -146,7 +146,7 @@ def expected_params(sc, twin_params, world):
     flat[:sum(sc.sizes)] = np.concatenate([p.ravel() for p in twin_params])
     out = ref.gathered(flat, world, buckets, sc.zero["allgather_bucket_size"], codec,
                        c.get("parameter_block_size", 256))
-    return ref.GradientPath.split(None, out, sc.sizes)
+    return ref.split(out, sc.sizes)
 
 
 def check_replicas(params, what):
@@ -197,7 +197,7 @@ def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, 
                     g = gradients(sc, k * accumulation + m, r, scale)
                     acc = g if acc is None else [(a + b).astype(np.float32) for a, b in zip(acc, g)]
                 per_rank.append(acc)
-            sums = [rp.split(rp.step(per_rank, commit=not skip, scale=scale), sc.sizes)] + \
+            sums = [ref.split(rp.step(per_rank, commit=not skip, scale=scale), sc.sizes)] + \
                    [[np.zeros(n, np.float32) for n in sc.sizes]] * (accumulation - 1)
         twin_grads = []
         for m in range(accumulation):
@@ -355,7 +355,7 @@ def expected_memory(sc, world):
     p = c.get("parameters", "none")
     if p != "none":
         chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
-        extra += 4 * shard - 4 * shard  # MEMORY is all bf16: every element already has a master
+        # MEMORY is all bf16 without padding: every shard element already has a master.
         coded = 2 * chunk if p == "bf16" else ref.run_bytes("int8", pblock, chunk)
         extra += (world + 1) * coded + 4 * chunk
     return base + extra
