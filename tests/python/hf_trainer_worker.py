@@ -320,6 +320,11 @@ def main():
         result["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
         result["world"] = int(os.environ["WORLD_SIZE"])
         torch.save(result, os.path.join(out_dir, f"{phase}-rank{rank}.pt"))
+    # A gloo process group left to the interpreter's exit can end the process
+    # in std::terminate ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
