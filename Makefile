@@ -5,6 +5,7 @@ NOCUDA_BUILD ?= build-nocuda
 FUZZ_BUILD ?= build-fuzz
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+GPU_BUILD ?= build-gpu
 JOBS ?= $(shell nproc)
 # The library alone is CMake's default; these targets build the tests,
 # examples and benchmarks too.
@@ -12,7 +13,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DDSOPT_BUILD_TESTS
   -DDSOPT_BUILD_EXAMPLES=ON -DDSOPT_BUILD_BENCH=ON
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize test-docs docs demo demo-c bench clean
+.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize test-docs test-gpu docs demo demo-c bench clean
 
 all: build
 
@@ -91,6 +92,15 @@ docs:
 test-docs: docs
 	python3 tests/scripts/check_design_citations.py
 
+# On a machine with an NVIDIA GPU (not part of `make test`): builds with
+# CUDA for that GPU in $(GPU_BUILD), runs the C GPU tests, the Python CUDA
+# tests (dsopt.torch on CUDA parameters at 1 and 2 processes over gloo,
+# mpi4py and NCCL; the DDP hook on a CUDA model) and the GPU benchmark;
+# fails when the GPU, CUDA or torch's CUDA is missing. DEPS=DIR: the
+# packages of scripts/offline_deps.sh for a machine without registries.
+test-gpu:
+	tests/gpu/run_gpu_suite.sh $(GPU_BUILD)
+
 # PREFIX=/usr/local by default: header, library, CMake package, dsopt.pc.
 install: build
 	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
@@ -106,4 +116,4 @@ bench: python
 	$(MPI_ENV) bench/run_benchmarks.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(GPU_BUILD)

@@ -11,6 +11,7 @@
 #include "base/error.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
+#include "kernels/device_pointer.hpp"
 #include "kernels/kernels.hpp"
 #include "math/sum_squares.hpp"
 
@@ -439,16 +440,29 @@ std::unique_ptr<Kernels> make_cuda_kernels(void* stream) {
   return std::make_unique<CudaKernels>(device, static_cast<cudaStream_t>(stream));
 }
 
-bool is_cuda_device_pointer(const void* p) {
-  if (p == nullptr) return false;
+int cuda_device_of(const void* p) {
+  if (p == nullptr) return -1;
   cudaPointerAttributes attr;
   const cudaError_t err = cudaPointerGetAttributes(&attr, p);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // no driver, no device, or not a pointer CUDA knows
-    return false;
+    return -1;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  const bool device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  return device ? attr.device : -1;
 }
+
+bool is_cuda_device_pointer(const void* p) { return cuda_device_of(p) >= 0; }
+
+int cuda_current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return device;
+}
+
 
 // Does not touch the driver (no device query): a process may call
 // dsopt_build_info() and fork afterwards.

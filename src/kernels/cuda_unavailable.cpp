@@ -1,5 +1,6 @@
 // The CUDA entry points in a build without CUDA.
 #include "base/error.hpp"
+#include "kernels/device_pointer.hpp"
 #include "kernels/kernels.hpp"
 
 namespace dsopt {
@@ -13,5 +14,9 @@ std::unique_ptr<Kernels> make_cuda_kernels(void*) {
 std::string cuda_build_info() { return "cuda=off"; }
 
 bool is_cuda_device_pointer(const void*) { return false; }
+
+int cuda_device_of(const void*) { return -1; }
+
+int cuda_current_device() { return -1; }
 
 }  // namespace dsopt

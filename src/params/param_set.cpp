@@ -5,6 +5,7 @@
 
 #include "base/error.hpp"
 #include "base/fnv.hpp"
+#include "kernels/device_pointer.hpp"
 
 namespace dsopt {
 namespace {
@@ -48,7 +49,8 @@ std::string describe(int64_t numel, int32_t dtype, int32_t group) {
 
 ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups,
                    Kernels& kernels, bool with_masters)
-    : kernels_(kernels) {
+    : kernels_(kernels),
+      device_index_(kernels.device() == Device::Cuda ? cuda_current_device() : -1) {
   if (count <= 0) fail(DSOPT_EINVAL, "num_params must be > 0, got " + std::to_string(count));
   if (!params) fail(DSOPT_EINVAL, "params is NULL");
   for (int64_t i = 0; i < count; ++i) {
@@ -62,11 +64,14 @@ ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups
     if (t.group < 0 || t.group >= num_groups)
       fail(DSOPT_EINVAL, who + ".group " + std::to_string(t.group) + " is out of range: the config has " +
                              std::to_string(num_groups) + " parameter group(s)");
+    const std::string where = wrong_device(t.data);
+    if (!where.empty()) fail(DSOPT_EINVAL, who + ".data" + where);
     params_.push_back(Param{t.data, t.numel, DType(t.dtype), t.group, total_numel_, nullptr});
     total_numel_ += t.numel;
     if (with_masters && DType(t.dtype) != DType::F32) master_numel_ += t.numel;
   }
   reject_shared_storage(params, count, "");
+  grad_on_device_.assign(params_.size(), nullptr);
   masters_ = DeviceBuffer(kernels_, size_t(master_numel_) * 4);
   int64_t m = 0;
   for (Param& p : params_) {
@@ -112,7 +117,6 @@ void ParamSet::rebind(const dsopt_tensor* params, int64_t count) {
     fail(DSOPT_EINVAL, "num_params is " + std::to_string(count) + " but the optimizer has " +
                            std::to_string(this->count()) +
                            " parameters (pass every one; nothing was changed)");
-  const bool cuda = kernels_.device() == Device::Cuda;
   for (int64_t i = 0; i < count; ++i) {
     const dsopt_tensor& t = params[i];
     const Param& p = params_[size_t(i)];
@@ -123,10 +127,8 @@ void ParamSet::rebind(const dsopt_tensor* params, int64_t count) {
                              ", the optimizer's parameter " + std::to_string(i) + " has " +
                              describe(p.numel, int32_t(p.dtype), p.group) +
                              " (a rebind changes the storage only; nothing was changed)");
-    if (is_cuda_device_pointer(t.data) != cuda)
-      fail(DSOPT_EINVAL, who + ".data is " + (cuda ? "host" : "CUDA device") +
-                             " memory but the optimizer's device is " + (cuda ? "cuda" : "cpu") +
-                             " (nothing was changed)");
+    const std::string where = wrong_device(t.data);
+    if (!where.empty()) fail(DSOPT_EINVAL, who + ".data" + where + " (nothing was changed)");
   }
   reject_shared_storage(params, count, " (nothing was changed)");
   for (int64_t i = 0; i < count; ++i) {
@@ -153,7 +155,23 @@ std::string ParamSet::check_grads(const dsopt_tensor* grads, int64_t count) cons
 }
 
 bool ParamSet::fits(size_t index, const dsopt_tensor& grad) const {
-  return grad.data && grad.numel == params_[index].numel && is_valid_dtype(grad.dtype);
+  return grad.data && grad.numel == params_[index].numel && is_valid_dtype(grad.dtype) &&
+         grad_on_device(index, grad.data);
+}
+
+std::string ParamSet::wrong_device(const void* data) const {
+  const int on = cuda_device_of(data);
+  if (on == device_index_) return "";
+  const std::string where = on < 0 ? "host memory" : "memory of CUDA device " + std::to_string(on);
+  const std::string mine = device_index_ < 0 ? "cpu" : "cuda:" + std::to_string(device_index_);
+  return " is " + where + " but the optimizer's device is " + mine;
+}
+
+bool ParamSet::grad_on_device(size_t index, const void* data) const {
+  if (grad_on_device_[index] == data) return true;
+  if (!wrong_device(data).empty()) return false;
+  grad_on_device_[index] = data;
+  return true;
 }
 
 std::string ParamSet::check_grad(int64_t index, const dsopt_tensor& grad, const std::string& who) const {
@@ -166,6 +184,7 @@ std::string ParamSet::check_grad(int64_t index, const dsopt_tensor& grad, const 
            std::to_string(index) + "] has " + std::to_string(params_[size_t(index)].numel);
   if (!is_valid_dtype(grad.dtype))
     return who + ".dtype " + std::to_string(grad.dtype) + " is not a dtype";
+  if (!grad_on_device(size_t(index), grad.data)) return who + ".data" + wrong_device(grad.data);
   return "";
 }
 

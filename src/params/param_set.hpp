@@ -54,8 +54,8 @@ class ParamSet {
   // Rounds every master into its 16-bit parameter.
   void write_back();
 
-  // "" when `grads` fit these parameters (count, data, numel, dtype), else
-  // what is wrong.
+  // "" when `grads` fit these parameters (count, data, numel, dtype, and
+  // memory of the optimizer's device), else what is wrong.
   std::string check_grads(const dsopt_tensor* grads, int64_t count) const;
   // The same for one gradient of parameter `index`, called `who` in the
   // message.
@@ -68,10 +68,20 @@ class ParamSet {
   int64_t master_numel_ = 0;
   DeviceBuffer masters_;
   uint64_t generation_ = 0;
+  // The CUDA device of the optimizer (-1: the CPU); the last gradient
+  // address of each parameter found on it (an address is looked up once,
+  // not at every step).
+  int device_index_ = -1;
+  mutable std::vector<const void*> grad_on_device_;
 
   // Whether `grad` fits parameter `index` (what check_grad checks, without
   // building a message).
   bool fits(size_t index, const dsopt_tensor& grad) const;
+  // "" when `data` is memory of the optimizer's device, else " is <where
+  // it is> but the optimizer's device is <its device>".
+  std::string wrong_device(const void* data) const;
+  // Whether gradient `data` of parameter `index` is on the optimizer's device.
+  bool grad_on_device(size_t index, const void* data) const;
 };
 
 // The first and the last min(bytes, 1 KiB) bytes of `data` (host or

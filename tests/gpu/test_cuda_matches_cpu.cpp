@@ -201,6 +201,58 @@ void run_case(const Case& c, dsopt_comm* comm) {
   std::fflush(stdout);
 }
 
+// Parameters or gradients on the wrong device are refused with
+// DSOPT_EINVAL naming the buffer and both devices, and change nothing: the
+// optimizer steps as before with the right buffers.
+void buffers_on_the_wrong_device_are_rejected(dsopt_comm* comm) {
+  check_current_test = "buffers_on_the_wrong_device_are_rejected";
+  rng r = {7};
+  const int64_t n = 4097;
+  TensorSet params, grads, other;
+  params.add(n, DSOPT_FLOAT32, 0, random_bytes(&r, n, DSOPT_FLOAT32, 1.0));
+  grads.add(n, DSOPT_FLOAT32, 0, random_bytes(&r, n, DSOPT_FLOAT32, 0.1));
+  const std::string body =
+      "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}";
+  const std::string cfg_cpu = "{" + body + "}", cfg_cuda = "{" + body + ", \"device\": \"cuda\"}";
+  std::vector<dsopt_tensor> ph = params.host_tensors(), pd = params.device_tensors();
+  std::vector<dsopt_tensor> gh = grads.host_tensors(), gd = grads.device_tensors();
+  dsopt_optimizer* bad = nullptr;
+  CHECK_STATUS(dsopt_create(&bad, cfg_cuda.c_str(), comm, ph.data(), 1), DSOPT_EINVAL);
+  CHECK_ERROR_MENTIONS("params[0].data is host memory but the optimizer's device is cuda:");
+  CHECK_STATUS(dsopt_create(&bad, cfg_cpu.c_str(), comm, pd.data(), 1), DSOPT_EINVAL);
+  CHECK_ERROR_MENTIONS("params[0].data is memory of CUDA device");
+  dsopt_optimizer *cpu = nullptr, *cuda = nullptr;
+  if (CHECK_OK(dsopt_create(&cpu, cfg_cpu.c_str(), comm, ph.data(), 1)) &&
+      CHECK_OK(dsopt_create(&cuda, cfg_cuda.c_str(), comm, pd.data(), 1))) {
+    dsopt_step_info info = new_info();
+    CHECK_STATUS(dsopt_step(cuda, gh.data(), 1, &info), DSOPT_EINVAL);
+    CHECK_ERROR_MENTIONS("grads[0].data is host memory");
+    CHECK_STATUS(dsopt_step(cpu, gd.data(), 1, &info), DSOPT_EINVAL);
+    CHECK_ERROR_MENTIONS("grads[0].data is memory of CUDA device");
+    CHECK_STATUS(dsopt_grad_ready(cuda, 0, &gh[0]), DSOPT_EINVAL);
+    CHECK_ERROR_MENTIONS("host memory");
+    // Nothing changed: both take one step from the same state.
+    dsopt_step_info a = new_info(), b = new_info();
+    CHECK_OK(dsopt_step(cpu, gh.data(), 1, &a));
+    CHECK_OK(dsopt_step(cuda, gd.data(), 1, &b));
+    CHECK(a.step == 1 && b.step == 1);
+    CHECK(params.device[0].to_host() == params.host[0]);
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 1) {
+      cuda_or_die(cudaSetDevice(1), "cudaSetDevice(1)");
+      other.add(n, DSOPT_FLOAT32, 0, grads.host[0]);
+      cuda_or_die(cudaSetDevice(0), "cudaSetDevice(0)");
+      std::vector<dsopt_tensor> g1 = other.device_tensors();
+      CHECK_STATUS(dsopt_step(cuda, g1.data(), 1, &info), DSOPT_EINVAL);
+      CHECK_ERROR_MENTIONS("memory of CUDA device 1 but the optimizer's device is cuda:0");
+    }
+  }
+  dsopt_destroy(cuda);
+  dsopt_destroy(cpu);
+  std::printf("%s wrong-device buffers\n", check_failed_count == 0 ? "ok  " : "FAIL");
+  check_current_test = "";
+}
+
 }  // namespace
 
 int main() {
@@ -208,6 +260,7 @@ int main() {
   dsopt_comm* comm = nullptr;
   if (!CHECK_OK(dsopt_comm_create_local(&comm))) return check_finish();
   std::printf("%s\n", dsopt_build_info());
+  buffers_on_the_wrong_device_are_rejected(comm);
 
   std::vector<Case> cases;
   for (const Config& cfg : kConfigs)

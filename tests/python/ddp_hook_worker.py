@@ -8,7 +8,9 @@ runs it for longer ($DSOPT_DDP_STEPS steps, default 8).
 
     RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python ddp_hook_worker.py OUT_DIR
 
-(torchrun's variables) writes OUT_DIR/rank<RANK>.json."""
+(torchrun's variables) writes OUT_DIR/rank<RANK>.json. DSOPT_DDP_DEVICE=cuda
+puts the model and the batches on the current GPU (every rank on it; gloo
+as the process group's backend)."""
 
 import json
 import os
@@ -22,6 +24,7 @@ import dsopt.torch
 from torch_comm_worker import digits
 
 STEPS = int(os.environ.get("DSOPT_DDP_STEPS", "8"))
+DEVICE = torch.device(os.environ.get("DSOPT_DDP_DEVICE", "cpu"))
 BATCH = 32
 
 OPTIMIZERS = {
@@ -46,8 +49,8 @@ def written_bytes():
 
 
 def train(rank, world, name, mode):
-    x, y = digits()
-    net = model()
+    x, y = (t.to(DEVICE) for t in digits())
+    net = model().to(DEVICE)
     opt = OPTIMIZERS[name](net.parameters())
     runner = net
     if mode != "alone":
@@ -72,8 +75,8 @@ def train(rank, world, name, mode):
     torch.distributed.barrier()
     opt.close()
     double = [str(w.message) for w in caught if issubclass(w.category, dsopt.DoubleReductionWarning)]
-    params = [p.detach().flatten().tolist() for p in net.parameters()]
-    return {"losses": losses, "bytes_sent": sent, "wrote": wrote, "double_warnings": double,
+    params = [p.detach().cpu().flatten().tolist() for p in net.parameters()]
+    return {"device": str(next(net.parameters()).device), "losses": losses, "bytes_sent": sent, "wrote": wrote, "double_warnings": double,
             "params": params, "numel": sum(p.numel() for p in net.parameters())}
 
 

@@ -29,6 +29,22 @@ def skip_unless_mpi_runs(missing):
         pytest.skip("libdsopt was built without MPI")
 
 
+def mpi4py_missing() -> str:
+    """Why this Python cannot run ranks under mpirun with mpi4py ("" when it can)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("mpirun") is None:
+        return "mpirun not found (apt-get install openmpi-bin)"
+    if subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode:
+        return (f"mpi4py is not installed for {sys.executable} (Debian: apt-get install "
+                f"python3-mpi4py)")
+    if build_feature("mpi") == "off":
+        return "libdsopt was built without MPI"
+    return ""
+
+
 def assert_load_rejected(opt, params, blob, error, match):
     """opt.load_state_dict(blob) raises `error` matching `match`, and
     neither the optimizer's state nor the parameters change."""

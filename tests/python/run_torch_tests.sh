@@ -10,8 +10,10 @@
 # ranks under mpirun), test_torch_divergence.py (dsopt.DivergenceWarning
 # from dsopt.torch), test_transformer_models.py (the 1-bit optimizers
 # against AdamW on a small GPT; 4 ranks under mpirun, and one) and
-# test_agreed_errors.py (a sparse gradient or a bad hyperparameter on one rank) and
-# test_gloo_kill.py (gloo ranks killed or stopped mid-step) with a
+# test_agreed_errors.py (a sparse gradient or a bad hyperparameter on one rank),
+# test_gloo_kill.py (gloo ranks killed or stopped mid-step) and
+# test_cuda_torch.py, test_cuda_torch_dist.py (CUDA parameters; skip without
+# a GPU) with a
 # Python that has torch, numpy and pytest:
 # python3, else /usr/bin/python3 (on Debian, apt-get install python3-torch
 # python3-cffi python3-pytest; python3-sklearn and python3-mpi4py for
@@ -43,7 +45,8 @@ for py in python3 /usr/bin/python3; do
     tests/python/test_torch_compile.py tests/python/test_torch_optim_port.py \
     tests/python/test_torch_divergence.py tests/python/test_transformer_models.py \
     tests/python/test_agreed_errors.py \
-    tests/python/test_gloo_kill.py
+    tests/python/test_gloo_kill.py \
+    tests/python/test_cuda_torch.py tests/python/test_cuda_torch_dist.py
 done
 echo "test-torch: SKIPPED: no Python with torch, numpy and pytest (pip install torch;" \
      "or on Debian: apt-get install python3-torch python3-cffi python3-pytest python3-sklearn" \

@@ -5,9 +5,12 @@ sends what it sends alone and DDP sends nothing more; without the hook DDP
 averages every gradient first, dsopt averages the equal gradients again
 (twice the bytes) and says so once (``dsopt.DoubleReductionWarning``).
 
-Needs torch (PyPI's: `make test-frameworks`) and scikit-learn."""
+Needs torch (PyPI's: `make test-frameworks`) and scikit-learn. With
+DSOPT_DDP_DEVICE=cuda (`make test-gpu`) the model is on the GPU, both
+ranks on one."""
 
 import json
+import os
 
 import pytest
 
@@ -20,6 +23,9 @@ if not hasattr(torch.nn.parallel.DistributedDataParallel, "register_comm_hook"):
 import conftest  # noqa: E402
 
 WORLD = 2
+DEVICE = os.environ.get("DSOPT_DDP_DEVICE", "cpu")
+if DEVICE != "cpu" and not torch.cuda.is_available():
+    pytest.skip(f"DSOPT_DDP_DEVICE={DEVICE}, but torch sees no GPU", allow_module_level=True)
 NAMES = ("adamw", "adamw_zero2", "onebit_adam", "onebit_lamb", "zero_one_adam")
 
 
@@ -34,6 +40,8 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("name", NAMES)
 def test_hook_trains_as_dsopt_alone(runs, name):
     for rank in range(WORLD):
+        for mode in ("alone", "hook", "ddp"):  # DSOPT_DDP_DEVICE=cuda: on the GPU
+            assert runs[rank][name][mode]["device"].startswith(DEVICE), runs[rank][name][mode]
         alone, hook = runs[rank][name]["alone"], runs[rank][name]["hook"]
         assert hook["losses"] == alone["losses"], f"rank {rank}"
         assert hook["params"] == alone["params"], f"rank {rank}"

@@ -29,6 +29,7 @@ import conftest  # noqa: E402
 import dsopt  # noqa: E402
 import dsopt.torch  # noqa: E402
 import torch_comm_worker as worker  # noqa: E402
+from dsopt_testing import mpi4py_missing  # noqa: E402
 
 try:
     worker.digits()
@@ -68,19 +69,6 @@ def mpirun(world, out_dir, timeout=120):
     assert proc.returncode == 0, f"mpirun -np {world} failed:\n{proc.stdout}{proc.stderr}"
 
 
-def mpi_missing():
-    if shutil.which("mpirun") is None:
-        return "mpirun not found (apt-get install openmpi-bin)"
-    if subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode:
-        return (f"mpi4py is not installed for {sys.executable} (Debian: apt-get install "
-                f"python3-mpi4py)")
-    from dsopt_testing import build_feature
-
-    if build_feature("mpi") == "off":
-        return "libdsopt was built without MPI"
-    return ""
-
-
 def load(out_dir, launcher, world):
     runs = []
     for rank in range(world):
@@ -113,7 +101,7 @@ def runs(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"torch_comm_{world}")
     spawn(worker.train_main, world, str(out))
     result = {"world": world, "spawn": load(out, "spawn", world), "mpi": None,
-              "mpi_missing": mpi_missing()}
+              "mpi_missing": mpi4py_missing()}
     if not result["mpi_missing"]:
         mpirun(world, out)
         result["mpi"] = load(out, "mpi", world)
@@ -172,6 +160,16 @@ def test_torch_collectives_and_their_fallbacks_match_numpy(errors):
     reports, _ = errors
     for rank, report in enumerate(reports):
         assert report["collectives"]["problems"] == [], f"rank {rank}"
+
+
+def test_a_communicator_on_another_cuda_device_is_refused_by_name(errors):
+    reports, _ = errors
+    for rank, report in enumerate(reports):
+        outcome = report["device_binding"]
+        assert outcome["kind"] == "TorchCollectives" and outcome["device"] is None, outcome
+        assert outcome["other"] is not None, f"rank {rank}: cuda:0 parameters were accepted"
+        assert "works on cuda:1" in outcome["other"] and "on cuda:0" in outcome["other"]
+        assert outcome["after"] == "cuda:1", outcome
 
 
 def test_group_this_rank_is_not_in_is_a_clear_error(errors):

@@ -26,9 +26,6 @@ import copy
 import inspect
 import io
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -1404,14 +1401,11 @@ def test_digits_mlp_trains_like_torch(name):
 
 
 def mpi_missing():
-    if shutil.which("mpirun") is None:
-        return "mpirun not found (apt-get install openmpi-bin)"
-    if subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode:
-        return f"mpi4py is not installed for {sys.executable} (Debian: apt-get install python3-mpi4py)"
-    from dsopt_testing import build_feature
+    from dsopt_testing import mpi4py_missing
 
-    if build_feature("mpi") == "off":
-        return "libdsopt was built without MPI"
+    missing = mpi4py_missing()
+    if missing:
+        return missing
     try:
         common.digits_tensors()
     except Exception as error:  # noqa: BLE001

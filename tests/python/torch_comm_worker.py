@@ -148,13 +148,31 @@ def describe(error):
     return {"type": type(error).__name__, "message": str(error)}
 
 
-def check_collectives(group, rank, world):
+def dsopt_view(coll, tensor, writable):
+    """``tensor`` as a collective callback receives it from dsopt: wrapped
+    from its address by the communicator's ``buffer`` (a send buffer is
+    not writable)."""
+    from dsopt._callback_comm import ELEM_DTYPES
+    from dsopt._lib import ffi, lib
+
+    elem = next(code for code, dtype in ELEM_DTYPES.items()
+                if dtype == torch.empty(0, dtype=tensor.dtype).numpy().dtype)
+    where = lib.DSOPT_COMM_CUDA if tensor.is_cuda else lib.DSOPT_COMM_HOST
+    stream = torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else 0
+    return coll.buffer(ffi.cast("void *", tensor.data_ptr()), tensor.numel(), elem, where,
+                       writable, stream)
+
+
+def check_collectives(group, rank, world, device="cpu"):
     """TorchCollectives' four collectives (native, then with every
-    fallback) on every dtype, against numpy; a list of what differed."""
+    fallback) on every dtype, on buffers of ``device`` wrapped as dsopt's
+    callbacks wrap them (read-only send buffers), against the expected
+    values; a list of what differed, and the fallbacks the backend needed."""
     from dsopt._torch_comm import TorchCollectives
 
     problems = []
     count = 5
+    device = torch.device(device)
     for forced in (False, True):
         coll = TorchCollectives(group)
         if forced:
@@ -163,36 +181,66 @@ def check_collectives(group, rank, world):
             def data(r, n):
                 return (torch.arange(n, dtype=torch.int64) * 7 + 3 * r + 1).remainder(50).to(dtype)
 
+            def empty(n):
+                return torch.full((n,), 99, dtype=dtype, device=device)
+
             everyone = [data(r, world * count) for r in range(world)]
-            send = everyone[rank].clone()
+            mine = everyone[rank].to(device)
+            send = dsopt_view(coll, mine, False)
             total, top = sum(t.to(torch.float64) for t in everyone), torch.stack(everyone).amax(0)
             checks = []
-            recv = torch.empty(world * count, dtype=dtype)
-            coll.allreduce(send, recv, "sum")
+            recv = empty(world * count)
+            coll.allreduce(send, dsopt_view(coll, recv, True), "sum")
             checks.append(("allreduce sum", recv, total.to(dtype)))
-            inplace = send.clone()
-            coll.allreduce(inplace, inplace, "max")
+            inplace = mine.clone()
+            both = dsopt_view(coll, inplace, True)
+            coll.allreduce(both, both, "max")
             checks.append(("allreduce max in place", inplace, top))
-            recv = torch.empty(count, dtype=dtype)
-            coll.reduce_scatter(send, recv, "sum")
             block = slice(rank * count, (rank + 1) * count)
-            checks.append(("reduce_scatter sum", recv, total.to(dtype)[block]))
-            recv = torch.empty(count, dtype=dtype)
-            coll.reduce_scatter(send, recv, "max")
-            checks.append(("reduce_scatter max", recv, top[block]))
-            recv = torch.empty(world * count, dtype=dtype)
-            coll.allgather(send[:count], recv)
+            for op, want in (("sum", total.to(dtype)[block]), ("max", top[block])):
+                recv = empty(count)
+                coll.reduce_scatter(send, dsopt_view(coll, recv, True), op)
+                checks.append((f"reduce_scatter {op}", recv, want))
+            recv = empty(world * count)
+            coll.allgather(dsopt_view(coll, mine[:count], False), dsopt_view(coll, recv, True))
             checks.append(("allgather", recv, torch.cat([t[:count] for t in everyone])))
-            recv = torch.empty(world * count, dtype=dtype)
-            coll.alltoall(send, recv)
+            recv = empty(world * count)
+            coll.alltoall(send, dsopt_view(coll, recv, True))
             checks.append(("alltoall", recv, torch.cat([t[block] for t in everyone])))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if not torch.equal(mine.cpu(), everyone[rank]):
+                problems.append(f"a collective wrote to its send buffer ({dtype}, "
+                                f"forced={forced})")
             for what, got, want in checks:
-                if not torch.equal(got, want.to(dtype)):
-                    problems.append(f"{what} {dtype} forced={forced}: {got.tolist()} != "
-                                    f"{want.tolist()}")
+                if not torch.equal(got.cpu(), want.to(dtype)):
+                    problems.append(f"{what} {dtype} {device} forced={forced}: "
+                                    f"{got.tolist()} != {want.tolist()}")
         if not forced:
             native_fallbacks = sorted(coll.fallbacks)
     return problems, native_fallbacks
+
+
+def check_device_binding(group):
+    """What a from_torch communicator says to parameters on its own CUDA
+    device and on another (only torch.device values are compared: no GPU
+    is needed)."""
+    comm = dsopt.Communicator.from_torch(group)
+    try:
+        coll = comm.torch_collectives
+        outcome = {"kind": type(coll).__name__, "device": None if coll.device is None
+                   else str(coll.device)}
+        coll.device = torch.device("cuda", 1)  # as if its stream were on cuda:1
+        coll.bind_device(torch.device("cuda", 1))
+        try:
+            coll.bind_device(torch.device("cuda", 0))
+            outcome["other"] = None
+        except ValueError as error:
+            outcome["other"] = str(error)
+        outcome["after"] = str(coll.device)
+    finally:
+        comm.close()
+    return outcome
 
 
 class FailingCollectives:
@@ -239,6 +287,7 @@ def errors_main(rank, world, port, out_dir, barrier):
 
         problems, fallbacks = check_collectives(everyone, rank, world)
         report["collectives"] = {"problems": problems, "fallbacks": fallbacks}
+        report["device_binding"] = check_device_binding(everyone)
         save()
 
         outcome = {}

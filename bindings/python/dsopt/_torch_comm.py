@@ -39,19 +39,26 @@ _HOST_ONLY = {"gloo", "mpi"}
 _DEVICE_ONLY = {"nccl"}
 
 
-def torch_buffer(ptr, count, elem, device, writable, stream):
+def torch_buffer(ptr, count, elem, device, writable, stream, where=None):
     """A tensor on dsopt's buffer, without a copy: CPU through
-    ``torch.frombuffer``, CUDA (on the current device) through the CUDA
-    array interface."""
+    ``torch.frombuffer``, CUDA (on ``where``, a torch.device; None: the
+    current device) through the CUDA array interface.
+
+    A send buffer (``writable`` False) reaches torch as a writable array:
+    torch refuses read-only CUDA arrays ("the read only flag is not
+    supported"), and none of the collectives below writes to its send
+    tensor (the fallbacks that need to change one work on a clone)."""
     dtype = TORCH_DTYPES[elem]
     if device == lib.DSOPT_COMM_CUDA:
         address = int(ffi.cast("uintptr_t", ptr))
-        where = torch.device("cuda", torch.cuda.current_device())
-        tensor = torch.as_tensor(CudaBuffer(address, count, ELEM_DTYPES[elem], not writable,
-                                            stream), device=where)
+        if where is None:
+            where = torch.device("cuda", torch.cuda.current_device())
+        tensor = torch.as_tensor(CudaBuffer(address, count, ELEM_DTYPES[elem], False, stream),
+                                 device=where)
         if tensor.data_ptr() != address:
-            raise RuntimeError(f"dsopt's device buffer at {address:#x} is not on {where} (torch's "
-                               f"current device): make the optimizer's device current")
+            raise RuntimeError(f"dsopt's device buffer at {address:#x} is not on {where} (the "
+                               f"communicator's device): create the communicator with the "
+                               f"optimizer's device current")
         return tensor
     nbytes = count * ELEM_DTYPES[elem].itemsize
     return torch.frombuffer(ffi.buffer(ffi.cast("char *", ptr), nbytes), dtype=dtype)
@@ -109,11 +116,35 @@ class TorchCollectives:
                 self.backend in _DEVICE_ONLY or torch.cuda.is_initialized()):
             stream = torch.cuda.current_stream()
         self.stream = stream
+        # The CUDA device of dsopt's buffers: the stream's (None until a
+        # stream or an optimizer's parameters say; then the current one).
+        self.device = getattr(stream, "device", None) if isinstance(stream, torch.cuda.Stream) \
+            else None
         self._allgather_base = _first("all_gather_into_tensor", "_all_gather_base")
         self._reduce_scatter_base = _first("reduce_scatter_tensor", "_reduce_scatter_base")
         self._alltoall_base = _first("all_to_all_single")
         self.fallbacks = set()  # the operations made of others here
         self._ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+    def buffer(self, ptr, count, elem, device, writable, stream):
+        """``torch_buffer`` on this communicator's CUDA device."""
+        return torch_buffer(ptr, count, elem, device, writable, stream, self.device)
+
+    def bind_device(self, device):
+        """Records ``device`` (a CUDA torch.device: an optimizer's
+        parameters) as this communicator's; ValueError, before anything is
+        sent, when its stream is on another device."""
+        device = torch.device(device)
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if self.device is not None and self.device != device:
+            raise ValueError(
+                f"dsopt.Communicator.from_torch: the communicator works on {self.device} (its "
+                f"stream's device, the current device when it was created), the parameters are "
+                f"on {device}: create it with the parameters' device current "
+                f"(torch.cuda.set_device({device.index}) first), or pass stream= a stream of "
+                f"{device}")
+        self.device = device
 
     def callbacks(self) -> dict:
         return {"allreduce": self.allreduce, "reduce_scatter": self.reduce_scatter,
@@ -144,7 +175,7 @@ class TorchCollectives:
         if tensor.is_cuda and self.backend in _HOST_ONLY:
             return tensor.cpu()
         if not tensor.is_cuda and self.backend in _DEVICE_ONLY:
-            return tensor.to(torch.device("cuda", torch.cuda.current_device()))
+            return tensor.to(self.device or torch.device("cuda", torch.cuda.current_device()))
         return tensor
 
     def _run(self, fn, send, recv):

@@ -113,7 +113,7 @@ class Communicator:
     @classmethod
     def from_callbacks(cls, rank: int, size: int, *, allreduce, reduce_scatter, allgather,
                        alltoall, buffers="numpy", stream=None, concurrent=False,
-                       _kind="callbacks", _borrowed=None) -> "Communicator":
+                       _kind="callbacks", _borrowed=None, _wrap=None) -> "Communicator":
         """A communicator whose collectives are Python callables (collective
         over the caller's own runtime; ``rank``/``size`` are this process's
         place in it). Each is called by every rank, in the same order, with
@@ -159,7 +159,9 @@ class Communicator:
         for name, value in (("rank", rank), ("size", size)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__}")
-        if buffers == "numpy":
+        if _wrap is not None:
+            wrap = _wrap
+        elif buffers == "numpy":
             wrap = _callback_comm.numpy_buffer
         elif buffers == "torch":
             from ._torch_comm import torch_buffer as wrap
@@ -184,7 +186,12 @@ class Communicator:
         say) is made of others. ``stream``: the CUDA stream of dsopt's device
         work, default torch's current stream when the backend is NCCL or
         CUDA is already initialised (the legacy default stream otherwise);
-        device collectives run on it. Timeouts are the group's (the
+        device collectives run on it. dsopt's device buffers become tensors
+        of the communicator's CUDA device: the stream's, else that of the
+        first dsopt.torch optimizer's parameters (``torch_collectives.device``;
+        an optimizer whose parameters are on another device is refused
+        with ValueError). Send buffers are handed to torch writable (torch
+        takes no read-only CUDA arrays); no collective writes to them. Timeouts are the group's (the
         ``timeout`` of ``init_process_group`` / ``new_group``): a rank whose
         peer failed raises ``dsopt.CommError`` when it expires."""
         from ._torch_comm import TorchCollectives
@@ -192,9 +199,19 @@ class Communicator:
         collectives = TorchCollectives(group, stream)
         comm = cls.from_callbacks(collectives.rank, collectives.size, **collectives.callbacks(),
                                   buffers="torch", stream=collectives.stream,
-                                  concurrent=concurrent, _kind="torch", _borrowed=collectives)
+                                  concurrent=concurrent, _kind="torch", _borrowed=collectives,
+                                  _wrap=collectives.buffer)
         comm.group = collectives.group
         return comm
+
+    @property
+    def torch_collectives(self):
+        """The ``TorchCollectives`` of a ``from_torch`` communicator (its
+        process group, backend, device and fallbacks); None for other
+        kinds."""
+        if self.kind != "torch" or not self._borrowed:
+            return None
+        return self._borrowed[0]
 
     @property
     def callback_error(self):

@@ -18,7 +18,7 @@ from ..config import canonical as canonical_config
 from ..errors import NonFiniteError
 from ..optimizer import Optimizer as _DsoptOptimizer
 from ..tensors import tensor_records
-from . import _checkpoint, _groups, _rebuild, _torch_state
+from . import _checkpoint, _device, _groups, _rebuild, _torch_state
 from ._live_state import LiveState
 from ._storage import ParamStorage
 
@@ -190,14 +190,17 @@ class Optimizer(torch.optim.Optimizer):
                     for i, g in enumerate(self.param_groups)]
         tensors = [p for group in self.param_groups for p in group["params"]]
         group_of = [i for i, group in enumerate(self.param_groups) for _ in group["params"]]
-        self._comm, self._owns_comm = _as_communicator(comm)
-        try:
-            self.dsopt = _DsoptOptimizer(dict(config, param_groups=settings), tensors,
-                                         self._comm, groups=group_of)
-        except BaseException:
-            if self._owns_comm:
-                self._comm.close()
-            raise
+        device = _device.cuda_device(tensors)
+        with _device.current(device):  # where dsopt and torch's communicator work
+            self._comm, self._owns_comm = _as_communicator(comm)
+            try:
+                _device.bind_comm(self._comm, device)
+                self.dsopt = _DsoptOptimizer(dict(config, param_groups=settings), tensors,
+                                             self._comm, groups=group_of)
+            except BaseException:
+                if self._owns_comm:
+                    self._comm.close()
+                raise
         self._config = config  # without param_groups: add_param_group and deepcopy rebuild
         self._type, self._decoupled, self._zero_stage = _algorithm(canonical)
         self.last_step_info = None

@@ -2,7 +2,6 @@
 ``add_param_group`` after creation, ``copy.deepcopy``, and parameters
 whose storage, dtype or device changed (``follow_params``)."""
 
-import contextlib
 import copy
 
 import torch
@@ -10,7 +9,7 @@ import torch
 from ..communicator import Communicator
 from ..errors import DsoptError, InvalidArgument
 from ..optimizer import Optimizer as _DsoptOptimizer
-from . import _groups
+from . import _device, _groups
 from ._storage import ParamStorage, check_current, describe_param
 
 
@@ -107,14 +106,6 @@ def _on_device(config, device):
     return dict(config, device=device.type)
 
 
-def _current_cuda_device(device):
-    """The context in which dsopt, which works on the current CUDA device,
-    creates an optimizer for tensors on ``device``."""
-    if device is None or device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
-
-
 def _rebuild(opt, carry, new_group=None, device=None):
     """Creates dsopt's optimizer over every group's parameters (collective)
     and carries the old one's state over: ``carry`` "views" copies the old
@@ -131,7 +122,8 @@ def _rebuild(opt, carry, new_group=None, device=None):
     group_of = [i for i, group in enumerate(opt.param_groups) for _ in group["params"]]
     config = opt._config if device is None else _on_device(opt._config, device)
     old = opt.dsopt
-    with _current_cuda_device(device):
+    with _device.current(device):
+        _device.bind_comm(opt._comm, device)
         new = _DsoptOptimizer(dict(config, param_groups=settings), tensors, opt._comm,
                               groups=group_of)
         try:
