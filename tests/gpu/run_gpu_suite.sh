@@ -8,7 +8,8 @@
 #      compressed-allreduce kernels, NCCL on one rank, 2 MPI ranks on the GPU);
 #   3. the Python CUDA tests: dsopt.torch on CUDA parameters in one process
 #      and at 2 processes over gloo, mpi4py and NCCL (test_cuda_torch*.py),
-#      the DDP hook on a CUDA model, and the CUDA cases of the torch.optim port;
+#      the DDP hook, dsopt.hf.Trainer and DsoptStrategy on a CUDA model (2
+#      processes on one GPU), and the CUDA cases of the torch.optim port;
 #   4. the GPU benchmark (bench/adam_cuda.cu beside torch's fused AdamW).
 # A missing GPU, a library without CUDA or a CUDA test that skips for want
 # of one fails the run (DSOPT_REQUIRE_CUDA=1); what needs two GPUs skips on one.
@@ -59,11 +60,14 @@ echo "test-gpu: C GPU tests done ($(elapsed))"
 
 # ---- 3. Python CUDA tests --------------------------------------------------------------
 if DSOPT_LIBRARY_DIR="$build" "$py" bindings/python/dsopt/_ffi_build.py >/dev/null; then
-  if ! DSOPT_LIBRARY_DIR="$build" DSOPT_REQUIRE_CUDA=1 DSOPT_DDP_DEVICE=cuda \
+  if ! DSOPT_LIBRARY_DIR="$build" DSOPT_REQUIRE_CUDA=1 DSOPT_DDP_DEVICE=cuda DSOPT_HF_DEVICE=cuda \
+       DSOPT_LIGHTNING_DEVICE=cuda \
        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
        "$py" -m pytest -q -rs -p no:cacheprovider \
          tests/python/test_cuda_torch.py tests/python/test_cuda_torch_dist.py \
-         tests/python/test_ddp_hook.py tests/python/test_torch_optim_port.py -k "cuda or ddp"; then
+         tests/python/test_ddp_hook.py tests/python/test_hf_trainer.py \
+         tests/python/test_lightning_strategy.py tests/python/test_torch_optim_port.py \
+         -k "cuda or ddp or hf_trainer or two_processes"; then
     failures+=("Python CUDA tests")
   fi
 else

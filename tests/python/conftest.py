@@ -51,14 +51,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(script, args, world, **env):
+def start_ranks(script, args, world, one_device=False, **env):
     """``script`` (a file of this folder) with ``args`` on ``world``
     processes that find each other as torchrun's do (RANK, LOCAL_RANK,
-    WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one OpenMP thread each."""
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one OpenMP thread each.
+    ``one_device``: every LOCAL_RANK is 0 (the ranks share GPU 0)."""
     env = subprocess_env(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
                          MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), **env)
     return [subprocess.Popen([sys.executable, str(HERE / script), *map(str, args)],
-                             env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
+                             env=dict(env, RANK=str(rank),
+                                      LOCAL_RANK="0" if one_device else str(rank)),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for rank in range(world)]
 

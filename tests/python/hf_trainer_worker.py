@@ -17,7 +17,9 @@ of a two-rank run.
 
     hf_trainer_worker.py OUT_DIR PHASE[,PHASE...] [ZERO2_CHECKPOINT]
 
-writes OUT_DIR/PHASE-rankR.pt (torch.save of a dict) for each phase."""
+writes OUT_DIR/PHASE-rankR.pt (torch.save of a dict) for each phase.
+DSOPT_HF_DEVICE=cuda trains on the GPU (``use_cpu=False``, every rank on
+the current GPU, gloo as the process group's backend)."""
 
 import os
 import sys
@@ -38,6 +40,7 @@ LR = 0.01
 WEIGHT_DECAY = 0.01
 CLIP = 0.3  # below the gradients' norms here: the clipping acts
 SEED = 0
+DEVICE = torch.device(os.environ.get("DSOPT_HF_DEVICE", "cpu"))
 
 
 def digits():
@@ -79,7 +82,7 @@ class DigitsNet(torch.nn.Module):
 
 
 def flat(tensors):
-    return torch.cat([t.detach().reshape(-1).clone() for t in tensors])
+    return torch.cat([t.detach().reshape(-1).cpu().clone() for t in tensors])
 
 
 def flat_params(model):
@@ -141,8 +144,11 @@ def training_args(out_dir, **overrides):
     settings = dict(output_dir=out_dir, per_device_train_batch_size=BATCH, max_steps=STEPS,
                     learning_rate=LR, weight_decay=WEIGHT_DECAY, max_grad_norm=CLIP,
                     lr_scheduler_type="constant", logging_steps=1, save_strategy="steps",
-                    save_steps=SAVE_AT, report_to=[], use_cpu=True, disable_tqdm=True,
-                    ddp_find_unused_parameters=False, seed=SEED, log_level="error")
+                    save_steps=SAVE_AT, report_to=[], use_cpu=DEVICE.type == "cpu",
+                    disable_tqdm=True, ddp_find_unused_parameters=False, seed=SEED,
+                    log_level="error")
+    if DEVICE.type != "cpu":
+        settings["ddp_backend"] = "gloo"
     settings.update(overrides)
     return TrainingArguments(**settings)
 
@@ -241,7 +247,7 @@ def scenario(name, out_dir):
     full = run_trainer(name, os.path.join(out_dir, name), SEED)
     checkpoint = os.path.join(out_dir, name, f"checkpoint-{SAVE_AT}")
     resumed = run_trainer(name, os.path.join(out_dir, name + "-resumed"), SEED + 1, checkpoint)
-    model = DigitsNet(SEED)
+    model = DigitsNet(SEED).to(DEVICE)
     opt = reference_optimizer(name, model)
     alone = replay(opt, model, full["batches"],
                    SCENARIOS[name][3].get("gradient_accumulation_steps", 1))
@@ -289,7 +295,7 @@ def reshard(out_dir, checkpoint):
     the ranks' blobs in optimizer.pt, weights from model.safetensors)."""
     resumed = run_trainer("zero2", os.path.join(out_dir, "zero2-resharded"), SEED + 1, checkpoint)
     from safetensors.torch import load_file
-    model = DigitsNet(SEED + 2)
+    model = DigitsNet(SEED + 2).to(DEVICE)
     model.load_state_dict(load_file(os.path.join(checkpoint, "model.safetensors")))
     opt = reference_optimizer("zero2", model)
     saved = torch.load(os.path.join(checkpoint, "optimizer.pt"), weights_only=True)

@@ -19,6 +19,12 @@ Each rank writes what it saw to ``OUT_DIR/<launch>-rank<r>.json``.
         variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
         GROUP_RANK, MASTER_ADDR, MASTER_PORT): gradient accumulation
         against dsopt alone, and the settings DsoptStrategy refuses.
+    python lightning_worker.py device OUT_DIR
+        Two processes sharing one device, each a node of one (torchrun's
+        variables with LOCAL_RANK 0 and GROUP_RANK its rank; ``devices=1,
+        num_nodes=2``, gloo): the model on DSOPT_LIGHTNING_DEVICE (cuda:
+        the GPU; cpu by default), AdamW, ZeRO-2 and 1-bit Adam full /
+        resumed / alone as with the launcher.
 
 Lightning's models start from a different initialisation on every rank
 (DsoptStrategy broadcasts rank 0's); dsopt alone starts from rank 0's."""
@@ -113,7 +119,7 @@ def loader(data, batch):
 
 
 def params_of(net):
-    return [p.detach().flatten().tolist() for p in net.parameters()]
+    return [p.detach().cpu().flatten().tolist() for p in net.parameters()]
 
 
 def warnings_of(caught):
@@ -122,9 +128,9 @@ def warnings_of(caught):
 
 
 def lightning_fit(name, data, *, devices, batch, epochs, out_dir=None, ckpt_path=None,
-                  accumulate=1, **trainer_kwargs):
+                  accumulate=1, accelerator="cpu", backend=None, **trainer_kwargs):
     """One ``Trainer.fit``; a checkpoint after every epoch into ``out_dir``."""
-    rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     model = Classifier(name, INIT_SEED + rank)
     recorder = Recorder()
     callbacks = [recorder]
@@ -132,7 +138,8 @@ def lightning_fit(name, data, *, devices, batch, epochs, out_dir=None, ckpt_path
         callbacks.append(lightning.pytorch.callbacks.ModelCheckpoint(
             dirpath=out_dir, every_n_epochs=1, save_top_k=-1))
     trainer = lightning.Trainer(
-        strategy=DsoptStrategy(), accelerator="cpu", devices=devices, max_epochs=epochs,
+        strategy=DsoptStrategy(process_group_backend=backend), accelerator=accelerator,
+        devices=devices, max_epochs=epochs,
         accumulate_grad_batches=accumulate, logger=False, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=out_dir is not None,
         callbacks=callbacks, default_root_dir=out_dir, **trainer_kwargs)
@@ -163,10 +170,12 @@ def rank_batches(data, *, rank, world, batch, epochs):
     return batches
 
 
-def dsopt_alone(name, data, *, rank, world, batch, epochs, accumulate=1, **optimizer_kwargs):
+def dsopt_alone(name, data, *, rank, world, batch, epochs, accumulate=1, device="cpu",
+                **optimizer_kwargs):
     """The same training with the dsopt.torch optimizer and no Lightning."""
-    batches = rank_batches(data, rank=rank, world=world, batch=batch, epochs=epochs)
-    net = make_net(INIT_SEED)
+    batches = [[t.to(device) for t in b]
+               for b in rank_batches(data, rank=rank, world=world, batch=batch, epochs=epochs)]
+    net = make_net(INIT_SEED).to(device)
     opt, sched = make_optimizer(name, net.parameters(), **optimizer_kwargs)
     losses, sent = [], []
     before = written_bytes()
@@ -285,6 +294,28 @@ def environment_run(out_dir):
     torch.distributed.destroy_process_group()
 
 
+def device_run(out_dir):
+    data = tuple(t[:SAMPLES] for t in digits())
+    device = os.environ.get("DSOPT_LIGHTNING_DEVICE", "cpu")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    results = {}
+    for name in ("adamw", "adamw_zero2", "onebit_adam"):
+        ckpt_dir = os.path.join(out_dir, name)
+        fit = dict(devices=1, num_nodes=world, accelerator=device, backend="gloo", batch=BATCH,
+                   epochs=EPOCHS)
+        trainer, full = lightning_fit(name, data, out_dir=ckpt_dir, **fit)
+        full["device"] = str(next(trainer.lightning_module.parameters()).device)
+        ckpt = os.path.join(ckpt_dir, f"epoch=0-step={EPOCH_STEPS}.ckpt")
+        torch.distributed.barrier()
+        _, resumed = lightning_fit(name, data, ckpt_path=ckpt, **fit)
+        alone = dsopt_alone(name, data, rank=rank, world=world, batch=BATCH, epochs=EPOCHS,
+                            device=device)
+        results[name] = {"full": full, "resumed": resumed, "alone": alone}
+    write(out_dir, "device", rank, results)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def write(out_dir, launch, rank, results):
     with open(os.path.join(out_dir, f"{launch}-rank{rank}.json"), "w") as f:
         json.dump(results, f)
@@ -293,7 +324,8 @@ def write(out_dir, launch, rank, results):
 def main():
     torch.set_num_threads(1)
     launch, out_dir = sys.argv[1], sys.argv[2]
-    {"launcher": launcher_run, "environment": environment_run}[launch](out_dir)
+    {"launcher": launcher_run, "environment": environment_run, "device": device_run}[launch](
+        out_dir)
 
 
 if __name__ == "__main__":

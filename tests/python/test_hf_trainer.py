@@ -11,7 +11,8 @@ ZeRO-2 resumes at another world size. With torch.optim it is
 transformers.Trainer.
 
 Needs transformers (PyPI's torch and transformers: `make test-frameworks`)
-and scikit-learn."""
+and scikit-learn. With DSOPT_HF_DEVICE=cuda (`make test-gpu`) the Trainer
+trains on the GPU, both ranks on one."""
 
 import subprocess
 import sys
@@ -33,6 +34,10 @@ import hf_trainer_worker as worker  # noqa: E402
 import dsopt.hf  # noqa: E402
 from transformers import TrainingArguments  # noqa: E402
 
+if worker.DEVICE.type != "cpu" and not torch.cuda.is_available():
+    pytest.skip(f"DSOPT_HF_DEVICE={worker.DEVICE}, but torch sees no GPU",
+                allow_module_level=True)
+
 SCENARIOS = list(worker.SCENARIOS)
 NUMEL = sum(p.numel() for p in worker.DigitsNet(0).parameters())
 
@@ -40,7 +45,8 @@ NUMEL = sum(p.numel() for p in worker.DigitsNet(0).parameters())
 def launch(world, out_dir, phases, *extra, timeout=300):
     """hf_trainer_worker.py on ``world`` processes (RANK, WORLD_SIZE, ...
     as torchrun sets them); {phase: [each rank's result]}."""
-    procs = conftest.start_ranks("hf_trainer_worker.py", [out_dir, ",".join(phases), *extra], world)
+    procs = conftest.start_ranks("hf_trainer_worker.py", [out_dir, ",".join(phases), *extra], world,
+                                 one_device=worker.DEVICE.type != "cpu")
     conftest.wait_for(procs, f"hf_trainer_worker.py on {world} ranks", timeout)
     return {phase: [torch.load(out_dir / f"{phase}-rank{rank}.pt", weights_only=False)
                     for rank in range(world)] for phase in phases}

@@ -24,6 +24,7 @@ variables) and at 1 (lightning_worker.py runs them):
 Needs lightning, PyPI torch and scikit-learn (`make test-frameworks`)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -40,6 +41,7 @@ if subprocess.run([sys.executable, "-c", "import lightning"], capture_output=Tru
 import conftest  # noqa: E402
 
 WORLD = 2
+DEVICE = os.environ.get("DSOPT_LIGHTNING_DEVICE")
 NAMES = ("adamw", "adamw_zero2", "onebit_adam", "lamb_zero2", "compressed_zero2")
 EPOCH_STEPS = 4
 TIMEOUT = 300
@@ -76,6 +78,42 @@ def environment(tmp_path_factory):
     run(conftest.start_ranks("lightning_worker.py", ["environment", out_dir], WORLD,
                              GROUP_RANK="0", LOCAL_WORLD_SIZE=str(WORLD)), "environment")
     return read(out_dir, "environment", range(WORLD))
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory):
+    """Two processes on one device (DSOPT_LIGHTNING_DEVICE: `make test-gpu`
+    sets cuda), each a node of one."""
+    if DEVICE is None:
+        pytest.skip("the GPU variant (`make test-gpu` sets DSOPT_LIGHTNING_DEVICE=cuda; "
+                    "DSOPT_LIGHTNING_DEVICE=cpu runs it on the CPU, which the launcher "
+                    "tests above cover)")
+    if DEVICE != "cpu" and not torch.cuda.is_available():
+        pytest.skip(f"DSOPT_LIGHTNING_DEVICE={DEVICE}, but torch sees no GPU")
+    out_dir = tmp_path_factory.mktemp("lightning_device")
+    ranks = [subprocess.Popen(
+        [sys.executable, str(conftest.HERE / "lightning_worker.py"), "device", str(out_dir)],
+        env=dict(env, RANK=str(rank), GROUP_RANK=str(rank)), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for env in [conftest.subprocess_env(
+            OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(conftest.free_port()),
+            WORLD_SIZE=str(WORLD), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")] for rank in range(WORLD)]
+    run(ranks, "device")
+    return read(out_dir, "device", range(WORLD))
+
+
+@pytest.mark.parametrize("name", ["adamw", "adamw_zero2", "onebit_adam"])
+def test_two_processes_on_one_device_train_and_resume_as_dsopt_alone(device, name):
+    for rank in range(WORLD):
+        full, resumed, alone = (device[rank][name][k] for k in ("full", "resumed", "alone"))
+        assert full["device"].startswith(DEVICE), full["device"]
+        assert (full["world"], full["rank"]) == (WORLD, rank)
+        assert full["model"] == "Classifier"
+        assert full["losses"] == alone["losses"], f"rank {rank}"
+        assert full["params"] == alone["params"], f"rank {rank}"
+        assert full["bytes_sent"] == alone["bytes_sent"], f"rank {rank}"
+        assert resumed["losses"] == full["losses"][EPOCH_STEPS:], f"rank {rank}"
+        assert resumed["params"] == full["params"], f"rank {rank}"
+    assert device[0][name]["full"]["params"] == device[1][name]["full"]["params"]
 
 
 def double_reductions(run_result):
