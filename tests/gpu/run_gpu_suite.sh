@@ -26,6 +26,7 @@ if [ -n "${DEPS:-}" ]; then
   eval "$(scripts/offline_deps.sh env "$DEPS")" || exit 1
 fi
 py=${PYTHON:-python3}
+command -v nvcc >/dev/null 2>&1 || [ ! -x /usr/local/cuda/bin/nvcc ] || export PATH="$PATH:/usr/local/cuda/bin"
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started )) s"; }
 failures=()
@@ -45,7 +46,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON -DDSOPT_BUI
   -DDSOPT_BUILD_BENCH=ON -DDSOPT_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null ||
   { echo "test-gpu: cmake configure failed" >&2; exit 1; }
 targets=(dsopt gpu_tests)
-grep -q '^DSOPT_WITH_MPI:BOOL=ON' "$build/CMakeCache.txt" && targets+=(dsopt_mpi)
+[ -d "$build/CMakeFiles/dsopt_mpi.dir" ] && targets+=(dsopt_mpi)
 grep -qx adam_cuda_bench "$build/bench/benchmarks.txt" 2>/dev/null && targets+=(adam_cuda_bench)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" >"$build/test-gpu-build.log" 2>&1 ||
   { tail -n 40 "$build/test-gpu-build.log"; echo "test-gpu: build failed" >&2; exit 1; }

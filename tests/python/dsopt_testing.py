@@ -37,8 +37,9 @@ def mpi4py_missing() -> str:
 
     if shutil.which("mpirun") is None:
         return "mpirun not found (apt-get install openmpi-bin)"
-    if subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode:
-        return (f"mpi4py is not installed for {sys.executable} (Debian: apt-get install "
+    if subprocess.run([sys.executable, "-c", "from mpi4py import MPI"],
+                      capture_output=True).returncode:
+        return (f"mpi4py cannot load MPI for {sys.executable} (Debian: apt-get install "
                 f"python3-mpi4py)")
     if build_feature("mpi") == "off":
         return "libdsopt was built without MPI"
