@@ -10,7 +10,9 @@ per round, so that load from elsewhere on the machine hits them alike):
   - dsopt through the C API (dsopt_step called through cffi with a
     descriptor array built once), through the numpy API
     (dsopt.Optimizer.step) and through dsopt.torch.AdamW, each with the
-    default config and with "skip_nonfinite": false;
+    default config, with "skip_nonfinite": false, and with the checks off
+    ("skip_nonfinite": false and "divergence_check": {"enabled": false}:
+    the update alone);
   - torch.optim.AdamW with fused=True, foreach=True and the for-loop
     (foreach=False), where this torch has them;
   - DeepSpeed's DeepSpeedCPUAdam (adamw_mode), where DeepSpeed is installed.
@@ -129,25 +131,27 @@ class Probe:
     sample = None
 
 
-def dsopt_config(threads, skip_nonfinite):
+# The dsopt configs timed: the default, without the skip, without any check.
+CHECKS = ("default config", "skip_nonfinite false", "checks off")
+
+
+def dsopt_config(threads, checks):
     config = {"optimizer": {"type": "AdamW", "params": {
         "lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WD}}, "threads": threads}
-    if not skip_nonfinite:
+    if checks != CHECKS[0]:
         config["skip_nonfinite"] = False
+    if checks == CHECKS[2]:
+        config["divergence_check"] = {"enabled": False}
     return config
-
-
-def config_label(skip_nonfinite):
-    return "default config" if skip_nonfinite else "skip_nonfinite false"
 
 
 class DsoptNumpy:
     """dsopt.Optimizer over numpy arrays: `direct` calls dsopt_step with a
     descriptor array built once (the C API's cost), else Optimizer.step."""
 
-    def __init__(self, case, threads, skip_nonfinite, direct):
+    def __init__(self, case, threads, checks, direct):
         self.case = case
-        self.name = f"dsopt {'C API' if direct else 'numpy'}, {config_label(skip_nonfinite)}"
+        self.name = f"dsopt {'C API' if direct else 'numpy'}, {checks}"
         if case.bf16:
             self.flat = case.p0_bits.copy()
             params = [dsopt.bf16(a) for a in case.pieces(self.flat)]
@@ -155,7 +159,7 @@ class DsoptNumpy:
         else:
             self.flat = case.p0.copy()
             params, grads = case.pieces(self.flat), case.pieces(case.g)
-        self.opt = dsopt.Optimizer(dsopt_config(threads, skip_nonfinite), params)
+        self.opt = dsopt.Optimizer(dsopt_config(threads, checks), params)
         if direct:
             from dsopt.tensors import TensorList
             self._grads = TensorList(grads, writable=False, kind="grads")
@@ -183,11 +187,11 @@ def import_torch():
 
 
 class DsoptTorch:
-    def __init__(self, case, threads, skip_nonfinite):
+    def __init__(self, case, threads, checks):
         torch = import_torch()
         import dsopt.torch as dsopt_torch
         self.case = case
-        self.name = f"dsopt.torch.AdamW, {config_label(skip_nonfinite)}"
+        self.name = f"dsopt.torch.AdamW, {checks}"
         dtype = torch.bfloat16 if case.bf16 else torch.float32
         self.params = [torch.nn.Parameter(torch.from_numpy(a.copy()).to(dtype))
                        for a in case.pieces(case.p0)]
@@ -196,7 +200,8 @@ class DsoptTorch:
             p.grad = g
         # torch.optim.AdamW's one-line replacement
         self.opt = dsopt_torch.AdamW(self.params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD,
-                                     threads=threads, skip_nonfinite=skip_nonfinite)
+                                     threads=threads, skip_nonfinite=checks == CHECKS[0],
+                                     divergence_check=checks != CHECKS[2])
         self.step = self.opt.step
 
     def sample(self, case):
@@ -271,10 +276,10 @@ class DeepSpeedAdam(TorchAdamW):
 
 def contenders_for(case, args, probe):
     makers = [lambda: Probe(case, probe)]
-    for skip in (True, False):
-        makers.append(lambda skip=skip: DsoptNumpy(case, args.threads, skip, direct=True))
-        makers.append(lambda skip=skip: DsoptNumpy(case, args.threads, skip, direct=False))
-        makers.append(lambda skip=skip: DsoptTorch(case, args.threads, skip))
+    for checks in CHECKS:
+        makers.append(lambda checks=checks: DsoptNumpy(case, args.threads, checks, direct=True))
+        makers.append(lambda checks=checks: DsoptNumpy(case, args.threads, checks, direct=False))
+        makers.append(lambda checks=checks: DsoptTorch(case, args.threads, checks))
     for mode in ("fused", "foreach", "for-loop"):
         makers.append(lambda mode=mode: TorchAdamW(case, args.threads, mode))
     makers.append(lambda: DeepSpeedAdam(case, args.threads))

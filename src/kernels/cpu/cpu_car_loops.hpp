@@ -73,7 +73,7 @@ double car_worker_sumsq_block(const CarTensor& t, int64_t b, int64_t e) {
   const int64_t tail = V::W >= 8 ? i : b;  // the signs still to store (from a multiple of 8)
   for (; i < e; ++i) y[i - b] = worker_y<VecScalar>(t, i);
   if (bytes) store_sign_bytes(y + (tail - b), tail, e, bytes);
-  return block_sum_squares(y, e - b);
+  return block_sum_squares<V>(y, e - b);
 }
 
 // Bytes of elements [i, i + 8) one at a time (the tail of a vector loop).
@@ -137,7 +137,7 @@ double car_server_sum_block(const CarTensor& t, int64_t b, int64_t e, int world,
     t.server_error[i] = acc;
     z[i - b] = acc;
   }
-  return block_sum_squares(z, e - b);
+  return block_sum_squares<V>(z, e - b);
 }
 
 template <class V>

@@ -1,5 +1,5 @@
 // The CPU kernels of one instruction set, as a table of range functions.
-// The OpenMP driver (cpu_kernels.cpp) splits work into ranges and calls
+// The driver (cpu_kernels.cpp) splits work into ranges and calls
 // them; each isa_*.cpp fills the table from the templates in cpu_loops.hpp
 // and update_loop.hpp.
 #pragma once
@@ -15,14 +15,14 @@ struct CpuIsa {
   // the slot's record of the rule's constants.
   void (*update_range)(UpdateRule rule, const UpdateSlot& slot, int64_t begin, int64_t end,
                        const void* consts, float mul1, float mul2);
-  // One sum block [begin, end) of a tensor (end - begin <= kSumBlock):
-  // y = fl(x * mul) into dst (dst[0] is element `begin`; may be null when
-  // block_sum is not), or with `add` dst = fl(dst + y); the block's sum of
-  // the values written (y without `add`) squared into *block_sum (may be
-  // null). Returns true when some x is Inf or NaN. (A check alone is
-  // check_range.)
-  bool (*transform_block)(const TensorRef& src, int64_t begin, int64_t end, float mul, float* dst,
-                          bool add, double* block_sum);
+  // Consecutive sum blocks [begin, end) of a tensor (begin on a block
+  // boundary): y = fl(x * mul) into dst (dst[0] is element `begin`; may be
+  // null), or with `add` dst = fl(dst + y); each block's sum of the values
+  // written (y without `add`) squared into block_sums[k] for its k-th
+  // block (may be null). Returns true when some x is Inf or NaN. (A check
+  // alone is check_range.)
+  bool (*transform_blocks)(const TensorRef& src, int64_t begin, int64_t end, float mul, float* dst,
+                           bool add, double* block_sums);
   // Whether elements [begin, end) of a tensor hold an Inf or NaN.
   bool (*check_range)(const TensorRef& src, int64_t begin, int64_t end);
   // dst[i] = round(src[i]) to dtype, i in [begin, end).

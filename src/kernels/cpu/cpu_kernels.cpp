@@ -1,6 +1,7 @@
 // Kernels for "device": "cpu": picks the instruction set once per process,
-// splits work into fixed ranges and runs them on OpenMP threads. Ranges do
-// not depend on the thread count, so results do not either.
+// splits work into fixed ranges and runs them on the kernels' thread pool
+// (thread_pool.hpp). Ranges do not depend on the thread count, so results
+// do not either.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "kernels/cpu/cpu_codec.hpp"
 #include "kernels/cpu/cpu_isa.hpp"
 #include "kernels/cpu/element_split.hpp"
+#include "kernels/cpu/thread_pool.hpp"
 #include "kernels/kernels.hpp"
 #include "math/sum_squares.hpp"
 
@@ -48,6 +50,8 @@ const CpuIsa& isa() {
 
 // Elements per unit of parallel work in conversions and maxima.
 constexpr int64_t kAdamChunk = 1 << 16;
+// Sum blocks per unit of parallel work in the gradient pass.
+constexpr int64_t kPassRun = 16;
 // Threads of the non-finite check (more are not used by it).
 constexpr int kMaxThreads = 256;
 
@@ -87,9 +91,9 @@ class CpuKernels final : public Kernels {
   void from_float(const float* src, void* dst, DType dtype, int64_t n) override {
     const int64_t chunks = (n + kAdamChunk - 1) / kAdamChunk;
     const CpuIsa& k = isa();
-#pragma omp parallel for num_threads(threads_) schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
+    parallel_for(threads_, chunks, [&](int64_t c) {
       k.from_float_range(src, dst, dtype, c * kAdamChunk, std::min(n, (c + 1) * kAdamChunk));
+    });
   }
 
   GradStats transform(const TensorRef* src, int64_t count, float mul, float* dst,
@@ -126,14 +130,13 @@ class CpuKernels final : public Kernels {
       offset += src[i].numel;
     }
     const CpuIsa& k = isa();
-    std::vector<int> nonfinite(size_t(BlockGrid(lengths).blocks()), 0);
-    BlockGrid(lengths).run(threads_, sumsq_host, [&](size_t t, int64_t begin, int64_t end, int64_t b) {
-      double block_sum = 0.0;
-      float* out = dst ? dst + out_offset[t] + begin : nullptr;
-      nonfinite[size_t(b)] = k.transform_block(src[t], begin, end, mul, out, add,
-                                               sumsq_host ? &block_sum : nullptr);
-      return block_sum;
-    });
+    const BlockGrid grid(lengths);
+    std::vector<int> nonfinite(size_t(grid.blocks()), 0);  // at each run's first block
+    grid.run_groups(threads_, kPassRun, sumsq_host,
+                    [&](size_t t, int64_t begin, int64_t end, int64_t b, double* block_sums) {
+                      float* out = dst ? dst + out_offset[t] + begin : nullptr;
+                      nonfinite[size_t(b)] = k.transform_blocks(src[t], begin, end, mul, out, add, block_sums);
+                    });
     GradStats st;
     for (int f : nonfinite) st.nonfinite |= f != 0;
     return st;
@@ -157,21 +160,15 @@ class CpuKernels final : public Kernels {
     for (int64_t i = 0; i < count; ++i)
       first[i + 1] = first[i] + (src[i].numel + kAdamChunk - 1) / kAdamChunk;
     std::vector<float> chunk_max(static_cast<size_t>(first[size_t(count)]));
-#pragma omp parallel num_threads(threads_)
-    {
-      int64_t t = 0;
-#pragma omp for schedule(static)
-      for (int64_t c = 0; c < first[size_t(count)]; ++c) {
-        while (c >= first[t + 1]) ++t;
-        while (c < first[t]) --t;
-        const float* x = static_cast<const float*>(src[t].data);
-        const int64_t begin = (c - first[t]) * kAdamChunk;
-        const int64_t end = std::min(src[t].numel, begin + kAdamChunk);
-        float best = x[begin];
-        for (int64_t i = begin + 1; i < end; ++i) best = x[i] > best ? x[i] : best;
-        chunk_max[size_t(c)] = best;
-      }
-    }
+    parallel_for(threads_, first[size_t(count)], [&](int64_t c) {
+      const int64_t t = std::upper_bound(first.begin(), first.end(), c) - first.begin() - 1;
+      const float* x = static_cast<const float*>(src[t].data);
+      const int64_t begin = (c - first[t]) * kAdamChunk;
+      const int64_t end = std::min(src[t].numel, begin + kAdamChunk);
+      float best = x[begin];
+      for (int64_t i = begin + 1; i < end; ++i) best = x[i] > best ? x[i] : best;
+      chunk_max[size_t(c)] = best;
+    });
     for (int64_t t = 0; t < count; ++t) {
       float best = chunk_max[size_t(first[t])];
       for (int64_t c = first[t] + 1; c < first[t + 1]; ++c) best = std::max(best, chunk_max[size_t(c)]);

@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_isa.hpp"
 #include "kernels/cpu/dtype_io.hpp"
+#include "kernels/cpu/lane_sums.hpp"
 #include "kernels/cpu/vec_scalar.hpp"
 #include "math/sum_squares.hpp"
 
@@ -19,41 +20,79 @@ namespace cpu {
 
 // ---- gradient transform -----------------------------------------------------
 
-// Sum of squares of y[0..n) in the order of math/sum_squares.hpp (n <= kSumBlock).
-inline double block_sum_squares(const float* y, int64_t n) {
-  double lanes[kSumLanes] = {};
-  for (int64_t k = 0; k < n; k += kSumLanes) {
-    const int64_t m = std::min<int64_t>(kSumLanes, n - k);
-    for (int64_t j = 0; j < m; ++j) lanes[j] += double(y[k + j]) * double(y[k + j]);
-  }
-  sum_lanes_tree(lanes);
-  return lanes[0];
-}
-
-template <class V, DType T>
-bool transform_block_t(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
-                       bool add, double* block_sum) {
+// y = fl(x * mul) (dst = fl(dst + y) with `add`) over S sum blocks at
+// once, each block's sum of squares of the values written taken on the way
+// (LaneSums): the pass reads x once and writes dst only when there is one.
+// S > 1: S whole blocks from `begin`, read as S streams side by side (one
+// stream per core leaves most of the memory system's parallelism unused);
+// S == 1: one block [begin, end) of any length, its tail element by element.
+// dst[0] is element `begin`; block_sums (may be null) receives S sums.
+template <class V, DType T, int S>
+bool transform_blocks_t(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
+                        bool add, double* block_sums) {
   using F = typename V::F;
-  float scratch[kSumBlock];
-  float* y = dst ? dst : scratch;
+  LaneSums sums[S];
   // x * 0 is NaN exactly when x is Inf or NaN; the sum keeps any NaN.
   F bad = V::set1(0.0f);
   float bad_tail = 0.0f;
   const F zero = V::set1(0.0f), vmul = V::set1(mul);
-  int64_t i = begin;
-  for (; i + V::W <= end; i += V::W) {
-    const F x = load<V, T>(t.data, i);
-    bad = V::add(bad, V::mul(x, zero));
-    const F v = V::mul(x, vmul);
-    V::store(y + (i - begin), add ? V::add(V::load(y + (i - begin)), v) : v);
+  const int64_t len = S == 1 ? end - begin : kSumBlock;
+  int64_t j = 0;
+  for (; j + V::W <= len; j += V::W) {
+    for (int q = 0; q < S; ++q) {
+      const int64_t o = q * kSumBlock + j;  // from `begin`
+      const F x = load<V, T>(t.data, begin + o);
+      bad = V::add(bad, V::mul(x, zero));
+      F y = V::mul(x, vmul);
+      if (dst) {
+        if (add) y = V::add(V::load(dst + o), y);
+        V::store(dst + o, y);
+      }
+      if (block_sums) sums[q].template add<V>(j, y);
+    }
   }
-  for (; i < end; ++i) {
-    const float x = load<VecScalar, T>(t.data, i);
-    bad_tail = bad_tail + x * 0.0f;
-    y[i - begin] = add ? y[i - begin] + x * mul : x * mul;
+  if constexpr (S == 1) {
+    for (; j < len; ++j) {
+      const float x = load<VecScalar, T>(t.data, begin + j);
+      bad_tail = bad_tail + x * 0.0f;
+      float y = x * mul;
+      if (dst) {
+        if (add) y = dst[j] + y;
+        dst[j] = y;
+      }
+      if (block_sums) sums[0].template add<VecScalar>(j, y);
+    }
   }
-  if (block_sum) *block_sum = block_sum_squares(y, end - begin);
+  if (block_sums)
+    for (int q = 0; q < S; ++q) block_sums[q] = sums[q].total();
   return V::any_nan(bad) || bad_tail != bad_tail;
+}
+
+// Blocks read side by side by transform_blocks.
+constexpr int kTransformStreams = 4;
+
+// The sum blocks of [begin, end) (begin on a block boundary): kTransformStreams
+// whole blocks at a time, then the rest one by one.
+template <class V, DType T>
+bool transform_blocks_dt(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
+                         bool add, double* block_sums) {
+  constexpr int S = kTransformStreams;
+  bool bad = false;
+  for (int64_t b = begin, k = 0; b < end;) {
+    float* const out = dst ? dst + (b - begin) : nullptr;
+    double* const sums = block_sums ? block_sums + k : nullptr;
+    if (end - b >= S * kSumBlock) {
+      bad |= transform_blocks_t<V, T, S>(t, b, b + S * kSumBlock, mul, out, add, sums);
+      b += S * kSumBlock;
+      k += S;
+    } else {
+      const int64_t e = std::min(end, b + kSumBlock);
+      bad |= transform_blocks_t<V, T, 1>(t, b, e, mul, out, add, sums);
+      b = e;
+      k += 1;
+    }
+  }
+  return bad;
 }
 
 // Whether x[begin, end) holds an Inf or NaN (x * 0 is NaN exactly then).
@@ -99,12 +138,12 @@ bool check_range(const TensorRef& t, int64_t begin, int64_t end) {
 }
 
 template <class V>
-bool transform_block(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
-                     bool add, double* block_sum) {
+bool transform_blocks(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
+                      bool add, double* block_sums) {
   switch (t.dtype) {
-    case DType::F32: return transform_block_t<V, DType::F32>(t, begin, end, mul, dst, add, block_sum);
-    case DType::F16: return transform_block_t<V, DType::F16>(t, begin, end, mul, dst, add, block_sum);
-    case DType::BF16: return transform_block_t<V, DType::BF16>(t, begin, end, mul, dst, add, block_sum);
+    case DType::F32: return transform_blocks_dt<V, DType::F32>(t, begin, end, mul, dst, add, block_sums);
+    case DType::F16: return transform_blocks_dt<V, DType::F16>(t, begin, end, mul, dst, add, block_sums);
+    case DType::BF16: return transform_blocks_dt<V, DType::BF16>(t, begin, end, mul, dst, add, block_sums);
   }
   return false;
 }

@@ -1,14 +1,14 @@
 // Work split of the elementwise CPU kernels (updates, the non-finite check):
 // the elements of all tensors, back to back, cut into one even range per
-// thread, whatever the sizes of the tensors, in one parallel region. Only
-// for work whose result does not depend on where ranges end (no sums:
-// those use BlockGrid's fixed blocks).
+// thread, whatever the sizes of the tensors. Only for work whose result
+// does not depend on where ranges end (no sums: those use BlockGrid's
+// fixed blocks).
 #pragma once
-#include <omp.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "kernels/cpu/thread_pool.hpp"
 
 namespace dsopt {
 
@@ -25,18 +25,18 @@ class ElementSplit {
   }
   int64_t total() const { return first_.back(); }
 
-  // Calls fn(tensor, begin, end, thread) for every piece of every tensor;
-  // thread is the OpenMP thread number (0 on the calling thread).
+  // Calls fn(tensor, begin, end, piece) for every part of every tensor
+  // within `threads` even pieces (piece < threads) of all elements, on the
+  // kernels' pool (thread_pool.hpp).
   template <class Fn>
   void run(int threads, Fn fn) const {
     const int64_t total = this->total();
-#pragma omp parallel num_threads(threads) if (total >= kParallelElems)
-    {
-      const int64_t r = omp_get_thread_num(), n = omp_get_num_threads();
-      // Boundaries on whole cache lines of fp32 values.
-      const auto bound = [&](int64_t j) { return j == n ? total : total / n * j / 16 * 16; };
+    const int64_t n = total >= kParallelElems ? std::max(1, threads) : 1;
+    // Boundaries on whole cache lines of fp32 values.
+    const auto bound = [&](int64_t j) { return j == n ? total : total / n * j / 16 * 16; };
+    parallel_for(int(n), n, [&](int64_t r) {
       pieces(bound(r), bound(r + 1), [&](size_t t, int64_t b, int64_t e) { fn(t, b, e, int(r)); });
-    }
+    });
   }
 
  private:

@@ -13,7 +13,7 @@ template <class V>
 CpuIsa make_isa() {
   return CpuIsa{V::name(),
                 &update_range<V>,
-                &transform_block<V>,
+                &transform_blocks<V>,
                 &check_range<V>,
                 &from_float_range<V>,
                 &car_worker_sumsq_block<V>,

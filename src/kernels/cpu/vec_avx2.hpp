@@ -47,6 +47,13 @@ struct VecAvx2 {
     const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
+  // acc[j] += double(x_j)^2 for the 8 lanes (the square is exact in double).
+  static void add_squares(double* acc, F x) {
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    _mm256_storeu_pd(acc, _mm256_fmadd_pd(lo, lo, _mm256_loadu_pd(acc)));
+    _mm256_storeu_pd(acc + 4, _mm256_fmadd_pd(hi, hi, _mm256_loadu_pd(acc + 4)));
+  }
   static bool any_nan(F x) { return _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0; }
   static uint32_t nonneg_mask(F x) {
     return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NLT_UQ)));

@@ -46,6 +46,13 @@ struct VecAvx512 {
     const __m512i r = _mm512_mask_blend_epi32(nan, rounded, quiet);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
+  // acc[j] += double(x_j)^2 for the 16 lanes (the square is exact in double).
+  static void add_squares(double* acc, F x) {
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    _mm512_storeu_pd(acc, _mm512_fmadd_pd(lo, lo, _mm512_loadu_pd(acc)));
+    _mm512_storeu_pd(acc + 8, _mm512_fmadd_pd(hi, hi, _mm512_loadu_pd(acc + 8)));
+  }
   static bool any_nan(F x) { return _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) != 0; }
   static uint32_t nonneg_mask(F x) { return _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLT_UQ); }
   static F select(uint32_t mask, F a, F b) { return _mm512_mask_blend_ps(__mmask16(mask), b, a); }

@@ -20,6 +20,8 @@ struct VecScalar : ScalarOps {
   static F load_bf16(const uint16_t* p) { return bf16_to_float(*p); }
   static void store_bf16(uint16_t* p, F x) { *p = float_to_bf16(x); }
   static bool any_nan(F x) { return x != x; }
+  // acc[0] += double(x)^2 (exact square, one rounding in the addition).
+  static void add_squares(double* acc, F x) { acc[0] += double(x) * double(x); }
   // Bit i set iff !(lane i < 0) (so +0, -0 and NaN count as non-negative).
   static uint32_t nonneg_mask(F x) { return (x < 0.0f) ? 0u : 1u; }
   // Lane i: a where bit i of mask is set, else b.
