@@ -1,0 +1,185 @@
+"""Memory per rank (``dsopt_memory_usage`` host bytes of a CPU optimizer,
+device bytes of a CUDA one) and its state part
+(``dsopt_state_memory_usage``), as the library allocates it in a run's
+steady state: after the first step, and for 1-bit Adam/LAMB once the
+compression stage has begun. The caller's parameters and gradients are not
+counted. Compressed ZeRO's accounting is `compressed_memory.py`."""
+
+from dataclasses import dataclass
+
+from .compressed_memory import aside_bytes, compressed_zero_memory
+from .layout import car_largest_piece, car_message_bytes, car_padded, zero_layout
+
+
+@dataclass(frozen=True)
+class Memory:
+    total: int      # dsopt_memory_usage
+    state: int      # dsopt_state_memory_usage: what the blob saves
+    warmup: int = None  # 1-bit Adam/LAMB before the compression stage
+
+    def __post_init__(self):
+        if self.warmup is None:
+            object.__setattr__(self, "warmup", self.total)
+
+
+def shard_real_elements(numel: int, world: int, rank: int, layout) -> int:
+    """Elements of rank `rank`'s shard that are parameters, not padding."""
+    real, start = 0, 0
+    for b in layout.buckets:
+        m = b // world
+        lo = start + rank * m
+        real += max(0, min(lo + m, numel) - lo)
+        start += b
+    return real
+
+
+def car_buffers(sizes, world: int, overlapping: bool) -> int:
+    """The compressed allreduce's working buffers: the signs sent and
+    received (P messages each) and the server's, plus, cut into pieces, the
+    largest piece's discard buffer."""
+    if world == 1:
+        return 0
+    msg = car_message_bytes(sizes, world)
+    pieces, largest = car_largest_piece(sizes, world, overlapping)
+    return (2 * world + 1) * msg + (largest * world if pieces > 1 else 0)
+
+
+def car_errors(sizes, world: int) -> int:
+    """Worker errors (4 n' bytes) and server errors (4 n'/P)."""
+    if world == 1:
+        return 0
+    padded = sum(car_padded(n, world) for n in sizes)
+    return 4 * padded + 4 * padded // world
+
+
+def zero_masters(model, world, rank, layout):
+    """fp32 masters of the shard's 16-bit elements."""
+    return 4 * shard_real_elements(model.numel, world, rank, layout) if model.half else 0
+
+
+def zero_memory(model, world: int, settings, rank: int) -> Memory:
+    """Uncompressed ZeRO-1/2 (docs/guides/zero.md "Memory per rank")."""
+    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
+    state = zero_masters(model, world, rank, lay) + 8 * lay.shard
+    if world == 1:
+        return Memory(state + 4 * lay.shard, state)
+    return Memory(state + 4 * lay.shard + zero_buffer(model, world, lay), state)
+
+
+def zero_buffer(model, world, lay) -> int:
+    """The one buffer: a reduce bucket in fp32, then every rank's allgather
+    chunk in the parameters' bytes."""
+    width = 2 if model.half else 4
+    return max(4 * lay.bucket, width * lay.chunk * (world + 1))
+
+
+KEPT_BUFFERS = 3  # ZeRO waits for a reduction rather than make a 4th bucket buffer
+
+
+def handover_buffers(sizes, layout, concurrent_comm: bool) -> int:
+    """How many bucket buffers ZeRO's gradient path holds when the
+    gradients are handed over during backward (in reverse parameter order)
+    with one micro-batch per step, as src/zero/gradient_reducer.cpp makes
+    them: a bucket gets a buffer when its first gradient arrives; a complete
+    bucket is reduced once every bucket after it has been (last to first),
+    and its buffer is free again when that reduction has finished. With
+    no free buffer a new one is made, unless three exist and a reduction
+    is in flight: then dsopt waits for the oldest. A communicator without
+    concurrent calls finishes each reduction inside the hand-over call; on
+    dsopt's thread (concurrent) how many are made depends on the timing,
+    and this returns the most: no reduction finishing before it is waited
+    for. The buffers are kept from step to step."""
+    bounds, start = [], 0
+    for b in layout.buckets:
+        bounds.append((start, start + b))
+        start += b
+    missing = [b for b in layout.buckets]
+    numel = sum(sizes)
+    # Padding past the last parameter needs no gradient.
+    missing[-1] -= layout.padded - numel
+    pool, free, assigned, in_flight = 0, [], {}, []
+    next_reduce = len(layout.buckets) - 1
+    end = numel
+    for n in reversed(sizes):
+        lo, hi = end - n, end
+        end = lo
+        for k, (b0, b1) in enumerate(bounds):
+            if b1 <= lo or b0 >= hi:
+                continue
+            if k not in assigned:
+                if not concurrent_comm:
+                    free += in_flight
+                    in_flight = []
+                if not free and pool >= KEPT_BUFFERS and in_flight:
+                    free.append(in_flight.pop(0))
+                if not free:
+                    free.append(pool)
+                    pool += 1
+                assigned[k] = free.pop()
+            missing[k] -= min(b1, hi) - max(b0, lo)
+        while next_reduce >= 0 and missing[next_reduce] == 0 and next_reduce in assigned:
+            in_flight.append(assigned.pop(next_reduce))
+            next_reduce -= 1
+    return pool
+
+
+def overlap_buffers(config, model, world: int, settings, concurrent_comm: bool) -> int:
+    """Bytes of the bucket buffers that handing gradients over adds to
+    ZeRO's one buffer (`handover_buffers` in all, the first being that
+    buffer): each holds a bucket in fp32 (4 B), or codes received aside."""
+    if not config.overlap or not config.zero or world == 1:
+        return 0
+    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
+    buffer = 4 * lay.bucket
+    if config.kind == "czero" and config.gradients != "none":
+        buffer = max(buffer, aside_bytes(config.gradients, settings.gradient_block_size, world, lay))
+    return (handover_buffers(model.sizes, lay, concurrent_comm) - 1) * buffer
+
+
+def memory(config, model, world: int, settings, rank: int = None, overlapping_comm: bool = True,
+           concurrent_comm: bool = True) -> Memory:
+    """Memory of `rank` (default: the rank that holds most). `overlapping_comm`:
+    the communicator overlaps transfers (MPI on host buffers), so the 1-bit
+    compressed allreduce is cut into pieces; `concurrent_comm`: it may be
+    called from dsopt's thread (overlap's buffers, `overlap_buffers`)."""
+    if rank is None:
+        return max((memory(config, model, world, settings, r, overlapping_comm, concurrent_comm) for r in range(world)),
+                   key=lambda m: m.total) if config.zero and world > 1 else \
+            memory(config, model, world, settings, 0, overlapping_comm, concurrent_comm)
+    n = model.numel
+    masters = 4 * n if model.half else 0
+    averaged = 4 * (n + 1) if world > 1 else 0
+    if config.kind == "adamw":
+        # Handed-over gradients are packed into the averaged gradient's
+        # buffer, which one rank holds then too.
+        state = masters + 8 * n
+        return Memory(state + (4 * (n + 1) if config.overlap else averaged), state)
+    if config.kind in ("zero1", "zero2"):
+        m = zero_memory(model, world, settings, rank)
+    elif config.kind == "czero":
+        m = compressed_zero_memory(config, model, world, settings, rank)
+    elif config.kind == "onebit_adam":
+        state = masters + 8 * n
+        comp = car_errors(model.sizes, world)
+        m = Memory(state + comp + averaged + car_buffers(model.sizes, world, overlapping_comm), state + comp,
+                   state + averaged)
+    elif config.kind == "onebit_lamb":
+        # m over the fused, padded buffer; v, the fresh variance, u, the
+        # auxiliary and ratio buffers over n (the state: m, v and fresh v;
+        # m's padding tail joins it in the compression stage).
+        padded = car_padded(n, world) if world > 1 else n
+        fused = [padded]
+        held = masters + 4 * padded + 20 * n + averaged
+        state = masters + 12 * n
+        comp = car_errors(fused, world) + (4 * (padded - n) if world > 1 else 0)
+        m = Memory(held + car_errors(fused, world) + car_buffers(fused, world, overlapping_comm),
+                   state + comp, held)
+    elif config.kind == "zoadam":
+        # m, v, the accumulator and the last sync's parameters; the
+        # compressed allreduce exists from creation.
+        state = masters + 16 * n + car_errors(model.sizes, world)
+        m = Memory(state + averaged + car_buffers(model.sizes, world, overlapping_comm), state)
+    else:
+        raise ValueError(f"unknown configuration kind {config.kind!r}")
+    extra = overlap_buffers(config, model, world, settings, concurrent_comm)
+    return Memory(m.total + extra, m.state, m.warmup + extra)

@@ -1,0 +1,66 @@
+"""The model as the planner sees it: the element count of each parameter
+tensor, in order, and their dtype ("fp32", "bf16" or "fp16"; one for all)."""
+
+from dataclasses import dataclass
+
+from .units import parse_count
+
+DTYPES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Model:
+    sizes: tuple
+    dtype: str = "fp32"
+
+    def __post_init__(self):
+        if not self.sizes:
+            raise ValueError("model: at least one tensor is needed")
+        for n in self.sizes:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"model: tensor sizes must be positive integers, got {n!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model: dtype must be one of fp32, bf16, fp16, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", {"float32": "fp32", "bfloat16": "bf16",
+                                           "float16": "fp16"}.get(self.dtype, self.dtype))
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def half(self) -> bool:
+        """16-bit parameters (fp32 masters under ZeRO, 2-byte allgather)."""
+        return DTYPES[self.dtype] == 2
+
+    @property
+    def tensors(self) -> int:
+        return len(self.sizes)
+
+    @classmethod
+    def from_params(cls, count, dtype="fp32", tensors=1) -> "Model":
+        """``count`` parameters cut into ``tensors`` tensors of nearly equal
+        size (the tensor count changes only the 1-bit family's 8 bytes of
+        scales per tensor and rank, and the padding)."""
+        n = parse_count(count, "parameter count")
+        t = parse_count(tensors, "tensor count")
+        if t > n:
+            raise ValueError(f"model: {t} tensors cannot hold {n} parameters")
+        base, extra = divmod(n, t)
+        return cls(tuple(base + (1 if i < extra else 0) for i in range(t)), dtype)
+
+    @classmethod
+    def from_sizes(cls, sizes, dtype="fp32") -> "Model":
+        return cls(tuple(int(s) for s in sizes), dtype)
+
+    @classmethod
+    def from_torch(cls, module, dtype=None) -> "Model":
+        """The trainable parameters of a torch module, in ``parameters()``
+        order (torch is imported by the caller, not here)."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("model: the module has no trainable parameters")
+        if dtype is None:
+            names = {str(p.dtype).replace("torch.", "") for p in params}
+            dtype = names.pop() if len(names) == 1 else "fp32"
+        return cls(tuple(int(p.numel()) for p in params), dtype)

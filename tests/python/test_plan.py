@@ -1,0 +1,133 @@
+"""dsopt.plan, the planner: its bytes per rank per step and memory per rank
+equal the library's for every configuration at 1-4 ranks (mpi_plan.py
+under mpirun), its formulas give the guides' measured figures, bad input is
+a clear error, and the command prints its table from a saved profile in
+under a second."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import conftest
+from dsopt.plan import bytes as pbytes
+from dsopt.plan.configs import Config, Settings
+from dsopt.plan.memory import memory
+from dsopt.plan.model import Model
+from dsopt.plan.units import parse_bandwidth, parse_count, parse_time
+
+WORKER = conftest.HERE / "mpi_plan.py"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_bytes_and_memory_equal_the_library(world, tmp_path):
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found (apt-get install openmpi-bin)")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", DSOPT_TEST_RESULTS=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(conftest.BINDING_DIR), str(conftest.HERE)]))
+    proc = subprocess.run([shutil.which("mpirun"), "-np", str(world), "--oversubscribe", sys.executable,
+                           str(WORKER)], env=env, capture_output=True, text=True, timeout=600)
+    for r in range(world):
+        path = tmp_path / f"rank{r}.json"
+        assert path.exists(), f"rank {r} wrote no result (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"
+        result = json.loads(path.read_text())
+        assert result["checks"] > 2000
+        assert not result["mismatches"], "\n".join(result["mismatches"][:30])
+
+
+# ---- the guides' measured figures ---------------------------------------
+
+BIG = Settings(reduce_bucket_size=4194304, allgather_bucket_size=4194304)
+
+
+@pytest.mark.parametrize("dtype,gradients,parameters,want", [
+    ("fp32", "none", "none", 25_165_872), ("bf16", "none", "none", 18_874_416),
+    ("fp32", "int8", "int8", 6_537_264), ("fp32", "int4", "int8", 4_964_400),
+    ("bf16", "int4", "none", 8_060_976), ("fp32", "sign", "int8", 3_784_752),
+    ("fp32", "none", "bf16", 18_874_416), ("bf16", "sign", "bf16", 6_881_328),
+])
+def test_compressed_zero_bytes_of_the_guide(dtype, gradients, parameters, want):
+    # docs/guides/compressed-zero.md "Bytes per step per rank": Psi = 2^22 at 4 ranks.
+    model = Model.from_params(4_194_304, dtype, tensors=36)
+    kind = "zero2" if (gradients, parameters) == ("none", "none") else "czero"
+    got = pbytes.step_bytes(Config(kind, gradients, parameters), model, 4, BIG).steady
+    assert got == want
+
+
+def test_zero_and_adamw_bytes_of_the_guide():
+    # docs/guides/zero.md: Psi = 2^24 at 4 ranks.
+    for dtype, kind, want in (("fp32", "adamw", 100_663_326), ("fp32", "zero2", 100_663_344),
+                              ("bf16", "zero2", 75_497_520)):
+        model = Model.from_params(2 ** 24, dtype, tensors=36)
+        assert pbytes.step_bytes(Config(kind), model, 4, BIG).steady == want
+
+
+def test_zero_memory_of_the_guide():
+    # docs/guides/zero.md "Measured": bf16, Psi = 2^26 at 4 ranks, 272.0 MiB; stage 0 1024 MiB.
+    model = Model.from_params(2 ** 26, "bf16", tensors=36)
+    assert memory(Config("zero2"), model, 4, BIG).total == 272 * 2 ** 20
+    assert memory(Config("adamw"), model, 4, BIG).total == 1024 * 2 ** 20 + 4
+
+
+def test_onebit_adam_bytes_of_a_run():
+    # 1-bit Adam on tensors of 1001, 437 and 2 elements at 2 ranks
+    # (info.bytes_sent after the first three steps): the handshake, the
+    # control allreduce, 1472 padded signs / 8 and 8 bytes of scales per tensor.
+    sb = pbytes.step_bytes(Config("onebit_adam"), Model((1001, 437, 2)), 2, Settings())
+    assert (sb.warmup, sb.compressed) == (5780, 240)
+
+
+# ---- schedules -------------------------------------------------------------
+
+def test_zero_one_adam_schedule():
+    s = Settings(var_freeze_step=4, var_update_scaler=2, local_step_scaler=2, local_step_clipper=4)
+    # Update u has k = u + 1: full when k % var_interval == 0 (interval 1 for
+    # two full steps, then 2), frozen after k > 4; then local steps, synced
+    # when k % local_interval == 0 (1 for two steps, then 2, then 4).
+    assert pbytes.zoadam_phases(s, 10) == ["full", "full", "full", "1bit", "sync", "sync", "sync", "local",
+                                           "local", "local"]
+
+
+def test_onebit_average_counts_warmup_and_compressed_steps():
+    s = Settings(steps=1000, freeze_step=200)
+    model = Model.from_params(10 ** 6)
+    sb = pbytes.step_bytes(Config("onebit_adam"), model, 4, s)
+    total = pbytes.run_bytes(Config("onebit_adam"), model, 4, s)
+    assert total == 199 * sb.warmup + 801 * sb.compressed + 3 * pbytes.check_bytes(4)
+
+
+# ---- bad input -------------------------------------------------------------
+
+@pytest.mark.parametrize("text,value", [("25gbit", 25e9 / 8), ("400Gbps", 50e9), ("12.5GB/s", 12.5e9),
+                                        ("1 Gbit/s", 1.25e8), ("900GiB/s", 900 * 2 ** 30)])
+def test_bandwidth_units(text, value):
+    assert parse_bandwidth(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["25 furlongs", "fast", "-3gbit", "0gbit", ""])
+def test_bad_bandwidth_is_a_clear_error(text):
+    with pytest.raises(ValueError, match="bandwidth"):
+        parse_bandwidth(text)
+
+
+def test_counts_and_times():
+    assert parse_count("1.3e9") == 1_300_000_000 and parse_count("7B") == 7 * 10 ** 9
+    assert parse_count("125M") == 125 * 10 ** 6
+    assert parse_time("5us") == pytest.approx(5e-6) and parse_time("1.5ms") == pytest.approx(1.5e-3)
+    for bad in ("-4", "0", "many"):
+        with pytest.raises(ValueError, match="ranks"):
+            parse_count(bad, "ranks")
+    with pytest.raises(ValueError, match="latency"):
+        parse_time("3 parsecs", "latency")
+
+
+def test_bad_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="dtype"):
+        Model((10,), "int3")
+    with pytest.raises(ValueError, match="positive"):
+        Model((10, 0))
