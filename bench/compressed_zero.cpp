@@ -22,10 +22,14 @@
 // R(m) = ceil(m / block) (4 + block b / 8), b the codec's bits, block
 // --block for gradients, --param-block for parameters), its ratio
 // to uncompressed ZeRO-2, and dsopt_memory_usage (checked against the
-// formula of the guide's "Memory": uncompressed ZeRO-2's allocation plus
-// 2 N R(largest piece) and, with feedback, 8 n' for a gradient codec;
-// masters of all S shard elements and (N + 1) C(L) + 4 L for a parameter
-// codec, C(L) = 2 L for bf16, R(L) for int8).
+// formula of the guide's "Memory": uncompressed ZeRO-2's allocation, its
+// one buffer max(4 B, N R(m) of pieces encoded aside, the allgather's
+// part), plus max(R(largest piece), N R(m) aside) and, with feedback,
+// twice the int8 runs R8 of every bucket's pieces for a gradient codec; masters of
+// all S shard elements for a parameter codec, whose part of the buffer is
+// (N + 1) C(L) + 4 L, C(L) = 2 L for bf16, R(L) for int8, against w L (N + 1)
+// without one), and the rank's total with the caller's parameters and
+// gradients.
 //
 // Part 2, step time (--numel Psi; 0 leaves it out), for fp32 and bf16
 // parameters: uncompressed ZeRO-2 and each pair of --time-pairs
@@ -129,12 +133,22 @@ double memory_formula(const Layout& L, int P, bool half, const Pair& p, int64_t 
                       int64_t param_block) {
   Expected e = expected_zero(L, P, g_rank, half, false, 0);
   if (P > 1 && p.grads != "none") {
-    e.lamb += 2.0 * P * double(run_bytes(p.grads, block, L.largest_bucket / P));  // the wire buffer
-    e.lamb += 8.0 * double(L.padded);  // the residual and its pending copy
+    // Pieces with R(m) > 2 m are encoded aside (N R(m)) and received into
+    // the buffer; the others in their bucket's buffer, piece 0 aside (R(m)).
+    double aside = 0.0, residual = 0.0;  // residual: int8 runs of every bucket's pieces
+    for (int64_t start = 0; start < L.padded; start += L.bucket) {
+      const int64_t piece = std::min(L.bucket, L.padded - start) / P;
+      if (run_bytes(p.grads, block, piece) > uint64_t(2 * piece))
+        aside = std::max(aside, double(P) * double(run_bytes(p.grads, block, piece)));
+      residual += double(P) * double(run_bytes("int8", block, piece));
+    }
+    e.reduce_buf = std::max(e.reduce_buf, aside);
+    e.lamb += std::max(double(run_bytes(p.grads, block, L.largest_bucket / P)), aside);
+    e.lamb += 2.0 * residual;  // the residual and its pending copy
   }
   if (P > 1 && p.params != "none") {
     e.masters = 4.0 * double(L.shard);
-    e.lamb += double(P + 1) * double(chunk_bytes(p.params, param_block, L.ag_len, 0)) + 4.0 * double(L.ag_len);
+    e.ag_buf = double(P + 1) * double(chunk_bytes(p.params, param_block, L.ag_len, 0)) + 4.0 * double(L.ag_len);
   }
   return e.total();
 }
@@ -156,8 +170,8 @@ void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
                 " blocks %lld (gradients) and %lld (parameters) ==\n", half ? "bf16" : "fp32",
                 static_cast<long long>(n), o.tensors, P, static_cast<long long>(o.block),
                 static_cast<long long>(o.param_block));
-    std::printf("%-6s %-6s %13s %9s %11s %9s\n", "grads", "params", "bytes/step", "x fewer",
-                "dsopt MiB", "x ZeRO-2");
+    std::printf("%-6s %-6s %13s %9s %11s %9s %10s %9s\n", "grads", "params", "bytes/step", "x fewer",
+                "dsopt MiB", "x ZeRO-2", "rank MiB", "x ZeRO-2");
   }
   uint64_t plain_bytes = 0;
   double plain_mem = 0.0;
@@ -185,11 +199,14 @@ void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
         plain_bytes = info.bytes_sent;
         plain_mem = double(mem);
       }
+      // The rank's total: the caller's parameters and gradients besides dsopt's.
+      const double caller = 2.0 * double(p.size());
       if (g_rank == 0)
-        std::printf("%-6s %-6s %13llu %9.2f %11.1f %9.2f\n", gc, wc,
+        std::printf("%-6s %-6s %13llu %9.2f %11.1f %9.2f %10.1f %9.2f\n", gc, wc,
                     static_cast<unsigned long long>(info.bytes_sent),
                     double(plain_bytes) / double(info.bytes_sent), double(mem) / kMiB,
-                    double(mem) / plain_mem);
+                    double(mem) / plain_mem, (caller + double(mem)) / kMiB,
+                    (caller + double(mem)) / (caller + plain_mem));
     }
   }
   if (g_rank == 0) {

@@ -13,17 +13,20 @@ namespace {
 
 constexpr int kCodecThreads = 128;
 
-__global__ void encode_kernel(BlockCodec c, int64_t block, const float* g, const float* e_in,
-                              float e_mul, float* err_out, int64_t n, int64_t per_run,
+__global__ void encode_kernel(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in,
+                              float e_mul, uint8_t* e_out, int64_t n, int64_t per_run,
                               int64_t total, uint8_t* out) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= total) return;
   const int64_t j = b / per_run, k = b % per_run;
   const int64_t first = j * n + k * block;
   const int64_t len = n - k * block < block ? n - k * block : block;
-  encode_block(c, block, g + first, e_in ? e_in + first : nullptr, e_mul, len,
+  // The residual's int8 record of this block.
+  const int64_t e_at = j * codec_run_bytes(BlockCodec::Int8, block, n) +
+                       k * codec_record_bytes(BlockCodec::Int8, block);
+  encode_block(c, block, g + first, e_in ? e_in + e_at : nullptr, e_mul, len,
                out + j * codec_run_bytes(c, block, n) + k * codec_record_bytes(c, block),
-               err_out ? err_out + first : nullptr);
+               e_out ? e_out + e_at : nullptr);
 }
 
 // One thread per element: the sum over runs in run order.
@@ -44,12 +47,12 @@ unsigned grid(int64_t items) { return unsigned((items + kCodecThreads - 1) / kCo
 }  // namespace
 
 void launch_codec_encode(cudaStream_t stream, BlockCodec c, int64_t block, const float* g,
-                         const float* e_in, float e_mul, float* err_out, int64_t n, int runs,
+                         const uint8_t* e_in, float e_mul, uint8_t* e_out, int64_t n, int runs,
                          uint8_t* out) {
   const int64_t per_run = (n + block - 1) / block;
   const int64_t total = per_run * runs;
   if (total <= 0) return;
-  encode_kernel<<<grid(total), kCodecThreads, 0, stream>>>(c, block, g, e_in, e_mul, err_out, n,
+  encode_kernel<<<grid(total), kCodecThreads, 0, stream>>>(c, block, g, e_in, e_mul, e_out, n,
                                                             per_run, total, out);
   DSOPT_CUDA_CHECK(cudaGetLastError());
 }

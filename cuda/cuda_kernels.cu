@@ -221,10 +221,10 @@ class CudaKernels final : public Kernels {
     cuda::launch_from_float(stream_, src, dst, dtype, n);
   }
 
-  void codec_encode(BlockCodec c, int64_t block, const float* g, const float* e_in, float e_mul,
-                    float* err_out, int64_t n, int runs, uint8_t* out) override {
+  void codec_encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in, float e_mul,
+                    uint8_t* e_out, int64_t n, int runs, uint8_t* out) override {
     DeviceGuard guard(device_);
-    cuda::launch_codec_encode(stream_, c, block, g, e_in, e_mul, err_out, n, runs, out);
+    cuda::launch_codec_encode(stream_, c, block, g, e_in, e_mul, e_out, n, runs, out);
   }
 
   void codec_decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_t n,

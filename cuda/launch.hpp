@@ -39,7 +39,7 @@ void launch_transform(cudaStream_t stream, const TensorRef* src, int64_t count, 
 
 // The block codecs (Kernels::codec_encode, Kernels::codec_decode_sum).
 void launch_codec_encode(cudaStream_t stream, BlockCodec c, int64_t block, const float* g,
-                         const float* e_in, float e_mul, float* err_out, int64_t n, int runs,
+                         const uint8_t* e_in, float e_mul, uint8_t* e_out, int64_t n, int runs,
                          uint8_t* out);
 void launch_codec_decode_sum(cudaStream_t stream, BlockCodec c, int64_t block, const uint8_t* in,
                              int runs, int64_t n, float* dst);

@@ -205,11 +205,12 @@ class Kernels {
 
   // ---- block codecs of compressed ZeRO (math/block_codec.hpp) ---------------------
   // Encodes `runs` runs of n elements each: run j is g[j*n, (j+1)*n) (plus
-  // e_in there times e_mul when e_in is non-null), written to out + j *
-  // codec_run_bytes(c, block, n); with err_out (may equal e_in) the
-  // residuals x - x' go there.
-  virtual void codec_encode(BlockCodec c, int64_t block, const float* g, const float* e_in,
-                            float e_mul, float* err_out, int64_t n, int runs, uint8_t* out) = 0;
+  // the residual e_in there times e_mul when e_in is non-null), written to
+  // out + j * codec_run_bytes(c, block, n). Residuals are int8 runs of the
+  // same blocks (run j at j * codec_run_bytes(BlockCodec::Int8, block, n));
+  // with e_out (may equal e_in) the residuals of x - x' go there.
+  virtual void codec_encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in,
+                            float e_mul, uint8_t* e_out, int64_t n, int runs, uint8_t* out) = 0;
   // dst[i] = the sum over runs j = 0..runs-1, in that order, of the decoded
   // element i of the run at in + j * codec_run_bytes(c, block, n).
   virtual void codec_decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs,

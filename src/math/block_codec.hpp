@@ -14,9 +14,13 @@
 // amax is the largest |x| of the block; s = 0 encodes every q as 0. A block
 // holding Inf or NaN is stored with s = NaN and q = 0, so every decoded
 // value of it is NaN: the receiver sees the non-finite gradient too.
-// rint rounds half to even. With error feedback the encoded value is
-// x = fl(g + fl(e * e_mul)) (e_mul: a power of two, 1 when the loss scale
-// has not changed since e was made) and the residual becomes fl(x - x').
+// rint rounds half to even.
+//
+// Error feedback: the residual e of a run is itself an int8 run of the same
+// blocks (its records: scale, then one level per element). The encoded
+// value is x = fl(g + fl(e e_mul)) (e = fl(q s) decoded; e_mul a power of
+// two, 1 when the loss scale has not changed since e was made), and the new
+// residual is the int8 encoding of fl(x - x').
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -46,10 +50,6 @@ DSOPT_HD int64_t codec_run_bytes(BlockCodec c, int64_t block, int64_t n) {
 // Every product and sum below is one rounding, never fused (ScalarOps).
 using CodecOps = ScalarOps;
 
-DSOPT_HD float codec_input(const float* g, const float* e, float e_mul, int64_t i) {
-  return e ? CodecOps::add(g[i], CodecOps::mul(e[i], e_mul)) : g[i];
-}
-
 DSOPT_HD float quiet_nan() {
   const uint32_t bits = 0x7fc00000u;
   float s;
@@ -57,12 +57,39 @@ DSOPT_HD float quiet_nan() {
   return s;
 }
 
-DSOPT_HD float codec_scale(BlockCodec c, const float* g, const float* e, float e_mul, int64_t len) {
+DSOPT_HD float record_scale(const uint8_t* rec) {
+  float s;
+  std::memcpy(&s, rec, 4);
+  return s;
+}
+
+// The values a block is encoded from, element by element: x(i).
+struct PlainValues {
+  const float* g;
+  DSOPT_HD float operator()(int64_t i) const { return g[i]; }
+};
+// With error feedback: x = fl(g + fl(e e_mul)), e = fl(q s_e) the residual
+// (an int8 record: its scale s_e, read once, and its levels q).
+struct FeedbackValues {
+  const float* g;
+  const uint8_t* e_levels;
+  float e_scale, e_mul;
+  DSOPT_HD float operator()(int64_t i) const {
+    const float e = CodecOps::mul(float(int8_t(e_levels[i])), e_scale);
+    return CodecOps::add(g[i], CodecOps::mul(e, e_mul));
+  }
+};
+DSOPT_HD FeedbackValues feedback_values(const float* g, const uint8_t* e_rec, float e_mul) {
+  return FeedbackValues{g, e_rec + 4, record_scale(e_rec), e_mul};
+}
+
+template <class X>
+DSOPT_HD float codec_scale(BlockCodec c, const X& x, int64_t len) {
   int finite = 1;
   if (c == BlockCodec::Sign) {
     double sum = 0.0;
     for (int64_t i = 0; i < len; ++i) {
-      const float a = std::fabs(codec_input(g, e, e_mul, i));
+      const float a = std::fabs(x(i));
       finite &= int(a <= 3.402823466e38f);
       sum += double(a);
     }
@@ -71,7 +98,7 @@ DSOPT_HD float codec_scale(BlockCodec c, const float* g, const float* e, float e
   }
   float amax = 0.0f;
   for (int64_t i = 0; i < len; ++i) {
-    const float a = std::fabs(codec_input(g, e, e_mul, i));
+    const float a = std::fabs(x(i));
     finite &= int(a <= 3.402823466e38f);
     amax = a > amax ? a : amax;
   }
@@ -101,11 +128,12 @@ DSOPT_HD int codec_level(float x, float s, float limit) {
   return int(q);
 }
 
-// One block: len (<= block) values g (+ e e_mul) into `rec`; err (may
-// alias e) receives x - x' when non-null.
-DSOPT_HD void encode_block(BlockCodec c, int64_t block, const float* g, const float* e, float e_mul,
-                           int64_t len, uint8_t* rec, float* err) {
-  const float s = codec_scale(c, g, e, e_mul, len);
+// One block: the len (<= block) values x(0..len) into the record `rec`.
+// Reads x twice (the scale, then the levels) and writes rec only after
+// the first pass.
+template <class X>
+DSOPT_HD void encode_values(BlockCodec c, int64_t block, const X& x, int64_t len, uint8_t* rec) {
+  const float s = codec_scale(c, x, len);
   std::memcpy(rec, &s, 4);
   uint8_t* payload = rec + 4;
   const int64_t payload_bytes = block * codec_bits(c) / 8;
@@ -113,13 +141,7 @@ DSOPT_HD void encode_block(BlockCodec c, int64_t block, const float* g, const fl
   if (c == BlockCodec::Sign) {
     for (int64_t b = 0; b * 8 < len; ++b) {
       unsigned bits = 0;
-      for (int64_t j = 0; j < 8 && b * 8 + j < len; ++j) {
-        const int64_t i = b * 8 + j;
-        const float x = codec_input(g, e, e_mul, i);
-        const bool negative = x < 0.0f;
-        bits |= unsigned(negative) << j;
-        if (err) err[i] = CodecOps::add(x, negative ? s : -s);
-      }
+      for (int64_t j = 0; j < 8 && b * 8 + j < len; ++j) bits |= unsigned(x(b * 8 + j) < 0.0f) << j;
       payload[b] = uint8_t(bits);
       written = b + 1;
     }
@@ -128,24 +150,12 @@ DSOPT_HD void encode_block(BlockCodec c, int64_t block, const float* g, const fl
     const bool usable = s > 0.0f && s <= 3.402823466e38f;
     const float limit = c == BlockCodec::Int8 ? 127.0f : 7.0f;
     if (c == BlockCodec::Int8) {
-      for (int64_t i = 0; i < len; ++i) {
-        const float x = codec_input(g, e, e_mul, i);
-        const int q = usable ? codec_level(x, s, limit) : 0;
-        payload[i] = uint8_t(int8_t(q));
-        if (err) err[i] = CodecOps::add(x, -CodecOps::mul(float(q), s));
-      }
+      for (int64_t i = 0; i < len; ++i) payload[i] = uint8_t(int8_t(usable ? codec_level(x(i), s, limit) : 0));
       written = len;
     } else {
       for (int64_t i = 0; i < len; i += 2) {
-        const float x0 = codec_input(g, e, e_mul, i);
-        const int q0 = usable ? codec_level(x0, s, limit) : 0;
-        int q1 = 0;
-        if (i + 1 < len) {
-          const float x1 = codec_input(g, e, e_mul, i + 1);
-          q1 = usable ? codec_level(x1, s, limit) : 0;
-          if (err) err[i + 1] = CodecOps::add(x1, -CodecOps::mul(float(q1), s));
-        }
-        if (err) err[i] = CodecOps::add(x0, -CodecOps::mul(float(q0), s));
+        const int q0 = usable ? codec_level(x(i), s, limit) : 0;
+        const int q1 = usable && i + 1 < len ? codec_level(x(i + 1), s, limit) : 0;
         payload[i / 2] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
       }
       written = (len + 1) / 2;
@@ -171,6 +181,38 @@ DSOPT_HD float decode_element(BlockCodec c, const uint8_t* rec, int64_t i) {
   float s;
   std::memcpy(&s, rec, 4);
   return decode_code(c, codec_code(c, rec + 4, i), s);
+}
+
+// What encoding x into `rec` lost: fl(x(i) - x'(i)).
+template <class X>
+struct LostValues {
+  X x;
+  BlockCodec c;
+  const uint8_t* rec;
+  float s;
+  DSOPT_HD float operator()(int64_t i) const {
+    return CodecOps::add(x(i), -decode_code(c, codec_code(c, rec + 4, i), s));
+  }
+};
+
+// One block of x into `rec`; with e_out, the residual's int8 record of
+// what it lost (e_out may be the record x reads its residual from: each
+// of its elements is read before it is written).
+template <class X>
+DSOPT_HD void encode_block(BlockCodec c, int64_t block, const X& x, int64_t len, uint8_t* rec,
+                           uint8_t* e_out) {
+  encode_values(c, block, x, len, rec);
+  if (e_out)
+    encode_values(BlockCodec::Int8, block, LostValues<X>{x, c, rec, record_scale(rec)}, len, e_out);
+}
+
+// The same from g and, when e_rec is non-null, its residual record.
+DSOPT_HD void encode_block(BlockCodec c, int64_t block, const float* g, const uint8_t* e_rec,
+                           float e_mul, int64_t len, uint8_t* rec, uint8_t* e_out) {
+  if (e_rec)
+    encode_block(c, block, feedback_values(g, e_rec, e_mul), len, rec, e_out);
+  else
+    encode_block(c, block, PlainValues{g}, len, rec, e_out);
 }
 
 // The len decoded values of a block's record into dst (add: dst += them,

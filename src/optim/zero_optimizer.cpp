@@ -41,6 +41,11 @@ ShardRun shard_run(const StateLayout& state, int64_t param, int64_t bucket_elems
   return runs.empty() ? ShardRun{} : ShardRun{true, runs[0]};
 }
 
+// Whether blob r holds its residual as int8 runs (else as fp32 values).
+bool int8_residual(const BlobReader& r) {
+  return StateSchema::saved_flag(r, kZeroFeedbackInt8Section, "residual format");
+}
+
 std::vector<int64_t> numels(const ParamSet& params) {
   std::vector<int64_t> n;
   for (const Param& p : params.params()) n.push_back(p.numel);
@@ -60,9 +65,12 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
       masters_(state_kernels(), size_t(state_.master_numel) * 4),
       moments_(layout_.shard_numel(), state_kernels(), moments_prefix(rule_)),
       scratch_(this->kernels(),
-               std::max(GradientReducer::scratch_bytes(layout_),
+               std::max(GradientReducer::scratch_bytes(layout_, cfg.zero.compression),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
-                                                     this->params()))),
+                                                     this->params(),
+                                                     compressed_params_ ? cfg.zero.compression.parameters
+                                                                        : ParamCodec::None,
+                                                     cfg.zero.compression.parameter_block))),
       reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, cfg.zero.compression, comm,
                this->kernels(), mem(), this->params(), pipeline().agreement(), runner(),
                scratch_.get()),
@@ -188,8 +196,20 @@ void ZeroOptimizer::describe_state(StateSchema& s) {
                                "it with dsopt_state_load_shards, which starts the residuals at "
                                "zero (nothing was changed)");
      })
+        .flag(kZeroFeedbackInt8Section, "residual format", [] { return true; }, [](bool) {})
         .array(kZeroFeedbackSection, kernels(), [this] { return reducer_.residual(); },
-               uint64_t(layout_.padded_numel()) * 4)
+               [this](const BlobReader* r) {
+                 return r && !int8_residual(*r)
+                            ? uint64_t(layout_.padded_numel()) * 4
+                            : uint64_t(GradientReducer::residual_bytes(
+                                  layout_, config().zero.compression.gradient_block));
+               },
+               [](const BlobReader& r) { return int8_residual(r); })
+        .then([this](const BlobReader& r) {  // an fp32 residual: its int8 encoding
+          if (int8_residual(r)) return;
+          const uint64_t bytes = uint64_t(layout_.padded_numel()) * 4;
+          reducer_.load_fp32_residual(reinterpret_cast<const float*>(r.section(kZeroFeedbackSection, bytes)));
+        })
         .record(kZeroFeedbackScaleSection, 8,
                 [this](FieldWriter& f) { f.add(reducer_.residual_scale()); },
                 [](FieldReader& f) {

@@ -51,16 +51,13 @@ StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, 
   return *this;
 }
 
-namespace {
-// The saved choice (false when the blob has no such section).
-bool saved_flag(const BlobReader& r, const std::string& name, const char* what) {
+bool StateSchema::saved_flag(const BlobReader& r, const std::string& name, const char* what) {
   if (!r.has(name)) return false;
   FieldReader f(r.section(name, 4), 4);
   const int32_t flag = f.get<int32_t>();
   if (flag != 0 && flag != 1) fail(DSOPT_ECORRUPT, std::string("state blob: invalid ") + what + " in " + name);
   return flag == 1;
 }
-}  // namespace
 
 StateSchema& StateSchema::flag(std::string name, const char* what, std::function<bool()> get,
                                std::function<void(bool)> set) {

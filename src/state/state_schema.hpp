@@ -44,6 +44,9 @@ class StateSchema {
   // were written by the old rule (false). `what` names it in messages.
   StateSchema& flag(std::string name, const char* what, std::function<bool()> get,
                     std::function<void(bool)> set);
+  // The choice blob r saved in flag `name` (false without the section);
+  // throws Error(DSOPT_ECORRUPT) when it is neither 0 nor 1.
+  static bool saved_flag(const BlobReader& r, const std::string& name, const char* what);
 
   // Parameter i's part of an array as a state view shows it: `numel` floats
   // at `data`, element `offset` of the parameter on; found false when the

@@ -25,6 +25,9 @@ constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kStageMastersSection = "common.masters";
 constexpr const char* kZeroFeedbackSection = "zero.feedback";  // a rank's gradient residual
+// 1: zero.feedback holds int8 runs (GradientReducer::residual_bytes); blobs
+// without it hold n' fp32 values.
+constexpr const char* kZeroFeedbackInt8Section = "zero.feedback_int8";
 constexpr const char* kZeroFeedbackScaleSection = "zero.feedback_scale";  // the loss scale it is in
 constexpr uint64_t kZeroLayoutBytes = 4 + 4 + 4 + 8 + 8 + 8;
 

@@ -12,48 +12,97 @@ GradientReducer::GradientReducer(const ShardLayout& layout, int stage, bool redu
                                  CommRunner& runner, void* scratch)
     : GradientHandover(kernels), layout_(layout), stage_(stage), reduce_scatter_(reduce_scatter),
       comm_(comm), mem_(mem), params_(params), agreement_(agreement), runner_(runner),
-      scratch_(scratch) {
+      scratch_(scratch), buffer_bytes_(scratch_bytes(layout, compression)) {
   shard_ = DeviceBuffer(kernels_, size_t(layout_.shard_numel()) * 4);
   const int world = layout_.world();
   if (world == 1) return;  // nothing travels: no codec applies
   codec_ = block_codec(compression.gradients);
   if (!codec_) return;
   block_ = compression.gradient_block;
-  int64_t largest = 0;
-  for (const ReduceBucket& b : layout_.buckets()) largest = std::max(largest, b.numel / world);
-  wire_ = DeviceBuffer(kernels_, size_t(2 * world * codec_run_bytes(*codec_, block_, largest)));
+  send_ = DeviceBuffer(kernels_, std::max(size_t(codec_run_bytes(*codec_, block_, largest_piece(layout_))),
+                                          aside_bytes(layout_, *codec_, block_)));
   if (compression.error_feedback) {
-    const size_t bytes = size_t(layout_.padded_numel()) * 4;
-    residual_ = DeviceBuffer(kernels_, bytes);
-    pending_ = DeviceBuffer(kernels_, bytes);
-    kernels_.fill_zero(residual_.get(), bytes);
-    kernels_.fill_zero(pending_.get(), bytes);
+    size_t at = 0;
+    for (const ReduceBucket& b : layout_.buckets()) {
+      residual_at_.push_back(at);
+      at += bucket_residual_bytes(layout_, b, block_);
+    }
+    residual_ = DeviceBuffer(kernels_, at);
+    pending_ = DeviceBuffer(kernels_, at);
+    kernels_.fill_zero(residual_.get(), at);  // zero scales: every residual is 0
+    kernels_.fill_zero(pending_.get(), at);
   }
 }
 
-uint64_t GradientReducer::exchange_compressed(int64_t k, const float* packed, float* dest) {
+bool GradientReducer::in_place(BlockCodec codec, int64_t block, int64_t piece) {
+  return codec_run_bytes(codec, block, piece) <= 2 * piece;
+}
+
+size_t GradientReducer::aside_bytes(const ShardLayout& layout, BlockCodec codec, int64_t block) {
+  size_t bytes = 0;
+  for (const ReduceBucket& b : layout.buckets()) {
+    const int64_t piece = b.numel / layout.world();
+    if (!in_place(codec, block, piece))
+      bytes = std::max(bytes, size_t(layout.world() * codec_run_bytes(codec, block, piece)));
+  }
+  return bytes;
+}
+
+int64_t GradientReducer::largest_piece(const ShardLayout& layout) {
+  int64_t largest = 0;
+  for (const ReduceBucket& b : layout.buckets()) largest = std::max(largest, b.numel / layout.world());
+  return largest;
+}
+
+size_t GradientReducer::bucket_residual_bytes(const ShardLayout& layout, const ReduceBucket& b,
+                                              int64_t block) {
+  return size_t(layout.world() * codec_run_bytes(BlockCodec::Int8, block, b.numel / layout.world()));
+}
+
+size_t GradientReducer::residual_bytes(const ShardLayout& layout, int64_t block) {
+  size_t bytes = 0;
+  for (const ReduceBucket& b : layout.buckets()) bytes += bucket_residual_bytes(layout, b, block);
+  return bytes;
+}
+
+uint64_t GradientReducer::exchange_compressed(int64_t k, float* packed, uint8_t* spare,
+                                              float* dest) {
   const ReduceBucket& b = layout_.buckets()[size_t(k)];
   const int world = layout_.world();
   const int64_t piece = b.numel / world;
   const int64_t run = codec_run_bytes(*codec_, block_, piece);
   // The residual this encoding starts from: the current one for the
   // window's first encoding of the bucket, the pending one after that.
-  float* e_in = nullptr;
-  float* e_out = nullptr;
+  const uint8_t* e_in = nullptr;
+  uint8_t* e_out = nullptr;
   float e_mul = 1.0f;
   if (feedback()) {
-    e_out = pending_.floats() + b.flat_start;
-    e_in = encoded_[size_t(k)] ? e_out : residual_.floats() + b.flat_start;
+    e_out = static_cast<uint8_t*>(pending_.get()) + residual_at_[size_t(k)];
+    e_in = encoded_[size_t(k)] ? e_out : static_cast<uint8_t*>(residual_.get()) + residual_at_[size_t(k)];
     if (!encoded_[size_t(k)]) e_mul = rescale();  // the pending copy is in the step's scale
   }
   encoded_[size_t(k)] = 1;
-  uint8_t* send = static_cast<uint8_t*>(wire_.get());
-  uint8_t* recv = send + size_t(world) * size_t(run);
+  uint8_t* aside = static_cast<uint8_t*>(send_.get());
   const BlockCodec codec = *codec_;
   const int64_t block = block_;
-  return runner_.post([this, codec, block, packed, e_in, e_mul, e_out, piece, run, send, recv, dest,
-                       world] {
-    kernels_.codec_encode(codec, block, packed, e_in, e_mul, e_out, piece, world, send);
+  const bool fits = in_place(codec, block, piece);
+  return runner_.post([this, codec, block, packed, e_in, e_mul, e_out, piece, run, aside, spare, dest,
+                       world, fits] {
+    uint8_t* send = aside;
+    uint8_t* recv = spare;
+    if (fits) {
+      // Piece j > 0 ends at (j + 1) run <= 2 piece (j + 1) <= 4 piece j, where
+      // its own gradients start: it overwrites only those of pieces before it.
+      send = reinterpret_cast<uint8_t*>(packed);
+      recv = send + size_t(world) * size_t(run);
+      const int64_t e_run = codec_run_bytes(BlockCodec::Int8, block, piece);
+      for (int j = 0; j < world; ++j)
+        kernels_.codec_encode(codec, block, packed + j * piece, e_in ? e_in + j * e_run : nullptr, e_mul,
+                              e_out ? e_out + j * e_run : nullptr, piece, 1, j ? send + j * run : aside);
+      kernels_.copy(send, aside, size_t(run));
+    } else {
+      kernels_.codec_encode(codec, block, packed, e_in, e_mul, e_out, piece, world, send);
+    }
     comm_.alltoall(send, recv, size_t(run), Elem::U8, mem_);
     comm_.wait();
     kernels_.codec_decode_sum(codec, block, recv, world, piece, dest);
@@ -67,25 +116,39 @@ void GradientReducer::reset_feedback() {
   kernels_.fill_zero(residual_.get(), residual_.bytes());
 }
 
+void GradientReducer::load_fp32_residual(const float* host) {
+  if (!feedback()) return;
+  DeviceBuffer values(kernels_, size_t(layout_.padded_numel()) * 4);
+  kernels_.copy_from_host(values.get(), host, values.bytes());
+  const int world = layout_.world();
+  for (size_t k = 0; k < layout_.buckets().size(); ++k) {
+    const ReduceBucket& b = layout_.buckets()[k];
+    kernels_.codec_encode(BlockCodec::Int8, block_, values.floats() + b.flat_start, nullptr, 1.0f,
+                          nullptr, b.numel / world, world,
+                          static_cast<uint8_t*>(residual_.get()) + residual_at_[k]);
+  }
+  kernels_.synchronize();  // before `values` goes
+}
+
 void GradientReducer::commit_feedback() {
   if (!feedback()) return;
-  const float mul = rescale();
-  for (size_t k = 0; k < encoded_.size(); ++k) {
-    if (encoded_[k]) continue;  // a bucket the window did not reduce keeps its residual
-    const ReduceBucket& b = layout_.buckets()[k];
-    const TensorRef kept{residual_.floats() + b.flat_start, b.numel, DType::F32};
-    kernels_.transform(&kept, 1, mul, pending_.floats() + b.flat_start, nullptr);
-  }
+  // A window that completes reduces every bucket (GradientHandover::complete).
+  for (char e : encoded_)
+    if (!e) fail(DSOPT_EINTERNAL, "a step's update runs with a bucket whose gradients were not reduced");
   std::swap(residual_, pending_);
   residual_scale_ = step_scale_;
   std::fill(encoded_.begin(), encoded_.end(), 0);
 }
 
-size_t GradientReducer::scratch_bytes(const ShardLayout& layout) {
+size_t GradientReducer::scratch_bytes(const ShardLayout& layout, const ZeroCompression& compression) {
   if (layout.world() == 1) return 0;  // one rank packs straight into the shard
   int64_t largest = 0;
   for (const ReduceBucket& b : layout.buckets()) largest = std::max(largest, b.numel);
-  return size_t(largest) * 4;
+  size_t bytes = size_t(largest) * 4;
+  // Pieces encoded aside are received into a bucket's buffer.
+  if (const std::optional<BlockCodec> codec = block_codec(compression.gradients))
+    bytes = std::max(bytes, aside_bytes(layout, *codec, compression.gradient_block));
+  return bytes;
 }
 
 GradientHandover::Plan GradientReducer::flat_plan() const {
@@ -136,7 +199,7 @@ float* GradientReducer::storage(int64_t k, int64_t pos) {
       if (pool_.empty()) {
         fresh_buffer.send = static_cast<float*>(scratch_);
       } else {
-        fresh_buffer.own = DeviceBuffer(kernels_, scratch_bytes(layout_));
+        fresh_buffer.own = DeviceBuffer(kernels_, buffer_bytes_);
         fresh_buffer.send = fresh_buffer.own.floats();
       }
       pool_.push_back(std::move(fresh_buffer));
@@ -166,13 +229,16 @@ void GradientReducer::reduce(int64_t k, int m) {
     bucket_buffer_[size_t(k)] = -1;
     if (add) {
       Buffer& buf = pool_[buffer];
-      if (!buf.received.get()) buf.received = DeviceBuffer(kernels_, scratch_bytes(layout_) / size_t(layout_.world()));
+      if (!buf.received.get()) buf.received = DeviceBuffer(kernels_, size_t(largest_piece(layout_)) * 4);
       dest = buf.received.floats();
     }
   }
   const int rank = comm_.rank();
   if (compressed()) {
-    const uint64_t ticket = exchange_compressed(k, packed, dest);
+    // Stage 1's flat buffer is refilled in the next window; it leaves the
+    // scratch free for what is received aside.
+    uint8_t* spare = static_cast<uint8_t*>(accumulates_locally() ? scratch_ : pool_[buffer].send);
+    const uint64_t ticket = exchange_compressed(k, packed, spare, dest);
     if (!accumulates_locally()) in_flight_.push_back(InFlight{ticket, buffer, k, add});
     return;
   }

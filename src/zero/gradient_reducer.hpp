@@ -17,9 +17,15 @@
 // travels compressed instead: this rank encodes its P pieces of the bucket
 // (plus its error-feedback residual there), an all-to-all hands every owner
 // its piece from every rank, and the owner sums the decoded pieces in rank
-// order. The residual is double-buffered: a step writes the pending copy,
-// and commit_feedback() makes it current once the update runs, so a
-// skipped or failed step leaves it as it was.
+// order. The residual is an int8 run of the codec's blocks per bucket
+// piece (math/block_codec.hpp). It is double-buffered: a step writes the
+// pending copy, and commit_feedback() makes it current once the update
+// runs, so a skipped or failed step leaves it as it was. The encoded pieces
+// take the bucket's own buffer: piece j > 0 is encoded over the gradients
+// of pieces before it, which are read by then, and piece 0 aside, then
+// copied in front; the pieces received follow them. Pieces of fewer than
+// about two blocks, whose codes would overtake their own gradients, are
+// encoded aside instead and received into a bucket buffer.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -48,21 +54,26 @@ class GradientReducer final : public GradientHandover {
  public:
   // reduce_scatter false: each bucket is allreduced and the own piece kept
   // (DeepSpeed's traffic, same sums). `scratch` (device memory of at least
-  // scratch_bytes(layout)) holds a bucket during reduce(); it is free
-  // between steps.
+  // scratch_bytes(layout, compression)) holds a bucket during reduce(); it
+  // is free between steps.
   GradientReducer(const ShardLayout& layout, int stage, bool reduce_scatter,
                   const ZeroCompression& compression, Comm& comm, Kernels& kernels,
                   const Mem& mem, const ParamSet& params, RankAgreement& agreement,
                   CommRunner& runner, void* scratch);
-  static size_t scratch_bytes(const ShardLayout& layout);
+  static size_t scratch_bytes(const ShardLayout& layout, const ZeroCompression& compression);
+  // Bytes of a rank's residual: the int8 runs of every bucket's P pieces.
+  static size_t residual_bytes(const ShardLayout& layout, int64_t block);
 
   // Whether buckets travel compressed (a gradient codec at 2+ ranks), and
-  // whether this rank keeps an error-feedback residual (n' floats, twice).
+  // whether this rank keeps an error-feedback residual (twice).
   bool compressed() const { return codec_.has_value(); }
   bool feedback() const { return residual_.get() != nullptr; }
-  // The residual the next step starts from (n' floats; nullptr without
-  // feedback); the state blob saves and restores it.
-  float* residual() const { return residual_.floats(); }
+  // The residual the next step starts from (residual_bytes(); nullptr
+  // without feedback); the state blob saves and restores it.
+  void* residual() const { return residual_.get(); }
+  // Sets the residual to the int8 encoding of n' fp32 values in flat
+  // order (host memory): a residual saved in fp32.
+  void load_fp32_residual(const float* host);
   // After a step whose update runs: its residual becomes the current one.
   void commit_feedback();
   // Sets the residual to zero (after resharding).
@@ -118,8 +129,18 @@ class GradientReducer final : public GradientHandover {
   ReducedShard finish(float mul, bool nonfinite, bool norm, const std::string& local_error);
 
   // The compressed form of reduce(): encode, all-to-all, decode and sum.
-  // Returns the runner's ticket.
-  uint64_t exchange_compressed(int64_t k, const float* packed, float* dest);
+  // `spare` (a bucket buffer) receives the pieces when they are not
+  // encoded in place. Returns the runner's ticket.
+  uint64_t exchange_compressed(int64_t k, float* packed, uint8_t* spare, float* dest);
+  // The largest piece of a bucket.
+  static int64_t largest_piece(const ShardLayout& layout);
+  // Whether a bucket's pieces of `piece` elements are encoded in place
+  // (their run bytes are at most 2 * piece).
+  static bool in_place(BlockCodec codec, int64_t block, int64_t piece);
+  // The int8 runs of a bucket's P pieces' residuals.
+  static size_t bucket_residual_bytes(const ShardLayout& layout, const ReduceBucket& b, int64_t block);
+  // P run bytes of the largest piece not encoded in place (0: none).
+  static size_t aside_bytes(const ShardLayout& layout, BlockCodec codec, int64_t block);
   // What the current residual is multiplied by in this step's units.
   float rescale() const;
 
@@ -138,13 +159,16 @@ class GradientReducer final : public GradientHandover {
   std::vector<int64_t> bucket_buffer_;  // per bucket: its pool buffer in this micro-batch, or -1
   DeviceBuffer local_sum_;  // stage 1 over several micro-batches: the flat gradient
   DeviceBuffer shard_;      // S floats
-  // With a gradient codec: the codec (or none), its block, one wire
-  // buffer (the runner runs one exchange at a time), the residual and its
-  // pending copy, and which buckets this window has encoded.
+  // With a gradient codec: the codec (or none), its block, the buffer of
+  // what is encoded aside (the runner runs one exchange at a time), the residual and its
+  // pending copy (each bucket's at residual_at_), and which buckets this
+  // window has encoded.
   std::optional<BlockCodec> codec_;
   int64_t block_ = 0;
-  DeviceBuffer wire_;
+  size_t buffer_bytes_ = 0;  // of a bucket buffer: scratch_bytes()
+  DeviceBuffer send_;
   DeviceBuffer residual_, pending_;
+  std::vector<size_t> residual_at_;
   std::vector<char> encoded_;
   double residual_scale_ = 1.0;
   double step_scale_ = 1.0;

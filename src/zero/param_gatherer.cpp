@@ -15,25 +15,25 @@ int64_t ParamGatherer::chunk_length(const ShardLayout& layout, int64_t chunk_ele
 }
 
 size_t ParamGatherer::scratch_bytes(const ShardLayout& layout, int64_t chunk_elems,
-                                    const ParamSet& params) {
+                                    const ParamSet& params, ParamCodec codec, int64_t block) {
   if (layout.world() == 1) return 0;  // the update already wrote every element
-  return size_t(chunk_length(layout, chunk_elems)) * wire_bytes(params) * size_t(layout.world() + 1);
+  const int64_t len = chunk_length(layout, chunk_elems);
+  const size_t coded = size_t(encoded_bytes(codec, block, wire_bytes(params), len)) * size_t(layout.world() + 1);
+  return codec == ParamCodec::None ? coded : size_t(len) * 4 + coded;
 }
 
 ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm,
                              Kernels& kernels, const Mem& mem, const ParamSet& params, void* scratch)
     : comm_(comm), kernels_(kernels), mem_(mem), params_(params), world_(layout.world()),
-      rank_(comm.rank()), wire_(wire_bytes(params)) {
+      rank_(comm.rank()), wire_(wire_bytes(params)), scratch_(static_cast<uint8_t*>(scratch)) {
   if (world_ == 1) return;
   const int64_t shard = layout.shard_numel();
-  const int64_t per_rank = chunk_length(layout, chunk_elems);
-  for (int64_t begin = 0; begin < shard; begin += per_rank) {
-    Chunk c{begin, std::min(shard, begin + per_rank), {}};
+  chunk_ = chunk_length(layout, chunk_elems);
+  for (int64_t begin = 0; begin < shard; begin += chunk_) {
+    Chunk c{begin, std::min(shard, begin + chunk_), {}};
     for (int r = 0; r < world_; ++r) c.by_rank.push_back(layout.fragments(r, c.begin, c.end));
     chunks_.push_back(std::move(c));
   }
-  send_ = static_cast<uint8_t*>(scratch);
-  recv_ = send_ + size_t(per_rank) * wire_;
 }
 
 void* ParamGatherer::element(const ShardFragment& f) const {
@@ -46,16 +46,12 @@ void ParamGatherer::compress(ParamCodec codec, int64_t block, const float* maste
   codec_ = codec;
   block_ = block;
   masters_ = masters;
-  int64_t largest = 0;
-  for (const Chunk& c : chunks_) largest = std::max(largest, c.end - c.begin);
-  coded_ = DeviceBuffer(kernels_, size_t((world_ + 1) * encoded_bytes(largest)));
-  decoded_ = DeviceBuffer(kernels_, size_t(largest) * 4);
 }
 
-int64_t ParamGatherer::encoded_bytes(int64_t len) const {
-  if (codec_ == ParamCodec::Bf16) return 2 * len;
-  if (codec_ == ParamCodec::Int8) return codec_run_bytes(BlockCodec::Int8, block_, len);
-  return int64_t(wire_) * len;
+int64_t ParamGatherer::encoded_bytes(ParamCodec codec, int64_t block, size_t w, int64_t len) {
+  if (codec == ParamCodec::Bf16) return 2 * len;
+  if (codec == ParamCodec::Int8) return codec_run_bytes(BlockCodec::Int8, block, len);
+  return int64_t(w) * len;
 }
 
 void ParamGatherer::scatter(const Chunk& c, int r, const float* values) {
@@ -70,10 +66,11 @@ void ParamGatherer::scatter(const Chunk& c, int r, const float* values) {
 }
 
 void ParamGatherer::gather_compressed() {
-  uint8_t* send = static_cast<uint8_t*>(coded_.get());
+  float* decoded = reinterpret_cast<float*>(scratch_);
+  uint8_t* send = scratch_ + size_t(chunk_) * 4;
   for (const Chunk& c : chunks_) {
     const int64_t len = c.end - c.begin;
-    const int64_t bytes = encoded_bytes(len);
+    const int64_t bytes = encoded_bytes(codec_, block_, wire_, len);
     uint8_t* recv = send + bytes;
     if (codec_ == ParamCodec::Bf16)
       kernels_.from_float(masters_ + c.begin, send, DType::BF16, len);
@@ -84,10 +81,10 @@ void ParamGatherer::gather_compressed() {
     for (int r = 0; r < world_; ++r) {
       const uint8_t* from = recv + size_t(r) * size_t(bytes);
       if (codec_ == ParamCodec::Bf16)
-        kernels_.to_float(TensorRef{from, len, DType::BF16}, decoded_.floats());
+        kernels_.to_float(TensorRef{from, len, DType::BF16}, decoded);
       else
-        kernels_.codec_decode_sum(BlockCodec::Int8, block_, from, 1, len, decoded_.floats());
-      scatter(c, r, decoded_.floats());
+        kernels_.codec_decode_sum(BlockCodec::Int8, block_, from, 1, len, decoded);
+      scatter(c, r, decoded);
     }
   }
 }
@@ -95,8 +92,8 @@ void ParamGatherer::gather_compressed() {
 void ParamGatherer::gather() {
   if (world_ == 1) return;
   if (codec_ != ParamCodec::None) return gather_compressed();
-  uint8_t* send = send_;
-  uint8_t* recv = recv_;
+  uint8_t* send = scratch_;
+  uint8_t* recv = scratch_ + size_t(chunk_) * wire_;
   for (const Chunk& c : chunks_) {
     const int64_t len = c.end - c.begin;
     int64_t covered = 0;

@@ -8,7 +8,8 @@
 // With a parameter codec (docs/guides/compressed-zero.md) the owner encodes
 // its chunk from the fp32 masters of its shard instead (bf16, or int8 in
 // scaled blocks), and every rank, the owner included, writes the decoded
-// values into its buffers: the replicas stay bit-identical.
+// values into its buffers: the replicas stay bit-identical. The encoded
+// chunks and a decoded one take the scratch the uncompressed form uses.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -23,14 +24,16 @@ namespace dsopt {
 
 class ParamGatherer {
  public:
-  // `scratch` (device memory of at least scratch_bytes(...)) holds a chunk
-  // during gather(); it is free between calls.
+  // `scratch` (device memory of at least scratch_bytes(...) for the codec
+  // compress() will be given) holds a chunk during gather(); it is free
+  // between calls.
   ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm, Kernels& kernels,
                 const Mem& mem, const ParamSet& params, void* scratch);
   // The compressed form: `codec` (not None) encodes the chunks of `masters`
   // (S floats in shard order, device memory); `block` as for int8.
   void compress(ParamCodec codec, int64_t block, const float* masters);
-  static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params);
+  static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params,
+                              ParamCodec codec, int64_t block);
   // Collective: every rank's shard of the parameters into every rank's
   // buffers.
   void gather();
@@ -41,7 +44,8 @@ class ParamGatherer {
     std::vector<std::vector<ShardFragment>> by_rank;  // each rank's fragments in it
   };
   void* element(const ShardFragment& f) const;  // the caller's first element of f
-  int64_t encoded_bytes(int64_t len) const;      // of a chunk of len elements, compressed
+  // Bytes of a chunk of len elements on the wire (w per element uncompressed).
+  static int64_t encoded_bytes(ParamCodec codec, int64_t block, size_t w, int64_t len);
   void gather_compressed();
   // Writes fp32 values of chunk c's fragments of rank r into the buffers.
   void scatter(const Chunk& c, int r, const float* values);
@@ -55,14 +59,13 @@ class ParamGatherer {
   int world_, rank_;
   size_t wire_ = 4;  // bytes per element on the wire
   std::vector<Chunk> chunks_;
-  uint8_t* send_;  // scratch: this rank's chunk, then every rank's
-  uint8_t* recv_;
-  // With a parameter codec: the codec, its block, the masters, and the
-  // buffers of the encoded chunks and of one decoded chunk.
+  int64_t chunk_ = 0;  // elements of the longest chunk
+  uint8_t* scratch_;   // this rank's chunk, then every rank's
+  // With a parameter codec: the codec, its block, the masters, and in the
+  // scratch one decoded chunk, then the encoded ones.
   ParamCodec codec_ = ParamCodec::None;
   int64_t block_ = 0;
   const float* masters_ = nullptr;
-  DeviceBuffer coded_, decoded_;
 };
 
 }  // namespace dsopt

@@ -4,17 +4,19 @@
 //
 // Input: byte 0 picks the codec (int8, int4, sign), byte 1 the block (8 to
 // 64 elements), byte 2 the number of runs (1 to 3), whether a residual
-// is added and whether it is halved first (a loss scale that changed); the rest are the fp32 bit patterns of the values (then of the
-// residual): every NaN, Inf, denormal and zero the fuzzer makes. Properties
-// (abort() when one fails):
+// is added and whether it is halved first (a loss scale that changed); the
+// rest are the fp32 bit patterns of the values (then of the residual, which
+// is encoded into its int8 runs first): every NaN, Inf, denormal and zero
+// the fuzzer makes. Properties (abort() when one fails):
 //  - the kernels write exactly codec_run_bytes per run and agree with the
 //    block functions called one block at a time;
 //  - a block with a non-finite input decodes to NaN everywhere; otherwise
 //    every decoded value is finite: an int level is within half a scale
 //    step of the input (scales of at least FLT_MIN), a sign value is +-s
 //    with s the block's mean magnitude;
-//  - the residual is x - x' exactly, and decode_sum is the sum over runs in
-//    run order.
+//  - the new residual is the int8 encoding of fl(x - x'), the same when it
+//    overwrites the residual it started from, and decode_sum is the sum
+//    over runs in run order.
 //
 //   fuzz_block_codec --write-seeds DIR   writes the seed corpus and exits.
 #include <sys/stat.h>
@@ -46,7 +48,8 @@ dsopt::Kernels& kernels() {
 
 bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 
-void check_block(BlockCodec c, const float* x, int64_t len, const uint8_t* rec, const float* err) {
+void check_block(BlockCodec c, int64_t block, const float* x, int64_t len, const uint8_t* rec,
+                 const uint8_t* err) {
   float s;
   std::memcpy(&s, rec, 4);
   bool finite = true;
@@ -57,10 +60,15 @@ void check_block(BlockCodec c, const float* x, int64_t len, const uint8_t* rec, 
     magnitude += double(std::fabs(x[i]));
     amax = std::fmax(amax, std::fabs(x[i]));
   }
+  if (err) {
+    std::vector<float> lost(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) lost[size_t(i)] = x[i] - dsopt::decode_element(c, rec, i);
+    std::vector<uint8_t> want(static_cast<size_t>(dsopt::codec_record_bytes(BlockCodec::Int8, block)));
+    dsopt::encode_values(BlockCodec::Int8, block, dsopt::PlainValues{lost.data()}, len, want.data());
+    if (std::memcmp(want.data(), err, want.size()) != 0) die("the residual is not the int8 encoding of x - x'");
+  }
   for (int64_t i = 0; i < len; ++i) {
     const float d = dsopt::decode_element(c, rec, i);
-    if (err && !same_bits(err[i], x[i] - d) && !(std::isnan(err[i]) && std::isnan(x[i] - d)))
-      die("the residual is not x - x'");
     if (!finite) {
       if (!std::isnan(d)) die("a block with Inf/NaN decodes to a non-NaN value");
       continue;
@@ -99,28 +107,46 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const int64_t run_bytes = dsopt::codec_run_bytes(c, block, n);
   const int64_t record = dsopt::codec_record_bytes(c, block);
+  const int64_t e_run_bytes = dsopt::codec_run_bytes(BlockCodec::Int8, block, n);
+  const int64_t e_record = dsopt::codec_record_bytes(BlockCodec::Int8, block);
+  // The residual's int8 runs, from the fuzzer's values.
+  std::vector<uint8_t> e_in(size_t(e_run_bytes * runs));
+  if (feedback)
+    kernels().codec_encode(BlockCodec::Int8, block, e.data(), nullptr, 1.0f, nullptr, n, runs, e_in.data());
   std::vector<uint8_t> out(size_t(run_bytes * runs) + 16, 0xAB);
-  std::vector<float> err(g.size());
-  kernels().codec_encode(c, block, g.data(), feedback ? e.data() : nullptr, e_mul, err.data(), n, runs,
+  std::vector<uint8_t> err(size_t(e_run_bytes * runs) + 16, 0xAB);
+  kernels().codec_encode(c, block, g.data(), feedback ? e_in.data() : nullptr, e_mul, err.data(), n, runs,
                          out.data());
   for (size_t i = size_t(run_bytes * runs); i < out.size(); ++i)
     if (out[i] != 0xAB) die("codec_encode wrote past its runs");
+  for (size_t i = size_t(e_run_bytes * runs); i < err.size(); ++i)
+    if (err[i] != 0xAB) die("codec_encode wrote past its residual runs");
+  if (feedback) {  // in place: the new residual over the one it starts from
+    std::vector<uint8_t> in_place = e_in, out2(out.size());
+    kernels().codec_encode(c, block, g.data(), in_place.data(), e_mul, in_place.data(), n, runs, out2.data());
+    if (std::memcmp(in_place.data(), err.data(), in_place.size()) != 0 ||
+        std::memcmp(out2.data(), out.data(), size_t(run_bytes * runs)) != 0)
+      die("encoding over its own residual differs");
+  }
 
   for (int j = 0; j < runs; ++j) {
     for (int64_t b = 0; b * block < n; ++b) {
       const int64_t first = j * n + b * block, len = std::min(block, n - b * block);
+      const int64_t e_at = j * e_run_bytes + b * e_record;
       std::vector<float> x(static_cast<size_t>(len));
-      for (int64_t i = 0; i < len; ++i)
-        x[size_t(i)] = feedback ? g[size_t(first + i)] + e[size_t(first + i)] * e_mul : g[size_t(first + i)];
-      std::vector<uint8_t> rec(static_cast<size_t>(record));
-      std::vector<float> one_err(static_cast<size_t>(len));
-      dsopt::encode_block(c, block, g.data() + first, feedback ? e.data() + first : nullptr, e_mul, len,
+      for (int64_t i = 0; i < len; ++i) {
+        const float residual = feedback ? dsopt::decode_element(BlockCodec::Int8, e_in.data() + e_at, i) : 0.0f;
+        const float scaled = residual * e_mul;
+        x[size_t(i)] = feedback ? g[size_t(first + i)] + scaled : g[size_t(first + i)];
+      }
+      std::vector<uint8_t> rec(static_cast<size_t>(record)), one_err(static_cast<size_t>(e_record));
+      dsopt::encode_block(c, block, g.data() + first, feedback ? e_in.data() + e_at : nullptr, e_mul, len,
                           rec.data(), one_err.data());
       const uint8_t* got = out.data() + j * run_bytes + b * record;
       if (std::memcmp(got, rec.data(), size_t(record)) != 0) die("the kernel's record differs from encode_block's");
-      if (std::memcmp(err.data() + first, one_err.data(), size_t(len) * 4) != 0)
+      if (std::memcmp(err.data() + e_at, one_err.data(), size_t(e_record)) != 0)
         die("the kernel's residual differs from encode_block's");
-      check_block(c, x.data(), len, got, err.data() + first);
+      check_block(c, block, x.data(), len, got, err.data() + e_at);
     }
   }
 

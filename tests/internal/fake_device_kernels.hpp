@@ -32,7 +32,7 @@ class FakeDeviceKernels : public Kernels {
     cpu_->update_records(r, s, c, k, g, a, b);
   }
   void max_per_tensor(const TensorRef* s, int64_t c, float* o) override { cpu_->max_per_tensor(s, c, o); }
-  void codec_encode(BlockCodec c, int64_t b, const float* g, const float* e, float m, float* r,
+  void codec_encode(BlockCodec c, int64_t b, const float* g, const uint8_t* e, float m, uint8_t* r,
                     int64_t n, int runs, uint8_t* o) override {
     cpu_->codec_encode(c, b, g, e, m, r, n, runs, o);
   }

@@ -1,7 +1,8 @@
 """Numpy reference of compressed ZeRO (docs/guides/compressed-zero.md),
 written from the guide, not from the C++: the block codecs bit for bit,
 and the gradient path of P ranks (the flat layout and its reduce buckets,
-each rank's residual, the decoded pieces summed in rank order).
+each rank's residual in int8 blocks, the decoded pieces summed in rank
+order).
 
 A codec turns an fp32 run into (scales, levels); ``decode`` turns them
 back into fp32. ``encode_bytes`` gives the wire bytes too, so the record
@@ -98,12 +99,21 @@ def decode(codec, block, data, n):
     return np.concatenate(out) if out else np.zeros(0, F32)
 
 
-def with_feedback(codec, block, g, e):
-    """Encodes x = fl(g + e) (e None: no feedback); returns (decoded, new e)."""
+def int8_residual(block, lost):
+    """The residual kept of what an encoding lost: its int8 encoding in
+    blocks of the codec's size, decoded."""
+    return encode("int8", block, lost)[1]
+
+
+def with_feedback(codec, block, g, e, residual=int8_residual):
+    """Encodes x = fl(g + e) (e None: no feedback); returns (decoded, new e),
+    the new e being residual(block, fl(x - x'))."""
     x = np.asarray(g, F32) if e is None else (np.asarray(g, F32) + e).astype(F32)
     _, d = encode(codec, block, x)
+    if e is None:
+        return d, None
     with np.errstate(invalid="ignore"):
-        return d, (None if e is None else (x - d).astype(F32))
+        return d, residual(block, (x - d).astype(F32))
 
 
 # ---- the layout ------------------------------------------------------------
@@ -122,8 +132,8 @@ class GradientPath:
     reduction returns the decoded sum of every bucket piece (flat order,
     n' elements), which is what lands in each owner's shard."""
 
-    def __init__(self, sizes, world, bucket_elems, codec, block, feedback):
-        self.world, self.codec, self.block = world, codec, block
+    def __init__(self, sizes, world, bucket_elems, codec, block, feedback, residual=int8_residual):
+        self.world, self.codec, self.block, self.residual = world, codec, block, residual
         self.buckets, self.padded = buckets(sizes, world, bucket_elems)
         self.n = sum(sizes)
         self.e = [np.zeros(self.padded, F32) if feedback else None for _ in range(world)]
@@ -145,7 +155,8 @@ class GradientPath:
                 acc = None
                 for r in range(self.world):
                     e = None if residuals[r] is None else residuals[r][lo:lo + piece]
-                    d, e2 = with_feedback(self.codec, self.block, flats[r][lo:lo + piece], e)
+                    d, e2 = with_feedback(self.codec, self.block, flats[r][lo:lo + piece], e,
+                                          self.residual)
                     if e2 is not None:
                         residuals[r][lo:lo + piece] = e2
                     acc = d.copy() if acc is None else (acc + d).astype(F32)

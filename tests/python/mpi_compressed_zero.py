@@ -118,12 +118,12 @@ def make(sc, stage, comm, accumulation=1):
     return opt
 
 
-def path(sc, world):
+def path(sc, world, residual=ref.int8_residual):
     c = compression(sc)
     if c.get("gradients", "none") == "none" or world == 1:
         return None  # nothing travels compressed: the twin gets the same gradients
     return ref.GradientPath(sc.sizes, world, sc.zero["reduce_bucket_size"], c["gradients"],
-                            c.get("gradient_block_size", 64), c.get("error_feedback", True))
+                            c.get("gradient_block_size", 64), c.get("error_feedback", True), residual)
 
 
 def reference_grads(sc, rp, world, k, scale, skip):
@@ -242,6 +242,16 @@ def reference_phase(comm, rank, world):
         for stage in (1, 2):
             compare_run(sc, stage, comm, rank, world)
             n += 1
+    if world > 1:
+        # The comparison tells the residual's rounding apart: a reference
+        # that keeps it in fp32 disagrees with dsopt.
+        sc = BY_NAME["int8"]
+        try:
+            compare_run(sc, 2, comm, rank, world, rp=path(sc, world, residual=lambda block, lost: lost))
+        except AssertionError:
+            n += 1
+        else:
+            raise AssertionError("a reference with fp32 residuals agreed with dsopt")
     return n
 
 
@@ -264,6 +274,7 @@ def resume_phase(comm, rank, world):
         compare_run(sc, 2, comm, rank, world, steps=3, first=3, opt=fresh, twin=twin, rp=rp)
         if world > 1 and compression(sc).get("gradients", "none") != "none":
             reject_damaged_residuals(fresh, rank)
+            load_fp32_residual(fresh, sc, rank, world)
             # A blob without residuals (an uncompressed run's) is refused.
             other = make(sc, 2, comm)
             try:
@@ -275,6 +286,22 @@ def resume_phase(comm, rank, world):
     return len(RESUME)
 
 
+def load_fp32_residual(opt, sc, rank, world):
+    """A blob whose residual is n' fp32 values (no zero.feedback_int8
+    section, as saved before the residual was int8) loads: the residual
+    becomes their int8 encoding, piece by piece."""
+    prefix, parts = sections(opt.state_dict())
+    buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
+    block = compression(sc).get("gradient_block_size", 64)
+    values = (np.random.default_rng(rank).standard_normal(padded) * 1e-3).astype(np.float32)
+    old = [(n, values.tobytes() if n == "zero.feedback" else d) for n, d in parts if n != "zero.feedback_int8"]
+    opt.load_state_dict(pack(prefix, old))
+    want = b"".join(ref.encode("int8", block, values[s + j * (n // world):s + (j + 1) * (n // world)])[0]
+                    for s, n in buckets for j in range(world))
+    saved = dict(sections(opt.state_dict())[1])
+    assert saved["zero.feedback"] == want, f"rank {rank}: an fp32 residual loaded as {saved['zero.feedback'][:16]}"
+
+
 def reject_damaged_residuals(opt, rank):
     """A blob whose residual sections are damaged (an impossible scale, a
     truncated or missing residual) is rejected on every rank and changes
@@ -282,12 +309,14 @@ def reject_damaged_residuals(opt, rank):
     blob, params = opt.state_dict(), [p.copy() for p in zr.opt_params(opt)]
     prefix, parts = sections(blob)
     names = [n for n, _ in parts]
-    assert "zero.feedback" in names and "zero.feedback_scale" in names, names
+    assert {"zero.feedback", "zero.feedback_int8", "zero.feedback_scale"} <= set(names), names
     damaged = {
         "zero scale": [(n, struct.pack("<d", 0.0) if n == "zero.feedback_scale" else d) for n, d in parts],
         "NaN scale": [(n, struct.pack("<d", float("nan")) if n == "zero.feedback_scale" else d) for n, d in parts],
         "short residual": [(n, d[:-4] if n == "zero.feedback" else d) for n, d in parts],
         "no residual": [(n, d) for n, d in parts if n != "zero.feedback"],
+        "fp32 residual, int8 length": [(n, d) for n, d in parts if n != "zero.feedback_int8"],
+        "bad format flag": [(n, struct.pack("<i", 2) if n == "zero.feedback_int8" else d) for n, d in parts],
     }
     for what, changed in damaged.items():
         try:
@@ -333,10 +362,16 @@ def reshard_phase(comm, rank, world):
 
 def expected_memory(sc, world):
     """docs/guides/compressed-zero.md "Memory": uncompressed ZeRO-2's bytes
-    (zero_runs.expected_host_bytes) plus, at P > 1, the residual and its
-    pending copy (8 n'), the gradient wire buffer (2 P run bytes of the
-    largest piece), fp32 masters of every element with a parameter codec
-    (4 S, replacing the 16-bit ones), and its wire and decode buffers."""
+    (zero_runs.expected_host_bytes) with its one buffer resized, plus, at
+    P > 1, a gradient codec's buffer of what is encoded aside and its
+    residual and pending copy (twice the int8 runs of every bucket's P
+    pieces), and fp32 masters of every element with a parameter codec (4 S,
+    replacing the 16-bit ones). Pieces of m elements whose run bytes R(m)
+    exceed 2 m are encoded aside (P R(m)) and received into the buffer; the
+    others in the bucket's buffer, piece 0 aside (R(m)). The buffer holds
+    a bucket (4 B) and an allgather chunk: every rank's parameters
+    (w L (P + 1)), or with a parameter codec a decoded chunk and the encoded
+    ones (4 L + (P + 1) C(L))."""
     base = zr.expected_host_bytes(sc, world)[2]
     if world == 1:
         return base
@@ -345,29 +380,37 @@ def expected_memory(sc, world):
     shard = padded // world
     block = c.get("gradient_block_size", 64)
     pblock = c.get("parameter_block_size", 256)
-    extra = 0
+    largest = max(n for _, n in buckets)
+    chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
+    # MEMORY is all bf16 without padding: w = 2, every shard element already has a master.
+    old_buffer = max(4 * largest, 2 * chunk * (world + 1))
+    buffer, extra = 4 * largest, 0
     g = c.get("gradients", "none")
     if g != "none":
-        largest = max(n for _, n in buckets) // world
-        extra += 2 * world * ref.run_bytes(g, block, largest)
+        aside = max([world * ref.run_bytes(g, block, n // world) for _, n in buckets
+                     if ref.run_bytes(g, block, n // world) > 2 * (n // world)], default=0)
+        buffer = max(buffer, aside)
+        extra += max(ref.run_bytes(g, block, largest // world), aside)
         if c.get("error_feedback", True):
-            extra += 8 * padded
+            extra += 2 * sum(world * ref.run_bytes("int8", block, n // world) for _, n in buckets)
     p = c.get("parameters", "none")
-    if p != "none":
-        chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
-        # MEMORY is all bf16 without padding: every shard element already has a master.
+    if p == "none":
+        buffer = max(buffer, 2 * chunk * (world + 1))
+    else:
         coded = 2 * chunk if p == "bf16" else ref.run_bytes("int8", pblock, chunk)
-        extra += (world + 1) * coded + 4 * chunk
-    return base + extra
+        buffer = max(buffer, 4 * chunk + (world + 1) * coded)
+    return base - old_buffer + buffer + extra
 
 
 def memory_phase(comm, rank, world):
     checked = 0
-    for comp in ({"gradients": "int4"}, {"gradients": "sign", "error_feedback": False},
-                 {"gradients": "int8", "parameters": "int8"}, {"parameters": "bf16"}):
-        sc = dataclasses.replace(zr.MEMORY, zero={"reduce_bucket_size": 96, "allgather_bucket_size": 200,
-                                                  "compression": dict(comp, gradient_block_size=32,
-                                                                      parameter_block_size=16)})
+    # The last: pieces of 12-24 elements in 64-element blocks, encoded aside.
+    for comp, bucket in (({"gradients": "int4"}, 96), ({"gradients": "sign", "error_feedback": False}, 96),
+                         ({"gradients": "int8", "parameters": "int8"}, 96), ({"parameters": "bf16"}, 96),
+                         ({"gradients": "int8", "parameters": "bf16", "gradient_block_size": 64}, 48)):
+        sc = dataclasses.replace(zr.MEMORY, zero={"reduce_bucket_size": bucket, "allgather_bucket_size": 200,
+                                                  "compression": {"gradient_block_size": 32,
+                                                                  "parameter_block_size": 16, **comp}})
         opt = make(sc, 2, comm)
         for k in range(2):
             opt.step(gradients(sc, k, rank, opt.loss_scale))

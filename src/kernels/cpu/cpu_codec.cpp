@@ -21,31 +21,40 @@ void with_codec(BlockCodec c, F&& f) {
 
 }  // namespace
 
-void encode(BlockCodec c, int64_t block, const float* g, const float* e_in, float e_mul,
-            float* err_out, int64_t n, int runs, uint8_t* out, int threads) {
+void encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in, float e_mul,
+            uint8_t* e_out, int64_t n, int runs, uint8_t* out, int threads) {
   const int64_t per_run = (n + block - 1) / block;
   const int64_t run_bytes = codec_run_bytes(c, block, n);
   const int64_t record = codec_record_bytes(c, block);
+  const int64_t e_run_bytes = codec_run_bytes(BlockCodec::Int8, block, n);
+  const int64_t e_record = codec_record_bytes(BlockCodec::Int8, block);
   const int64_t total = per_run * int64_t(runs);
   with_codec(c, [&](auto codec) {
 #pragma omp parallel num_threads(threads)
     {
-      // x = fl(g + fl(e e_mul)) of a block, formed once: the block
-      // function's loops then read one stream and vectorize.
-      std::vector<float> x(e_in ? size_t(block) : 0);
+      // A block's x = fl(g + fl(e e_mul)) and what its encoding lost, each
+      // formed once in a loop of its own that vectorizes.
+      std::vector<float> x(e_in ? size_t(block) : 0), lost(e_out ? size_t(block) : 0);
 #pragma omp for schedule(static)
       for (int64_t b = 0; b < total; ++b) {
         const int64_t j = b / per_run, k = b % per_run;
         const int64_t first = j * n + k * block;
         const int64_t len = std::min(block, n - k * block);
+        const int64_t e_at = j * e_run_bytes + k * e_record;
         const float* values = g + first;
         if (e_in) {
-          const float* e = e_in + first;
-          for (int64_t i = 0; i < len; ++i) x[size_t(i)] = codec_input(values, e, e_mul, i);
+          decode_block(BlockCodec::Int8, e_in + e_at, len, x.data(), false);
+          for (int64_t i = 0; i < len; ++i)
+            x[size_t(i)] = CodecOps::add(values[i], CodecOps::mul(x[size_t(i)], e_mul));
           values = x.data();
         }
-        encode_block(codec(), block, values, nullptr, 1.0f, len, out + j * run_bytes + k * record,
-                     err_out ? err_out + first : nullptr);
+        uint8_t* rec = out + j * run_bytes + k * record;
+        encode_values(codec(), block, PlainValues{values}, len, rec);
+        if (e_out) {
+          decode_block(codec(), rec, len, lost.data(), false);
+          for (int64_t i = 0; i < len; ++i) lost[size_t(i)] = CodecOps::add(values[i], -lost[size_t(i)]);
+          encode_values(BlockCodec::Int8, block, PlainValues{lost.data()}, len, e_out + e_at);
+        }
       }
     }
   });

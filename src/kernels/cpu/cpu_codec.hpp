@@ -10,8 +10,8 @@
 namespace dsopt {
 namespace cpu_codec {
 
-void encode(BlockCodec c, int64_t block, const float* g, const float* e_in, float e_mul,
-            float* err_out, int64_t n, int runs, uint8_t* out, int threads);
+void encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in, float e_mul,
+            uint8_t* e_out, int64_t n, int runs, uint8_t* out, int threads);
 void decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_t n, float* dst,
                 int threads);
 

@@ -176,9 +176,9 @@ class CpuKernels final : public Kernels {
     }
   }
 
-  void codec_encode(BlockCodec c, int64_t block, const float* g, const float* e_in, float e_mul,
-                    float* err_out, int64_t n, int runs, uint8_t* out) override {
-    cpu_codec::encode(c, block, g, e_in, e_mul, err_out, n, runs, out, threads_);
+  void codec_encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in, float e_mul,
+                    uint8_t* e_out, int64_t n, int runs, uint8_t* out) override {
+    cpu_codec::encode(c, block, g, e_in, e_mul, e_out, n, runs, out, threads_);
   }
   void codec_decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_t n,
                         float* dst) override {
