@@ -216,6 +216,18 @@ for name in "${mpi_benchmarks[@]}"; do
   esac
 done
 
+echo
+echo "== dsopt.plan: predicted step times of the set-ups above on the emulated link, beside the recorded ones =="
+# The planner calibrated on this machine now (1 thread per rank, as the runs
+# above); their measurements of this run are in the sections above
+# (docs/guides/planner.md "Accuracy").
+if with_build "$python" -c "import dsopt" 2>/dev/null; then
+  with_build "$python" -m dsopt.plan --calibrate --threads 1 --profile "$build/bench/plan-profile.json" >/dev/null &&
+    with_build "$python" -m dsopt.plan.benchmarks "$build/bench/plan-profile.json"
+else
+  echo "run_benchmarks: skipped ($python cannot import the dsopt binding; make python)"
+fi
+
 # A Python for time_to_quality.py: one with torch, mpi4py and the dsopt
 # binding (see the top). Prints its path; fails when there is none.
 torch_python() {

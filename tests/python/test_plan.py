@@ -131,3 +131,80 @@ def test_bad_model_is_a_clear_error():
         Model((10,), "int3")
     with pytest.raises(ValueError, match="positive"):
         Model((10, 0))
+
+
+# ---- the command -------------------------------------------------------------
+
+def run_cli(*args, timeout=60):
+    env = conftest.subprocess_env()
+    return subprocess.run([sys.executable, "-m", "dsopt.plan", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_command_prints_every_configuration_and_a_choice(tmp_path):
+    from dsopt.plan import configs
+
+    out = run_cli("--params", "1.3e9", "--ranks", "64", "--ranks-per-node", "8", "--inter-node", "25gbit",
+                  "--compute", "300ms", "--profile", str(tmp_path / "none.json"), "--plot", str(tmp_path / "p.png"))
+    assert out.returncode == 0, out.stderr
+    assert "UNCALIBRATED" in out.stdout
+    for cfg in configs.all_configs():
+        assert f"\n{cfg.name} " in out.stdout
+    assert "\nchoice: " in out.stdout
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_the_table_takes_under_a_second_in_process(tmp_path, capsys):
+    from dsopt.plan.__main__ import main
+    from dsopt.plan.profile import Profile, save
+
+    path = save(Profile(calibrated=True, device="test", numel=1), tmp_path / "p.json")
+    start = time.perf_counter()
+    assert main(["--params", "1.3e9", "--ranks", "64", "--ranks-per-node", "8", "--inter-node", "25gbit",
+                 "--compute", "0.3", "--profile", str(path)]) == 0
+    assert time.perf_counter() - start < 1.0
+    assert "calibrated on test" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--params", "1e9", "--ranks", "-4"), "ranks"),
+    (("--params", "1e9", "--ranks", "8", "--inter-node", "25 furlongs"), "inter-node bandwidth"),
+    (("--params", "1e9", "--dtype", "int3"), "dtype"),
+    (("--params", "many"), "parameter count"),
+    (("--ranks", "8",), "give the model"),
+    (("--params", "1e9", "--ranks", "12", "--ranks-per-node", "8"), "multiple of ranks per node"),
+])
+def test_bad_command_input_is_a_clear_error(args, message, tmp_path):
+    out = run_cli(*args, "--profile", str(tmp_path / "none.json"))
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_calibration_writes_a_profile_the_command_reads(tmp_path):
+    path = tmp_path / "prof.json"
+    out = run_cli("--calibrate", "--calibrate-numel", "65536", "--threads", "1", "--profile", str(path),
+                  timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(path.read_text())
+    assert data["calibrated"] and data["numel"] == 65536
+    from dsopt.plan.configs import GRADIENT_CODECS, PARAMETER_CODECS
+    for g in GRADIENT_CODECS:
+        for p in PARAMETER_CODECS:
+            if (g, p) != ("none", "none"):
+                assert data["costs"][f"codec:{g}/{p}"] >= 0
+    assert all(v >= 0 for v in data["costs"].values())
+    out = run_cli("--params", "1e8", "--ranks", "4", "--profile", str(path))
+    assert out.returncode == 0 and "calibrated on" in out.stdout
+
+
+def test_network_model_alpha_beta():
+    from dsopt.plan.network import Cluster
+
+    one_node = Cluster(8, 8, 100e9, 10e9, 1e-6, 1e-5)
+    assert one_node.allreduce(8e9) == pytest.approx(14 * 1e-6 + 2 * 7 / 8 * 8e9 / 100e9)
+    two = Cluster(16, 8, 100e9, 10e9, 1e-6, 1e-5)
+    # The ring crosses each node's interface once: 2 (P-1)/P bytes at 10 GB/s.
+    assert two.allreduce(8e9) == pytest.approx(30 * 1e-5 + 2 * 15 / 16 * 8e9 / 10e9)
+    # An all-to-all sends R (P - R) / P of each rank's bytes off every node.
+    assert two.alltoall(16e9) == pytest.approx(15 * 1e-5 + 8 * 8 * 1e9 / 10e9)
+    shared = Cluster(4, 4, 1e9 / 8, 1e9 / 8, 0, 0, "shared")
+    assert shared.allreduce(4 * 2 ** 24) == pytest.approx(4 * 1.5 * 4 * 2 ** 24 / (1e9 / 8))

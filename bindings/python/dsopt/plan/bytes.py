@@ -8,6 +8,7 @@ handshake); an allreduce of c bytes counts 2 (P-1) c / P (rounded down),
 a reduce-scatter piece or allgather chunk of c bytes (P-1) c."""
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from . import codecs
 from .layout import car_padded, zero_layout
@@ -97,10 +98,14 @@ def onebit_phases(settings, steps=None):
 
 
 def zoadam_phases(settings, steps=None):
+    return list(_zoadam_phases(settings, settings.steps if steps is None else steps))
+
+
+@lru_cache(maxsize=64)
+def _zoadam_phases(settings, steps):
     """0/1 Adam's schedule (docs/optimizers/zero-one-adam.md "Schedules"):
     the kind of every update in order, as a list of "full", "1bit",
     "local" and "sync"."""
-    steps = settings.steps if steps is None else steps
     out = []
     frozen = False
     var_interval, var_counter = 1, 0
@@ -123,7 +128,7 @@ def zoadam_phases(settings, steps=None):
             if local_counter == settings.local_step_scaler:
                 local_counter = 0
                 local_interval = min(settings.local_step_clipper, 2 * local_interval)
-    return out
+    return tuple(out)
 
 
 def zoadam_counts(settings, steps=None) -> dict:

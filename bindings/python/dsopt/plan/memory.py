@@ -89,10 +89,7 @@ def handover_buffers(sizes, layout, concurrent_comm: bool) -> int:
     dsopt's thread (concurrent) how many are made depends on the timing,
     and this returns the most: no reduction finishing before it is waited
     for. The buffers are kept from step to step."""
-    bounds, start = [], 0
-    for b in layout.buckets:
-        bounds.append((start, start + b))
-        start += b
+    bucket = layout.bucket
     missing = [b for b in layout.buckets]
     numel = sum(sizes)
     # Padding past the last parameter needs no gradient.
@@ -103,9 +100,8 @@ def handover_buffers(sizes, layout, concurrent_comm: bool) -> int:
     for n in reversed(sizes):
         lo, hi = end - n, end
         end = lo
-        for k, (b0, b1) in enumerate(bounds):
-            if b1 <= lo or b0 >= hi:
-                continue
+        for k in range(lo // bucket, (hi - 1) // bucket + 1):
+            b0, b1 = k * bucket, min((k + 1) * bucket, layout.padded)
             if k not in assigned:
                 if not concurrent_comm:
                     free += in_flight
@@ -143,9 +139,9 @@ def memory(config, model, world: int, settings, rank: int = None, overlapping_co
     compressed allreduce is cut into pieces; `concurrent_comm`: it may be
     called from dsopt's thread (overlap's buffers, `overlap_buffers`)."""
     if rank is None:
-        return max((memory(config, model, world, settings, r, overlapping_comm, concurrent_comm) for r in range(world)),
-                   key=lambda m: m.total) if config.zero and world > 1 else \
-            memory(config, model, world, settings, 0, overlapping_comm, concurrent_comm)
+        # The padding sits at the end of each bucket, so rank 0 holds the
+        # most real elements (fp32 masters of 16-bit parameters): the most memory.
+        rank = 0
     n = model.numel
     masters = 4 * n if model.half else 0
     averaged = 4 * (n + 1) if world > 1 else 0

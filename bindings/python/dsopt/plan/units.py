@@ -68,7 +68,7 @@ def parse_time(text, what="time") -> float:
         value = float(text)
     else:
         m = re.fullmatch(_NUMBER + r"\s*([a-zµ]*)", str(text).strip())
-        if not m or m.group(2) not in _TIME:
+        if not m or (m.group(2) or "s") not in _TIME:
             raise ValueError(f"{what}: cannot read {text!r} (examples: 5us, 1.5ms, 0.2s)")
         value = float(m.group(1)) * _TIME[m.group(2) or "s"]
     if not value >= 0 or value == float("inf"):

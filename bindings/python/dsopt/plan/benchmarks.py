@@ -1,0 +1,151 @@
+"""The project's benchmark set-ups on the emulated 1 Gbit/s link
+(bench/netem.sh: 4 ranks whose TCP traffic shares one loopback limited to
+1 Gbit/s, on a machine with 2 cores: each rank's single-threaded work gets
+half a core), as planner inputs, with the step times docs/ recorded for
+them. `predict_all(profile)` gives (set-up, predicted s, recorded s) rows;
+bench/run_benchmarks.sh prints them beside its own measurements and
+tests/python/test_plan.py checks them against the recorded ones."""
+
+from dataclasses import dataclass
+
+from .collectives import _car, comm_time
+from .configs import Config, Settings
+from .model import Model
+from .network import Cluster
+from .timing import step_time
+
+RANKS, CORES = 4, 2
+LINK = Cluster(RANKS, RANKS, 1e9 / 8, 1e9 / 8, 100e-6, 100e-6, "shared", RANKS / CORES)
+
+
+@dataclass(frozen=True)
+class Row:
+    bench: str
+    setup: str
+    predicted: float
+    recorded: float      # seconds, as docs/ record it (median)
+    source: str
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.recorded - 1
+
+
+def _sizes(numel, tensors):
+    """bench/zero_model.hpp's tensor_sizes: odd sizes that sum to numel
+    (the split changes only a tensor count here, not the bytes)."""
+    base = numel // tensors
+    return tuple([base] * (tensors - 1) + [numel - base * (tensors - 1)])
+
+
+def compressed_allreduce(profile, link=LINK):
+    """bench/compressed_allreduce: one call on N floats per rank, fp32
+    MPI_Allreduce against the 1-bit compressed allreduce (whose arithmetic
+    runs while its pieces are on the wire)."""
+    rows = []
+    for n, fp32, onebit in ((2 ** 20, 0.2003, 0.0055), (2 ** 24, 3.227, 0.1012)):
+        rows.append(Row("compressed_allreduce", f"fp32 allreduce, {n:,} floats", link.allreduce(4 * n), fp32,
+                        "docs/benchmarks.md"))
+        wire = comm_time(_car([n], RANKS), link)
+        work = profile.cost("onebit_adam_compress") * n * link.cpu_oversubscription
+        rows.append(Row("compressed_allreduce", f"1-bit allreduce, {n:,} floats", max(wire, work), onebit,
+                        "docs/benchmarks.md"))
+    return rows
+
+
+def _dsopt_step(config, model, settings, profile, link, kind="steady"):
+    t = step_time(config, model, link, settings, profile, 0.0, kind=kind)
+    return t.total
+
+
+def onebit_e2e(profile, link=LINK):
+    """bench/onebit_e2e --in 63 --out 65536 (4,194,304 parameters): the
+    dsopt_step part of an Adam step and of a 1-bit Adam compressed step."""
+    model = Model((63 * 65536, 65536))
+    s = Settings()
+    return [Row("onebit_e2e", "Adam dsopt_step, 4.19M", _dsopt_step(Config("adamw"), model, s, profile, link), 0.816,
+                "docs/benchmarks.md"),
+            Row("onebit_e2e", "1-bit Adam compressed dsopt_step, 4.19M",
+                _dsopt_step(Config("onebit_adam"), model, s, profile, link, "compressed"), 0.038,
+                "docs/benchmarks.md")]
+
+
+ZERO_SETTINGS = Settings(reduce_bucket_size=2 ** 22, allgather_bucket_size=2 ** 22)
+
+
+def zero_e2e(profile, link=LINK):
+    """bench/zero_e2e --numel 2^24 (36 tensors, 2^22-element buckets): stage 0 and ZeRO-2."""
+    rows = []
+    for dtype, stage0, zero2 in (("fp32", 3.276, 3.242), ("bf16", 3.259, 2.428)):
+        model = Model(_sizes(2 ** 24, 36), dtype)
+        rows.append(Row("zero_e2e", f"stage 0, {dtype}", _dsopt_step(Config("adamw"), model, ZERO_SETTINGS, profile,
+                                                                      link), stage0, "docs/guides/zero.md"))
+        rows.append(Row("zero_e2e", f"ZeRO-2, {dtype}", _dsopt_step(Config("zero2"), model, ZERO_SETTINGS, profile,
+                                                                     link), zero2, "docs/guides/zero.md"))
+    return rows
+
+
+COMPRESSED_ZERO = {  # gradients/parameters: (fp32 s, bf16 s), docs/guides/compressed-zero.md
+    "none/none": (3.262, 2.432), "int4/int8": (0.834, 0.816), "int8/int8": (0.896, 0.883),
+    "sign/int8": (0.667, 0.661), "int8/bf16": (1.299, 1.275), "int4/none": (2.028, 1.214),
+}
+
+
+def compressed_zero(profile, link=LINK):
+    """bench/compressed_zero --numel 2^24: ZeRO-2 and codec pairs."""
+    rows = []
+    for pair, recorded in COMPRESSED_ZERO.items():
+        g, p = pair.split("/")
+        cfg = Config("zero2") if pair == "none/none" else Config("czero", g, p)
+        for dtype, rec in zip(("fp32", "bf16"), recorded):
+            model = Model(_sizes(2 ** 24, 36), dtype)
+            rows.append(Row("compressed_zero", f"{pair}, {dtype}",
+                            _dsopt_step(cfg, model, ZERO_SETTINGS, profile, link), rec,
+                            "docs/guides/compressed-zero.md"))
+    return rows
+
+
+OVERLAP = [  # stage, backward ms (at once, grad_ready), total ms (grad_ready, at once): docs/guides/grad-ready.md
+    (0, 1929, 1877, 3546, 5175), (0, 3861, 3537, 4203, 7107), (0, 7602, 6897, 7294, 10844),
+    (2, 1915, 1743, 3584, 5161), (2, 3816, 3455, 5271, 7063), (2, 7583, 6683, 8498, 10826),
+]
+
+
+def overlap_e2e(profile, link=LINK):
+    """bench/overlap_e2e: 16,793,600 fp32 elements in 32 tensors, 2^20-element
+    buckets, a simulated backward (no forward) of the measured length; the
+    step's total with gradients handed over and at once."""
+    sizes = []
+    for _ in range(16):
+        sizes += [1024 * 1024, 1024]
+    model = Model(tuple(sizes))
+    s = Settings(reduce_bucket_size=2 ** 20)
+    rows = []
+    for stage, back_once, back_ready, total_ready, total_once in OVERLAP:
+        kind = "adamw" if stage == 0 else "zero2"
+        once = step_time(Config(kind), model, link, s, profile, back_once / 1e3, 1.0).total
+        ready = step_time(Config(kind, overlap=True), model, link, s, profile, back_ready / 1e3, 1.0).total
+        label = f"stage {stage}, backward {back_once / 1e3:.1f} s"
+        rows.append(Row("overlap_e2e", label + ", at once", once, total_once / 1e3, "docs/guides/grad-ready.md"))
+        rows.append(Row("overlap_e2e", label + ", grad_ready", ready, total_ready / 1e3, "docs/guides/grad-ready.md"))
+    return rows
+
+
+def predict_all(profile, link=LINK):
+    return (compressed_allreduce(profile, link) + onebit_e2e(profile, link) + zero_e2e(profile, link)
+            + compressed_zero(profile, link) + overlap_e2e(profile, link))
+
+
+def table(rows) -> str:
+    out = [f"{'benchmark':22s} {'set-up':48s} {'predicted s':>11s} {'recorded s':>10s} {'error':>7s}"]
+    for r in rows:
+        out.append(f"{r.bench:22s} {r.setup:48s} {r.predicted:11.4f} {r.recorded:10.4f} {r.error:+7.1%}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .profile import load
+
+    print(table(predict_all(load(sys.argv[1] if len(sys.argv) > 1 else None))))

@@ -1,0 +1,188 @@
+"""Calibration: times the library's own work through its public API on
+this machine, in well under a minute, as seconds per element
+(profile.py's costs).
+
+* Update rules: an optimizer step at one rank on a local communicator
+  (AdamW, ZeRO-2, 1-bit Adam's and 1-bit LAMB's warmup and compression
+  stages, 0/1 Adam's full and local steps).
+* Compression and the codecs: at one rank nothing is compressed, so these
+  run at two ranks on a communicator whose callbacks stand in for a peer
+  that holds the same values (`fake_peer`): every rank of a real run does
+  the same work per element, so the time of rank 0's step less the update
+  measured alone is the 1-bit path's (worker and server compression) or a
+  codec pair's (encoding every piece, decoding the received ones, the
+  parameter codec). The callbacks' own copies are counted in (a real
+  communicator copies as much).
+* The network (`measure_network`): AdamW steps of a tiny and of a large
+  model on the caller's communicator, less the update, give the latency
+  and the bandwidth of its allreduce.
+
+Only the CPU is timed: a CUDA build's device kernels are not (see
+docs/guides/planner.md "Limits")."""
+
+import os
+import statistics
+import time
+
+from .profile import Profile
+
+GRADIENT_CODECS = ("none", "int8", "int4", "sign")
+PARAMETER_CODECS = ("none", "bf16", "int8")
+
+
+def _sizes(numel, tensors=8):
+    """`numel` elements in `tensors` tensors of odd sizes."""
+    base = numel // tensors
+    sizes = [base + (2 * i + 1) * 7 for i in range(tensors - 1)]
+    sizes.append(numel - sum(sizes))
+    return sizes
+
+
+def fake_peer(world=2):
+    """A communicator of `world` ranks on which this process is rank 0 and
+    every other rank holds exactly what it holds (collectives on numpy
+    buffers)."""
+    import dsopt
+
+    def allreduce(send, recv, op):
+        if op == "sum":
+            recv[:] = send * world
+        elif send is not recv:
+            recv[:] = send
+
+    def reduce_scatter(send, recv, op):
+        recv[:] = send[:len(recv)] * (world if op == "sum" else 1)
+
+    def allgather(send, recv):
+        k = len(send)
+        for r in range(world):
+            recv[r * k:(r + 1) * k] = send
+
+    def alltoall(send, recv):
+        k = len(send) // world
+        for r in range(world):
+            recv[r * k:(r + 1) * k] = send[:k]   # rank r's block for rank 0 equals ours
+
+    return dsopt.Communicator.from_callbacks(0, world, allreduce=allreduce, reduce_scatter=reduce_scatter,
+                                             allgather=allgather, alltoall=alltoall)
+
+
+def time_steps(config, sizes, comm, steps=5, warmup=2):
+    """The shortest of `steps` optimizer steps after `warmup` ones (the least
+    disturbed by other work on the machine)."""
+    import warnings
+
+    import numpy as np
+    import dsopt
+
+    rng = np.random.default_rng(0)
+    params = [(rng.standard_normal(n) * 0.1).astype(np.float32) for n in sizes]
+    grads = [(rng.standard_normal(n) * 1e-2).astype(np.float32) for n in sizes]
+    times = []
+    with warnings.catch_warnings(), dsopt.Optimizer(config, params, comm=comm) as opt:
+        # The stand-in peer's gradients equal this rank's, which dsopt notices.
+        warnings.simplefilter("ignore", dsopt.DoubleReductionWarning)
+        for k in range(warmup + steps):
+            t0 = time.perf_counter()
+            opt.step(grads)
+            if k >= warmup:
+                times.append(time.perf_counter() - t0)
+        threads = opt.threads
+    return min(times), threads
+
+
+def _cfg(kind, zero=None, threads=0, **params):
+    cfg = {"optimizer": {"type": kind, "params": {"lr": 1e-4, **params}}, "threads": threads}
+    if zero:
+        cfg["zero_optimization"] = zero
+    return cfg
+
+
+def calibrate(numel=2 ** 21, steps=5, threads=0, log=None) -> Profile:
+    """Times every cost of the profile on a model of `numel` fp32 elements
+    with `threads` CPU threads per optimizer (0: what a rank alone on this
+    machine gets by default; give a run's own share, e.g. 1 for as many
+    single-threaded ranks as cores)."""
+    import dsopt
+
+    say = log or (lambda *_: None)
+    start = time.perf_counter()
+    sizes = _sizes(numel)
+    n = sum(sizes)
+    costs = {}
+    local = dsopt.Communicator.local()
+    peer = fake_peer(2)
+    big = {"stage": 2, "reduce_bucket_size": 2 ** 30, "allgather_bucket_size": 2 ** 30}
+    padded = -(-n // 4) * 4  # ZeRO's n' at 2 ranks (a multiple of 2P; at one rank of 2)
+
+    if threads == 0:
+        threads = time_steps(_cfg("AdamW"), [16], local, 1, 0)[1]
+
+    def one(name, cfg, comm, per, sub=0.0):
+        cfg["threads"] = threads
+        t, threads_used = time_steps(cfg, sizes, comm, steps)
+        costs[name] = max(0.0, (t - sub) / per)
+        say(f"  {name:24s} {t * 1e3:8.2f} ms per step  ({costs[name] * 1e9:.3f} ns per element, {threads_used} threads)")
+        return t, threads
+
+    say(f"calibrating on {n:,} fp32 elements ({len(sizes)} tensors), {steps} timed steps each")
+    one("adamw", _cfg("AdamW"), local, n)
+    one("zero_update", _cfg("AdamW", big), local, -(-n // 2) * 2)
+    t_zero2, _ = one("zero_pack", _cfg("AdamW", big), peer, n, costs["zero_update"] * padded / 2)
+    for g in GRADIENT_CODECS:
+        for p in PARAMETER_CODECS:
+            if (g, p) != ("none", "none"):
+                one(f"codec:{g}/{p}", _cfg("AdamW", dict(big, compression={"gradients": g, "parameters": p})),
+                    peer, n, t_zero2)
+    one("onebit_adam_update", _cfg("OneBitAdam", freeze_step=2), local, n)
+    one("onebit_adam_compress", _cfg("OneBitAdam", freeze_step=2), peer, n, costs["onebit_adam_update"] * n)
+    one("onebit_lamb_warmup", _cfg("OneBitLamb", freeze_step=10 ** 6), local, n)
+    one("onebit_lamb_update", _cfg("OneBitLamb", freeze_step=2), local, n)
+    one("onebit_lamb_compress", _cfg("OneBitLamb", freeze_step=2), peer, n, costs["onebit_lamb_update"] * n)
+    one("zoadam_full", _cfg("ZeroOneAdam", var_freeze_step=10 ** 6, var_update_scaler=10 ** 6), local, n)
+    # Frozen after the first update; syncs at doubling intervals up to 16: mostly local steps.
+    one("zoadam_local", _cfg("ZeroOneAdam", var_freeze_step=0, local_step_scaler=1, local_step_clipper=16),
+        local, n)
+    # Every phase-2 step a sync (interval 1 for 10^6 steps).
+    one("zoadam_compress", _cfg("ZeroOneAdam", var_freeze_step=0, local_step_scaler=10 ** 6), peer, n,
+        costs["zoadam_local"] * n)
+    peer.close()
+    cpu = _cpu_name()
+    return Profile(costs, True, f"{cpu}, {threads} thread(s), {dsopt.build_info().split()[-1]}", "fp32", n,
+                   None, time.perf_counter() - start)
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"CPU ({os.cpu_count()} cores)"
+
+
+def measure_network(comm, profile: Profile, large=2 ** 22, steps=5) -> dict:
+    """Latency and bandwidth of `comm` (a dsopt.Communicator of P ranks;
+    collective: call on every rank): AdamW steps on a 16-element model and
+    on a `large` one; the update (from `profile`) is taken off. Returns
+    {"ranks", "latency" (s per round), "bandwidth" (bytes/s each rank's
+    ring allreduce moves), "communicator"}; put it in profile.network."""
+    from math import ceil, log2
+
+    from . import bytes as pbytes
+
+    P = comm.size if hasattr(comm, "size") else None
+    t_small, _ = time_steps(_cfg("AdamW"), [16], comm, steps)
+    t_large, _ = time_steps(_cfg("AdamW"), _sizes(large), comm, steps)
+    if P is None or P < 2:
+        raise ValueError("measure_network needs a communicator of at least 2 ranks")
+    rounds = 2 * ceil(log2(P)) + 2 * (P - 1)
+    latency = t_small / rounds
+    moved = pbytes.full_allreduce(large, P) - pbytes.full_allreduce(16, P)
+    wire = t_large - t_small - profile.cost("adamw") * large
+    if wire <= 0:
+        raise ValueError("the large allreduce took no longer than the small one: the link is too fast to measure "
+                         f"with {large} elements (use a larger model)")
+    return {"ranks": P, "latency": latency, "bandwidth": moved / wire, "communicator": getattr(comm, "kind", "?")}

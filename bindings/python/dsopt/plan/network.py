@@ -1,0 +1,135 @@
+"""An alpha-beta model of the collectives dsopt issues.
+
+A collective costs its sequential rounds times the latency alpha plus, for
+each link it uses, the bytes that link carries over its bandwidth; the
+busiest link sets the time. Two topologies:
+
+* ``nodes``: P ranks in nodes of R ranks. Inside a node each rank has its
+  own path at the intra-node bandwidth; between nodes each node has one
+  network interface carrying its ranks' off-node traffic at the inter-node
+  bandwidth (each direction). Ring collectives run their ring node by node,
+  so each node's interface carries one ring hop.
+* ``shared``: one link carries every rank's traffic (a switch-less shared
+  medium; bench/netem.sh's emulated loopback, which all ranks share).
+
+Rings (allreduce, reduce-scatter, allgather) and the all-to-all are those
+dsopt's own host path runs (docs/guides/communicators.md); dsopt has no
+hierarchical collectives, so none is modelled. Small control allreduces
+(16 bytes) cost 2 ceil(log2 P) rounds, as MPI's and NCCL's latency-bound
+algorithms take."""
+
+from dataclasses import dataclass
+from math import ceil, log2
+
+from .units import parse_bandwidth, parse_count, parse_time
+
+
+@dataclass(frozen=True)
+class Cluster:
+    ranks: int
+    ranks_per_node: int
+    intra_bandwidth: float      # bytes/s per rank inside a node
+    inter_bandwidth: float      # bytes/s per node between nodes (each direction)
+    intra_latency: float = 2e-6
+    inter_latency: float = 10e-6
+    topology: str = "nodes"     # or "shared"
+    cpu_oversubscription: float = 1.0  # CPU threads of the ranks per core of their machine (>= 1 slows their work)
+
+    def __post_init__(self):
+        for name in ("ranks", "ranks_per_node"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name.replace('_', ' ')} must be a positive integer, got {v!r}")
+        if self.ranks % self.ranks_per_node and self.ranks > self.ranks_per_node:
+            raise ValueError(f"ranks ({self.ranks}) must be a multiple of ranks per node ({self.ranks_per_node})")
+        for name in ("intra_bandwidth", "inter_bandwidth"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise ValueError(f"{name.replace('_', ' ')} must be positive, got {v!r}")
+        for name in ("intra_latency", "inter_latency"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name.replace('_', ' ')} must be >= 0")
+        if not self.cpu_oversubscription > 0:
+            raise ValueError(f"cpu oversubscription must be positive, got {self.cpu_oversubscription!r}")
+        if self.topology not in ("nodes", "shared"):
+            raise ValueError(f'topology must be "nodes" or "shared", got {self.topology!r}')
+
+    @classmethod
+    def parse(cls, ranks, ranks_per_node=None, intra="600GB/s", inter="25gbit", intra_latency="2us",
+              inter_latency="10us", topology="nodes", cpu_oversubscription=1.0) -> "Cluster":
+        p = parse_count(ranks, "ranks")
+        r = p if ranks_per_node is None else min(p, parse_count(ranks_per_node, "ranks per node"))
+        return cls(p, r, parse_bandwidth(intra, "intra-node bandwidth"),
+                   parse_bandwidth(inter, "inter-node bandwidth"),
+                   parse_time(intra_latency, "intra-node latency"),
+                   parse_time(inter_latency, "inter-node latency"), topology, float(cpu_oversubscription))
+
+    @classmethod
+    def from_measurement(cls, network: dict, ranks=None) -> "Cluster":
+        """The cluster a measured communicator (calibrate.measure_network)
+        stands for: its ranks in one node whose ring allreduce moves
+        `bandwidth` bytes per second per rank after `latency` per round."""
+        p = int(ranks or network["ranks"])
+        return cls(p, p, float(network["bandwidth"]), float(network["bandwidth"]),
+                   float(network["latency"]), float(network["latency"]),
+                   cpu_oversubscription=float(network.get("cpu_oversubscription", 1.0)))
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.ranks // self.ranks_per_node)
+
+    @property
+    def alpha(self) -> float:
+        return self.inter_latency if self.nodes > 1 or self.topology == "shared" else self.intra_latency
+
+    # ---- bytes through the busiest link -----------------------------------
+
+    def _time(self, per_rank: float, per_node_out: float, rounds: int) -> float:
+        """`per_rank`: bytes each rank sends; `per_node_out`: bytes each
+        node's interface sends off the node."""
+        P = self.ranks
+        if P == 1:
+            return 0.0
+        if self.topology == "shared":
+            wire = P * per_rank / self.inter_bandwidth
+        else:
+            wire = per_rank / self.intra_bandwidth
+            if self.nodes > 1:
+                wire = max(wire, per_node_out / self.inter_bandwidth)
+        return rounds * self.alpha + wire
+
+    def ring(self, per_rank_bytes: float, rounds: int) -> float:
+        """A ring collective in which each rank sends `per_rank_bytes`: each
+        node's interface carries one hop of the ring, as much as one rank."""
+        return self._time(per_rank_bytes, per_rank_bytes, rounds)
+
+    def allreduce(self, nbytes: float) -> float:
+        P = self.ranks
+        if nbytes <= 64:
+            return 2 * ceil(log2(P)) * self.alpha if P > 1 else 0.0
+        return self.ring(2 * (P - 1) * nbytes / P, 2 * (P - 1))
+
+    def reduce_scatter(self, nbytes: float) -> float:
+        """`nbytes`: the whole buffer (every rank's block)."""
+        P = self.ranks
+        return self.ring((P - 1) * nbytes / P, P - 1)
+
+    def allgather(self, nbytes: float) -> float:
+        """`nbytes`: the whole result (every rank's block)."""
+        return self.reduce_scatter(nbytes)
+
+    def alltoall(self, nbytes: float) -> float:
+        """`nbytes`: what one rank sends in all (a block to every rank, its
+        own included): off-node blocks leave through the node's interface."""
+        P, R = self.ranks, self.ranks_per_node
+        block = nbytes / P
+        return self._time((P - 1) * block, R * (P - R) * block, P - 1)
+
+    def describe(self) -> str:
+        if self.topology == "shared":
+            return (f"{self.ranks} ranks on one shared link of {self.inter_bandwidth * 8 / 1e9:g} Gbit/s, "
+                    f"latency {self.inter_latency * 1e6:g} us")
+        return (f"{self.ranks} ranks, {self.ranks_per_node} per node ({self.nodes} nodes); "
+                f"inside a node {self.intra_bandwidth * 8 / 1e9:g} Gbit/s per rank, "
+                f"{self.intra_latency * 1e6:g} us; between nodes {self.inter_bandwidth * 8 / 1e9:g} Gbit/s "
+                f"per node, {self.inter_latency * 1e6:g} us")

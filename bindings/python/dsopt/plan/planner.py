@@ -1,0 +1,89 @@
+"""plan(): every configuration's bytes, memory and predicted step time on a
+cluster, and the choice among them."""
+
+from dataclasses import dataclass
+
+from . import bytes as pbytes
+from .configs import Settings, all_configs
+from .memory import memory
+from .timing import step_time
+
+
+@dataclass(frozen=True)
+class Record:
+    config: object
+    bytes: object            # bytes.StepBytes
+    run_bytes_per_step: float  # average over settings.steps updates
+    memory: object           # memory.Memory
+    time: object             # timing.StepTime of the steady (compressed / local) step
+    phase_times: dict        # step kind -> StepTime (1-bit family: warmup, compressed, local)
+    average_time: float      # over the run, by the schedule
+    speedup: float = 1.0     # AdamW's average time / this one's
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def _kinds(config, settings):
+    """(step kind, updates of that kind) over the run."""
+    if config.kind in ("onebit_adam", "onebit_lamb"):
+        warm, comp = pbytes.onebit_phases(settings)
+        return [("warmup", warm), ("compressed", comp)]
+    if config.kind == "zoadam":
+        c = pbytes.zoadam_counts(settings)
+        return [("warmup", c["full"]), ("compressed", c["1bit"] + c["sync"]), ("local", c["local"])]
+    return [("steady", settings.steps)]
+
+
+def plan(model, cluster, compute: float, profile, settings: Settings = None, configs=None,
+         backward_fraction=2 / 3, overlapping_comm=True, concurrent_comm=True) -> list:
+    """A Record per configuration (default: all_configs()), speedups against AdamW."""
+    settings = settings or Settings()
+    if not compute >= 0:
+        raise ValueError(f"compute time must be >= 0 seconds, got {compute!r}")
+    if not 0 <= backward_fraction <= 1:
+        raise ValueError(f"backward fraction must be in [0, 1], got {backward_fraction!r}")
+    configs = list(configs or all_configs())
+    P = cluster.ranks
+    records = []
+    for cfg in configs:
+        sb = pbytes.step_bytes(cfg, model, P, settings)
+        kinds = _kinds(cfg, settings)
+        times = {k: step_time(cfg, model, cluster, settings, profile, compute, backward_fraction, k,
+                              overlapping_comm) for k, count in kinds}
+        total = sum(times[k].total * count for k, count in kinds)
+        steady = times["compressed"] if "compressed" in times else times["steady"]
+        records.append(Record(cfg, sb, pbytes.run_bytes(cfg, model, P, settings) / settings.steps,
+                              memory(cfg, model, P, settings, overlapping_comm=overlapping_comm,
+                                     concurrent_comm=concurrent_comm),
+                              steady, times, total / settings.steps))
+    base = next((r.average_time for r in records if r.config.kind == "adamw" and not r.config.overlap), None)
+    if base is None:
+        from .configs import Config
+        base = plan(model, cluster, compute, profile, settings, [Config("adamw")], backward_fraction)[0].average_time
+    return [Record(r.config, r.bytes, r.run_bytes_per_step, r.memory, r.time, r.phase_times, r.average_time,
+                   base / r.average_time if r.average_time > 0 else float("inf")) for r in records]
+
+
+def choose(records, memory_limit=None, exact_numerics=False):
+    """(record, reason): the fastest configuration over the run that fits
+    `memory_limit` bytes per rank (dsopt's own memory); `exact_numerics`
+    keeps to AdamW and uncompressed ZeRO, which give AdamW's results."""
+    pool = [r for r in records if memory_limit is None or r.memory.total <= memory_limit]
+    if exact_numerics:
+        pool = [r for r in pool if r.config.kind in ("adamw", "zero1", "zero2")]
+    if not pool:
+        raise ValueError("no configuration fits the memory limit")
+    best = min(pool, key=lambda r: (round(r.average_time, 12), r.memory.total))
+    base = next((r for r in records if r.config.kind == "adamw" and not r.config.overlap), None)
+    t = best.time
+    parts = {"compute": t.compute, "update": t.update, "compression": t.compression, "communication": t.exposed}
+    bound = max(parts, key=parts.get)
+    reason = f"{best.average_time * 1e3:.1f} ms per step"
+    if base is not None and best is not base:
+        reason += f", {best.speedup:.2f}x AdamW's {base.average_time * 1e3:.1f} ms"
+    reason += f"; {bound} dominates its step ({parts[bound] / t.total:.0%})"
+    if best.config.onebit or best.config.kind == "czero":
+        reason += "; compressed traffic changes the numerics: check the loss (docs/guides/planner.md)"
+    return best, reason

@@ -1,0 +1,90 @@
+"""Predicted step time of a configuration: compute (forward and backward,
+given or measured), the update (the optimizer's own work per element, from
+the profile), compression (the 1-bit path and the codecs, from the
+profile), and the communication left exposed (the network model of the
+calls `collectives.py` lists). With gradients handed over during backward
+the gradient reductions run behind the backward part of the compute,
+bucket by bucket from the last; the parameter allgather follows the update
+and is never hidden."""
+
+from dataclasses import dataclass
+
+from .collectives import step_calls
+from .layout import zero_layout
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute: float
+    update: float
+    compression: float
+    comm: float          # all communication of the step
+    exposed: float       # the part not hidden behind backward
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.update + self.compression + self.exposed
+
+
+def _work(config, model, world, settings, profile, kind):
+    """(update, compression) seconds of one step of `kind`."""
+    n, c = model.numel, profile.cost
+    if config.kind == "adamw":
+        return c("adamw") * n, 0.0
+    if config.zero:
+        lay = zero_layout(n, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
+        update = c("zero_update") * lay.shard + (c("zero_pack") * n if world > 1 else 0.0)
+        comp = c(f"codec:{config.gradients}/{config.parameters}") * n if config.kind == "czero" and world > 1 else 0.0
+        return update, comp
+    coded = world > 1
+    if config.kind == "onebit_adam":
+        if kind == "warmup":
+            return c("adamw") * n, 0.0
+        return c("onebit_adam_update") * n, c("onebit_adam_compress") * n if coded else 0.0
+    if config.kind == "onebit_lamb":
+        if kind == "warmup":
+            return c("onebit_lamb_warmup") * n, 0.0
+        return c("onebit_lamb_update") * n, c("onebit_lamb_compress") * n if coded else 0.0
+    if config.kind == "zoadam":
+        if kind == "warmup":
+            return c("zoadam_full") * n, 0.0
+        return c("zoadam_local") * n, (c("zoadam_compress") * n if coded and kind == "compressed" else 0.0)
+    raise ValueError(f"unknown configuration kind {config.kind!r}")
+
+
+def _exposed(calls, cluster, backward, grad_work):
+    """Communication not hidden behind `backward` seconds: gradient buckets
+    become complete in reverse parameter order as backward runs and are
+    reduced one after another (each after its share of `grad_work`, the
+    encoding done on the reduction thread)."""
+    grads = sorted((c for c in calls if c.stage == "grad"), key=lambda c: -c.bucket)
+    other = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage != "grad")
+    done, ready, t = 0.0, 0.0, 0.0
+    for c in grads:
+        ready += c.share * backward
+        t = max(t, ready) + c.share * grad_work + getattr(cluster, c.op)(c.nbytes)
+        done = t
+    return max(0.0, done - backward) + other, grad_work
+
+
+def step_time(config, model, cluster, settings, profile, compute: float, backward_fraction=2 / 3,
+              kind="steady", overlapping_comm=True) -> StepTime:
+    """`overlapping_comm`: the communicator overlaps transfers with dsopt's
+    work (MPI on host buffers), so the 1-bit compressed allreduce's
+    arithmetic runs while its pieces are on the wire."""
+    world = cluster.ranks
+    calls = step_calls(config, model, world, settings, kind)
+    comm = sum(getattr(cluster, c.op)(c.nbytes) for c in calls)
+    update, compression = (x * cluster.cpu_oversubscription
+                           for x in _work(config, model, world, settings, profile, kind))
+    if config.onebit and overlapping_comm and compression > 0:
+        car = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage == "grad")
+        hidden = min(car, compression)
+        return StepTime(compute, update, compression, comm, comm - hidden)
+    if config.overlap and world > 1:
+        # The gradient codec's share of the coding runs with the reductions.
+        grad_work = compression * (0.5 if config.kind == "czero" and config.parameters != "none" else 1.0)
+        exposed, hidden_work = _exposed(calls, cluster, backward_fraction * compute, grad_work)
+        # The coding done behind backward is counted in `exposed` where it shows.
+        return StepTime(compute, update, compression - hidden_work, comm, exposed)
+    return StepTime(compute, update, compression, comm, comm)
