@@ -21,7 +21,6 @@ Only the CPU is timed: a CUDA build's device kernels are not (see
 docs/guides/planner.md "Limits")."""
 
 import os
-import statistics
 import time
 
 from .profile import Profile

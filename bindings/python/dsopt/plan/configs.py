@@ -1,7 +1,7 @@
 """Every configuration the planner compares, and the dsopt config of each
 (the one the exactness test runs)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 GRADIENT_CODECS = ("none", "int8", "int4", "sign")
 PARAMETER_CODECS = ("none", "bf16", "int8")

@@ -10,7 +10,7 @@ and is never hidden."""
 from dataclasses import dataclass
 
 from .collectives import step_calls
-from .layout import zero_layout
+from .layout import car_largest_piece, car_padded, zero_layout
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,13 @@ def _work(config, model, world, settings, profile, kind):
     raise ValueError(f"unknown configuration kind {config.kind!r}")
 
 
+def _car_pieces(config, model, world):
+    """How many pieces MPI's compressed allreduce runs in (its arithmetic
+    overlaps the transfers only with more than one)."""
+    sizes = [car_padded(model.numel, world)] if config.kind == "onebit_lamb" else list(model.sizes)
+    return car_largest_piece(sizes, world, True)[0]
+
+
 def _exposed(calls, cluster, backward, grad_work):
     """Communication not hidden behind `backward` seconds: gradient buckets
     become complete in reverse parameter order as backward runs and are
@@ -77,7 +84,7 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
     comm = sum(getattr(cluster, c.op)(c.nbytes) for c in calls)
     update, compression = (x * cluster.cpu_oversubscription
                            for x in _work(config, model, world, settings, profile, kind))
-    if config.onebit and overlapping_comm and compression > 0:
+    if config.onebit and overlapping_comm and compression > 0 and _car_pieces(config, model, world) > 1:
         car = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage == "grad")
         hidden = min(car, compression)
         return StepTime(compute, update, compression, comm, comm - hidden)
