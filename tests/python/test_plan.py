@@ -228,3 +228,29 @@ def test_link_bound_benchmarks_are_predicted_within_15_percent():
     bad = [f"{r.bench} {r.setup}: predicted {r.predicted:.3f} s, recorded {r.recorded:.3f} s ({r.error:+.1%})"
            for r in bound if abs(r.error) > 0.15]
     assert not bad, "\n".join(bad)
+
+
+def test_model_from_torch_and_measured_compute():
+    torch = pytest.importorskip("torch")
+    from dsopt.plan import measure_compute
+
+    net = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    model = Model.from_torch(net)
+    assert model.sizes == (35, 5, 15, 3) and model.dtype == "fp32"
+    x = torch.randn(16, 7)
+
+    def step():
+        net.zero_grad()
+        net(x).square().mean().backward()
+
+    t = measure_compute(step, steps=3, warmup=1)
+    assert 0 < t < 1.0
+    with pytest.raises(ValueError, match="steps"):
+        measure_compute(step, steps=0)
+
+
+def test_import_needs_neither_numpy_work_nor_torch():
+    code = ("import sys; import dsopt.plan, dsopt.plan.__main__; "
+            "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], env=conftest.subprocess_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

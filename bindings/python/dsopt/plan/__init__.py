@@ -11,6 +11,7 @@ calibrated on this machine and an alpha-beta model of the network.
 
 ``python -m dsopt.plan --help`` is the command; docs/guides/planner.md the guide."""
 
+from .calibrate import measure_compute, measure_network
 from .configs import Config, Settings, all_configs, by_name
 from .model import Model
 from .network import Cluster
@@ -18,4 +19,4 @@ from .planner import Record, choose, plan
 from .profile import Profile, load as load_profile, save as save_profile
 
 __all__ = ["Config", "Settings", "all_configs", "by_name", "Model", "Cluster", "Record", "choose", "plan",
-           "Profile", "load_profile", "save_profile"]
+           "Profile", "load_profile", "save_profile", "measure_compute", "measure_network"]

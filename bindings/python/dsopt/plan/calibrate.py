@@ -185,3 +185,24 @@ def measure_network(comm, profile: Profile, large=2 ** 22, steps=5) -> dict:
         raise ValueError("the large allreduce took no longer than the small one: the link is too fast to measure "
                          f"with {large} elements (use a larger model)")
     return {"ranks": P, "latency": latency, "bandwidth": moved / wire, "communicator": getattr(comm, "kind", "?")}
+
+
+def measure_compute(step, steps=5, warmup=2, synchronize=None) -> float:
+    """The median seconds of `step()` (your forward and backward, without
+    the optimizer step) over `steps` calls after `warmup`: the planner's
+    compute time. `synchronize` (e.g. torch.cuda.synchronize) is called
+    before each clock reading when the work is asynchronous."""
+    import statistics
+
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    sync = synchronize or (lambda: None)
+    times = []
+    for k in range(warmup + steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
