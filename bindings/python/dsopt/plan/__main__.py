@@ -14,8 +14,9 @@ from .units import parse_count, parse_time
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m dsopt.plan", description=__doc__.split(":")[1].strip()
-                                + " Predicts bytes, memory and step time of every dsopt configuration.")
+    p = argparse.ArgumentParser(prog="python -m dsopt.plan", description=(
+        "Will it help on my cluster? Predicts the bytes each rank sends per step, the memory each rank holds and "
+        "the step time of every dsopt configuration, and chooses one (docs/guides/planner.md)."))
     m = p.add_argument_group("model")
     m.add_argument("--params", help="parameter count (1.3e9, 350M, 7B)")
     m.add_argument("--sizes", help="comma-separated tensor sizes instead of --params")
