@@ -125,6 +125,8 @@ def run(args):
     print(f"cluster: {cluster.describe()}")
     print(f"compute: {compute * 1e3:.1f} ms per step; run: {steps:,} updates, freeze_step {freeze:,}, "
           f"var_freeze_step {var_freeze:,}")
+    if compute == 0:
+        print("         (no --compute given: the times and speedups are of the optimizer's part of a step alone)")
     print(f"profile: {prof.label}")
     print()
     print(table(records))
