@@ -140,10 +140,13 @@ emulated() {
     echo "run_benchmarks: skipped (DSOPT_BENCH_NETEM=0)"
     return 0
   fi
-  DSOPT_NETEM_RATE=${DSOPT_NETEM_RATE:-1gbit} DSOPT_NETEM_NP=$ranks "$here/netem.sh" "$@" || status=$?
+  # The output also goes to emulated.log, for the planner's comparison below.
+  DSOPT_NETEM_RATE=${DSOPT_NETEM_RATE:-1gbit} DSOPT_NETEM_NP=$ranks "$here/netem.sh" "$@" |
+    tee -a "$build/bench/emulated.log" || status=$?
   if [ $status -eq 77 ]; then return 0; fi
   return $status
 }
+: > "$build/bench/emulated.log"
 
 for name in "${mpi_benchmarks[@]}"; do
   case $name in
@@ -217,13 +220,12 @@ for name in "${mpi_benchmarks[@]}"; do
 done
 
 echo
-echo "== dsopt.plan: predicted step times of the set-ups above on the emulated link, beside the recorded ones =="
+echo "== dsopt.plan: predicted step times of the set-ups above on the emulated link, beside this run's and the recorded ones =="
 # The planner calibrated on this machine now (1 thread per rank, as the runs
-# above); their measurements of this run are in the sections above
-# (docs/guides/planner.md "Accuracy").
+# above; docs/guides/planner.md "Accuracy").
 if with_build "$python" -c "import dsopt" 2>/dev/null; then
   with_build "$python" -m dsopt.plan --calibrate --threads 1 --profile "$build/bench/plan-profile.json" >/dev/null &&
-    with_build "$python" -m dsopt.plan.benchmarks "$build/bench/plan-profile.json"
+    with_build "$python" -m dsopt.plan.benchmarks "$build/bench/plan-profile.json" --measured "$build/bench/emulated.log"
 else
   echo "run_benchmarks: skipped ($python cannot import the dsopt binding; make python)"
 fi

@@ -254,3 +254,21 @@ def test_import_needs_neither_numpy_work_nor_torch():
             "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], env=conftest.subprocess_env(), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_benchmark_log_is_read_beside_the_predictions():
+    """make bench's emulated.log (here: one run of the five set-ups on the
+    emulated link, on the 2-core machine while other work loaded it) is read
+    set-up by set-up; the link-bound ones within 25% of that run."""
+    from dsopt.plan import benchmarks
+    from dsopt.plan.profile import load
+
+    log = (conftest.HERE / "plan_netem_run.log").read_text()
+    rows = benchmarks.measured_rows(log, load(conftest.HERE / "plan_profile_2core.json", required=True))
+    got = {(r.bench, r.setup): r.recorded for r in rows}
+    assert len(rows) == 26
+    assert got[("onebit_e2e", "Adam dsopt_step, 4.19M")] == 0.857
+    assert got[("compressed_zero", "int4/int8, fp32")] == 2.369
+    assert got[("overlap_e2e", "stage 2, backward 1 x T_c, grad_ready")] == 5.587
+    bad = [f"{r.bench} {r.setup}: {r.error:+.1%}" for r in rows if r.link_bound and abs(r.error) > 0.25]
+    assert not bad, bad

@@ -24,7 +24,7 @@ class Row:
     bench: str
     setup: str
     predicted: float
-    recorded: float      # seconds, as docs/ record it (median)
+    recorded: float      # seconds, as docs/ record it (median), or as a run measured it
     source: str
     exposed: float = 0.0  # predicted communication not hidden (seconds)
 
@@ -148,17 +148,130 @@ def predict_all(profile, link=LINK):
             + compressed_zero(profile, link) + overlap_e2e(profile, link))
 
 
-def table(rows) -> str:
-    out = [f"{'benchmark':22s} {'set-up':48s} {'predicted s':>11s} {'recorded s':>10s} {'error':>7s}  bound by"]
+def table(rows, reference="recorded s") -> str:
+    out = [f"{'benchmark':22s} {'set-up':48s} {'predicted s':>11s} {reference:>10s} {'error':>7s}  bound by"]
     for r in rows:
         out.append(f"{r.bench:22s} {r.setup:48s} {r.predicted:11.4f} {r.recorded:10.4f} {r.error:+7.1%}  "
                    f"{'the link' if r.link_bound else 'the CPU'}")
     return "\n".join(out)
 
 
-if __name__ == "__main__":
-    import sys
+# ---- this machine's measurements -------------------------------------------
+
+TITLES = {"1-bit compressed allreduce": "compressed_allreduce", "data-parallel training, 1-bit Adam vs Adam": "onebit_e2e",
+          "ZeRO stage 1/2 vs stage 0": "zero_e2e", "Compressed ZeRO-2 vs uncompressed ZeRO-2": "compressed_zero",
+          "Overlap of the gradient reduction with backward": "overlap_e2e"}
+
+
+def _chunks(log):
+    """{benchmark: its first output on the emulated link} from a log of
+    bench/netem.sh runs (each starts with its "netem: namespace" line)."""
+    out = {}
+    for chunk in log.split("netem: namespace")[1:]:
+        head = chunk.split("\n", 1)
+        if len(head) < 2 or "limited to" not in head[0]:
+            continue
+        for title, bench in TITLES.items():
+            if title in head[1][:300] and bench not in out:
+                out[bench] = head[1]
+    return out
+
+
+def _number(pattern, text):
+    import re
+
+    m = re.search(pattern, text)
+    return float(m.group(1)) if m else None
+
+
+def measured_rows(log, profile, link=LINK) -> list:
+    """Rows of the planner's prediction beside the step times that a log of
+    bench/netem.sh runs measured (make bench's emulated runs; set-ups it
+    cannot find are left out)."""
+    import re
+
+    pred = {(r.bench, r.setup): r for r in predict_all(profile, link)}
+    rows = []
+
+    def add(bench, setup, value, source="this run"):
+        r = pred.get((bench, setup))
+        if r is not None and value:
+            rows.append(Row(bench, setup, r.predicted, value, source, r.exposed))
+
+    chunks = _chunks(log)
+    text = chunks.get("compressed_allreduce", "")
+    for block in text.split("\nn = ")[1:]:
+        n = int(block.split()[0])
+        add("compressed_allreduce", f"fp32 allreduce, {n:,} floats", _number(r"MPI_Allreduce\s+([\d.]+)", block))
+        add("compressed_allreduce", f"1-bit allreduce, {n:,} floats", _number(r"1-bit CAR\s+([\d.]+)", block))
+    text = chunks.get("onebit_e2e", "")
+    m = re.search(r"linear regression (\d+) -> (\d+), (\d+) parameters", text)
+    if m:
+        d_in, d_out = int(m.group(1)), int(m.group(2))
+        model, s = Model((d_in * d_out, d_out)), Settings()
+        for label, cfg, kind, pattern in (
+                ("Adam dsopt_step", Config("adamw"), "steady", r"\nAdam\s+[\d.]+\s+[\d.]+\s+([\d.]+)"),
+                ("1-bit Adam compressed dsopt_step", Config("onebit_adam"), "compressed",
+                 r"1-bit Adam, compression stage\s+[\d.]+\s+[\d.]+\s+([\d.]+)")):
+            t, exposed = _dsopt_step(cfg, model, s, profile, link, kind)
+            value = _number(pattern, text)
+            if value:
+                rows.append(Row("onebit_e2e", f"{label}, {model.numel / 1e6:.2f}M", t, value, "this run", exposed))
+    for part in chunks.get("zero_e2e", "").split("== step time: ")[1:]:
+        dtype = part[:4]
+        add("zero_e2e", f"stage 0, {dtype}", _number(r"stage 0\s+([\d.]+)", part))
+        add("zero_e2e", f"ZeRO-2, {dtype}", _number(r"ZeRO-2\s+([\d.]+)", part))
+    for part in chunks.get("compressed_zero", "").split("== step time: ")[1:]:
+        dtype = part[:4]
+        zero2 = []
+        for m in re.finditer(r"\n(\w+/\w+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d+ \|\s+([\d.]+)", part):
+            add("compressed_zero", f"{m.group(1)}, {dtype}", float(m.group(2)))
+            zero2.append(float(m.group(3)))
+        if zero2:
+            add("compressed_zero", f"none/none, {dtype}", sorted(zero2)[len(zero2) // 2])
+    sizes = []
+    for _ in range(16):
+        sizes += [1024 * 1024, 1024]
+    model, s = Model(tuple(sizes)), Settings(reduce_bucket_size=2 ** 20)
+    for part in chunks.get("overlap_e2e", "").split("== stage ")[1:]:
+        stage = int(part[0])
+        kind = "adamw" if stage == 0 else "zero2"
+        for m in re.finditer(r"\n([\d.]+) x T_c\s+[\d.]+ ms grad_ready\s+(\d+) \([^)]*\)\s+(\d+) \([^)]*\).*\n"
+                             r"\s+at once\s+(\d+) \([^)]*\)\s+(\d+)", part):
+            back_ready, total_ready, back_once, total_once = (int(m.group(i)) / 1e3 for i in (2, 3, 4, 5))
+            label = f"stage {stage}, backward {float(m.group(1)):g} x T_c"
+            for mode, cfg, back, total in (("at once", Config(kind), back_once, total_once),
+                                           ("grad_ready", Config(kind, overlap=True), back_ready, total_ready)):
+                t = step_time(cfg, model, link, s, profile, back, 1.0)
+                rows.append(Row("overlap_e2e", f"{label}, {mode}", t.total, total, "this run", t.exposed + t.compute))
+    return rows
+
+
+def main(argv=None):
+    import argparse
 
     from .profile import load
 
-    print(table(predict_all(load(sys.argv[1] if len(sys.argv) > 1 else None))))
+    ap = argparse.ArgumentParser(prog="python -m dsopt.plan.benchmarks",
+                                 description="The planner's step times for make bench's set-ups on the emulated "
+                                             "link, beside the recorded ones, or beside a log of this machine's runs.")
+    ap.add_argument("profile", nargs="?", help="profile JSON (default: the saved one)")
+    ap.add_argument("--measured", help="a log of bench/netem.sh runs (make bench writes <build>/bench/emulated.log)")
+    args = ap.parse_args(argv)
+    profile = load(args.profile)
+    print(f"profile: {profile.label}")
+    if args.measured:
+        with open(args.measured) as f:
+            rows = measured_rows(f.read(), profile)
+        print("predicted beside this run's measurements:")
+        print(table(rows, "measured s") if rows else "(no emulated-link run in the log)")
+        print()
+    print("predicted beside the step times the guides recorded:")
+    print(table(predict_all(profile)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
