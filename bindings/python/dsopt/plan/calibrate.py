@@ -67,27 +67,39 @@ def fake_peer(world=2):
 
 
 def time_steps(config, sizes, comm, steps=5, warmup=2):
-    """The shortest of `steps` optimizer steps after `warmup` ones (the least
-    disturbed by other work on the machine)."""
+    """(The shortest of `steps` optimizer steps after `warmup` ones, the
+    optimizer's thread count)."""
+    (t,), threads = time_interleaved([(config, comm)], sizes, steps, warmup)
+    return t, threads
+
+
+def time_interleaved(runs, sizes, steps=5, warmup=2):
+    """([the shortest step of each run], threads of the first): every
+    (config, communicator) of `runs` steps once per round, in turn, so the
+    costs that are subtracted from each other see the same load; the
+    shortest step is the one least disturbed by other work."""
+    import contextlib
     import warnings
 
     import numpy as np
     import dsopt
 
     rng = np.random.default_rng(0)
-    params = [(rng.standard_normal(n) * 0.1).astype(np.float32) for n in sizes]
+    params = [[(rng.standard_normal(n) * 0.1).astype(np.float32) for n in sizes] for _ in runs]
     grads = [(rng.standard_normal(n) * 1e-2).astype(np.float32) for n in sizes]
-    times = []
-    with warnings.catch_warnings(), dsopt.Optimizer(config, params, comm=comm) as opt:
+    times = [[] for _ in runs]
+    with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         # The stand-in peer's gradients equal this rank's, which dsopt notices.
         warnings.simplefilter("ignore", dsopt.DoubleReductionWarning)
+        opts = [stack.enter_context(dsopt.Optimizer(cfg, p, comm=comm)) for (cfg, comm), p in zip(runs, params)]
         for k in range(warmup + steps):
-            t0 = time.perf_counter()
-            opt.step(grads)
-            if k >= warmup:
-                times.append(time.perf_counter() - t0)
-        threads = opt.threads
-    return min(times), threads
+            for opt, out in zip(opts, times):
+                t0 = time.perf_counter()
+                opt.step(grads)
+                if k >= warmup:
+                    out.append(time.perf_counter() - t0)
+        threads = opts[0].threads
+    return [min(t) for t in times], threads
 
 
 def _cfg(kind, zero=None, threads=0, **params):
@@ -97,7 +109,7 @@ def _cfg(kind, zero=None, threads=0, **params):
     return cfg
 
 
-def calibrate(numel=2 ** 21, steps=5, threads=0, log=None) -> Profile:
+def calibrate(numel=2 ** 21, steps=7, threads=0, log=None) -> Profile:
     """Times every cost of the profile on a model of `numel` fp32 elements
     with `threads` CPU threads per optimizer (0: what a rank alone on this
     machine gets by default; give a run's own share, e.g. 1 for as many
@@ -117,34 +129,44 @@ def calibrate(numel=2 ** 21, steps=5, threads=0, log=None) -> Profile:
     if threads == 0:
         threads = time_steps(_cfg("AdamW"), [16], local, 1, 0)[1]
 
-    def one(name, cfg, comm, per, sub=0.0):
-        cfg["threads"] = threads
-        t, threads_used = time_steps(cfg, sizes, comm, steps)
-        costs[name] = max(0.0, (t - sub) / per)
-        say(f"  {name:24s} {t * 1e3:8.2f} ms per step  ({costs[name] * 1e9:.3f} ns per element, {threads_used} threads)")
-        return t, threads
+    def group(*runs):
+        """Times `runs` (name, config, communicator) interleaved: {name: seconds}."""
+        for _, cfg, _ in runs:
+            cfg["threads"] = threads
+        ts, _ = time_interleaved([(cfg, comm) for _, cfg, comm in runs], sizes, steps)
+        return {name: t for (name, _, _), t in zip(runs, ts)}
 
-    say(f"calibrating on {n:,} fp32 elements ({len(sizes)} tensors), {steps} timed steps each")
-    one("adamw", _cfg("AdamW"), local, n)
-    one("zero_update", _cfg("AdamW", big), local, -(-n // 2) * 2)
-    t_zero2, _ = one("zero_pack", _cfg("AdamW", big), peer, n, costs["zero_update"] * padded / 2)
-    for g in GRADIENT_CODECS:
-        for p in PARAMETER_CODECS:
-            if (g, p) != ("none", "none"):
-                one(f"codec:{g}/{p}", _cfg("AdamW", dict(big, compression={"gradients": g, "parameters": p})),
-                    peer, n, t_zero2)
-    one("onebit_adam_update", _cfg("OneBitAdam", freeze_step=2), local, n)
-    one("onebit_adam_compress", _cfg("OneBitAdam", freeze_step=2), peer, n, costs["onebit_adam_update"] * n)
-    one("onebit_lamb_warmup", _cfg("OneBitLamb", freeze_step=10 ** 6), local, n)
-    one("onebit_lamb_update", _cfg("OneBitLamb", freeze_step=2), local, n)
-    one("onebit_lamb_compress", _cfg("OneBitLamb", freeze_step=2), peer, n, costs["onebit_lamb_update"] * n)
-    one("zoadam_full", _cfg("ZeroOneAdam", var_freeze_step=10 ** 6, var_update_scaler=10 ** 6), local, n)
-    # Frozen after the first update; syncs at doubling intervals up to 16: mostly local steps.
-    one("zoadam_local", _cfg("ZeroOneAdam", var_freeze_step=0, local_step_scaler=1, local_step_clipper=16),
-        local, n)
-    # Every phase-2 step a sync (interval 1 for 10^6 steps).
-    one("zoadam_compress", _cfg("ZeroOneAdam", var_freeze_step=0, local_step_scaler=10 ** 6), peer, n,
-        costs["zoadam_local"] * n)
+    def cost(name, seconds, per, sub=0.0):
+        costs[name] = max(0.0, (seconds - sub) / per)
+        say(f"  {name:24s} {seconds * 1e3:8.2f} ms per step  ({costs[name] * 1e9:.3f} ns per element)")
+
+    say(f"calibrating on {n:,} fp32 elements ({len(sizes)} tensors), {threads} thread(s), "
+        f"{steps} timed steps each, related ones interleaved")
+    cost("adamw", group(("adamw", _cfg("AdamW"), local))["adamw"], n)
+    pairs = [(g, p) for g in GRADIENT_CODECS for p in PARAMETER_CODECS if (g, p) != ("none", "none")]
+    t = group(("zero_update", _cfg("AdamW", big), local), ("zero_pack", _cfg("AdamW", big), peer),
+              *((f"codec:{g}/{p}", _cfg("AdamW", dict(big, compression={"gradients": g, "parameters": p})), peer)
+                for g, p in pairs))
+    cost("zero_update", t["zero_update"], -(-n // 2) * 2)
+    cost("zero_pack", t["zero_pack"], n, costs["zero_update"] * padded / 2)
+    for g, p in pairs:
+        cost(f"codec:{g}/{p}", t[f"codec:{g}/{p}"], n, t["zero_pack"])
+    t = group(("update", _cfg("OneBitAdam", freeze_step=2), local), ("compress", _cfg("OneBitAdam", freeze_step=2), peer))
+    cost("onebit_adam_update", t["update"], n)
+    cost("onebit_adam_compress", t["compress"], n, t["update"])
+    t = group(("warmup", _cfg("OneBitLamb", freeze_step=10 ** 6), local),
+              ("update", _cfg("OneBitLamb", freeze_step=2), local), ("compress", _cfg("OneBitLamb", freeze_step=2), peer))
+    cost("onebit_lamb_warmup", t["warmup"], n)
+    cost("onebit_lamb_update", t["update"], n)
+    cost("onebit_lamb_compress", t["compress"], n, t["update"])
+    # Full steps only; then frozen after the first update, with syncs at
+    # doubling intervals up to 16 (mostly local steps); and a sync every step.
+    t = group(("full", _cfg("ZeroOneAdam", var_freeze_step=10 ** 6, var_update_scaler=10 ** 6), local),
+              ("local", _cfg("ZeroOneAdam", var_freeze_step=0, local_step_scaler=1, local_step_clipper=16), local),
+              ("sync", _cfg("ZeroOneAdam", var_freeze_step=0, local_step_scaler=10 ** 6), peer))
+    cost("zoadam_full", t["full"], n)
+    cost("zoadam_local", t["local"], n)
+    cost("zoadam_compress", t["sync"], n, t["local"])
     peer.close()
     cpu = _cpu_name()
     return Profile(costs, True, f"{cpu}, {threads} thread(s), {dsopt.build_info().split()[-1]}", "fp32", n,
