@@ -2,9 +2,9 @@
 (dsopt.plan) over model sizes from 125M to 70B parameters, 8 to 1,024
 GPUs (8 per node) and 10 to 400 Gbit/s per node between nodes.
 
-Inputs (stated, not measured): bf16 parameters, compute per step of 4,096
-tokens per GPU at 40% of an A100's 312 TFLOP/s (6 x params x tokens /
-125e12 s), 600 GB/s inside a node, a run of 100,000 steps with freeze_step
+Inputs (stated, not measured): bf16 parameters in tensors of at most 2^24
+elements, compute per step of 4,096 tokens per GPU at 40% of an A100's
+312 TFLOP/s (6 x params x tokens / 125e12 s), 600 GB/s inside a node, a run of 100,000 steps with freeze_step
 and var_freeze_step at 15%, 80 GB per GPU of which the caller's parameters
 and gradients (4 bytes per parameter) and dsopt's memory must fit, and the
 update and coding costs of the profile (default: the saved one, else the
@@ -33,7 +33,7 @@ TOKENS, FLOPS = 4096, 0.4 * 312e12
 
 
 def cell(params, gpus, inter, profile, exact):
-    model = Model.from_params(params, "bf16", tensors=max(1, int(params // 2 ** 24)))
+    model = Model.from_params(params, "bf16")
     cluster = Cluster.parse(gpus, 8, intra="600GB/s", inter=inter)
     compute = 6 * params * TOKENS / FLOPS
     settings = Settings(steps=100_000, freeze_step=15_000, var_freeze_step=15_000)

@@ -5,7 +5,7 @@ compute, update, compression and exposed communication, from a profile
 calibrated on this machine and an alpha-beta model of the network.
 
     from dsopt import plan
-    records = plan.plan(plan.Model.from_params(1.3e9), plan.Cluster.parse(64, 8, inter="25gbit"),
+    records = plan.plan(plan.Model.from_params(1.3e9, "bf16"), plan.Cluster.parse(64, 8, inter="25gbit"),
                         compute=0.35, profile=plan.load_profile())
     best, why = plan.choose(records)
 

@@ -70,12 +70,6 @@ def _memory_limit(text):
     return float(m.group(1)) * units[m.group(2).lower()]
 
 
-def _tensors(args):
-    if args.tensors:
-        return parse_count(args.tensors, "tensors")
-    return max(1, -(-parse_count(args.params, "parameter count") // 2 ** 24))
-
-
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
@@ -98,7 +92,7 @@ def run(args):
     if not (args.params or args.sizes):
         raise ValueError("give the model: --params COUNT or --sizes N1,N2,...")
     model = (Model.from_sizes([parse_count(x, "tensor size") for x in args.sizes.split(",")], args.dtype)
-             if args.sizes else Model.from_params(args.params, args.dtype, _tensors(args)))
+             if args.sizes else Model.from_params(args.params, args.dtype, args.tensors))
     prof = load_profile(args.profile)
     if args.measured_network:
         if not prof.network:

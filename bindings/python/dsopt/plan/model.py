@@ -38,12 +38,14 @@ class Model:
         return len(self.sizes)
 
     @classmethod
-    def from_params(cls, count, dtype="fp32", tensors=1) -> "Model":
+    def from_params(cls, count, dtype="fp32", tensors=None) -> "Model":
         """``count`` parameters cut into ``tensors`` tensors of nearly equal
-        size (the tensor count changes only the 1-bit family's 8 bytes of
-        scales per tensor and rank, and the padding)."""
+        size (default: as many as make each at most 2^24 elements). The
+        tensor count changes the 1-bit family's padding and 8 bytes of
+        scales per tensor and rank, and the buckets that handed-over
+        gradients open at once."""
         n = parse_count(count, "parameter count")
-        t = parse_count(tensors, "tensor count")
+        t = -(-n // 2 ** 24) if tensors is None else parse_count(tensors, "tensor count")
         if t > n:
             raise ValueError(f"model: {t} tensors cannot hold {n} parameters")
         base, extra = divmod(n, t)
