@@ -96,13 +96,20 @@ DSOPT_HD float codec_scale(BlockCodec c, const X& x, int64_t len) {
     if (!finite) return quiet_nan();
     return len > 0 ? float(sum / double(len)) : 0.0f;
   }
-  float amax = 0.0f;
+  // The largest |x| as the largest magnitude bit pattern, which orders
+  // non-negative floats as their values and puts Inf and NaN above FLT_MAX
+  // (an integer reduction, so the loop vectorizes).
+  uint32_t top = 0;
   for (int64_t i = 0; i < len; ++i) {
-    const float a = std::fabs(x(i));
-    finite &= int(a <= 3.402823466e38f);
-    amax = a > amax ? a : amax;
+    const float v = x(i);
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits &= 0x7fffffffu;
+    top = bits > top ? bits : top;
   }
-  if (!finite) return quiet_nan();
+  if (top > 0x7f7fffffu) return quiet_nan();
+  float amax;
+  std::memcpy(&amax, &top, 4);
   const float limit = c == BlockCodec::Int8 ? 127.0f : 7.0f;
   float s = amax / limit;
   // Near FLT_MAX the rounded-up scale would decode the top level to Inf.
@@ -153,11 +160,13 @@ DSOPT_HD void encode_values(BlockCodec c, int64_t block, const X& x, int64_t len
       for (int64_t i = 0; i < len; ++i) payload[i] = uint8_t(int8_t(usable ? codec_level(x(i), s, limit) : 0));
       written = len;
     } else {
-      for (int64_t i = 0; i < len; i += 2) {
-        const int q0 = usable ? codec_level(x(i), s, limit) : 0;
-        const int q1 = usable && i + 1 < len ? codec_level(x(i + 1), s, limit) : 0;
-        payload[i / 2] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
+      // Whole bytes, then a last odd element: the main loop has no branch.
+      for (int64_t b = 0; b < len / 2; ++b) {
+        const int q0 = usable ? codec_level(x(2 * b), s, limit) : 0;
+        const int q1 = usable ? codec_level(x(2 * b + 1), s, limit) : 0;
+        payload[b] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
       }
+      if (len % 2) payload[len / 2] = uint8_t((usable ? codec_level(x(len - 1), s, limit) : 0) & 0xF);
       written = (len + 1) / 2;
     }
   }
@@ -183,7 +192,7 @@ DSOPT_HD float decode_element(BlockCodec c, const uint8_t* rec, int64_t i) {
   return decode_code(c, codec_code(c, rec + 4, i), s);
 }
 
-// What encoding x into `rec` lost: fl(x(i) - x'(i)).
+// What encoding x into `rec` (scale s) lost: fl(x(i) - x'(i)).
 template <class X>
 struct LostValues {
   X x;

@@ -51,8 +51,8 @@ void encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in, fl
         uint8_t* rec = out + j * run_bytes + k * record;
         encode_values(codec(), block, PlainValues{values}, len, rec);
         if (e_out) {
-          decode_block(codec(), rec, len, lost.data(), false);
-          for (int64_t i = 0; i < len; ++i) lost[size_t(i)] = CodecOps::add(values[i], -lost[size_t(i)]);
+          const LostValues<PlainValues> lost_of{PlainValues{values}, codec(), rec, record_scale(rec)};
+          for (int64_t i = 0; i < len; ++i) lost[size_t(i)] = lost_of(i);
           encode_values(BlockCodec::Int8, block, PlainValues{lost.data()}, len, e_out + e_at);
         }
       }
