@@ -3,7 +3,8 @@
 process and one run.
 
 Contenders, for each case, all timed in interleaved rounds (one step of each
-per round, so that load from elsewhere on the machine hits them alike):
+per round, so that load from elsewhere on the machine hits them alike; each
+step after an untimed pause of SETTLE_S, so that it starts on idle cores):
   - a streaming probe that moves AdamW's bytes with trivial arithmetic
     (bench/stream_probe.cpp, loaded from libdsopt_bench_probe.so): what the
     memory system allows, the reference of every ratio;
@@ -292,10 +293,19 @@ def contenders_for(case, args, probe):
     return out
 
 
+# Untimed pause before each step: the OpenMP threads of the contender before
+# (the probe's, torch's, DeepSpeed's) spin for a while after their last
+# parallel region (libgomp's GOMP_SPINCOUNT; tens of milliseconds where the
+# CPU's pause instruction is slow), taking the cores from whoever starts
+# next. The pause lets them fall asleep, so every step starts on idle cores.
+SETTLE_S = 0.05
+
+
 def time_rounds(contenders, warmup, rounds):
     times = [[] for _ in contenders]
     for r in range(warmup + rounds):
         for k, c in enumerate(contenders):
+            time.sleep(SETTLE_S)
             start = time.perf_counter()
             c.step()
             elapsed = time.perf_counter() - start
