@@ -250,7 +250,8 @@ class Kernels {
 };
 
 // The CPU kernels for this machine's best instruction set, using `threads`
-// OpenMP threads (0: OpenMP's default).
+// threads of their pool (kernels/cpu/thread_pool.hpp; 0: OpenMP's default
+// count, omp_get_max_threads()).
 std::unique_ptr<Kernels> make_cpu_kernels(int threads);
 // The CPU instruction set the CPU kernels pick on this machine.
 const char* cpu_isa_name();
