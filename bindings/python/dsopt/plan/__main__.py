@@ -53,6 +53,9 @@ def parser():
     o.add_argument("--profile", help="profile JSON (default ~/.cache/dsopt/plan-profile.json)")
     o.add_argument("--calibrate", action="store_true", help="time this machine's kernels and save the profile")
     o.add_argument("--calibrate-numel", default="2097152", help="model elements timed by --calibrate")
+    o.add_argument("--calibrate-device", default="cpu", choices=("cpu", "cuda"),
+                   help="--calibrate: time the CPU kernels, or the CUDA ones on the current GPU "
+                        "(a CUDA build of libdsopt and torch with CUDA)")
     o.add_argument("--threads", type=int, default=0,
                    help="--calibrate: CPU threads per optimizer (default 0: a rank alone's default share)")
     o.add_argument("--plot", help="write the table as a PNG plot to this path")
@@ -85,7 +88,7 @@ def run(args):
         if args.threads < 0:
             raise ValueError(f"threads must be >= 0, got {args.threads}")
         prof = calibrate(numel=parse_count(args.calibrate_numel, "calibration elements"), threads=args.threads,
-                         log=print)
+                         log=print, device=args.calibrate_device)
         print(f"saved {save_profile(prof, args.profile)}")
         if not (args.params or args.sizes):
             return 0

@@ -17,8 +17,10 @@ this machine, in well under a minute, as seconds per element
   model on the caller's communicator, less the update, give the latency
   and the bandwidth of its allreduce.
 
-Only the CPU is timed: a CUDA build's device kernels are not (see
-docs/guides/planner.md "Limits")."""
+``device="cuda"`` (a CUDA build, a GPU and torch): the same steps on the
+current GPU, parameters and gradients in device memory, the stand-in peer
+working on torch tensors, every step synchronised before its time is
+taken."""
 
 import os
 import time
@@ -37,10 +39,10 @@ def _sizes(numel, tensors=8):
     return sizes
 
 
-def fake_peer(world=2):
+def fake_peer(world=2, buffers="numpy"):
     """A communicator of `world` ranks on which this process is rank 0 and
     every other rank holds exactly what it holds (collectives on numpy
-    buffers)."""
+    buffers, or torch tensors: device buffers)."""
     import dsopt
 
     def allreduce(send, recv, op):
@@ -63,21 +65,43 @@ def fake_peer(world=2):
             recv[r * k:(r + 1) * k] = send[:k]   # rank r's block for rank 0 equals ours
 
     return dsopt.Communicator.from_callbacks(0, world, allreduce=allreduce, reduce_scatter=reduce_scatter,
-                                             allgather=allgather, alltoall=alltoall)
+                                             allgather=allgather, alltoall=alltoall, buffers=buffers)
 
 
-def time_steps(config, sizes, comm, steps=5, warmup=2):
+def time_steps(config, sizes, comm, steps=5, warmup=2, device="cpu"):
     """(The shortest of `steps` optimizer steps after `warmup` ones, the
     optimizer's thread count)."""
-    (t,), threads = time_interleaved([(config, comm)], sizes, steps, warmup)
+    (t,), threads = time_interleaved([(config, comm)], sizes, steps, warmup, device)
     return t, threads
 
 
-def time_interleaved(runs, sizes, steps=5, warmup=2):
+def _arrays(sizes, scale, rng, device):
+    """Random fp32 arrays of `sizes`: numpy on the CPU, torch tensors on
+    the current GPU for "cuda"."""
+    import numpy as np
+
+    arrays = [(rng.standard_normal(n) * scale).astype(np.float32) for n in sizes]
+    if device == "cpu":
+        return arrays
+    import torch
+
+    return [torch.from_numpy(a).to(device) for a in arrays]
+
+
+def _synchronize(device):
+    """Waits for the work queued on the GPU (nothing on the CPU)."""
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_interleaved(runs, sizes, steps=5, warmup=2, device="cpu"):
     """([the shortest step of each run], threads of the first): every
     (config, communicator) of `runs` steps once per round, in turn, so the
     costs that are subtracted from each other see the same load; the
-    shortest step is the one least disturbed by other work."""
+    shortest step is the one least disturbed by other work. On "cuda" each
+    step is timed to the end of its device work."""
     import contextlib
     import warnings
 
@@ -85,8 +109,8 @@ def time_interleaved(runs, sizes, steps=5, warmup=2):
     import dsopt
 
     rng = np.random.default_rng(0)
-    params = [[(rng.standard_normal(n) * 0.1).astype(np.float32) for n in sizes] for _ in runs]
-    grads = [(rng.standard_normal(n) * 1e-2).astype(np.float32) for n in sizes]
+    params = [_arrays(sizes, 0.1, rng, device) for _ in runs]
+    grads = _arrays(sizes, 1e-2, rng, device)
     times = [[] for _ in runs]
     with warnings.catch_warnings(), contextlib.ExitStack() as stack:
         # The stand-in peer's gradients equal this rank's, which dsopt notices.
@@ -94,8 +118,10 @@ def time_interleaved(runs, sizes, steps=5, warmup=2):
         opts = [stack.enter_context(dsopt.Optimizer(cfg, p, comm=comm)) for (cfg, comm), p in zip(runs, params)]
         for k in range(warmup + steps):
             for opt, out in zip(opts, times):
+                _synchronize(device)
                 t0 = time.perf_counter()
                 opt.step(grads)
+                _synchronize(device)
                 if k >= warmup:
                     out.append(time.perf_counter() - t0)
         threads = opts[0].threads
@@ -109,20 +135,23 @@ def _cfg(kind, zero=None, threads=0, **params):
     return cfg
 
 
-def calibrate(numel=2 ** 21, steps=7, threads=0, log=None) -> Profile:
+def calibrate(numel=2 ** 21, steps=7, threads=0, log=None, device="cpu") -> Profile:
     """Times every cost of the profile on a model of `numel` fp32 elements
     with `threads` CPU threads per optimizer (0: what a rank alone on this
     machine gets by default; give a run's own share, e.g. 1 for as many
-    single-threaded ranks as cores)."""
+    single-threaded ranks as cores), on the CPU or (`device="cuda"`) on the
+    current GPU."""
     import dsopt
 
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     say = log or (lambda *_: None)
     start = time.perf_counter()
     sizes = _sizes(numel)
     n = sum(sizes)
     costs = {}
     local = dsopt.Communicator.local()
-    peer = fake_peer(2)
+    peer = fake_peer(2, "numpy" if device == "cpu" else "torch")
     big = {"stage": 2, "reduce_bucket_size": 2 ** 30, "allgather_bucket_size": 2 ** 30}
     padded = -(-n // 4) * 4  # ZeRO's n' at 2 ranks (a multiple of 2P; at one rank of 2)
 
@@ -133,7 +162,10 @@ def calibrate(numel=2 ** 21, steps=7, threads=0, log=None) -> Profile:
         """Times `runs` (name, config, communicator) interleaved: {name: seconds}."""
         for _, cfg, _ in runs:
             cfg["threads"] = threads
-        ts, _ = time_interleaved([(cfg, comm) for _, cfg, comm in runs], sizes, steps)
+            if device != "cpu":
+                cfg["device"] = device
+        ts, _ = time_interleaved([(cfg, comm) for _, cfg, comm in runs], sizes, steps,
+                                 device=device)
         return {name: t for (name, _, _), t in zip(runs, ts)}
 
     def cost(name, seconds, per, sub=0.0):
@@ -168,9 +200,15 @@ def calibrate(numel=2 ** 21, steps=7, threads=0, log=None) -> Profile:
     cost("zoadam_local", t["local"], n)
     cost("zoadam_compress", t["sync"], n, t["local"])
     peer.close()
-    cpu = _cpu_name()
-    return Profile(costs, True, f"{cpu}, {threads} thread(s), {dsopt.build_info().split()[-1]}", "fp32", n,
+    where = _gpu_name() if device == "cuda" else f"{_cpu_name()}, {threads} thread(s)"
+    return Profile(costs, True, f"{where}, {dsopt.build_info().split()[-1]}", "fp32", n,
                    None, time.perf_counter() - start)
+
+
+def _gpu_name():
+    import torch
+
+    return f"{torch.cuda.get_device_name()} (GPU)"
 
 
 def _cpu_name():
