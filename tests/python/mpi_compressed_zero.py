@@ -74,6 +74,10 @@ SCENARIOS = [
     scenario("edge_int8", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
     scenario("edge_int4", {"gradients": "int4", "gradient_block_size": 8, "parameter_block_size": 8}),
     scenario("edge_nan", {"gradients": "sign", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
+    # The codecs' blocks spread over 3 threads of the kernels' pool (ranks
+    # sharing cores would otherwise get 1 thread each).
+    scenario("threads", {"gradients": "int4", "parameters": "int8", "gradient_block_size": 8,
+                         "parameter_block_size": 8}, bucket=400, gather=400, top={"threads": 3}),
 ]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
 RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb"]

@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_codec.hpp"
 
+#include "kernels/cpu/thread_pool.hpp"
+
 #include <algorithm>
 #include <type_traits>
 #include <vector>
@@ -30,33 +32,31 @@ void encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in, fl
   const int64_t e_record = codec_record_bytes(BlockCodec::Int8, block);
   const int64_t total = per_run * int64_t(runs);
   with_codec(c, [&](auto codec) {
-#pragma omp parallel num_threads(threads)
-    {
+    parallel_for(threads, total, [&](int64_t b) {
       // A block's x = fl(g + fl(e e_mul)) and what its encoding lost, each
       // formed once in a loop of its own that vectorizes.
-      std::vector<float> x(e_in ? size_t(block) : 0), lost(e_out ? size_t(block) : 0);
-#pragma omp for schedule(static)
-      for (int64_t b = 0; b < total; ++b) {
-        const int64_t j = b / per_run, k = b % per_run;
-        const int64_t first = j * n + k * block;
-        const int64_t len = std::min(block, n - k * block);
-        const int64_t e_at = j * e_run_bytes + k * e_record;
-        const float* values = g + first;
-        if (e_in) {
-          decode_block(BlockCodec::Int8, e_in + e_at, len, x.data(), false);
-          for (int64_t i = 0; i < len; ++i)
-            x[size_t(i)] = CodecOps::add(values[i], CodecOps::mul(x[size_t(i)], e_mul));
-          values = x.data();
-        }
-        uint8_t* rec = out + j * run_bytes + k * record;
-        encode_values(codec(), block, PlainValues{values}, len, rec);
-        if (e_out) {
-          const LostValues<PlainValues> lost_of{PlainValues{values}, codec(), rec, record_scale(rec)};
-          for (int64_t i = 0; i < len; ++i) lost[size_t(i)] = lost_of(i);
-          encode_values(BlockCodec::Int8, block, PlainValues{lost.data()}, len, e_out + e_at);
-        }
+      thread_local std::vector<float> x, lost;
+      const int64_t j = b / per_run, k = b % per_run;
+      const int64_t first = j * n + k * block;
+      const int64_t len = std::min(block, n - k * block);
+      const int64_t e_at = j * e_run_bytes + k * e_record;
+      const float* values = g + first;
+      if (e_in) {
+        x.resize(size_t(block));
+        decode_block(BlockCodec::Int8, e_in + e_at, len, x.data(), false);
+        for (int64_t i = 0; i < len; ++i)
+          x[size_t(i)] = CodecOps::add(values[i], CodecOps::mul(x[size_t(i)], e_mul));
+        values = x.data();
       }
-    }
+      uint8_t* rec = out + j * run_bytes + k * record;
+      encode_values(codec(), block, PlainValues{values}, len, rec);
+      if (e_out) {
+        lost.resize(size_t(block));
+        const LostValues<PlainValues> lost_of{PlainValues{values}, codec(), rec, record_scale(rec)};
+        for (int64_t i = 0; i < len; ++i) lost[size_t(i)] = lost_of(i);
+        encode_values(BlockCodec::Int8, block, PlainValues{lost.data()}, len, e_out + e_at);
+      }
+    });
   });
 }
 
@@ -66,12 +66,11 @@ void decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_
   const int64_t run_bytes = codec_run_bytes(c, block, n);
   const int64_t record = codec_record_bytes(c, block);
   with_codec(c, [&](auto codec) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t k = 0; k < per_run; ++k) {
+    parallel_for(threads, per_run, [&](int64_t k) {
       const int64_t len = std::min(block, n - k * block);
       for (int j = 0; j < runs; ++j)
         decode_block(codec(), in + int64_t(j) * run_bytes + k * record, len, dst + k * block, j > 0);
-    }
+    });
   });
 }
 
