@@ -16,7 +16,7 @@ exception object itself is kept as ``CallbackState.error``.
 import numpy as np
 
 from ._lib import ffi, lib
-from .communicator import CudaBuffer
+from ._device_array import CudaBuffer
 
 if not hasattr(lib, "dsopt_comm_create_custom") or not hasattr(lib, "_dsopt_py_allreduce"):
     raise ImportError("dsopt: this build of the cffi extension has no custom communicators "

@@ -23,7 +23,8 @@ the operation (the same on every rank, and before anything is sent):
 import torch
 import torch.distributed as dist
 
-from ._callback_comm import ELEM_DTYPES, CudaBuffer
+from ._callback_comm import ELEM_DTYPES
+from ._device_array import CudaBuffer
 from ._lib import ffi, lib
 
 TORCH_DTYPES = {

@@ -16,6 +16,7 @@ carrying the exception's text (the exception itself is
 import warnings
 
 from ._lib import ffi, lib
+from ._device_array import CudaBuffer
 from .errors import InvalidArgument, InvalidArgumentType, check
 
 
@@ -31,30 +32,6 @@ def _address(obj, what: str) -> int:
     if isinstance(obj, int) and not isinstance(obj, bool):
         return obj
     raise InvalidArgumentType(f"{what}: expected an int address or a cffi pointer, got {type(obj).__name__}")
-
-
-class CudaBuffer:
-    """A device buffer dsopt hands a ``from_callbacks`` callable
-    (``buffers="numpy"``): a 1-D array of ``shape[0]`` elements of
-    ``dtype`` at address ``ptr``, exposed as ``__cuda_array_interface__``
-    (version 3; ``stream`` is the stream dsopt queued its work on), so
-    ``cupy.asarray`` or Numba take it without a copy (torch:
-    ``torch.as_tensor(buf, device="cuda")``). Valid only during the
-    callback."""
-
-    __slots__ = ("ptr", "shape", "dtype", "readonly", "stream")
-
-    def __init__(self, ptr, count, dtype, readonly, stream):
-        self.ptr, self.shape, self.dtype = ptr, (count,), dtype
-        self.readonly, self.stream = readonly, stream
-
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, self.readonly),
-                "strides": None, "version": 3, "stream": self.stream or 1}  # 1: legacy default
-
-    def __repr__(self):
-        return f"<dsopt.CudaBuffer {self.dtype} [{self.shape[0]}] at {self.ptr:#x}>"
 
 
 class Communicator:

@@ -10,7 +10,8 @@ import numpy as np
 
 from . import config as _config
 from ._lib import ffi, lib
-from .communicator import Communicator, CudaBuffer
+from ._device_array import CudaBuffer
+from .communicator import Communicator
 from ._args import as_float, as_int32, as_int64
 from .errors import DoubleReductionWarning, InvalidArgumentType, Mismatch, NonFiniteError, check
 from .tensors import GradDescriptors, TensorList, describe

@@ -6,7 +6,7 @@ use std::os::raw::c_int;
 
 use dsopt_sys as sys;
 
-use crate::optimizer::StepInfo;
+use crate::step_info::StepInfo;
 
 /// What kind of failure a status code is (`DSOPT_E*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -70,6 +70,7 @@ mod collectives;
 mod comm;
 mod error;
 mod optimizer;
+mod step_info;
 mod tensor;
 
 pub use collectives::{
@@ -79,10 +80,8 @@ pub use collectives::{
 pub use comm::Communicator;
 pub use dsopt_sys as sys;
 pub use error::{Error, ErrorKind, Result};
-pub use optimizer::{
-    canonical_config, MemoryUsage, Optimizer, StateView, StateViewMut, StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED,
-    PHASE_SYNC,
-};
+pub use optimizer::{canonical_config, MemoryUsage, Optimizer, StateView, StateViewMut};
+pub use step_info::{StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED, PHASE_SYNC};
 pub use tensor::{DType, GradSlice, ParamSlice};
 
 /// Version of the loaded library as (major, minor, patch).
