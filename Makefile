@@ -17,7 +17,7 @@ CUDA_ARCHS ?=
 CMAKE_FLAGS += $(if $(CUDA_ARCHS),-DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)")
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize test-docs test-gpu docs demo demo-c bench clean
+.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize test-docs test-gpu docs demo demo-c bench bench-gpu clean
 
 all: build
 
@@ -120,6 +120,11 @@ demo-c: build
 
 bench: python
 	$(MPI_ENV) bench/run_benchmarks.sh $(BUILD)
+
+# On a machine with an NVIDIA GPU: the CUDA steps against a device copy and
+# against torch's fused AdamW, in $(GPU_BUILD) (built for that GPU if needed).
+bench-gpu:
+	bench/run_gpu_benchmarks.sh $(GPU_BUILD)
 
 clean:
 	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(GPU_BUILD)

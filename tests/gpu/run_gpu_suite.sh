@@ -10,7 +10,8 @@
 #      and at 2 processes over gloo, mpi4py and NCCL (test_cuda_torch*.py),
 #      the DDP hook, dsopt.hf.Trainer and DsoptStrategy on a CUDA model (2
 #      processes on one GPU), and the CUDA cases of the torch.optim port;
-#   4. the GPU benchmark (bench/adam_cuda.cu beside torch's fused AdamW) and
+#   4. the GPU benchmarks (`make bench-gpu`: bench/adam_cuda.cu beside torch's
+#      fused AdamW) and
 #      the planner's calibration on the GPU.
 # A missing GPU, a library without CUDA or a CUDA test that skips for want
 # of one fails the run (DSOPT_REQUIRE_CUDA=1); what needs two GPUs skips on one.
@@ -78,10 +79,7 @@ fi
 echo "test-gpu: Python CUDA tests done ($(elapsed))"
 
 # ---- 4. GPU benchmark ------------------------------------------------------------------
-if [ -x "$build/bench/adam_cuda_bench" ]; then
-  "$build/bench/adam_cuda_bench" || failures+=("adam_cuda_bench")
-  "$py" bench/adam_cuda_torch.py || failures+=("adam_cuda_torch.py")
-fi
+PYTHON="$py" bench/run_gpu_benchmarks.sh "$build" || failures+=("the GPU benchmarks (make bench-gpu)")
 # The planner's GPU profile (docs/guides/planner.md): the costs it measures.
 PYTHONPATH="bindings/python${PYTHONPATH:+:$PYTHONPATH}" DSOPT_LIBRARY_DIR="$build" \
   "$py" -m dsopt.plan --calibrate --calibrate-device cuda --profile "$build/plan-profile-gpu.json" ||
