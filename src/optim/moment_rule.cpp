@@ -7,21 +7,31 @@
 namespace dsopt {
 
 bool has_moment_rule(const OptimizerConfig& cfg) {
-  return cfg.type == "Adam" || cfg.type == "AdamW" || cfg.type == "Lamb";
+  return cfg.algorithm && cfg.algorithm->rule != MomentRule::None;
 }
 
 MomentRule moment_rule(const OptimizerConfig& cfg) {
   if (!has_moment_rule(cfg)) fail(DSOPT_EINTERNAL, cfg.type + " has no moment rule");
-  return cfg.type == "Lamb" ? MomentRule::Lamb : MomentRule::Adam;
+  return cfg.algorithm->rule;
 }
 
 std::string moment_algorithm(const OptimizerConfig& cfg) {
-  if (moment_rule(cfg) == MomentRule::Lamb) return "Lamb";
-  return cfg.defaults.decoupled ? "AdamW" : "Adam";
+  if (moment_rule(cfg) == MomentRule::Adam) return cfg.defaults.decoupled ? "AdamW" : "Adam";
+  return cfg.type;
 }
 
 const char* moments_prefix(MomentRule rule) {
-  return rule == MomentRule::Lamb ? kLambMomentsPrefix : kAdamMomentsPrefix;
+  switch (rule) {
+    case MomentRule::Lamb: return kLambMomentsPrefix;
+    case MomentRule::Lion: return kLionMomentsPrefix;
+    default: return kAdamMomentsPrefix;
+  }
+}
+
+UpdateRule elementwise_rule(MomentRule rule) {
+  if (rule == MomentRule::Lion) return UpdateRule::Lion;
+  if (rule == MomentRule::Adam) return UpdateRule::Adam;
+  fail(DSOPT_EINTERNAL, "the moment rule is not elementwise");
 }
 
 void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& slots,
@@ -34,16 +44,17 @@ void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& s
     lamb_step(kernels(), per_tensor, c.consts, c.lr, grads.mul1, grads.mul2, cfg_.lamb, sums);
     return;
   }
+  const UpdateRule update = elementwise_rule(rule);
   const AdamStepConsts c = adam_step_consts();
   const int32_t n = int32_t(c.consts.size());
   if (c.of_param.empty()) {
-    kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(), n,
-                     grads.mul1, grads.mul2);
+    kernels().update(update, slots.data(), int64_t(slots.size()), c.consts.data(), n, grads.mul1,
+                     grads.mul2);
     return;
   }
   // Parameters with their own step counts, or some left out.
   const std::vector<UpdateSlot> selected = c.select(slots, param_of);
-  kernels().update(UpdateRule::Adam, selected.data(), int64_t(selected.size()), c.consts.data(), n,
+  kernels().update(update, selected.data(), int64_t(selected.size()), c.consts.data(), n,
                    grads.mul1, grads.mul2);
 }
 

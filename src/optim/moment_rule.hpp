@@ -12,15 +12,17 @@
 
 namespace dsopt {
 
-enum class MomentRule { Adam, Lamb };
-
-// The rule of a config whose type has one (Adam, AdamW, Lamb).
+// The rule of a config whose algorithm has one (Algorithm::rule).
 MomentRule moment_rule(const OptimizerConfig& cfg);
-// Whether the config's type is one of them.
+// Whether the config's algorithm has one.
 bool has_moment_rule(const OptimizerConfig& cfg);
-// The algorithm's name in blobs: "Adam", "AdamW" or "Lamb".
+// The algorithm's name in blobs: its type, except that Adam with
+// decoupled weight decay ("adam_w_mode") saves as "AdamW".
 std::string moment_algorithm(const OptimizerConfig& cfg);
 // The blob sections' prefix of its moments.
 const char* moments_prefix(MomentRule rule);
+// The update rule of an elementwise moment rule (Adam, Lion), whose
+// constants are adam_step_consts'.
+UpdateRule elementwise_rule(MomentRule rule);
 
 }  // namespace dsopt
