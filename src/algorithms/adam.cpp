@@ -2,6 +2,7 @@
 #include "algorithms/config_values.hpp"
 #include "algorithms/registry.hpp"
 #include "optim/config.hpp"
+#include "zero/adam_shards.hpp"
 
 namespace dsopt {
 namespace {
@@ -27,8 +28,12 @@ Algorithm adam(const char* type, bool always_decoupled) {
   Algorithm a;
   a.type = type;
   a.keys = {"bias_correction", "adam_w_mode", "amsgrad"};
-  a.rule = MomentRule::Adam;
+  a.rule = MomentRule::Elementwise;
+  a.update = UpdateRule::Adam;
   a.moments = 2;
+  a.moments_prefix = kAdamMomentsPrefix;
+  // Adam with decoupled weight decay saves as AdamW: the same state.
+  a.blob_name = [](const OptimizerConfig& c) { return std::string(c.defaults.decoupled ? "AdamW" : "Adam"); };
   a.sharded = true;
   a.offload = true;
   a.read_params = always_decoupled
@@ -40,7 +45,7 @@ Algorithm adam(const char* type, bool always_decoupled) {
 
 }  // namespace
 
-const Algorithm kAdamAlgorithm = adam("Adam", false);
-const Algorithm kAdamWAlgorithm = adam("AdamW", true);
+extern const Algorithm kAdamAlgorithm = adam("Adam", false);
+extern const Algorithm kAdamWAlgorithm = adam("AdamW", true);
 
 }  // namespace dsopt

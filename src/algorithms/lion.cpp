@@ -19,8 +19,10 @@ Algorithm lion() {
   a.defaults.weight_decay = 0.0;
   a.defaults.bias_correction = false;  // the constants are Adam's with lr as the step
   a.defaults.decoupled = true;
-  a.rule = MomentRule::Lion;
+  a.rule = MomentRule::Elementwise;
+  a.update = UpdateRule::Lion;
   a.moments = 1;
+  a.moments_prefix = "lion";
   a.sharded = true;
   a.offload = true;
   a.read_params = [](const config::json& params, const std::string& path, OptimizerConfig& cfg) {
@@ -32,6 +34,6 @@ Algorithm lion() {
 
 }  // namespace
 
-const Algorithm kLionAlgorithm = lion();
+extern const Algorithm kLionAlgorithm = lion();
 
 }  // namespace dsopt

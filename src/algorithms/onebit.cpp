@@ -121,8 +121,8 @@ Algorithm zero_one_adam() {
 
 }  // namespace
 
-const Algorithm kOneBitAdamAlgorithm = onebit_adam();
-const Algorithm kOneBitLambAlgorithm = onebit_lamb();
-const Algorithm kZeroOneAdamAlgorithm = zero_one_adam();
+extern const Algorithm kOneBitAdamAlgorithm = onebit_adam();
+extern const Algorithm kOneBitLambAlgorithm = onebit_lamb();
+extern const Algorithm kZeroOneAdamAlgorithm = zero_one_adam();
 
 }  // namespace dsopt

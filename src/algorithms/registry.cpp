@@ -4,6 +4,16 @@
 #include <cctype>
 
 namespace dsopt {
+
+// The descriptors, each defined in its algorithm's file here.
+extern const Algorithm kAdamAlgorithm;
+extern const Algorithm kAdamWAlgorithm;
+extern const Algorithm kLambAlgorithm;
+extern const Algorithm kOneBitAdamAlgorithm;
+extern const Algorithm kOneBitLambAlgorithm;
+extern const Algorithm kZeroOneAdamAlgorithm;
+extern const Algorithm kLionAlgorithm;
+
 namespace {
 
 std::string lower(std::string s) {

@@ -1,5 +1,6 @@
 // Every algorithm's descriptor (optim/algorithm.hpp), registered once in
-// registry.cpp: one line per algorithm, its descriptor in its own file here.
+// registry.cpp: one line per algorithm, its descriptor in its own file here
+// (extern const, so that registry.cpp can name it).
 #pragma once
 #include <string>
 #include <vector>
@@ -15,14 +16,5 @@ const std::vector<const Algorithm*>& algorithms();
 const Algorithm* find_algorithm(const std::string& name);
 // The types of the algorithms for which `has` holds, as "A, B and C".
 std::string algorithm_types(bool (*has)(const Algorithm&));
-
-// The descriptors (one file each, registered in registry.cpp).
-extern const Algorithm kAdamAlgorithm;
-extern const Algorithm kAdamWAlgorithm;
-extern const Algorithm kLambAlgorithm;
-extern const Algorithm kOneBitAdamAlgorithm;
-extern const Algorithm kOneBitLambAlgorithm;
-extern const Algorithm kZeroOneAdamAlgorithm;
-extern const Algorithm kLionAlgorithm;
 
 }  // namespace dsopt

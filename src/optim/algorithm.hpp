@@ -20,8 +20,10 @@ class Optimizer;
 struct OptimizerConfig;
 
 // The update rules that keep fp32 moments and nothing else between steps
-// (optim/moment_rule.hpp); None: the algorithm has its own optimizer class.
-enum class MomentRule { None, Adam, Lamb, Lion };
+// (optim/moment_rule.hpp): elementwise (Algorithm::update, with Adam's
+// constants) or LAMB's per-tensor trust ratio; None: the algorithm has its
+// own optimizer class.
+enum class MomentRule { None, Elementwise, Lamb };
 
 struct Algorithm {
   std::string type;                  // canonical "optimizer.type", also the blob's algorithm
@@ -35,7 +37,11 @@ struct Algorithm {
   // param_groups[i]: the keys accepted beyond the hyperparameters.
   std::vector<std::string> group_keys;
   MomentRule rule = MomentRule::None;
+  UpdateRule update = UpdateRule::Adam;  // an elementwise rule's update (math/update_rules.hpp)
   int moments = 0;              // fp32 moments per element kept by a moment rule (m; m and v)
+  std::string moments_prefix;   // a moment rule's blob sections: <prefix>.exp_avg, <prefix>.exp_avg_sq
+  // The algorithm's name in blobs (nullptr: its type).
+  std::string (*blob_name)(const OptimizerConfig& cfg) = nullptr;
   bool sharded = false;         // runs under ZeRO stage 1/2 (and compressed ZeRO)
   bool offload = false;         // its ZeRO shard can live in host memory (CUDA)
   // Reads optimizer.params (keys already checked) into cfg.defaults and the

@@ -2,7 +2,6 @@
 
 #include "base/error.hpp"
 #include "optim/optimizer.hpp"
-#include "zero/adam_shards.hpp"
 
 namespace dsopt {
 
@@ -16,22 +15,7 @@ MomentRule moment_rule(const OptimizerConfig& cfg) {
 }
 
 std::string moment_algorithm(const OptimizerConfig& cfg) {
-  if (moment_rule(cfg) == MomentRule::Adam) return cfg.defaults.decoupled ? "AdamW" : "Adam";
-  return cfg.type;
-}
-
-const char* moments_prefix(MomentRule rule) {
-  switch (rule) {
-    case MomentRule::Lamb: return kLambMomentsPrefix;
-    case MomentRule::Lion: return kLionMomentsPrefix;
-    default: return kAdamMomentsPrefix;
-  }
-}
-
-UpdateRule elementwise_rule(MomentRule rule) {
-  if (rule == MomentRule::Lion) return UpdateRule::Lion;
-  if (rule == MomentRule::Adam) return UpdateRule::Adam;
-  fail(DSOPT_EINTERNAL, "the moment rule is not elementwise");
+  return cfg.algorithm->blob_name ? cfg.algorithm->blob_name(cfg) : cfg.type;
 }
 
 void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& slots,
@@ -44,7 +28,7 @@ void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& s
     lamb_step(kernels(), per_tensor, c.consts, c.lr, grads.mul1, grads.mul2, cfg_.lamb, sums);
     return;
   }
-  const UpdateRule update = elementwise_rule(rule);
+  const UpdateRule update = cfg_.algorithm->update;
   const AdamStepConsts c = adam_step_consts();
   const int32_t n = int32_t(c.consts.size());
   if (c.of_param.empty()) {

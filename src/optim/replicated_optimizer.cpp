@@ -10,7 +10,8 @@ ReplicatedOptimizer::ReplicatedOptimizer(const OptimizerConfig& cfg, Comm& comm,
                                          const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       rule_(moment_rule(cfg)),
-      moments_(this->params(), this->kernels(), moments_prefix(rule_), 0, cfg.algorithm->moments) {
+      moments_(this->params(), this->kernels(), cfg.algorithm->moments_prefix, 0,
+               cfg.algorithm->moments) {
   if (rule_ == MomentRule::Lamb) u_ = DeviceBuffer(this->kernels(), size_t(this->params().total_numel()) * 4);
 }
 
@@ -39,7 +40,8 @@ void ReplicatedOptimizer::describe_state(StateSchema& s) {
 
 std::function<void()> ReplicatedOptimizer::reshard(const Blobs& blobs) {
   auto state = std::make_shared<HostAdamState>(assemble_adam_state(
-      blobs, params().shapes(), replicated_state_layout(params().shapes()), moments_prefix(rule_), nullptr,
+      blobs, params().shapes(), replicated_state_layout(params().shapes()),
+      config().algorithm->moments_prefix, nullptr,
       config().algorithm->moments));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {

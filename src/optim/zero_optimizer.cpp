@@ -63,7 +63,8 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
       compressed_params_(comm.size() > 1 && cfg.zero.compression.parameters != ParamCodec::None),
       state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes(), compressed_params_)),
       masters_(state_kernels(), size_t(state_.master_numel) * 4),
-      moments_(layout_.shard_numel(), state_kernels(), moments_prefix(rule_), cfg.algorithm->moments),
+      moments_(layout_.shard_numel(), state_kernels(), cfg.algorithm->moments_prefix,
+               cfg.algorithm->moments),
       scratch_(this->kernels(),
                std::max(GradientReducer::scratch_bytes(layout_, cfg.zero.compression),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
@@ -94,7 +95,7 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
                                                    host_kernels(), cfg.zero.pin_memory,
                                                    cfg.zero.offload_tile,
                                                    masters_.floats(), moments_.exp_avg(),
-                                                   moments_.exp_avg_sq(), elementwise_rule(rule_));
+                                                   moments_.exp_avg_sq(), cfg.algorithm->update);
     offloaded_->read_masters(true);
     return;
   }
@@ -261,7 +262,7 @@ std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
     kernels().copy_to_host(out, data + offset, size_t(n) * 4);
   };
   auto state = std::make_shared<HostAdamState>(
-      assemble_adam_state(blobs, params().shapes(), state_, moments_prefix(rule_),
+      assemble_adam_state(blobs, params().shapes(), state_, config().algorithm->moments_prefix,
                           read_param, config().algorithm->moments));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {

@@ -21,7 +21,6 @@ namespace dsopt {
 // <prefix>.exp_avg and <prefix>.exp_avg_sq.
 constexpr const char* kAdamMomentsPrefix = "adam";
 constexpr const char* kLambMomentsPrefix = "lamb";
-constexpr const char* kLionMomentsPrefix = "lion";  // exp_avg alone
 constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kStageMastersSection = "common.masters";
