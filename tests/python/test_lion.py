@@ -162,3 +162,13 @@ def test_type_is_case_insensitive_and_canonical_text_reloads(rng):
         assert opt.config["optimizer"]["type"] == "Lion"
     with dsopt.Optimizer(json.loads(text), random_params(rng, [5])) as opt:
         assert opt.config["optimizer"]["params"]["lr"] == 1e-4
+
+
+def test_group_params_are_lions_own(rng):
+    with dsopt.Optimizer(lion_config(lr=1e-3), random_params(rng, [5])) as opt:
+        opt.set_group_param(0, "beta2", 0.9)
+        opt.set_group_param(0, "weight_decay", 0.5)
+        assert opt.get_group_param(0, "beta2") == 0.9
+        with pytest.raises(dsopt.InvalidArgument, match="Lion has no hyperparameter \"eps\""):
+            opt.set_group_param(0, "eps", 1e-6)
+        assert opt.config["param_groups"] == [{"lr": 1e-3, "betas": [0.9, 0.9], "weight_decay": 0.5}]
