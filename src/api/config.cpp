@@ -2,12 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <cctype>
-#include <cfloat>
-#include <cmath>
 #include <set>
 
+#include "algorithms/config_values.hpp"
+#include "algorithms/registry.hpp"
 #include "base/error.hpp"
 
 namespace dsopt {
@@ -17,225 +15,31 @@ using json = nlohmann::json;
 
 constexpr int64_t kMaxThreads = 1024;  // "threads" beyond this is a typo, not a machine
 
-[[noreturn]] void bad(const std::string& path, const std::string& what) {
-  fail(DSOPT_EINVAL, "config: " + path + ": " + what);
-}
+using namespace config;
 
-std::string join(const std::set<std::string>& keys) {
-  std::string s;
-  for (const std::string& k : keys) s += (s.empty() ? "" : ", ") + k;
-  return s;
-}
-
-// Rejects keys outside `known`; `ignored` keys are accepted and skipped.
-void check_keys(const json& obj, const std::string& path, const std::set<std::string>& known,
-                const std::set<std::string>& ignored = {}) {
-  if (!obj.is_object()) bad(path.empty() ? "(top level)" : path, "must be a JSON object");
-  for (auto it = obj.begin(); it != obj.end(); ++it) {
-    if (known.count(it.key()) || ignored.count(it.key())) continue;
-    bad((path.empty() ? "" : path + ".") + it.key(), "unknown key (known here: " + join(known) + ")");
-  }
-}
-
-std::string sub(const std::string& path, const std::string& key) {
-  return path.empty() ? key : path + "." + key;
-}
-
-double number(const json& obj, const std::string& path, const std::string& key, double dflt) {
-  if (!obj.contains(key)) return dflt;
-  const json& v = obj.at(key);
-  if (!v.is_number()) bad(sub(path, key), "must be a number, got " + v.dump());
-  const double d = v.get<double>();
-  if (!std::isfinite(d)) bad(sub(path, key), "must be finite");
-  return d;
-}
-
-// An integer in [lo, hi], checked before any narrowing.
-int64_t integer(const json& obj, const std::string& path, const std::string& key, int64_t dflt,
-                int64_t lo, int64_t hi) {
-  if (!obj.contains(key)) return dflt;
-  const json& v = obj.at(key);
-  const bool integral = v.is_number_integer() ||
-                        (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-  if (!integral) bad(sub(path, key), "must be an integer, got " + v.dump());
-  const double d = v.get<double>();
-  if (d < double(lo) || d > double(hi) ||
-      (v.is_number_integer() && (v.get<int64_t>() < lo || v.get<int64_t>() > hi)))
-    bad(sub(path, key), "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
-  return v.is_number_integer() ? v.get<int64_t>() : int64_t(d);
-}
-
-bool boolean(const json& obj, const std::string& path, const std::string& key, bool dflt) {
-  if (!obj.contains(key)) return dflt;
-  const json& v = obj.at(key);
-  if (!v.is_boolean()) bad(sub(path, key), "must be true or false, got " + v.dump());
-  return v.get<bool>();
-}
-
-void require(bool ok, const std::string& path, const std::string& what) {
-  if (!ok) bad(path, what);
-}
-
-// The update runs in fp32: a value must survive the conversion.
-void require_fp32(double v, const std::string& path, bool nonzero) {
-  const float f = float(v);
-  if (!std::isfinite(f)) bad(path, "is too large for fp32 (" + std::to_string(v) + ")");
-  if (nonzero && v != 0.0 && !(std::fabs(f) >= FLT_MIN))
-    bad(path, "is too small for fp32 (" + std::to_string(v) + ")");
-}
-
-// lr, betas, eps, weight_decay of `obj` over `h` (optimizer.params or a group).
-void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
-  h.lr = number(obj, path, "lr", h.lr);
-  require(h.lr >= 0, sub(path, "lr"), "must be >= 0, got " + std::to_string(h.lr));
-  require_fp32(h.lr, sub(path, "lr"), false);
-  if (obj.contains("betas")) {
-    const json& b = obj.at("betas");
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
-      bad(sub(path, "betas"), "must be a list of two numbers, got " + b.dump());
-    h.beta1 = b[0].get<double>();
-    h.beta2 = b[1].get<double>();
-    for (double beta : {h.beta1, h.beta2})
-      require(beta >= 0 && beta < 1 && float(beta) < 1.0f, sub(path, "betas"),
-              "each beta must be in [0, 1) and below 1 in fp32 (at most 0.99999994), got " +
-                  b.dump());
-  }
-  h.eps = number(obj, path, "eps", h.eps);
-  require(h.eps > 0, sub(path, "eps"), "must be > 0, got " + std::to_string(h.eps));
-  require_fp32(h.eps, sub(path, "eps"), true);
-  h.weight_decay = number(obj, path, "weight_decay", h.weight_decay);
-  require(h.weight_decay >= 0, sub(path, "weight_decay"), "must be >= 0");
-  require_fp32(h.weight_decay, sub(path, "weight_decay"), false);
-}
-
-// stabilize_limit's default, measured: 4 for every 1-bit optimizer. For 1-bit
-// LAMB and 0/1 Adam the smallest of 1, 2, 4 at which their stabilized runs
-// match DeepSpeed's where DeepSpeed's rule is healthy
-// (docs/design/stable-1bit.md); for 1-bit Adam, compressing in the update's
-// units, the limit at which it matches AdamW on the small GPTs and the MLPs
-// (docs/design/zero-one-adam-transformers.md).
-constexpr double kDefaultStabilizeLimit = 4.0;
-
-// The keys the 1-bit optimizers share.
-void read_onebit(const json& params, const std::string& path, OptimizerConfig& cfg) {
-  if (params.contains("max_grad_norm"))
-    bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
-                                    "clip with the top-level \"gradient_clipping\"");
-  read_hyper(params, path, cfg.defaults);
-  // 1-bit Adam and 0/1 Adam correct both moments by default (false:
-  // DeepSpeed's rule). 1-bit LAMB accepts the key and ignores it: its trust
-  // ratio cancels a per-tensor factor. eps_inside_sqrt is accepted and
-  // ignored: eps is always outside the square root.
-  const bool corrected = boolean(params, path, "bias_correction", true);
-  cfg.defaults.bias_correction = cfg.type != "OneBitLamb" && corrected;
-  boolean(params, path, "eps_inside_sqrt", false);
-  cfg.defaults.decoupled = true;
-  cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
-  cfg.stabilize = boolean(params, path, "stabilize", true);
-  cfg.stabilize_limit = number(params, path, "stabilize_limit", kDefaultStabilizeLimit);
-  require(cfg.stabilize_limit > 0, sub(path, "stabilize_limit"),
-          "must be > 0, got " + std::to_string(cfg.stabilize_limit));
-  require_fp32(cfg.stabilize_limit, sub(path, "stabilize_limit"), true);
-}
-
-// 1-bit LAMB's trust-ratio clamps, its EMA and the factor's clamps.
-void read_lamb(const json& params, const std::string& path, LambCoeffConfig& k) {
-  k.max_coeff = number(params, path, "max_coeff", k.max_coeff);
-  k.min_coeff = number(params, path, "min_coeff", k.min_coeff);
-  require(k.min_coeff > 0, sub(path, "min_coeff"), "must be > 0");
-  require(k.max_coeff >= k.min_coeff, sub(path, "max_coeff"), "must be >= min_coeff");
-  k.coeff_beta = number(params, path, "coeff_beta", k.coeff_beta);
-  require(k.coeff_beta >= 0 && k.coeff_beta < 1, sub(path, "coeff_beta"), "must be in [0, 1)");
-  k.factor_max = number(params, path, "factor_max", k.factor_max);
-  k.factor_min = number(params, path, "factor_min", k.factor_min);
-  require(k.factor_min > 0, sub(path, "factor_min"), "must be > 0");
-  require(k.factor_max >= k.factor_min, sub(path, "factor_max"), "must be >= factor_min");
-  k.factor_threshold = number(params, path, "factor_threshold", k.factor_threshold);
-  require(k.factor_threshold >= 0, sub(path, "factor_threshold"), "must be >= 0");
-}
-
-// LAMB (docs/optimizers/lamb.md): DeepSpeed's FusedLamb keys, with the
-// update of 1-bit LAMB's warmup.
-void read_plain_lamb(const json& params, const std::string& path,
-                     const std::set<std::string>& ignored, OptimizerConfig& cfg) {
-  check_keys(params, path,
-             {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_coeff", "min_coeff",
-              "max_grad_norm", "eps_inside_sqrt", "amsgrad"},
-             ignored);
-  if (params.contains("max_grad_norm"))
-    bad(sub(path, "max_grad_norm"), "is not used by dsopt's LAMB; clip with the top-level "
-                                    "\"gradient_clipping\"");
-  if (boolean(params, path, "eps_inside_sqrt", false))
-    bad(sub(path, "eps_inside_sqrt"), "eps is always added outside the square root");
-  read_hyper(params, path, cfg.defaults);
-  cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
-  cfg.defaults.decoupled = true;
-  read_lamb(params, path, cfg.lamb);
-}
-
-// 0/1 Adam's schedules (docs/design/zero-one-adam.md section 1).
-void read_zero_one(const json& params, const std::string& path, OptimizerConfig& cfg) {
-  const int64_t big = int64_t(1) << 62;
-  cfg.var_freeze_step = integer(params, path, "var_freeze_step", 100000, 0, big);
-  cfg.var_update_scaler = integer(params, path, "var_update_scaler", 16, 1, big);
-  cfg.local_step_scaler = integer(params, path, "local_step_scaler", 32678, 1, big);
-  cfg.local_step_clipper = integer(params, path, "local_step_clipper", 16, 1, big);
-  cfg.decoupled_sync_weight_decay = boolean(params, path, "decoupled_sync_weight_decay", false);
-}
-
-std::string canonical_type(const std::string& type) {
-  std::string t = type;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-  if (t == "adam") return "Adam";
-  if (t == "adamw") return "AdamW";
-  if (t == "onebitadam") return "OneBitAdam";
-  if (t == "onebitlamb") return "OneBitLamb";
-  if (t == "zerooneadam") return "ZeroOneAdam";
-  if (t == "lamb") return "Lamb";
-  bad("optimizer.type", "unknown optimizer type '" + type +
-                            "' (known: Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam)");
-}
-
+// optimizer: the algorithm's descriptor (src/algorithms) names its keys and reads them.
 void read_optimizer(const json& root, OptimizerConfig& cfg) {
   if (!root.contains("optimizer")) bad("optimizer", "missing (e.g. {\"type\": \"AdamW\"})");
   const json& opt = root.at("optimizer");
   check_keys(opt, "optimizer", {"type", "params"});
   if (!opt.contains("type") || !opt.at("type").is_string())
     bad("optimizer.type", "must be a string (Adam or AdamW)");
-  cfg.type = canonical_type(opt.at("type").get<std::string>());
+  const std::string type = opt.at("type").get<std::string>();
+  const Algorithm* alg = find_algorithm(type);
+  if (!alg) {
+    std::string known;
+    for (const Algorithm* a : algorithms()) known += (known.empty() ? "" : ", ") + a->type;
+    bad("optimizer.type", "unknown optimizer type '" + type + "' (known: " + known + ")");
+  }
+  cfg.algorithm = alg;
+  cfg.type = alg->type;
+  cfg.defaults = alg->defaults;
   const json params = opt.contains("params") ? opt.at("params") : json::object();
   const std::string path = "optimizer.params";
-  const std::set<std::string> ignored = {"comm_backend_name", "cuda_aware"};
-  const bool zero_one = cfg.type == "ZeroOneAdam";
-  if (cfg.type == "OneBitAdam" || cfg.type == "OneBitLamb" || zero_one) {
-    std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay", "freeze_step",
-                                  "bias_correction", "eps_inside_sqrt", "amsgrad", "max_grad_norm",
-                                  "stabilize", "stabilize_limit"};
-    if (zero_one) {
-      keys.erase("freeze_step");
-      keys.insert({"var_freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper",
-                   "decoupled_sync_weight_decay"});
-    }
-    if (cfg.type == "OneBitLamb")
-      keys.insert({"max_coeff", "min_coeff", "coeff_beta", "factor_max", "factor_min", "factor_threshold"});
-    check_keys(params, path, keys, ignored);
-    read_onebit(params, path, cfg);
-    if (cfg.type == "OneBitLamb") read_lamb(params, path, cfg.lamb);
-    if (zero_one) read_zero_one(params, path, cfg);
-  } else if (cfg.type == "Lamb") {
-    read_plain_lamb(params, path, ignored, cfg);
-  } else {
-    check_keys(params, path,
-               {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad"},
-               ignored);
-    read_hyper(params, path, cfg.defaults);
-    cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
-    const bool adam_w_mode = boolean(params, path, "adam_w_mode", true);
-    if (cfg.type == "AdamW" && !adam_w_mode)
-      bad(sub(path, "adam_w_mode"), "AdamW always decouples weight decay; use \"type\": \"Adam\" with "
-                                    "\"adam_w_mode\": false for L2 weight decay");
-    cfg.defaults.decoupled = adam_w_mode;
-  }
+  std::set<std::string> keys(alg->hyper.begin(), alg->hyper.end());
+  keys.insert(alg->keys.begin(), alg->keys.end());
+  check_keys(params, path, keys, {"comm_backend_name", "cuda_aware"});
+  alg->read_params(params, path, cfg);
   if (boolean(params, path, "amsgrad", false)) bad(sub(path, "amsgrad"), "AMSGrad is not supported");
   if (boolean(params, path, "cuda_aware", false)) cfg.cuda_aware = true;
 }
@@ -250,8 +54,8 @@ void read_groups(const json& root, OptimizerConfig& cfg) {
   if (!groups.is_array() || groups.empty()) bad("param_groups", "must be a non-empty list of objects");
   for (size_t i = 0; i < groups.size(); ++i) {
     const std::string path = "param_groups[" + std::to_string(i) + "]";
-    std::set<std::string> keys = {"lr", "betas", "eps", "weight_decay"};
-    if (cfg.type == "OneBitAdam") keys.insert("non_freeze");
+    std::set<std::string> keys(cfg.algorithm->hyper.begin(), cfg.algorithm->hyper.end());
+    keys.insert(cfg.algorithm->group_keys.begin(), cfg.algorithm->group_keys.end());
     check_keys(groups[i], path, keys);
     AdamHyper h = cfg.defaults;
     read_hyper(groups[i], path, h);
@@ -367,16 +171,18 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
     if (zc.offload_cpu && zc.stage == 0)
       bad(path + ".offload_optimizer", "CPU offload of the optimizer state needs ZeRO stage 1 or 2");
   }
-  if (zc.stage > 0 && cfg.type != "Adam" && cfg.type != "AdamW" && cfg.type != "Lamb")
+  if (zc.stage > 0 && !cfg.algorithm->sharded)
     fail(DSOPT_EUNSUPPORTED,
          "config: " + path + ".stage " + std::to_string(zc.stage) + " with " + cfg.type +
-             ": ZeRO stage 1/2 shard the state of Lamb, Adam and AdamW; a 1-bit optimizer's "
-             "compressed stage needs every rank's whole momentum, so it runs with stage 0 "
-             "(docs/guides/zero.md \"Any update rule\")");
+             ": ZeRO stage 1/2 shard the state of " +
+             algorithm_types([](const Algorithm& a) { return a.sharded; }) +
+             "; a 1-bit optimizer's compressed stage needs every rank's whole momentum, so it "
+             "runs with stage 0 (docs/guides/zero.md \"Any update rule\")");
   if (z.contains("compression")) read_compression(z.at("compression"), zc, cfg.cuda, zc.compression);
-  if (zc.offload_cpu && cfg.cuda && cfg.type == "Lamb")
-    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".offload_optimizer: CPU offload exists for "
-                             "Adam and AdamW; Lamb keeps its shard on the device");
+  if (zc.offload_cpu && cfg.cuda && !cfg.algorithm->offload)
+    fail(DSOPT_EUNSUPPORTED, "config: " + path + ".offload_optimizer: CPU offload exists for " +
+                             algorithm_types([](const Algorithm& a) { return a.offload; }) +
+                             "; " + cfg.type + " keeps its shard on the device");
 }
 
 // divergence_check: the rule of dsopt_step_info.diverging

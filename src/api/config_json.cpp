@@ -13,47 +13,28 @@ namespace {
 
 using json = nlohmann::json;
 
-json hyper(const AdamHyper& h) {
-  return {{"lr", h.lr}, {"betas", {h.beta1, h.beta2}}, {"eps", h.eps}, {"weight_decay", h.weight_decay}};
+// The algorithm's hyperparameters of one group.
+json hyper(const OptimizerConfig& c, const AdamHyper& h) {
+  json all = {{"lr", h.lr}, {"betas", {h.beta1, h.beta2}}, {"eps", h.eps}, {"weight_decay", h.weight_decay}};
+  json out = json::object();
+  for (const std::string& key : c.algorithm->hyper) out[key] = all[key];
+  return out;
 }
 
-// optimizer.params: the keys of the type, aliases resolved (1-bit LAMB's
-// ignored bias_correction left out), Adam's "adam_w_mode" as applied.
+// optimizer.params: the keys of the type, aliases resolved, as applied
+// (the algorithm's descriptor writes its own).
 json optimizer_params(const OptimizerConfig& c) {
-  json p = hyper(c.defaults);
-  if (c.type == "Lamb") {
-    p["bias_correction"] = c.defaults.bias_correction;
-    p.update({{"max_coeff", c.lamb.max_coeff}, {"min_coeff", c.lamb.min_coeff}});
-    return p;
-  }
-  const bool onebit = c.type != "Adam" && c.type != "AdamW";
-  if (!onebit) {
-    p["bias_correction"] = c.defaults.bias_correction;
-    p["adam_w_mode"] = c.defaults.decoupled;
-    return p;
-  }
-  if (c.type != "OneBitLamb") p["bias_correction"] = c.defaults.bias_correction;
-  if (c.type != "ZeroOneAdam") p["freeze_step"] = c.freeze_step;
-  p["stabilize"] = c.stabilize;
-  p["stabilize_limit"] = c.stabilize_limit;
-  if (c.type == "OneBitLamb") {
-    const LambCoeffConfig& k = c.lamb;
-    p.update({{"max_coeff", k.max_coeff}, {"min_coeff", k.min_coeff}, {"coeff_beta", k.coeff_beta},
-              {"factor_max", k.factor_max}, {"factor_min", k.factor_min},
-              {"factor_threshold", k.factor_threshold}});
-  }
-  if (c.type == "ZeroOneAdam")
-    p.update({{"var_freeze_step", c.var_freeze_step}, {"var_update_scaler", c.var_update_scaler},
-              {"local_step_scaler", c.local_step_scaler}, {"local_step_clipper", c.local_step_clipper},
-              {"decoupled_sync_weight_decay", c.decoupled_sync_weight_decay}});
+  json p = hyper(c, c.defaults);
+  c.algorithm->write_params(c, p);
   return p;
 }
 
 json groups(const OptimizerConfig& c) {
   json list = json::array();
   for (size_t g = 0; g < c.groups.size(); ++g) {
-    json group = hyper(c.groups[g]);
-    if (c.type == "OneBitAdam") group["non_freeze"] = bool(c.non_freeze[g]);
+    json group = hyper(c, c.groups[g]);
+    for (const std::string& key : c.algorithm->group_keys)
+      if (key == "non_freeze") group[key] = bool(c.non_freeze[g]);
     list.push_back(group);
   }
   return list;

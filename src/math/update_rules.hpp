@@ -4,6 +4,7 @@
 // rule is its functor in its math header plus one line here.
 #pragma once
 #include "math/adam.hpp"
+#include "math/lion.hpp"
 #include "math/onebit_adam.hpp"
 #include "math/onebit_lamb.hpp"
 #include "math/zero_one_adam.hpp"
@@ -21,4 +22,5 @@
   X(ZeroOneGradient, ZeroOneGradientRule)               \
   X(ZeroOneLocal, ZeroOneLocalRule)                     \
   X(ZeroOneSyncPrepare, ZeroOneSyncPrepareRule)         \
-  X(ZeroOneSyncApply, ZeroOneSyncApplyRule)
+  X(ZeroOneSyncApply, ZeroOneSyncApplyRule)             \
+  X(Lion, LionRule)

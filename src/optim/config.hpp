@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "math/adam.hpp"
+#include "optim/algorithm.hpp"
 #include "math/stabilized_momentum.hpp"
 #include "math/onebit_lamb.hpp"
 #include "zero/compression.hpp"
@@ -65,7 +66,8 @@ struct ZeroConfig {
 };
 
 struct OptimizerConfig {
-  std::string type;  // canonical: "Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"
+  const Algorithm* algorithm = nullptr;  // its descriptor (src/algorithms)
+  std::string type;                      // algorithm->type
   bool cuda = false;
   bool cuda_aware = false;
   int threads = 0;

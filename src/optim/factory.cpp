@@ -3,9 +3,6 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "optim/onebit_adam.hpp"
-#include "optim/zero_one_adam.hpp"
-#include "optim/onebit_lamb.hpp"
 #include "optim/replicated_optimizer.hpp"
 #include "optim/zero_optimizer.hpp"
 
@@ -21,12 +18,8 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, Comm& comm
     return std::make_unique<ZeroOptimizer>(cfg, comm, std::move(kernels), params, count);
   if (has_moment_rule(cfg))
     return std::make_unique<ReplicatedOptimizer>(cfg, comm, std::move(kernels), params, count);
-  if (cfg.type == "OneBitAdam")
-    return std::make_unique<OneBitAdam>(cfg, comm, std::move(kernels), params, count);
-  if (cfg.type == "ZeroOneAdam")
-    return std::make_unique<ZeroOneAdam>(cfg, comm, std::move(kernels), params, count);
-  if (cfg.type == "OneBitLamb")
-    return std::make_unique<OneBitLamb>(cfg, comm, std::move(kernels), params, count);
+  if (cfg.algorithm && cfg.algorithm->make)
+    return cfg.algorithm->make(cfg, comm, std::move(kernels), params, count);
   fail(DSOPT_EINTERNAL, "no implementation for optimizer type " + cfg.type);
 }
 

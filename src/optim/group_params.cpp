@@ -3,6 +3,7 @@
 // group(g) at each step (adam_consts, onebit_consts, the stabilized momentum
 // limit, 0/1 Adam's interval sums), so a value set here takes effect from the
 // next step on.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,19 +15,21 @@
 namespace dsopt {
 namespace {
 
-// One settable field of AdamHyper and the values it accepts.
+// One settable field of AdamHyper, the config key it comes from and the
+// values it accepts.
 struct HyperField {
   const char* name;
+  const char* key;  // among the algorithm's hyperparameters (Algorithm::hyper)
   double AdamHyper::*field;
   bool beta;  // in [0, 1); otherwise finite and >= 0
 };
 
 constexpr HyperField kFields[] = {
-    {"lr", &AdamHyper::lr, false},
-    {"beta1", &AdamHyper::beta1, true},
-    {"beta2", &AdamHyper::beta2, true},
-    {"eps", &AdamHyper::eps, false},
-    {"weight_decay", &AdamHyper::weight_decay, false},
+    {"lr", "lr", &AdamHyper::lr, false},
+    {"beta1", "betas", &AdamHyper::beta1, true},
+    {"beta2", "betas", &AdamHyper::beta2, true},
+    {"eps", "eps", &AdamHyper::eps, false},
+    {"weight_decay", "weight_decay", &AdamHyper::weight_decay, false},
 };
 
 constexpr const char* kValidNames = "\"lr\", \"beta1\", \"beta2\", \"eps\", \"weight_decay\"";
@@ -72,6 +75,9 @@ double Optimizer::group_param(int32_t group, const std::string& name) const {
 void Optimizer::set_group_param(int32_t group, const std::string& name, double value) {
   lr(group);  // range check
   const HyperField& f = field(name);
+  const std::vector<std::string>& hyper = config().algorithm->hyper;
+  if (std::find(hyper.begin(), hyper.end(), f.key) == hyper.end())
+    fail(DSOPT_EINVAL, config().type + " has no hyperparameter \"" + name + "\" (nothing was changed)");
   check_value(f, group, value);
   groups_[size_t(group)].*f.field = value;
 }

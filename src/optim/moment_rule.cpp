@@ -2,26 +2,20 @@
 
 #include "base/error.hpp"
 #include "optim/optimizer.hpp"
-#include "zero/adam_shards.hpp"
 
 namespace dsopt {
 
 bool has_moment_rule(const OptimizerConfig& cfg) {
-  return cfg.type == "Adam" || cfg.type == "AdamW" || cfg.type == "Lamb";
+  return cfg.algorithm && cfg.algorithm->rule != MomentRule::None;
 }
 
 MomentRule moment_rule(const OptimizerConfig& cfg) {
   if (!has_moment_rule(cfg)) fail(DSOPT_EINTERNAL, cfg.type + " has no moment rule");
-  return cfg.type == "Lamb" ? MomentRule::Lamb : MomentRule::Adam;
+  return cfg.algorithm->rule;
 }
 
 std::string moment_algorithm(const OptimizerConfig& cfg) {
-  if (moment_rule(cfg) == MomentRule::Lamb) return "Lamb";
-  return cfg.defaults.decoupled ? "AdamW" : "Adam";
-}
-
-const char* moments_prefix(MomentRule rule) {
-  return rule == MomentRule::Lamb ? kLambMomentsPrefix : kAdamMomentsPrefix;
+  return cfg.algorithm->blob_name ? cfg.algorithm->blob_name(cfg) : cfg.type;
 }
 
 void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& slots,
@@ -34,16 +28,17 @@ void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& s
     lamb_step(kernels(), per_tensor, c.consts, c.lr, grads.mul1, grads.mul2, cfg_.lamb, sums);
     return;
   }
+  const UpdateRule update = cfg_.algorithm->update;
   const AdamStepConsts c = adam_step_consts();
   const int32_t n = int32_t(c.consts.size());
   if (c.of_param.empty()) {
-    kernels().update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(), n,
-                     grads.mul1, grads.mul2);
+    kernels().update(update, slots.data(), int64_t(slots.size()), c.consts.data(), n, grads.mul1,
+                     grads.mul2);
     return;
   }
   // Parameters with their own step counts, or some left out.
   const std::vector<UpdateSlot> selected = c.select(slots, param_of);
-  kernels().update(UpdateRule::Adam, selected.data(), int64_t(selected.size()), c.consts.data(), n,
+  kernels().update(update, selected.data(), int64_t(selected.size()), c.consts.data(), n,
                    grads.mul1, grads.mul2);
 }
 

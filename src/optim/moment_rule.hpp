@@ -1,6 +1,7 @@
-// The update rules that keep fp32 moments m and v and nothing else between
-// steps: Adam/AdamW (elementwise) and LAMB (per tensor: a trust ratio from
-// the norms of p and u). Each runs on either gradient path: replicated
+// The update rules that keep fp32 moments (m and v, or m alone) and
+// nothing else between steps: elementwise ones (Adam/AdamW, Lion: the
+// algorithm's UpdateRule with adam_step_consts) and LAMB (per tensor: a
+// trust ratio from the norms of p and u). Each runs on either gradient path: replicated
 // (ReplicatedOptimizer: every rank averages every gradient and updates
 // every element) or sharded (ZeroOptimizer, ZeRO stage 1/2: every rank
 // updates its shard's fragments), with the same results bit for bit where
@@ -12,15 +13,11 @@
 
 namespace dsopt {
 
-enum class MomentRule { Adam, Lamb };
-
-// The rule of a config whose type has one (Adam, AdamW, Lamb).
+// The rule of a config whose algorithm has one (Algorithm::rule).
 MomentRule moment_rule(const OptimizerConfig& cfg);
-// Whether the config's type is one of them.
+// Whether the config's algorithm has one.
 bool has_moment_rule(const OptimizerConfig& cfg);
-// The algorithm's name in blobs: "Adam", "AdamW" or "Lamb".
+// The algorithm's name in blobs (Algorithm::blob_name, else its type).
 std::string moment_algorithm(const OptimizerConfig& cfg);
-// The blob sections' prefix of its moments.
-const char* moments_prefix(MomentRule rule);
 
 }  // namespace dsopt

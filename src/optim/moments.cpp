@@ -2,19 +2,23 @@
 
 namespace dsopt {
 
-Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail)
-    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(params.total_numel()) * 4) {
+Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail,
+                 int count)
+    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(params.total_numel()) * 4),
+      count_(count) {
   m_ = DeviceBuffer(kernels_, bytes_ + size_t(momentum_tail) * 4);
-  v_ = DeviceBuffer(kernels_, bytes_);
   kernels_.fill_zero(m_.get(), m_.bytes());
+  if (count_ < 2) return;
+  v_ = DeviceBuffer(kernels_, bytes_);
   kernels_.fill_zero(v_.get(), bytes_);
 }
 
-Moments::Moments(int64_t numel, Kernels& kernels, std::string prefix)
-    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(numel) * 4) {
+Moments::Moments(int64_t numel, Kernels& kernels, std::string prefix, int count)
+    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(numel) * 4), count_(count) {
   m_ = DeviceBuffer(kernels_, bytes_);
-  v_ = DeviceBuffer(kernels_, bytes_);
   kernels_.fill_zero(m_.get(), bytes_);
+  if (count_ < 2) return;
+  v_ = DeviceBuffer(kernels_, bytes_);
   kernels_.fill_zero(v_.get(), bytes_);
 }
 
@@ -29,9 +33,9 @@ std::vector<UpdateSlot> Moments::slots(const ParamSet& params, const PreparedGra
     const size_t i = all ? k : size_t(indices[k]);
     const Param& p = params.params()[i];
     const TensorRef g = grads ? grads->grads[i] : TensorRef{nullptr, 0, DType::F32};
+    float* v = count_ > 1 ? v_.floats() + p.offset : nullptr;
     UpdateSlot s = moment_slot(p.master, p.dtype == DType::F32 ? nullptr : p.data, p.dtype, g.data,
-                               g.dtype, m_.floats() + p.offset, v_.floats() + p.offset, p.numel,
-                               p.group);
+                               g.dtype, m_.floats() + p.offset, v, p.numel, p.group);
     if (i < masks.size()) s.set(Operand::Mask, masks[i]);
     out.push_back(s);
   }
@@ -52,10 +56,10 @@ const std::vector<UpdateSlot>& Moments::all_slots(const ParamSet& params,
 }
 
 void Moments::describe(StateSchema& s, const StateSchema::Slicer& slice) {
-  s.array(prefix_ + ".exp_avg", kernels_, [this] { return m_.get(); }, bytes_)
-      .view("exp_avg", slice)
-      .array(prefix_ + ".exp_avg_sq", kernels_, [this] { return v_.get(); }, bytes_)
-      .view("exp_avg_sq", slice);
+  s.array(prefix_ + ".exp_avg", kernels_, [this] { return m_.get(); }, bytes_).view("exp_avg", slice);
+  if (count_ > 1)
+    s.array(prefix_ + ".exp_avg_sq", kernels_, [this] { return v_.get(); }, bytes_)
+        .view("exp_avg_sq", slice);
 }
 
 }  // namespace dsopt

@@ -1,5 +1,6 @@
-// The fp32 first and second moments of the Adam family, one flat buffer
-// each over all parameters, and the update slots that point into them.
+// The fp32 moments of the moment rules and the 1-bit family: the first
+// (m) and, for all but Lion, the second (v), one flat buffer each over all
+// parameters, and the update slots that point into them.
 #pragma once
 #include <string>
 #include <vector>
@@ -13,17 +14,19 @@ namespace dsopt {
 
 class Moments {
  public:
-  // Zero moments for every parameter; blob sections named <prefix>.exp_avg
-  // and <prefix>.exp_avg_sq. `momentum_tail` extra zero floats follow the
-  // momenta in the same buffer (1-bit LAMB's padding, docs/design/decisions.md L4); they
-  // are not part of these sections.
-  Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail = 0);
+  // Zero moments for every parameter (`count`: 2, m and v; 1, m alone);
+  // blob sections named <prefix>.exp_avg and <prefix>.exp_avg_sq.
+  // `momentum_tail` extra zero floats follow the momenta in the same buffer
+  // (1-bit LAMB's padding, docs/design/decisions.md L4); they are not part
+  // of these sections.
+  Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail = 0,
+          int count = 2);
   // Zero moments of `numel` elements (a ZeRO shard).
-  Moments(int64_t numel, Kernels& kernels, std::string prefix);
+  Moments(int64_t numel, Kernels& kernels, std::string prefix, int count = 2);
   int64_t numel() const { return int64_t(bytes_ / 4); }
 
   float* exp_avg() const { return m_.floats(); }
-  float* exp_avg_sq() const { return v_.floats(); }
+  float* exp_avg_sq() const { return v_.floats(); }  // nullptr with one moment
 
   // One slot per parameter in `indices` (all when empty) with its prepared
   // gradient and its mask (masks[i], may be nullptr or shorter).
@@ -37,14 +40,16 @@ class Moments {
   // does no per-tensor allocation.
   const std::vector<UpdateSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
 
-  // The sections <prefix>.exp_avg and <prefix>.exp_avg_sq, shown as the
-  // views "exp_avg" and "exp_avg_sq" through `slice`.
+  // The sections <prefix>.exp_avg and (with two moments)
+  // <prefix>.exp_avg_sq, shown as the views "exp_avg" and "exp_avg_sq"
+  // through `slice`.
   void describe(StateSchema& s, const StateSchema::Slicer& slice);
 
  private:
   Kernels& kernels_;
   std::string prefix_;
   size_t bytes_;  // of each moment over the parameters
+  int count_;     // 2: m and v; 1: m alone
   DeviceBuffer m_, v_;
   std::vector<UpdateSlot> all_slots_;
   uint64_t all_slots_generation_ = 0;  // params.generation() they were built at

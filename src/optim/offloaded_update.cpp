@@ -6,9 +6,9 @@ namespace dsopt {
 
 OffloadedUpdate::OffloadedUpdate(const StateLayout& state, const ParamSet& params, Kernels& device,
                                  Kernels& host, bool pin, int64_t tile, float* masters16, float* m,
-                                 float* v)
+                                 float* v, UpdateRule rule)
     : state_(state), params_(params), device_(device), host_(host), pin_(pin), tile_(tile),
-      masters16_(masters16), m_(m), v_(v) {
+      masters16_(masters16), m_(m), v_(v), rule_(rule) {
   int64_t fp32 = 0;
   bool any_half = false;
   for (const StatePiece& p : state_.pieces) {
@@ -91,11 +91,11 @@ void OffloadedUpdate::run(const float* shard_grads, const AdamStepConsts& c, flo
       if (consts < 0) continue;  // not updated this step: nothing to upload
       const bool half = param.dtype != DType::F32;
       slots.push_back(moment_slot(master(p) + from, half ? staging + (lo - begin) * 2 : nullptr,
-                                  param.dtype, grads_.floats() + lo, DType::F32, m_ + lo, v_ + lo,
+                                  param.dtype, grads_.floats() + lo, DType::F32, m_ + lo, v_ ? v_ + lo : nullptr,
                                   n, consts));
       cuts.push_back(Cut{&p, from, n, lo - begin});
     }
-    host_.update(UpdateRule::Adam, slots.data(), int64_t(slots.size()), c.consts.data(),
+    host_.update(rule_, slots.data(), int64_t(slots.size()), c.consts.data(),
                  int32_t(c.consts.size()), mul1, mul2);
     for (const Cut& c : cuts) {
       const bool half = params_.params()[size_t(c.p->param)].dtype != DType::F32;

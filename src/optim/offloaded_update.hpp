@@ -4,7 +4,7 @@
 // comes down once (fp32); the update then runs tile by tile, and each tile's
 // new parameter values go up in the parameters' own dtype (2 bytes per
 // element for 16-bit ones) on alternating copy lanes while the CPU updates
-// the next tile. The math is the update every device runs (math/adam.hpp),
+// the next tile. The math is the update every device runs (math/adam.hpp, math/lion.hpp),
 // so offloaded and device-resident runs give bit-identical parameters.
 #pragma once
 #include <cstdint>
@@ -21,9 +21,11 @@ class OffloadedUpdate {
  public:
   // `state`: this rank's fragments. masters16, m and v are host arrays (the
   // 16-bit fragments' masters at their master_offset; moments over the
-  // shard) owned by the caller; with `pin` they are page-locked here.
+  // shard, v nullptr for a rule without it) owned by the caller; with `pin`
+  // they are page-locked here. `rule`: an elementwise moment rule's update
+  // (Adam, Lion), whose constants are AdamConsts.
   OffloadedUpdate(const StateLayout& state, const ParamSet& params, Kernels& device, Kernels& host,
-                  bool pin, int64_t tile, float* masters16, float* m, float* v);
+                  bool pin, int64_t tile, float* masters16, float* m, float* v, UpdateRule rule);
   ~OffloadedUpdate();
   OffloadedUpdate(const OffloadedUpdate&) = delete;
   OffloadedUpdate& operator=(const OffloadedUpdate&) = delete;
@@ -31,7 +33,7 @@ class OffloadedUpdate {
   // Reads the masters of this rank's fragments from the caller's (device)
   // parameters: all of them at creation, the fp32 ones after a load.
   void read_masters(bool half_too);
-  // The Adam rule on the host with the device gradient shard, the results
+  // The rule on the host with the device gradient shard, the results
   // written into the caller's parameters (parameters left out by `consts`
   // are not touched).
   void run(const float* shard_grads, const AdamStepConsts& consts, float mul1, float mul2);
@@ -51,6 +53,7 @@ class OffloadedUpdate {
   bool pin_;
   int64_t tile_;  // elements updated between uploads
   float *masters16_, *m_, *v_;
+  UpdateRule rule_;
   std::vector<int64_t> fp32_offset_;  // per piece: its place in fp32_masters_, or -1
   DeviceBuffer fp32_masters_;  // host: masters of the fp32 fragments
   DeviceBuffer grads_;         // host: the gradient shard

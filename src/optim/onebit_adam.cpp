@@ -7,6 +7,7 @@
 #include "onebit/divergence_hint.hpp"
 #include "math/onebit_adam.hpp"
 #include "onebit/rule_flag.hpp"
+#include "onebit/stage_record.hpp"
 
 namespace dsopt {
 namespace {
@@ -14,26 +15,10 @@ const char* kStage = "onebit.stage";
 const char* kStabilize = "onebit.stabilize";
 const char* kRule = "onebit.rule";    // bias_correction (onebit/rule_flag.hpp)
 const char* kUnits = "onebit.units";  // compression in the update's units
-constexpr uint64_t kStageBytes = 4 + 8 + 4;  // compressing, freeze_step, world of the errors
+// The stage record without frozen_after, which kStabilize holds.
+constexpr bool kRecordsFrozenAfter = false;
 
-// What a blob's stage record holds.
-struct StageRecord {
-  bool compressing;
-  int64_t freeze_step;
-  int32_t world;  // of the errors (0: none)
-};
-StageRecord read_stage(FieldReader& f) {
-  StageRecord s;
-  s.compressing = f.get<int32_t>() != 0;
-  s.freeze_step = f.get<int64_t>();
-  s.world = f.get<int32_t>();
-  return s;
-}
-StageRecord read_stage(const BlobReader& r) {
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  return read_stage(f);
-}
-int32_t error_world(const BlobReader& r) { return read_stage(r).world; }
+int32_t error_world(const BlobReader& r) { return StageRecord::read(r, kStage, kRecordsFrozenAfter).world; }
 }  // namespace
 
 OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
@@ -125,12 +110,12 @@ void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
 void OneBitAdam::describe_state(StateSchema& s) {
   moments_.describe(s, flat_slices());
   s.record(
-       kStage, kStageBytes,
+       kStage, StageRecord::bytes(kRecordsFrozenAfter),
        [this](FieldWriter& f) {
-         f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step)
-             .add(CarErrors::world_of(car_.get()));
+         StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())}
+             .write(f, kRecordsFrozenAfter);
        },
-       [](FieldReader& f) { CarErrors::check_world(read_stage(f).world); },
+       [](FieldReader& f) { CarErrors::check_world(StageRecord::read(f, kRecordsFrozenAfter).world); },
        nullptr)
       .record(
           kStabilize, 8, [this](FieldWriter& f) { f.add(stage_.frozen_after); },
@@ -161,9 +146,9 @@ void OneBitAdam::describe_state(StateSchema& s) {
 }
 
 void OneBitAdam::resume_stage(const BlobReader& r) {
-  const StageRecord record = read_stage(r);
+  const StageRecord record = StageRecord::read(r, kStage, kRecordsFrozenAfter);
   FieldReader st(r.section(kStabilize, 8), 8);
-  const FreezeStage saved{record.compressing, st.get<int64_t>()};
+  const FreezeStage saved{record.stage.compressing, st.get<int64_t>()};
   const FreezeStage resumed =
       FreezeStage::resumed(saved, record.freeze_step, config().freeze_step, group_step(0));
   car_.reset();
@@ -172,7 +157,7 @@ void OneBitAdam::resume_stage(const BlobReader& r) {
 }
 
 std::string OneBitAdam::rank_local_state(const BlobReader& r) const {
-  return error_world(r) > 1 ? "its compression errors (1-bit Adam's error feedback)" : "";
+  return rank_local_errors(error_world(r), "its compression errors (1-bit Adam's error feedback)");
 }
 
 }  // namespace dsopt

@@ -7,6 +7,7 @@
 #include "onebit/car_errors.hpp"
 #include "math/onebit_lamb.hpp"
 #include "onebit/rule_flag.hpp"
+#include "onebit/stage_record.hpp"
 #include "optim/lamb_step.hpp"
 
 namespace dsopt {
@@ -16,27 +17,11 @@ const char* kFresh = "lamb.exp_avg_sq_fresh";
 const char* kCoeffs = "lamb.coefficients";
 const char* kTail = "lamb.momentum_tail";
 const char* kUnits = "lamb.units";  // the stabilized stage's rule (onebit/rule_flag.hpp)
-// compressing, freeze_step, frozen_after, world of the errors and the tail
-constexpr uint64_t kStageBytes = 4 + 8 + 8 + 4;
+// The stage record holds frozen_after; its world is that of the errors and
+// the tail.
+constexpr bool kRecordsFrozenAfter = true;
 
-// What a blob's stage record holds.
-struct StageRecord {
-  FreezeStage stage;
-  int64_t freeze_step;
-  int32_t world;  // of the errors and the tail (0: none)
-};
-StageRecord read_stage(FieldReader& f) {
-  StageRecord s;
-  s.stage.compressing = f.get<int32_t>() != 0;
-  s.freeze_step = f.get<int64_t>();
-  s.stage.frozen_after = f.get<int64_t>();
-  s.world = f.get<int32_t>();
-  return s;
-}
-StageRecord read_stage(const BlobReader& r) {
-  FieldReader f(r.section(kStage, kStageBytes), kStageBytes);
-  return read_stage(f);
-}
+StageRecord read_stage(const BlobReader& r) { return StageRecord::read(r, kStage, kRecordsFrozenAfter); }
 int32_t error_world(const BlobReader& r) { return read_stage(r).world; }
 
 int64_t fused_length(int64_t numel, int world) {
@@ -178,13 +163,13 @@ void OneBitLamb::describe_state(StateSchema& s) {
   const int64_t total = params().total_numel();
   moments_.describe(s, flat_slices());
   s.record(
-       kStage, kStageBytes,
+       kStage, StageRecord::bytes(kRecordsFrozenAfter),
        [this](FieldWriter& f) {
-         f.add(int32_t(stage_.compressing ? 1 : 0)).add(config().freeze_step)
-             .add(stage_.frozen_after).add(CarErrors::world_of(car_.get()));
+         StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())}
+             .write(f, kRecordsFrozenAfter);
        },
        [](FieldReader& f) {
-         const StageRecord saved = read_stage(f);
+         const StageRecord saved = StageRecord::read(f, kRecordsFrozenAfter);
          if (saved.stage.frozen_after < 0)
            fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
          CarErrors::check_world(saved.world);
@@ -248,8 +233,8 @@ void OneBitLamb::resume_stage(const BlobReader& r) {
 }
 
 std::string OneBitLamb::rank_local_state(const BlobReader& r) const {
-  return error_world(r) > 1 ? "its compression errors (1-bit LAMB's error feedback and momentum tail)"
-                              : "";
+  return rank_local_errors(error_world(r),
+                           "its compression errors (1-bit LAMB's error feedback and momentum tail)");
 }
 
 }  // namespace dsopt

@@ -383,8 +383,8 @@ int64_t Optimizer::param_step(int64_t param_index) const {
 void Optimizer::set_param_step(int64_t param_index, int64_t step) {
   if (!skips_absent())
     fail(DSOPT_EUNSUPPORTED, "dsopt_set_param_step: " + algorithm() +
-                                 "'s parameters all follow its steps applied (only Adam and "
-                                 "AdamW count steps per parameter); nothing was changed");
+                                 "'s parameters all follow its steps applied (only the elementwise "
+                                 "rules, Adam, AdamW and Lion, count steps per parameter); nothing was changed");
   param_numel(param_index, nullptr);
   if (step < 0)
     fail(DSOPT_EINVAL, "dsopt_set_param_step: step must be >= 0, got " + std::to_string(step));

@@ -10,14 +10,15 @@ ReplicatedOptimizer::ReplicatedOptimizer(const OptimizerConfig& cfg, Comm& comm,
                                          const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       rule_(moment_rule(cfg)),
-      moments_(this->params(), this->kernels(), moments_prefix(rule_)) {
+      moments_(this->params(), this->kernels(), cfg.algorithm->moments_prefix, 0,
+               cfg.algorithm->moments) {
   if (rule_ == MomentRule::Lamb) u_ = DeviceBuffer(this->kernels(), size_t(this->params().total_numel()) * 4);
 }
 
 bool ReplicatedOptimizer::update(const PreparedGrads& grads) {
   const std::vector<UpdateSlot>& all = moments_.all_slots(params(), grads);
   const auto param_of = [](size_t k) { return int64_t(k); };
-  if (rule_ == MomentRule::Adam) {
+  if (rule_ != MomentRule::Lamb) {
     update_moments(rule_, all, param_of, grads, nullptr);
     return false;
   }
@@ -39,14 +40,17 @@ void ReplicatedOptimizer::describe_state(StateSchema& s) {
 
 std::function<void()> ReplicatedOptimizer::reshard(const Blobs& blobs) {
   auto state = std::make_shared<HostAdamState>(assemble_adam_state(
-      blobs, params().shapes(), replicated_state_layout(params().shapes()), moments_prefix(rule_)));
+      blobs, params().shapes(), replicated_state_layout(params().shapes()),
+      config().algorithm->moments_prefix, nullptr,
+      config().algorithm->moments));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {
     restore_common(*first);
     restore_masters(state->masters.data());
     write_param_values(*state, params(), kernels());
     kernels().copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
-    kernels().copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
+    if (moments_.exp_avg_sq())
+      kernels().copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
   };
 }
 

@@ -19,7 +19,7 @@ class ReplicatedOptimizer final : public Optimizer {
   bool update(const PreparedGrads& grads) override;
   // Adam leaves parameters without a gradient alone; LAMB steps them with
   // a zero gradient, as 1-bit LAMB does.
-  bool skips_absent() const override { return rule_ == MomentRule::Adam; }
+  bool skips_absent() const override { return rule_ != MomentRule::Lamb; }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
 

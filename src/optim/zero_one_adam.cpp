@@ -7,6 +7,7 @@
 #include "onebit/divergence_hint.hpp"
 #include "math/onebit_adam.hpp"
 #include "onebit/rule_flag.hpp"
+#include "onebit/stage_record.hpp"
 
 namespace dsopt {
 namespace {
@@ -303,8 +304,8 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
 }
 
 std::string ZeroOneAdam::rank_local_state(const BlobReader& r) const {
-  return error_world(r) > 1 ? "its compression errors and accumulator (0/1 Adam's rank-local state)"
-                              : "";
+  return rank_local_errors(error_world(r),
+                           "its compression errors and accumulator (0/1 Adam's rank-local state)");
 }
 
 }  // namespace dsopt

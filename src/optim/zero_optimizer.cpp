@@ -63,7 +63,8 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
       compressed_params_(comm.size() > 1 && cfg.zero.compression.parameters != ParamCodec::None),
       state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes(), compressed_params_)),
       masters_(state_kernels(), size_t(state_.master_numel) * 4),
-      moments_(layout_.shard_numel(), state_kernels(), moments_prefix(rule_)),
+      moments_(layout_.shard_numel(), state_kernels(), cfg.algorithm->moments_prefix,
+               cfg.algorithm->moments),
       scratch_(this->kernels(),
                std::max(GradientReducer::scratch_bytes(layout_, cfg.zero.compression),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
@@ -84,7 +85,7 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
                        masters_.floats());
   }
   if (rule_ == MomentRule::Lamb) {
-    // The config refuses it (src/api/config.cpp): the offloaded update is Adam's.
+    // The config refuses it (src/api/config.cpp): the offloaded update is elementwise.
     if (offload_) fail(DSOPT_EINTERNAL, "LAMB under ZeRO with CPU offload");
     u_ = DeviceBuffer(this->kernels(), size_t(layout_.shard_numel()) * 4);
     sums_ = std::make_unique<ShardTensorSums>(layout_, comm.rank(), comm, this->kernels(), mem());
@@ -94,7 +95,7 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
                                                    host_kernels(), cfg.zero.pin_memory,
                                                    cfg.zero.offload_tile,
                                                    masters_.floats(), moments_.exp_avg(),
-                                                   moments_.exp_avg_sq());
+                                                   moments_.exp_avg_sq(), cfg.algorithm->update);
     offloaded_->read_masters(true);
     return;
   }
@@ -120,7 +121,8 @@ void ZeroOptimizer::point_slots() {
     slots_.push_back(moment_slot(master, half ? data : nullptr, half ? p.dtype : DType::F32,
                                  reducer_.shard() + f.state_offset, DType::F32,
                                  moments_.exp_avg() + f.state_offset,
-                                 moments_.exp_avg_sq() + f.state_offset, f.numel, p.group));
+                                 moments_.exp_avg_sq() ? moments_.exp_avg_sq() + f.state_offset : nullptr,
+                                 f.numel, p.group));
     if (u_.get()) slots_.back().set(Operand::U, u_.floats() + f.state_offset);  // LAMB
   }
   slots_generation_ = params().generation();
@@ -260,14 +262,16 @@ std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
     kernels().copy_to_host(out, data + offset, size_t(n) * 4);
   };
   auto state = std::make_shared<HostAdamState>(
-      assemble_adam_state(blobs, params().shapes(), state_, moments_prefix(rule_), read_param));
+      assemble_adam_state(blobs, params().shapes(), state_, config().algorithm->moments_prefix,
+                          read_param, config().algorithm->moments));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {
     restore_common(*first);
     Kernels& k = state_kernels();
     k.copy_from_host(masters_.get(), state->masters.data(), state->masters.size() * 4);
     k.copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
-    k.copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
+    if (moments_.exp_avg_sq())
+      k.copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
     write_param_values(*state, params(), kernels());
     reducer_.reset_feedback();  // residuals are rank-local: they start again at zero
     reducer_.residual_scale() = loss_scale();

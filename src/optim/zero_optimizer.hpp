@@ -40,7 +40,7 @@ class ZeroOptimizer final : public Optimizer {
   void open_handover(int micro_batches) override;
   PreparedGrads prepare_handed_over() override;
   bool update(const PreparedGrads& grads) override;
-  bool skips_absent() const override { return rule_ == MomentRule::Adam; }
+  bool skips_absent() const override { return rule_ != MomentRule::Lamb; }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
 

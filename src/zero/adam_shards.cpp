@@ -16,12 +16,12 @@ namespace {
 struct SourceBlob {
   StateLayout layout;
   const float* m;
-  const float* v;
+  const float* v;  // nullptr: a rule with one moment (Lion)
   const float* masters;
 };
 
 SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_t index,
-                const std::string& prefix) {
+                const std::string& prefix, bool second) {
   const std::string who = "blobs[" + std::to_string(index) + "]";
   SourceBlob s;
   const char* masters_section;
@@ -51,7 +51,8 @@ SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_
     fail(DSOPT_EMISMATCH, who + " holds no moments named " + prefix + ".exp_avg");
   const uint64_t state_bytes = uint64_t(s.layout.state_numel) * 4;
   s.m = reinterpret_cast<const float*>(r.section(prefix + ".exp_avg", state_bytes));
-  s.v = reinterpret_cast<const float*>(r.section(prefix + ".exp_avg_sq", state_bytes));
+  s.v = second ? reinterpret_cast<const float*>(r.section(prefix + ".exp_avg_sq", state_bytes))
+             : nullptr;
   s.masters = reinterpret_cast<const float*>(
       r.section(masters_section, uint64_t(s.layout.master_numel) * 4));
   return s;
@@ -123,7 +124,8 @@ StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
 
 HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
                                   const std::vector<BlobParam>& params, const StateLayout& target,
-                                  const std::string& prefix, const ReadParam& read_param) {
+                                  const std::string& prefix, const ReadParam& read_param,
+                                  int moments) {
   const bool sharded = blobs[0]->has(kZeroLayoutSection);
   for (size_t i = 1; i < blobs.size(); ++i)
     if (blobs[i]->has(kZeroLayoutSection) != sharded)
@@ -132,7 +134,8 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
   // Replicated state: every blob holds all of it; the first one suffices.
   const size_t used = sharded ? blobs.size() : 1;
   std::vector<SourceBlob> sources;
-  for (size_t i = 0; i < used; ++i) sources.push_back(view(*blobs[i], params, i, prefix));
+  const bool second = moments > 1;
+  for (size_t i = 0; i < used; ++i) sources.push_back(view(*blobs[i], params, i, prefix, second));
 
   // Every parameter's pieces, sorted; they must tile it exactly.
   std::vector<std::vector<Located>> by_param(params.size());
@@ -157,7 +160,7 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
 
   HostAdamState out;
   out.m.assign(size_t(target.state_numel), 0.0f);
-  out.v.assign(size_t(target.state_numel), 0.0f);
+  if (second) out.v.assign(size_t(target.state_numel), 0.0f);
   out.masters.assign(size_t(target.master_numel), 0.0f);
   for (const StatePiece& t : target.pieces) {
     const auto& list = by_param[size_t(t.param)];
@@ -174,7 +177,7 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
       const int64_t from = s.state_offset + (lo - s.param_offset);
       const int64_t to = t.state_offset + (lo - t.param_offset);
       std::memcpy(&out.m[size_t(to)], it->blob->m + from, size_t(n) * 4);
-      std::memcpy(&out.v[size_t(to)], it->blob->v + from, size_t(n) * 4);
+      if (second) std::memcpy(&out.v[size_t(to)], it->blob->v + from, size_t(n) * 4);
       const float* source_master =
           s.master_offset >= 0 ? it->blob->masters + s.master_offset + (lo - s.param_offset) : nullptr;
       if (t.master_offset >= 0) {

@@ -65,7 +65,8 @@ StateLayout replicated_state_layout(const std::vector<BlobParam>& params);
 StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
                                  const std::vector<BlobParam>& params, bool all_masters = false);
 
-// Host copies of resharded state, laid out as a StateLayout says.
+// Host copies of resharded state, laid out as a StateLayout says (v empty
+// for a rule with one moment).
 struct HostAdamState {
   std::vector<float> m, v, masters;
   // fp32 values of the target's fp32 pieces without a master that a
@@ -82,12 +83,14 @@ struct HostAdamState {
 using ReadParam = std::function<void(int64_t param, int64_t offset, int64_t n, float* out)>;
 
 // Validates that `blobs` (already checked to be one save of one run, in
-// rank order) hold moments named <prefix>.* of one kind, all stage 0 or one
+// rank order) hold moments named <prefix>.* of one kind (exp_avg, and
+// with `moments` 2 exp_avg_sq), all stage 0 or one
 // complete set of ZeRO shards, and assembles `target` from them. Throws,
 // changing nothing, otherwise.
 HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
                                   const std::vector<BlobParam>& params, const StateLayout& target,
-                                  const std::string& prefix, const ReadParam& read_param = nullptr);
+                                  const std::string& prefix, const ReadParam& read_param = nullptr,
+                                  int moments = 2);
 
 // Writes state.fp32_params into the caller's fp32 parameters.
 void write_param_values(const HostAdamState& state, const ParamSet& params, Kernels& kernels);

@@ -2,7 +2,7 @@
 // one step computes": CPU vector code, CPU scalar code and the CUDA kernel
 // run the same function). For every parameter dtype x gradient dtype, odd
 // tensor sizes in one optimizer and several configs (AdamW with clipping,
-// Adam-L2 with fp16 loss scaling, parameter groups, no checks at all), the
+// Adam-L2 with fp16 loss scaling, parameter groups, no checks at all, Lion), the
 // same random gradients go through a CPU optimizer on host buffers and a
 // CUDA optimizer on device buffers: parameters after every step, the step
 // info and the state blobs must be bit-identical, and a blob saved on one
@@ -48,7 +48,12 @@ const Config kConfigs[] = {
      2, false, -1},
     {"adam_unchecked_gradients",
      "\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 1e-2}}, \"skip_nonfinite\": false",
-     1, false, -1},
+     1, false, -1},    {"lion_fp16_loss_scaling_groups",
+     "\"optimizer\": {\"type\": \"Lion\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.1}}, "
+     "\"param_groups\": [{}, {\"lr\": 5e-4, \"betas\": [0.85, 0.95], \"weight_decay\": 0.0}], "
+     "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
+     "\"gradient_clipping\": 0.5",
+     2, true, 4},
 };
 
 struct Case {

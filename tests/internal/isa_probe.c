@@ -1,5 +1,5 @@
-/* Runs a fixed mixed-dtype Adam workload and prints a checksum of every
- * parameter and the final state blob. Run under DSOPT_CPU_ISA=scalar, avx2
+/* Runs a fixed mixed-dtype Adam workload, then a Lion one, and prints a
+ * checksum of every parameter and the final state blob of each. Run under DSOPT_CPU_ISA=scalar, avx2
  * and avx512 (check_isa_identity.sh): the vector code, the scalar tail and
  * the scalar kernels must give the same bits. */
 #include <stdint.h>
@@ -36,7 +36,8 @@ static void fill(void* data, int64_t n, int dtype, float scale) {
   }
 }
 #define NP 6
-int main(void) {
+/* Steps the workload with `cfg` and prints the checksum; 0 on success. */
+static int probe(const char* cfg) {
   const int64_t sizes[NP] = {1, 7, 33, 4099, 65537, 100003};
   const int pdt[NP] = {DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16, DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16};
   const int gdt[NP] = {DSOPT_FLOAT16, DSOPT_FLOAT32, DSOPT_BFLOAT16, DSOPT_BFLOAT16, DSOPT_FLOAT16, DSOPT_FLOAT32};
@@ -47,10 +48,6 @@ int main(void) {
     grads[i] = (dsopt_tensor){malloc(sizes[i] * gs), sizes[i], gdt[i], 0};
     fill(params[i].data, sizes[i], pdt[i], 1.0f);
   }
-  const char* cfg =
-      "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01, "
-      "\"adam_w_mode\": false}}, \"param_groups\": [{}, {\"lr\": 0.003, \"betas\": [0.8, 0.99]}], "
-      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 3}, \"gradient_clipping\": 2.0}";
   dsopt_comm* comm = NULL;
   dsopt_optimizer* opt = NULL;
   if (dsopt_comm_create_local(&comm) || dsopt_create(&opt, cfg, comm, params, NP)) {
@@ -82,4 +79,16 @@ int main(void) {
     free(grads[i].data);
   }
   return 0;
+}
+
+int main(void) {
+  const char* adam =
+      "{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01, "
+      "\"adam_w_mode\": false}}, \"param_groups\": [{}, {\"lr\": 0.003, \"betas\": [0.8, 0.99]}], "
+      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 3}, \"gradient_clipping\": 2.0}";
+  const char* lion =
+      "{\"optimizer\": {\"type\": \"Lion\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}}, "
+      "\"param_groups\": [{}, {\"lr\": 0.003, \"betas\": [0.8, 0.95]}], "
+      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 3}, \"gradient_clipping\": 2.0}";
+  return probe(adam) || probe(lion);
 }

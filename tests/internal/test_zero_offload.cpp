@@ -96,10 +96,10 @@ Run make(const OptimizerConfig& cfg, Comm& comm, Model& m) {
   return r;
 }
 
-void offloaded_equals_resident(Comm& comm, int stage, bool pin) {
-  const std::string label = "stage " + std::to_string(stage) + (pin ? ", pinned" : "");
+void offloaded_equals_resident(Comm& comm, const std::string& type, int stage, bool pin) {
+  const std::string label = type + ", stage " + std::to_string(stage) + (pin ? ", pinned" : "");
   const std::string json =
-      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.05}}, "
+      "{\"optimizer\": {\"type\": \"" + type + "\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.05}}, "
       "\"threads\": 1, \"gradient_clipping\": 1.0, \"zero_optimization\": {\"stage\": " +
       std::to_string(stage) + ", \"reduce_bucket_size\": 512, \"offload_optimizer\": "
       "{\"device\": \"cpu\", \"pin_memory\": " + (pin ? "true" : "false") + "}}}";
@@ -157,8 +157,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
   try {
     std::unique_ptr<Comm> comm = make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
-    for (int stage = 1; stage <= 2; ++stage)
-      for (bool pin : {false, true}) offloaded_equals_resident(*comm, stage, pin);
+    for (const char* type : {"AdamW", "Lion"})
+      for (int stage = 1; stage <= 2; ++stage)
+        for (bool pin : {false, true}) offloaded_equals_resident(*comm, type, stage, pin);
   } catch (const Error& e) {
     check(false, std::string("error: ") + e.what());
   }

@@ -70,6 +70,8 @@ SCENARIOS = [
     scenario("lamb", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 24,
                       "parameter_block_size": 40},
              sizes=zr.LAMB_SIZES, opt_type="Lamb", bucket=1000, gather=3000),
+    scenario("lion", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 32,
+                      "parameter_block_size": 16}, opt_type="Lion"),
     scenario("clipping", {"gradients": "int4", "parameters": "int8"}, top={"gradient_clipping": 0.5}),
     scenario("edge_int8", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
     scenario("edge_int4", {"gradients": "int4", "gradient_block_size": 8, "parameter_block_size": 8}),
@@ -80,7 +82,7 @@ SCENARIOS = [
                          "parameter_block_size": 8}, bucket=400, gather=400, top={"threads": 3}),
 ]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
-RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb"]
+RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb", "lion"]
 
 
 def gradients(sc, step, rank, scale):

@@ -6,7 +6,8 @@ themselves; a failing check aborts the run with its traceback. Phases
 * equivalence: stage 1 and 2 equal stage 0 after every step (bit for bit
   with exact gradients or at most two ranks, else within fp32 rounding),
   the same step infos, identical parameters on every rank; LAMB's stage 0
-  also equals its numpy reference (lamb_reference.py) bit for bit;
+  also equals its numpy reference (lamb_reference.py) bit for bit, Lion's
+  its float64 reference (lion_reference.py) within fp32 rounding;
 * resume: a ZeRO-2 run saved after 3 steps and loaded into a fresh
   optimizer continues bit-identically;
 * save: writes the blobs of a ZeRO-2 run and of a stage-0 run after 3
@@ -33,13 +34,15 @@ from mpi4py import MPI
 import dsopt
 import zero_runs as zr
 from lamb_reference import LambReference
+from lion_reference import LionReference, lion_groups
 from mpi_phases import main, out_path
 
 MPI_WORLD = MPI.COMM_WORLD
 SAVE_AFTER = 3
 CONTINUE = 3
-RESHARD_SCENARIOS = ["fp32", "mixed_dtypes", "fp16_dynamic", "lamb_mixed_dtypes"]
-RESUME_SCENARIOS = ["fp32_random", "fp16_dynamic", "mixed_dtypes", "lamb_mixed_dtypes", "lamb_fp16_dynamic"]
+RESHARD_SCENARIOS = ["fp32", "mixed_dtypes", "fp16_dynamic", "lamb_mixed_dtypes", "lion_mixed_dtypes"]
+RESUME_SCENARIOS = ["fp32_random", "fp16_dynamic", "mixed_dtypes", "lamb_mixed_dtypes", "lamb_fp16_dynamic",
+                    "lion_mixed_dtypes", "lion_fp16_dynamic"]
 
 
 def bits(arrays):
@@ -85,12 +88,27 @@ def check_lamb_reference(sc, history, size):
         assert_same(got, ref.params(), f"{sc.name} stage 0 step {k + 1} at P={size} against the reference")
 
 
+def check_lion_reference(sc, history, size):
+    """Stage 0 of a Lion scenario with exact gradients against the float64
+    reference of the rank-averaged gradient on `size` ranks."""
+    ref = LionReference(zr.initial_params(sc), lion_groups(zr.config(sc, 0)), sc.groups)
+    for k, got in enumerate(history):
+        grads = [zr.gradients(sc, k, r, 1.0) for r in range(size)]
+        ref.step([np.mean([g[i] for g in grads], axis=0, dtype=np.float64).astype(np.float32)
+                  for i in range(len(sc.sizes))])
+        for i, (x, y) in enumerate(zip(got, ref.p)):
+            np.testing.assert_allclose(x.astype(np.float64), y, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{sc.name} stage 0 step {k + 1} tensor {i} at P={size}")
+
+
 def phase_equivalence(comm, rank, size):
     checked = 0
     for sc in zr.SCENARIOS:
         ref, ref_infos = run(sc, 0, comm, rank)
         if sc.opt_type == "Lamb" and sc.grads == "exact" and not sc.overflow:
             check_lamb_reference(sc, ref, size)
+        if sc.opt_type == "Lion" and sc.grads == "exact" and set(sc.kinds) == {"fp32"}:
+            check_lion_reference(sc, ref, size)
         exact = sc.grads == "exact" or size <= 2
         for stage in (1, 2):
             hist, infos = run(sc, stage, comm, rank)

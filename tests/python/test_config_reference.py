@@ -17,7 +17,7 @@ import dsopt
 from test_blob_compat import sections
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "config.md"
-TYPES = ("Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam")
+TYPES = ("Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Lion")
 
 
 def rows():
@@ -115,7 +115,7 @@ def documented(prefix, kind):
                                   "divergence_check"])
 def test_the_table_lists_exactly_the_keys_the_library_knows(part, kind):
     cfg = base(kind, part + ".x")
-    if part.startswith("zero_optimization.") and kind not in ("Adam", "AdamW", "Lamb"):
+    if part.startswith("zero_optimization.") and kind not in ("Adam", "AdamW", "Lamb", "Lion"):
         pytest.skip("ZeRO is for Adam, AdamW and Lamb")
     if part.startswith("zero_optimization."):
         cfg["zero_optimization"] = {"stage": 2, part.split(".")[1]: {}}

@@ -66,6 +66,14 @@ SCENARIOS += [
     Scenario("lamb_tiny", sizes=(1, 2, 3), groups=(0, 1, 0), kinds=("fp32", "bf16", "fp32"), opt_type="Lamb",
              zero={"reduce_bucket_size": 1, "allgather_bucket_size": 1}),
 ]
+# Lion: one moment, the elementwise path of Adam.
+SCENARIOS += [
+    Scenario("lion", opt_type="Lion"),
+    Scenario("lion_random", grads="random", opt_type="Lion"),
+    Scenario("lion_mixed_dtypes", kinds=("fp32", "bf16", "fp16", "fp32", "bf16"), opt_type="Lion"),
+    Scenario("lion_fp16_dynamic", kinds=("fp16",) * 5, overflow=(3, 1), opt_type="Lion",
+             top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
+]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
 
 

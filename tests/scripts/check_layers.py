@@ -31,6 +31,7 @@ LAYERS = [
     ["handover"],
     ["zero"],
     ["optim"],
+    ["algorithms"],  # one descriptor per algorithm, registered once
     ["api"],
 ]
 RANK = {folder: level for level, folders in enumerate(LAYERS) for folder in folders}

@@ -205,13 +205,17 @@ class _TorchStyle(Optimizer):
     def _build(self, params, lr, betas, eps, weight_decay, algorithm, group_defaults, comm,
                overlap, settings):
         groups, tensors = _materialize(params)
+        # eps None: an algorithm without it (Lion), whose groups have none.
         hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        if eps is None:
+            del hyper["eps"]
         lr_f, beta1, beta2, eps_f, weight_decay_f = _groups.hyper_values(hyper)
+        params = {"lr": lr_f, "betas": [beta1, beta2], "eps": eps_f, "weight_decay": weight_decay_f}
         config = {"optimizer": {"type": self._CONFIG_TYPE,
-                                "params": dict({"lr": lr_f, "betas": [beta1, beta2], "eps": eps_f,
-                                                "weight_decay": weight_decay_f}, **algorithm)}}
+                                "params": dict({k: v for k, v in params.items() if v is not None},
+                                               **algorithm)}}
         config.update(_settings_config(tensors, self._CONFIG_TYPE in ONE_BIT, **settings))
-        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        defaults = dict(hyper, betas=tuple(betas))
         defaults.update(_groups.TORCH_FLAGS)
         defaults.update(group_defaults)
         super().__init__(groups, config, comm, overlap=overlap, _defaults=defaults)
@@ -442,7 +446,34 @@ class ZeroOneAdam(_TorchStyle):
                               divergence_check))
 
 
-for _cls in (Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam):
+class Lion(_TorchStyle):
+    """Lion (dsopt ``"Lion"``; docs/optimizers/lion.md) with torch-style
+    hyperparameters: every element steps by ``lr`` in the direction of
+    ``sign(beta1 * m + (1 - beta1) * g)``, with decoupled weight decay, and
+    one moment ``m`` (``exp_avg``). Its state can be sharded with ZeRO
+    stage 1/2 (``zero_stage=2``). Its groups carry ``lr``, ``betas`` and
+    ``weight_decay`` (no ``eps``).
+
+    ``Lion(params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, ...)``,
+    the defaults of the paper's reference code. A parameter without
+    ``.grad`` is left alone.
+    """
+
+    _CONFIG_TYPE = "Lion"
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, comm=None,
+                 overlap=False, gradient_clipping=None, fp16=None, bf16=None, skip_nonfinite=None,
+                 max_consecutive_skips=None, gradient_accumulation_steps=None,
+                 zero_optimization=None, zero_stage=None, device=None, threads=None,
+                 divergence_check=None):
+        self._build(params, lr, betas, None, weight_decay, {}, {}, comm, overlap,
+                    _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
+                              max_consecutive_skips, gradient_accumulation_steps,
+                              zero_optimization, zero_stage, device, threads,
+                              divergence_check))
+
+
+for _cls in (Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, Lion):
     _cls.__doc__ += _DSOPT_SETTINGS_DOC
 
-__all__ = ["Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam"]
+__all__ = ["Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Lion"]

@@ -13,6 +13,8 @@ import torch
 ADAM = ("Adam", "AdamW")
 
 # The hyperparameters dsopt has per group (dsopt_set_group_param names).
+# An algorithm without eps (Lion) has groups without it: its canonical
+# optimizer.params has no "eps", and neither have its groups.
 HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 # torch.optim.Adam's flags: accepted in groups so torch code reading them
 # works; the ones dsopt cannot honour must stay False.
@@ -70,7 +72,8 @@ def _number(value, what):
 def hyper_values(group, where=""):
     """(lr, beta1, beta2, eps, weight_decay) of a group, as floats,
     validated as torch.optim.Adam validates its arguments (ValueError),
-    and finite."""
+    and finite; eps None for a group without it (an algorithm without
+    eps)."""
     lr = _number(group["lr"], f"{where}lr")
     betas = group["betas"]
     try:
@@ -79,11 +82,11 @@ def hyper_values(group, where=""):
         raise ValueError(f"{where}betas must be a pair (beta1, beta2), got {betas!r}") from None
     beta1 = _number(beta1, f"{where}betas[0]")
     beta2 = _number(beta2, f"{where}betas[1]")
-    eps = _number(group["eps"], f"{where}eps")
+    eps = _number(group["eps"], f"{where}eps") if "eps" in group else None
     weight_decay = _number(group["weight_decay"], f"{where}weight_decay")
     if not 0.0 <= lr < math.inf:
         raise ValueError(f"{where}Invalid learning rate: {lr}")
-    if not 0.0 <= eps < math.inf:
+    if eps is not None and not 0.0 <= eps < math.inf:
         raise ValueError(f"{where}Invalid epsilon value: {eps}")
     if not 0.0 <= beta1 < 1.0:
         raise ValueError(f"{where}Invalid beta parameter at index 0: {beta1}")
@@ -101,6 +104,8 @@ def dsopt_settings(group, *, all_keys, where=""):
     ones it does not know, naming them)."""
     lr, beta1, beta2, eps, weight_decay = hyper_values(group, where)
     settings = {"lr": lr, "betas": [beta1, beta2], "eps": eps, "weight_decay": weight_decay}
+    if eps is None:
+        del settings["eps"]
     for key, value in group.items():
         if key == "params" or key in HYPER_KEYS or key in NOT_FOR_DSOPT:
             continue

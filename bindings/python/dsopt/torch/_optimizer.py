@@ -45,8 +45,10 @@ def _group_defaults(canonical) -> dict:
     """torch-style defaults of the groups: the canonical config's
     optimizer.params (defaults filled in by dsopt)."""
     params = canonical["optimizer"]["params"]
-    defaults = {"lr": params["lr"], "betas": tuple(params["betas"]), "eps": params["eps"],
+    defaults = {"lr": params["lr"], "betas": tuple(params["betas"]), "eps": params.get("eps"),
                 "weight_decay": params["weight_decay"]}
+    if "eps" not in params:  # an algorithm without eps (Lion)
+        del defaults["eps"]
     defaults.update(_groups.TORCH_FLAGS)
     return defaults
 
@@ -279,7 +281,7 @@ class Optimizer(torch.optim.Optimizer):
         torch validates them (ValueError)."""
         seen = self._seen
         for i, group in enumerate(self.param_groups):
-            values = (group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            values = (group["lr"], group["betas"], group.get("eps"), group["weight_decay"])
             known = seen[i]
             if known is not None and all(map(operator.is_, values, known)):
                 continue
@@ -287,7 +289,7 @@ class Optimizer(torch.optim.Optimizer):
             old = list(self._hyper[i])
             try:
                 for k, (name, value) in enumerate(zip(_HYPER_NAMES, new)):
-                    if value != old[k]:
+                    if value is not None and value != old[k]:
                         if name == "lr":
                             self.dsopt.set_group_lr(i, value)
                         else:
@@ -305,7 +307,8 @@ class Optimizer(torch.optim.Optimizer):
             lr, beta1, beta2, eps, weight_decay = self._dsopt_hyper(i)
             group.setdefault("lr", lr)
             group.setdefault("betas", (beta1, beta2))
-            group.setdefault("eps", eps)
+            if "eps" in self.defaults:
+                group.setdefault("eps", eps)
             group.setdefault("weight_decay", weight_decay)
             for key, value in self.defaults.items():
                 if key not in _groups.HYPER_KEYS:

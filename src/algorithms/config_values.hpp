@@ -1,0 +1,38 @@
+// Reading and checking the values of a JSON config: every error names
+// the offending key by its path ("optimizer.params.lr"). Shared by the
+// config reader (src/api/config.cpp) and the algorithms' own keys.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "math/adam.hpp"
+
+namespace dsopt::config {
+
+using json = nlohmann::json;
+
+// Throws Error(DSOPT_EINVAL) "config: <path>: <what>".
+[[noreturn]] void bad(const std::string& path, const std::string& what);
+// The keys, comma-separated.
+std::string join(const std::set<std::string>& keys);
+// Rejects keys outside `known`; `ignored` keys are accepted and skipped.
+void check_keys(const json& obj, const std::string& path, const std::set<std::string>& known,
+                const std::set<std::string>& ignored = {});
+// path.key (key alone at the top level).
+std::string sub(const std::string& path, const std::string& key);
+// obj[key] as a finite number, dflt when absent.
+double number(const json& obj, const std::string& path, const std::string& key, double dflt);
+// An integer in [lo, hi], checked before any narrowing.
+int64_t integer(const json& obj, const std::string& path, const std::string& key, int64_t dflt,
+                int64_t lo, int64_t hi);
+bool boolean(const json& obj, const std::string& path, const std::string& key, bool dflt);
+void require(bool ok, const std::string& path, const std::string& what);
+// The update runs in fp32: a value must survive the conversion.
+void require_fp32(double v, const std::string& path, bool nonzero);
+// lr, betas, eps, weight_decay of `obj` over `h` (optimizer.params or a group).
+void read_hyper(const json& obj, const std::string& path, AdamHyper& h);
+
+}  // namespace dsopt::config

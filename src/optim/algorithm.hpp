@@ -1,0 +1,60 @@
+// What an algorithm is to the library: one descriptor, registered once in
+// src/algorithms. The config reader, the config writer, the factory and
+// the moment rules look the algorithm up by its descriptor and never by
+// its name.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "kernels/kernels.hpp"
+#include "math/adam.hpp"
+
+namespace dsopt {
+
+class Optimizer;
+struct OptimizerConfig;
+
+// The update rules that keep fp32 moments and nothing else between steps
+// (optim/moment_rule.hpp): elementwise (Algorithm::update, with Adam's
+// constants) or LAMB's per-tensor trust ratio; None: the algorithm has its
+// own optimizer class.
+enum class MomentRule { None, Elementwise, Lamb };
+
+struct Algorithm {
+  std::string type;                  // canonical "optimizer.type", also the blob's algorithm
+  std::vector<std::string> aliases;  // other accepted spellings (any case, as the type)
+  // Its hyperparameters, per group: the keys of optimizer.params and of
+  // param_groups[i] among lr, betas, eps, weight_decay, and their defaults.
+  std::vector<std::string> hyper = {"lr", "betas", "eps", "weight_decay"};
+  AdamHyper defaults;
+  // optimizer.params: the keys accepted beyond the hyperparameters.
+  std::vector<std::string> keys;
+  // param_groups[i]: the keys accepted beyond the hyperparameters.
+  std::vector<std::string> group_keys;
+  MomentRule rule = MomentRule::None;
+  UpdateRule update = UpdateRule::Adam;  // an elementwise rule's update (math/update_rules.hpp)
+  int moments = 0;              // fp32 moments per element kept by a moment rule (m; m and v)
+  std::string moments_prefix;   // a moment rule's blob sections: <prefix>.exp_avg, <prefix>.exp_avg_sq
+  // The algorithm's name in blobs (nullptr: its type).
+  std::string (*blob_name)(const OptimizerConfig& cfg) = nullptr;
+  bool sharded = false;         // runs under ZeRO stage 1/2 (and compressed ZeRO)
+  bool offload = false;         // its ZeRO shard can live in host memory (CUDA)
+  // Reads optimizer.params (keys already checked) into cfg.defaults and the
+  // algorithm's own fields; throws Error(DSOPT_EINVAL) naming the key.
+  void (*read_params)(const nlohmann::json& params, const std::string& path,
+                      OptimizerConfig& cfg) = nullptr;
+  // The algorithm's own keys of optimizer.params as applied (the
+  // hyperparameters are written by the caller).
+  void (*write_params)(const OptimizerConfig& cfg, nlohmann::json& params) = nullptr;
+  // Builds the optimizer (nullptr: a moment rule's, by gradient path).
+  std::unique_ptr<Optimizer> (*make)(const OptimizerConfig& cfg, Comm& comm,
+                                     std::unique_ptr<Kernels> kernels, const dsopt_tensor* params,
+                                     int64_t count) = nullptr;
+};
+
+}  // namespace dsopt
