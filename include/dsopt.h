@@ -340,8 +340,8 @@ DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr)
  * from the next step on and is part of the state blob; lr, eps and
  * weight_decay finite and >= 0, betas in [0, 1) and below 1 in fp32. Not
  * collective; the same values on every rank. Returns DSOPT_OK or
- * DSOPT_EINVAL (NULL pointer, group out of range, unknown name, invalid
- * value; nothing changes). */
+ * DSOPT_EINVAL (NULL pointer, group out of range, unknown name, a name the
+ * algorithm does not have (Lion: "eps"), invalid value; nothing changes). */
 DSOPT_API int dsopt_get_group_param(const dsopt_optimizer *opt, int32_t group, const char *name,
                                     double *out_value);
 DSOPT_API int dsopt_set_group_param(dsopt_optimizer *opt, int32_t group, const char *name,

@@ -65,19 +65,25 @@ void check_value(const HyperField& f, int32_t group, double value) {
                            " (nothing was changed)");
 }
 
+// The field `name` of an algorithm that has it (Lion has no eps).
+const HyperField& algorithm_field(const OptimizerConfig& cfg, const std::string& name) {
+  const HyperField& f = field(name);
+  const std::vector<std::string>& hyper = cfg.algorithm->hyper;
+  if (std::find(hyper.begin(), hyper.end(), f.key) == hyper.end())
+    fail(DSOPT_EINVAL, cfg.type + " has no hyperparameter \"" + name + "\" (nothing was changed)");
+  return f;
+}
+
 }  // namespace
 
 double Optimizer::group_param(int32_t group, const std::string& name) const {
   lr(group);  // range check
-  return groups_[size_t(group)].*field(name).field;
+  return groups_[size_t(group)].*algorithm_field(config(), name).field;
 }
 
 void Optimizer::set_group_param(int32_t group, const std::string& name, double value) {
   lr(group);  // range check
-  const HyperField& f = field(name);
-  const std::vector<std::string>& hyper = config().algorithm->hyper;
-  if (std::find(hyper.begin(), hyper.end(), f.key) == hyper.end())
-    fail(DSOPT_EINVAL, config().type + " has no hyperparameter \"" + name + "\" (nothing was changed)");
+  const HyperField& f = algorithm_field(config(), name);
   check_value(f, group, value);
   groups_[size_t(group)].*f.field = value;
 }

@@ -15,11 +15,11 @@ const char* kLrSection = "common.lr";
 const char* kScalerSection = "common.loss_scaler";
 const char* kMastersSection = "common.masters";
 const char* kRunSection = "common.run";
-// Sections added in 0.2 (optional on load: older blobs lack them).
+// Optional on load: blobs of an earlier layout lack them.
 const char* kParamStepsSection = "common.param_steps";  // int64 per parameter
 const char* kHyperSection = "common.hyper";  // per group: beta1, beta2, eps, weight_decay
-// Added later still (optional on load: older blobs lack it): the divergence
-// check's state (optim/divergence_check.hpp).
+// Optional on load too: the divergence check's state
+// (optim/divergence_check.hpp).
 const char* kDivergenceSection = "common.divergence";
 constexpr uint32_t kCommonSections = 8;
 constexpr uint64_t kHyperDoubles = 4;

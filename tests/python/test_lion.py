@@ -171,4 +171,6 @@ def test_group_params_are_lions_own(rng):
         assert opt.get_group_param(0, "beta2") == 0.9
         with pytest.raises(dsopt.InvalidArgument, match="Lion has no hyperparameter \"eps\""):
             opt.set_group_param(0, "eps", 1e-6)
+        with pytest.raises(dsopt.InvalidArgument, match="Lion has no hyperparameter \"eps\""):
+            opt.get_group_param(0, "eps")
         assert opt.config["param_groups"] == [{"lr": 1e-3, "betas": [0.9, 0.9], "weight_decay": 0.5}]

@@ -272,8 +272,10 @@ class Optimizer(torch.optim.Optimizer):
     # ---- hyperparameters ------------------------------------------------------
 
     def _dsopt_hyper(self, group):
-        """(lr, beta1, beta2, eps, weight_decay) dsopt has for ``group``."""
-        return tuple(self.dsopt.get_group_param(group, name) for name in _HYPER_NAMES)
+        """(lr, beta1, beta2, eps, weight_decay) dsopt has for ``group``; eps
+        None for an algorithm without it (Lion)."""
+        return tuple(None if name == "eps" and "eps" not in self.defaults else
+                     self.dsopt.get_group_param(group, name) for name in _HYPER_NAMES)
 
     def _sync_hyperparameters(self):
         """Hands every group's lr, betas, eps and weight_decay that changed
