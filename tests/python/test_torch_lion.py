@@ -5,10 +5,15 @@ arguments and groups (lr, betas, weight_decay; no eps), the state
 
 import numpy as np
 import pytest
-import torch
 
-import dsopt.torch
-from lion_reference import LionReference
+torch = pytest.importorskip(
+    "torch",
+    reason="torch is not installed for this Python; `make test-torch` runs these tests "
+    "with a Python that has it (e.g. Debian's python3-torch under /usr/bin/python3)",
+)
+
+import dsopt.torch  # noqa: E402
+from lion_reference import LionReference  # noqa: E402
 
 
 class TorchLion:
