@@ -202,14 +202,36 @@ def param_codec(codec, block, values):
     return encode("int8", block, values)[1]
 
 
+def shard_index(world, bucket_list, rank):
+    """The flat positions of rank ``rank``'s shard, in shard order: its
+    piece of every bucket, in bucket order."""
+    return np.concatenate([np.arange(s + rank * (n // world), s + (rank + 1) * (n // world))
+                           for s, n in bucket_list])
+
+
+def as_kind(kind, values):
+    """A parameter buffer of ``kind`` ("fp32", "bf16", "fp16") after fp32
+    values are written into it: fp32 as they are; a 16-bit parameter takes
+    them rounded to its dtype, nearest even, a NaN kept quiet (bf16 held
+    as its uint16 bits, as the tests hand bf16 tensors over)."""
+    x = np.asarray(values, F32)
+    if kind == "fp32":
+        return x.copy()
+    if kind == "fp16":
+        return x.astype(np.float64).astype(np.float16)
+    assert kind == "bf16", kind
+    u = x.view(np.uint32).astype(np.uint64)
+    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), ((u >> 16) | 0x40).astype(np.uint16), bits)
+
+
 def gathered(flat_masters, world, bucket_list, chunk_elems, codec, block):
     """Every rank's buffers after the compressed allgather: each owner's
     shard (its piece of every bucket, in bucket order) is encoded chunk by
     chunk (allgather_bucket_size / P elements each) and decoded in place."""
     out = np.array(flat_masters, F32)
     for r in range(world):
-        index = np.concatenate([np.arange(s + r * (n // world), s + (r + 1) * (n // world))
-                                for s, n in bucket_list])
+        index = shard_index(world, bucket_list, r)
         shard = out[index]
         per = min(len(shard), max(1, chunk_elems // world))
         for c in range(0, len(shard), per):

@@ -8,7 +8,9 @@ the same config and world size is then fed those sums as rank 0's
 gradients and zeros elsewhere: its fp32 sums are the reference's exactly,
 so the compressed run must take the same steps bit for bit. With a
 parameter codec the compressed run's buffers must hold the reference codec
-of the uncompressed run's fp32 values (its masters). Phases
+of the uncompressed run's fp32 masters (an fp32 parameter's own values, a
+16-bit one's from every rank's blob), rounded to each parameter's dtype.
+Phases
 (``$DSOPT_TEST_PHASES``):
 
 * reference: every scenario at stage 1 and 2, after every step: parameters
@@ -76,13 +78,26 @@ SCENARIOS = [
     scenario("edge_int8", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
     scenario("edge_int4", {"gradients": "int4", "gradient_block_size": 8, "parameter_block_size": 8}),
     scenario("edge_nan", {"gradients": "sign", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
+    # 16-bit parameters with a parameter codec: each takes the decoded
+    # master rounded to its dtype.
+    scenario("bf16_bf16", {"gradients": "int8", "parameters": "bf16", "gradient_block_size": 32},
+             kinds=("bf16",) * 5, top={"bf16": {"enabled": True}}),
+    scenario("mixed_int8", {"gradients": "int4", "parameters": "int8", "gradient_block_size": 16,
+                            "parameter_block_size": 24}, kinds=MIXED, gather=150),
+    scenario("mixed_bf16", {"parameters": "bf16"}, kinds=MIXED, gather=120),
+    scenario("fp16_dynamic_int8", {"gradients": "int4", "parameters": "int8", "gradient_block_size": 64,
+                                   "parameter_block_size": 32}, kinds=("fp16",) * 5, overflow=(3, 1),
+             top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
+    scenario("lion_bf16", {"gradients": "int8", "parameters": "bf16", "gradient_block_size": 32},
+             kinds=("bf16",) * 5, opt_type="Lion", top={"bf16": {"enabled": True}}),
     # The codecs' blocks spread over 3 threads of the kernels' pool (ranks
     # sharing cores would otherwise get 1 thread each).
     scenario("threads", {"gradients": "int4", "parameters": "int8", "gradient_block_size": 8,
                          "parameter_block_size": 8}, bucket=400, gather=400, top={"threads": 3}),
 ]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
-RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb", "lion"]
+RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb", "lion", "mixed_int8", "fp16_dynamic_int8",
+          "lion_bf16"]
 
 
 def gradients(sc, step, rank, scale):
@@ -141,18 +156,45 @@ def reference_grads(sc, rp, world, k, scale, skip):
     return ref.split(rp.step(per_rank, commit=not skip, scale=scale), sc.sizes)
 
 
-def expected_params(sc, twin_params, world):
-    """The compressed run's buffers: the twin's with the parameter codec."""
+def twin_masters(sc, twin, world):
+    """The uncompressed twin's fp32 masters (collective): an fp32
+    parameter's own values; a 16-bit parameter's from every rank's blob,
+    whose ``zero.masters`` holds the masters of the 16-bit elements of its
+    shard in shard order. Each 16-bit buffer must be their rounding."""
+    buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
+    half = np.zeros(padded, bool)
+    half[:sum(sc.sizes)] = np.concatenate([np.full(n, k != "fp32") for n, k in zip(sc.sizes, sc.kinds)])
+    flat = np.zeros(padded, np.float32)
+    flat[:sum(sc.sizes)] = np.concatenate([np.asarray(p, np.float32) if k == "fp32" else np.zeros(len(p), np.float32)
+                                           for p, k in zip(zr.opt_params(twin), sc.kinds)])
+    seen = ~half
+    for r, data in enumerate(MPI_WORLD.allgather(dict(sections(twin.state_dict())[1])["zero.masters"])):
+        index = ref.shard_index(world, buckets, r)
+        index = index[half[index]]
+        values = np.frombuffer(data, np.float32)
+        assert len(values) == len(index), f"{sc.name}: rank {r} saved {len(values)} masters, not {len(index)}"
+        flat[index] = values
+        seen[index] = True
+    assert seen.all(), f"{sc.name}: masters of {np.flatnonzero(~seen)[:8]} are nowhere"
+    masters = ref.split(flat, sc.sizes)
+    assert_bits(zr.opt_params(twin), [ref.as_kind(k, m) for k, m in zip(sc.kinds, masters)],
+                f"{sc.name}: the twin's buffers and its masters")
+    return masters
+
+
+def expected_params(sc, twin, world):
+    """The compressed run's buffers: the twin's masters through the
+    parameter codec, rounded to each parameter's dtype (collective)."""
     c = compression(sc)
     codec = c.get("parameters", "none")
     if codec == "none" or world == 1:
-        return twin_params
+        return zr.opt_params(twin)
     buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
     flat = np.zeros(padded, np.float32)
-    flat[:sum(sc.sizes)] = np.concatenate([p.ravel() for p in twin_params])
+    flat[:sum(sc.sizes)] = np.concatenate(twin_masters(sc, twin, world))
     out = ref.gathered(flat, world, buckets, sc.zero["allgather_bucket_size"], codec,
                        c.get("parameter_block_size", 256))
-    return ref.split(out, sc.sizes)
+    return [ref.as_kind(kind, x) for kind, x in zip(sc.kinds, ref.split(out, sc.sizes))]
 
 
 def check_replicas(params, what):
@@ -164,8 +206,9 @@ def check_replicas(params, what):
 
 def assert_bits(actual, expected, what):
     for i, (a, e) in enumerate(zip(actual, expected)):
-        a = np.asarray(a)
-        e = np.asarray(e, a.dtype)
+        a, e = np.asarray(a), np.asarray(e)
+        assert a.dtype == e.dtype and a.shape == e.shape, \
+            f"{what}: tensor {i} is {a.dtype} {a.shape}, expected {e.dtype} {e.shape}"
         if a.tobytes() != e.tobytes():
             diff = np.flatnonzero(a.view(np.uint8).reshape(len(a), -1) != e.view(np.uint8).reshape(len(e), -1))
             diff = np.unique(diff // a.itemsize)
@@ -180,7 +223,7 @@ def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, 
     if opt is None:  # creation already writes the decoded masters into every rank's buffers
         opt = make(sc, stage, comm, accumulation)
         twin = make(plain(sc), stage, comm, accumulation)
-        assert_bits(zr.opt_params(opt), expected_params(sc, zr.opt_params(twin), world),
+        assert_bits(zr.opt_params(opt), expected_params(sc, twin, world),
                     f"{sc.name} stage {stage}: parameters after creation")
     rp = rp if rp is not None else path(sc, world)
     for k in range(first, first + steps):
@@ -230,7 +273,7 @@ def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, 
         assert info.skipped == twin_info.skipped == skip, f"{what}: skipped {info.skipped} {twin_info.skipped}"
         assert info.loss_scale == twin_info.loss_scale, what
         got = zr.opt_params(opt)
-        assert_bits(got, expected_params(sc, zr.opt_params(twin), world), what)
+        assert_bits(got, expected_params(sc, twin, world), what)
         check_replicas(got, what)
     return opt, twin, rp
 
@@ -361,7 +404,7 @@ def reshard_phase(comm, rank, world):
             back = make(sc, 2, comm)
             restore_model(back, twin)
             back.load_state_dict_shards(MPI_WORLD.allgather(twin_blob))
-            assert_bits(zr.opt_params(back), expected_params(sc, zr.opt_params(twin), world),
+            assert_bits(zr.opt_params(back), expected_params(sc, twin, world),
                         f"{name}: from the uncompressed run")
     return len(RESUME)
 

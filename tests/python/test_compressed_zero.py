@@ -26,10 +26,11 @@ def test_compressed_zero_matches_the_numpy_reference(world, tmp_path):
         pytest.skip("libdsopt was built without MPI")
     folder = mpi_runner.mpirun(SCRIPT, world, tmp_path, PHASES, timeout=600)
     lines = (folder / "rank0.txt").read_text().splitlines()
-    # Two checks per scenario (17: Lion's and the 3-thread one included); at
-    # 2+ ranks the reference phase also checks that a reference with fp32
-    # residuals disagrees.
-    assert f"reference OK {34 if world == 1 else 35}" in lines
+    # Two checks per scenario, stage 1 and 2 (22 scenarios, among them two
+    # of Lion, five of 16-bit parameters with a parameter codec and one on 3
+    # threads); at 2+ ranks the reference phase also checks that a reference
+    # with fp32 residuals disagrees.
+    assert f"reference OK {44 if world == 1 else 45}" in lines
     assert "memory OK 5" in lines
 
 
