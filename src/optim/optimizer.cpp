@@ -219,10 +219,12 @@ bool Optimizer::defer_gathers(int64_t chunks, uint64_t bytes,
   deferred_bytes_ = bytes;
   gather_tickets_.clear();
   for (int64_t c = 0; c < chunks; ++c) gather_tickets_.push_back(runner_.post([run, c] { run(c); }));
+  comm_.set_pending(this, [this] { wait_gathers_quietly(); });
   return true;
 }
 
 void Optimizer::wait_gathers(int64_t bucket, const char* call) {
+  if (bucket < 0) comm_.finish_others(this);  // another optimizer's gathers on this communicator
   if (gather_tickets_.empty()) return;
   const int64_t last = int64_t(gather_tickets_.size()) - 1;
   if (bucket < 0 || bucket > last) bucket = last;
@@ -232,6 +234,7 @@ void Optimizer::wait_gathers(int64_t bucket, const char* call) {
     return;
   }
   gather_tickets_.clear();
+  comm_.clear_pending(this);
   try {
     runner_.wait();
     runner_.set_threaded(runner_threaded_before_);  // at-once steps reduce as before

@@ -208,6 +208,61 @@ static void bit_identical_with_and_without_deferral(void) {
   check_current_test = "";
 }
 
+/* ---- two optimizers on one communicator ------------------------------------ */
+
+/* The second optimizer's step runs collectives on the communicator the
+ * first one's gathers use: it finishes them first (no two threads call
+ * collectives on it at once), and both runs match the runs without
+ * deferral. */
+static void two_optimizers_on_one_communicator(void) {
+  check_current_test = "two optimizers, one communicator";
+  dsopt_comm *shared = world_comm(), *plain = world_comm();
+  model m1, m2, r1, r2;
+  model_init(&m1, fp32_specs, NUM_TENSORS, 4201);
+  model_init(&r1, fp32_specs, NUM_TENSORS, 4201);
+  model_init(&m2, bf16_specs, NUM_TENSORS, 4202);
+  model_init(&r2, bf16_specs, NUM_TENSORS, 4202);
+  char *on = config_of(&cases[1], 1), *off = config_of(&cases[1], 0);
+  dsopt_optimizer *o1 = NULL, *o2 = NULL, *p1 = NULL, *p2 = NULL;
+  int ok = CHECK_OK(dsopt_create(&o1, on, shared, m1.params, NUM_TENSORS));
+  ok = CHECK_OK(dsopt_create(&o2, on, shared, m2.params, NUM_TENSORS)) && ok;
+  ok = CHECK_OK(dsopt_create(&p1, off, plain, r1.params, NUM_TENSORS)) && ok;
+  ok = CHECK_OK(dsopt_create(&p2, off, plain, r2.params, NUM_TENSORS)) && ok;
+  if (all_ranks(ok)) {
+    for (int k = 1; k <= 4; ++k) {
+      rng a = rng_for(4203, (uint64_t)world_rank(), (uint64_t)k), b = a;
+      model_random_grads(&m1, &a, 1.0, 1.0);
+      model_random_grads(&r1, &b, 1.0, 1.0);
+      rng c = rng_for(4204, (uint64_t)world_rank(), (uint64_t)k), d = c;
+      model_random_grads(&m2, &c, 1.0, 1.0);
+      model_random_grads(&r2, &d, 1.0, 1.0);
+      CHECK_OK(dsopt_step(o1, m1.grads, NUM_TENSORS, NULL));
+      CHECK_OK(dsopt_step(o2, m2.grads, NUM_TENSORS, NULL)); /* finishes o1's gathers first */
+      CHECK_OK(dsopt_step(p1, r1.grads, NUM_TENSORS, NULL));
+      CHECK_OK(dsopt_step(p2, r2.grads, NUM_TENSORS, NULL));
+      int64_t pending = -1;
+      CHECK_OK(dsopt_gather_pending(o1, &pending));
+      CHECK_EQ_INT(pending, 0);
+      CHECK_OK(dsopt_gather_wait(o2, -1));
+      CHECKF(model_params_identical(&m1, &r1) && model_params_identical(&m2, &r2),
+             "step %d: both optimizers' parameters identical", k);
+    }
+  }
+  dsopt_destroy(o1);
+  dsopt_destroy(o2);
+  dsopt_destroy(p1);
+  dsopt_destroy(p2);
+  free(on);
+  free(off);
+  model_free(&m1);
+  model_free(&m2);
+  model_free(&r1);
+  model_free(&r2);
+  dsopt_comm_destroy(shared);
+  dsopt_comm_destroy(plain);
+  check_current_test = "";
+}
+
 /* ---- a failure while a gather is in flight --------------------------------- */
 
 typedef struct mpi_ops {
@@ -327,6 +382,7 @@ int main(int argc, char **argv) {
   threaded = provided == MPI_THREAD_MULTIPLE;
   snprintf(check_prefix, sizeof check_prefix, "rank %d: ", world_rank());
   RUN_TEST(bit_identical_with_and_without_deferral);
+  RUN_TEST(two_optimizers_on_one_communicator);
   RUN_TEST(a_failure_in_flight_fails_the_wait_on_every_rank);
   int rc = check_finish();
   MPI_Finalize();
