@@ -57,10 +57,23 @@
 // holds the same parameters; every step is applied (not skipped) and
 // info.step counts every round.
 //
+// Deferred parameter allgather (--deferred 1, stage 1/2): the grad_ready
+// optimizer has "deferred_allgather" (buckets of --gather-bucket elements,
+// default --bucket), so its dsopt_step returns with the allgather in
+// flight; a simulated forward pass then runs before each backward in both
+// modes (layers 0 .. L-1, each a busy loop of --forward-pct percent of the
+// backward's), and in grad_ready mode each layer first waits for its
+// weight and bias (dsopt_gather_wait). "backward" is then forward +
+// backward without those waits, and exposed = total - that: the waits
+// count as exposed communication. The modes do not alternate then (the
+// one's gathers would run during the other's step): each setting runs its
+// at-once rounds, then its grad_ready rounds, on the same gradients.
+//
 //   overlap_e2e_bench [--layers L] [--hidden H] [--bucket E] [--stages S,S]
 //                     [--ratios P,P,...] [--layer-us X,X,...] [--calib C]
 //                     [--warmup W] [--steps N] [--threads T]
-//                     [--thread-multiple 0|1]
+//                     [--thread-multiple 0|1] [--deferred 0|1]
+//                     [--gather-bucket E] [--forward-pct F]
 // --thread-multiple 0 initialises MPI with MPI_THREAD_SERIALIZED: dsopt then
 // reduces each bucket inside the dsopt_grad_ready call that completes it
 // (correct, no overlap), for comparison.
@@ -70,6 +83,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -93,6 +107,9 @@ struct Options {
   int layers = 16, warmup = 1, steps = 10, calib = 4, threads = 1;
   int64_t hidden = 1024, bucket = int64_t(1) << 20;
   bool thread_multiple = true;
+  bool deferred = false;        // the grad_ready optimizer defers its allgather (stage 1/2)
+  int64_t gather_bucket = 0;    // its allgather_bucket_size (0: --bucket)
+  int64_t forward_pct = 0;      // forward busy loop, percent of the backward's (with --deferred: 50)
   std::vector<int64_t> stages{0, 2};
   std::vector<int64_t> ratios{50, 100, 200};  // percent of T_c
   std::vector<int64_t> layer_us;             // fixed busy loop per layer, if given
@@ -182,13 +199,17 @@ uint64_t fingerprint(const float* p, int64_t n) {
   return h;
 }
 
-std::string config(const Options& o, int stage) {
-  char c[512];
+std::string config(const Options& o, int stage, bool deferred = false) {
+  char c[640];
+  char more[160] = "";
+  if (deferred)
+    std::snprintf(more, sizeof more, ", \"deferred_allgather\": true, \"allgather_bucket_size\": %lld",
+                  static_cast<long long>(o.gather_bucket > 0 ? o.gather_bucket : o.bucket));
   std::snprintf(c, sizeof c,
                 "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"betas\": [0.9, 0.999],"
                 " \"eps\": 1e-8, \"weight_decay\": 0.01}}, \"threads\": %d,"
-                " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld}}",
-                o.threads, stage, static_cast<long long>(o.bucket));
+                " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld%s}}",
+                o.threads, stage, static_cast<long long>(o.bucket), more);
   return c;
 }
 
@@ -196,6 +217,7 @@ std::string config(const Options& o, int stage) {
 
 struct StepTimes {
   double backward = 0, total = 0, handover = 0;  // seconds, slowest rank each
+  double wait = 0;  // deferred: waiting for parameters in the forward (in total, not in backward)
   uint64_t bytes = 0;
 };
 
@@ -207,6 +229,10 @@ struct Runner {
   bench::Buffer<float> all;     // at once: every gradient
   std::vector<dsopt_tensor> grads;
   dsopt_optimizer *oa = nullptr, *ob = nullptr;
+  bool deferred = false;       // oa defers its allgather (its own communicator)
+  int64_t forward_iters = 0;   // busy loop per layer of the forward (0: none)
+  int64_t forward_pct = 0;
+  dsopt_comm* own = nullptr;   // oa's communicator when deferred
 
   Runner(const Model& model, const Options& o, int stage, dsopt_comm* comm)
       : m(model),
@@ -225,12 +251,35 @@ struct Runner {
       grads.push_back(dsopt_tensor{all.get() + m.offsets[size_t(j)], m.sizes[size_t(j)], DSOPT_FLOAT32, 0});
     }
     const std::string cfg = config(o, stage);
-    OV_CHECK(dsopt_create(&oa, cfg.c_str(), comm, va.data(), int64_t(va.size())));
+    deferred = o.deferred && stage > 0;
+    forward_pct = o.forward_pct;
+    // The deferred gathers run on dsopt's thread while the other optimizer
+    // may call collectives: a communicator (an MPI duplicate) of its own.
+    if (deferred) OV_CHECK(dsopt_comm_create_mpi(&own, MPI_Comm_c2f(MPI_COMM_WORLD)));
+    const std::string cfg_a = config(o, stage, deferred);
+    OV_CHECK(dsopt_create(&oa, cfg_a.c_str(), deferred ? own : comm, va.data(), int64_t(va.size())));
     OV_CHECK(dsopt_create(&ob, cfg.c_str(), comm, vb.data(), int64_t(vb.size())));
   }
   ~Runner() {
     dsopt_destroy(oa);
     dsopt_destroy(ob);
+    dsopt_comm_destroy(own);
+  }
+
+  // The forward: layers 0 .. L-1; `opt` waits for each layer's parameters
+  // first (nullptr: no waits). Returns the seconds spent waiting.
+  double forward(dsopt_optimizer* opt) {
+    double wait = 0.0;
+    for (int l = 0; l < m.layers; ++l) {
+      if (opt) {
+        const double w0 = bench::now_seconds();
+        OV_CHECK(dsopt_gather_wait(opt, 2 * int64_t(l)));
+        OV_CHECK(dsopt_gather_wait(opt, 2 * int64_t(l) + 1));
+        wait += bench::now_seconds() - w0;
+      }
+      busy(forward_iters);
+    }
+    return wait;
   }
 
   static dsopt_step_info new_info() {
@@ -246,13 +295,16 @@ struct Runner {
                std::to_string(info.skipped) + ", info.step " + std::to_string(info.step));
   }
 
-  static StepTimes finish(double backward, double total, double handover, uint64_t bytes) {
-    double mine[3] = {backward, total, handover}, worst[3];
-    MPI_Allreduce(mine, worst, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  static StepTimes finish(double backward, double total, double handover, uint64_t bytes,
+                          double wait = 0.0) {
+    // the compute without the waits: the slowest rank's
+    double mine[4] = {backward - wait, total, handover, wait}, worst[4];
+    MPI_Allreduce(mine, worst, 4, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     StepTimes t;
     t.backward = worst[0];
     t.total = worst[1];
     t.handover = worst[2];
+    t.wait = worst[3];
     t.bytes = bytes;
     return t;
   }
@@ -261,6 +313,8 @@ struct Runner {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = bench::now_seconds();
     double handover = 0.0;
+    forward_iters = iters * forward_pct / 100;
+    const double wait = forward_pct > 0 ? forward(deferred ? oa : nullptr) : 0.0;
     for (int l = m.layers - 1; l >= 0; --l) {
       busy(iters);
       for (int64_t j : {2 * int64_t(l) + 1, 2 * int64_t(l)}) {
@@ -277,12 +331,14 @@ struct Runner {
     OV_CHECK(dsopt_step(oa, nullptr, 0, &info));
     const double t2 = bench::now_seconds();
     check_info(info, "grad_ready");
-    return finish(t1 - t0, t2 - t0, handover, info.bytes_sent);
+    return finish(t1 - t0, t2 - t0, handover, info.bytes_sent, wait);
   }
 
   StepTimes at_once(int64_t iters) {
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = bench::now_seconds();
+    forward_iters = iters * forward_pct / 100;
+    if (forward_pct > 0) forward(nullptr);
     for (int l = m.layers - 1; l >= 0; --l) {
       busy(iters);
       for (int64_t j : {2 * int64_t(l) + 1, 2 * int64_t(l)})
@@ -296,10 +352,29 @@ struct Runner {
     return finish(t1 - t0, t2 - t0, 0.0, info.bytes_sent);
   }
 
+  // `rounds` rounds of each mode, at once first, then grad_ready (deferred
+  // gathers overlap only grad_ready's own next forward); the same gradients
+  // per round as run_round gives; out[i][0] grad_ready, out[i][1] at once.
+  void run_series(int64_t iters, int rounds, std::vector<std::array<StepTimes, 2>>& out) {
+    const int64_t start = round;
+    out.assign(size_t(rounds), {});
+    for (int i = 0; i < rounds; ++i) {
+      round = start + i;
+      out[size_t(i)][1] = at_once(iters);
+    }
+    for (int i = 0; i < rounds; ++i) {
+      round = start + i;
+      out[size_t(i)][0] = grad_ready(iters);
+    }
+    OV_CHECK(dsopt_gather_wait(oa, -1));
+    round = start + rounds;
+  }
+
   // One round: both modes, same gradients; out[0] grad_ready, out[1] at once.
   void run_round(int64_t iters, StepTimes out[2]) {
     if (round % 2 == 0) {
       out[0] = grad_ready(iters);
+      if (deferred) OV_CHECK(dsopt_gather_wait(oa, -1));  // not during the other's step
       out[1] = at_once(iters);
     } else {
       out[1] = at_once(iters);
@@ -310,6 +385,7 @@ struct Runner {
 
   // Both modes' parameters bit-identical on this rank, and every rank alike.
   void check_params(const std::string& where) const {
+    OV_CHECK(dsopt_gather_wait(oa, -1));
     int64_t differ = 0, first = -1;
     for (int64_t i = 0; i < m.total; ++i)
       if (std::memcmp(&pa[i], &pb[i], 4) != 0 && differ++ == 0) first = i;
@@ -336,7 +412,7 @@ struct Runner {
 // ---- reporting -------------------------------------------------------------------
 
 struct Series {
-  std::vector<double> backward, total, exposed, handover;
+  std::vector<double> backward, total, exposed, handover, wait;
   uint64_t bytes = 0;
   bool bytes_vary = false;
   void add(const StepTimes& t) {
@@ -346,6 +422,7 @@ struct Series {
     total.push_back(t.total);
     exposed.push_back(t.total - t.backward);
     handover.push_back(t.handover);
+    wait.push_back(t.wait);
   }
 };
 
@@ -448,7 +525,15 @@ void run_stage(const Options& o, const Model& m, int stage, double speed, dsopt_
     }
   }
   for (Setting& st : settings) {
-    for (int i = 0; i < o.warmup + o.steps; ++i) {
+    if (r.deferred) {
+      std::vector<std::array<StepTimes, 2>> t;
+      r.run_series(st.iters, o.warmup + o.steps, t);
+      for (int i = o.warmup; i < o.warmup + o.steps; ++i) {
+        st.s[0].add(t[size_t(i)][0]);
+        st.s[1].add(t[size_t(i)][1]);
+      }
+    }
+    for (int i = 0; !r.deferred && i < o.warmup + o.steps; ++i) {
       StepTimes t[2];
       r.run_round(st.iters, t);
       if (i < o.warmup) continue;
@@ -479,6 +564,16 @@ void run_stage(const Options& o, const Model& m, int stage, double speed, dsopt_
               1e3 * Tu, 1e3 * Tw, speed * 1e-3);
   std::printf("%d warmup + %d timed rounds per setting; ms, median (min-max), slowest rank\n",
               o.warmup, o.steps);
+  if (r.deferred)
+    std::printf("grad_ready: deferred allgather (buckets of %lld elements), waited for layer by layer"
+                " in a forward of %lld%% of the backward's busy loop (both modes run the forward;"
+                " \"backward\" = forward + backward without the waits; at-once rounds first, then"
+                " grad_ready's)\n",
+                static_cast<long long>(o.gather_bucket > 0 ? o.gather_bucket : o.bucket),
+                static_cast<long long>(o.forward_pct));
+  else if (o.forward_pct > 0)
+    std::printf("both modes run a forward of %lld%% of the backward's busy loop first (in"
+                " \"backward\")\n", static_cast<long long>(o.forward_pct));
   std::printf("%-14s %10s %-11s %18s %18s %18s %16s %8s %8s %11s\n", "setting", "busy/layer",
               "mode", "backward", "total", "exposed", "hand-over", "exp a/b", "tot a/b", "bytes_sent");
   for (const Setting& st : settings) {
@@ -498,6 +593,11 @@ void run_stage(const Options& o, const Model& m, int stage, double speed, dsopt_
                   static_cast<unsigned long long>(s.bytes), s.bytes_vary ? " (varies)" : "");
     }
   }
+  for (const Setting& st : settings)
+    if (r.deferred)
+      std::printf("%-14s exposed / T_c: grad_ready %.2f, at once %.2f; grad_ready's wait in the"
+                  " forward %s ms\n", st.name.c_str(), median_of(st.s[0].exposed) / Tc,
+                  median_of(st.s[1].exposed) / Tc, ms3(st.s[0].wait).c_str());
   std::printf("checked: grad_ready's and at-once's parameters bit-identical on every rank after"
               " each setting\n         (%lld steps each), the same on every rank; no step skipped\n",
               static_cast<long long>(r.round));
@@ -552,7 +652,8 @@ int main(int argc, char** argv) {
     if (s > 2) fail_all("--stages: 0, 1 or 2");
   const char* usage =
       "overlap_e2e_bench [--layers L] [--hidden H] [--bucket E] [--stages S,S] [--ratios P,P,...]"
-      " [--layer-us X,X,...] [--calib C] [--warmup W] [--steps N] [--threads T] [--thread-multiple 0|1]";
+      " [--layer-us X,X,...] [--calib C] [--warmup W] [--steps N] [--threads T] [--thread-multiple 0|1]"
+      " [--deferred 0|1] [--gather-bucket E] [--forward-pct F]";
   bench::Flags flags(int(args.size()), args.data());
   o.layers = int(flags.get("--layers", o.layers, 1, 2048));
   o.hidden = flags.get("--hidden", o.hidden, 1, 1 << 16);
@@ -562,6 +663,9 @@ int main(int argc, char** argv) {
   o.steps = int(flags.get("--steps", o.steps, 1, 1000000));
   o.threads = int(flags.get("--threads", o.threads, 1, 256));
   o.thread_multiple = flags.get("--thread-multiple", 1, 0, 1) != 0;
+  o.deferred = flags.get("--deferred", 0, 0, 1) != 0;
+  o.gather_bucket = flags.get("--gather-bucket", 0, 0, int64_t(1) << 40);
+  o.forward_pct = flags.get("--forward-pct", o.deferred ? 50 : 0, 0, 1000);
   flags.finish(usage);
   omp_set_num_threads(o.threads);
   const Model m(o.layers, o.hidden);

@@ -525,6 +525,54 @@ DSOPT_API int dsopt_config_canonical(const char *config_json, char *dst, uint64_
 DSOPT_API int dsopt_state_memory_usage(const dsopt_optimizer *opt, uint64_t *host_bytes,
                                        uint64_t *device_bytes);
 
+/* ------------------------------------------------------------------------
+ * The deferred parameter allgather (ZeRO stage 1/2)
+ * ---------------------------------------------------------------------- */
+
+/* With "zero_optimization": {"deferred_allgather": true} at 2 or more
+ * ranks, dsopt_step returns once the update of this rank's shard is done
+ * and the allgather of the parameters is started on dsopt's thread, bucket
+ * by bucket ("allgather_bucket_size" elements each, in order), so that it
+ * overlaps the caller's next forward. Parameter i is whole once its bucket
+ * (dsopt_gather_bucket_of) has arrived; the caller waits for it with
+ * dsopt_gather_wait or dsopt_gather_wait_bucket before reading it. Every
+ * other call on the optimizer waits for all buckets first, so that nothing
+ * else reads or changes half-gathered parameters. Where the communicator
+ * cannot be called from dsopt's thread (NCCL, MPI below
+ * MPI_THREAD_MULTIPLE, a custom one without DSOPT_COMM_CONCURRENT) the
+ * gather finishes inside dsopt_step and the waits return at once. The
+ * values are bit-identical either way. A gather that fails makes the wait
+ * that meets it (or the next call) return its status, DSOPT_ECOMM for a
+ * failed collective, and marks the optimizer failed as a failed update
+ * does. Buffers, threads and memory: docs/reference/c-api.md "Deferred
+ * parameter allgather". None of these calls is collective. */
+
+/* The number of buckets of the parameter allgather (0 where parameters are
+ * never gathered: stage 0, one rank, another algorithm). Returns DSOPT_OK
+ * or DSOPT_EINVAL. */
+DSOPT_API int dsopt_gather_num_buckets(const dsopt_optimizer *opt, int64_t *out_count);
+
+/* The bucket after whose arrival parameter `param_index` is whole (buckets
+ * arrive in order): -1 when it is never gathered. Returns DSOPT_OK or
+ * DSOPT_EINVAL (index out of range). */
+DSOPT_API int dsopt_gather_bucket_of(const dsopt_optimizer *opt, int64_t param_index,
+                                     int64_t *out_bucket);
+
+/* The buckets of the last step's allgather that have not arrived yet (0
+ * when none is in flight). Does not wait. Returns DSOPT_OK or
+ * DSOPT_EINVAL. */
+DSOPT_API int dsopt_gather_pending(dsopt_optimizer *opt, int64_t *out_pending);
+
+/* Waits until buckets 0 .. `bucket` have arrived (-1: every bucket); at once
+ * when nothing is in flight. Returns DSOPT_OK, DSOPT_EINVAL (bucket out of
+ * range), or the failed gather's status (DSOPT_ECOMM, DSOPT_ECUDA; the
+ * optimizer is then marked failed). */
+DSOPT_API int dsopt_gather_wait_bucket(dsopt_optimizer *opt, int64_t bucket);
+
+/* Waits until parameter `param_index` is whole (-1: every parameter).
+ * Returns what dsopt_gather_wait_bucket returns. */
+DSOPT_API int dsopt_gather_wait(dsopt_optimizer *opt, int64_t param_index);
+
 #endif /* DSOPT_STABLE_ONLY */
 
 #ifdef __cplusplus

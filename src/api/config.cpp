@@ -136,6 +136,7 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
   const std::string path = "zero_optimization";
   check_keys(z, path,
              {"stage", "reduce_bucket_size", "allgather_bucket_size", "reduce_scatter",
+              "deferred_allgather",
               "contiguous_gradients", "round_robin_gradients", "offload_optimizer", "compression"},
              {"overlap_comm", "allgather_partitions", "use_multi_rank_bucket_allreduce",
               "elastic_checkpoint", "load_from_fp32_weights", "ignore_unused_parameters"});
@@ -148,6 +149,7 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
   zc.allgather_bucket_size =
       integer(z, path, "allgather_bucket_size", zc.allgather_bucket_size, 1, max_bucket);
   zc.reduce_scatter = boolean(z, path, "reduce_scatter", true);
+  zc.deferred_allgather = boolean(z, path, "deferred_allgather", false);
   if (!boolean(z, path, "contiguous_gradients", true))
     fail(DSOPT_EUNSUPPORTED, "config: " + path + ".contiguous_gradients: dsopt always packs "
                              "gradients into contiguous buckets (true is the only setting)");
@@ -275,8 +277,10 @@ OptimizerConfig parse_config(const char* json_text) {
                           "gradient_accumulation_steps"})
     run.erase(key);
   // Where the state lives does not change it: offloaded and device blobs mix.
+  // Nor how the parameters are gathered: the same bytes arrive.
   if (run.contains("zero_optimization") && run["zero_optimization"].is_object())
-    run["zero_optimization"].erase("offload_optimizer");
+    for (const char* key : {"offload_optimizer", "deferred_allgather", "allgather_bucket_size"})
+      run["zero_optimization"].erase(key);
   cfg.run_canonical = run.dump();
   return cfg;
 }

@@ -69,6 +69,7 @@ json to_json(const OptimizerConfig& c, bool bf16) {
       {"zero_optimization",
        {{"stage", z.stage}, {"reduce_bucket_size", z.reduce_bucket_size},
         {"allgather_bucket_size", z.allgather_bucket_size}, {"reduce_scatter", z.reduce_scatter},
+        {"deferred_allgather", z.deferred_allgather},
         {"offload_optimizer", {{"device", z.offload_cpu ? "cpu" : "none"}, {"pin_memory", z.pin_memory}}},
         {"compression", compression(z.compression)}}},
       {"cuda_aware", c.cuda_aware},

@@ -1,4 +1,5 @@
 // dsopt_create / step / state / lr entry points.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -13,11 +14,23 @@ using namespace dsopt;
 
 namespace {
 
+// Every call on an optimizer first waits for the parameter allgather still
+// in flight (docs/guides/zero.md "Deferred allgather"), so that nothing
+// reads or changes half-gathered parameters; the dsopt_gather_* calls wait
+// only as they say.
+const char* const kSettling = "a call waiting for the deferred parameter allgather";
 const dsopt::Optimizer& impl(const dsopt_optimizer* opt) {
   require_nonnull(opt, "opt");
+  opt->impl->wait_gathers(-1, kSettling);
   return *opt->impl;
 }
 dsopt::Optimizer& impl(dsopt_optimizer* opt) {
+  require_nonnull(opt, "opt");
+  opt->impl->wait_gathers(-1, kSettling);
+  return *opt->impl;
+}
+// The optimizer as it is, gathers in flight or not.
+dsopt::Optimizer& unsettled(const dsopt_optimizer* opt) {
   require_nonnull(opt, "opt");
   return *opt->impl;
 }
@@ -278,6 +291,51 @@ DSOPT_API int dsopt_memory_usage(const dsopt_optimizer* opt, uint64_t* host_byte
 DSOPT_API int dsopt_state_memory_usage(const dsopt_optimizer* opt, uint64_t* host_bytes,
                                        uint64_t* device_bytes) {
   return report_memory(opt, host_bytes, device_bytes, &dsopt::Optimizer::state_memory_usage);
+}
+
+DSOPT_API int dsopt_gather_num_buckets(const dsopt_optimizer* opt, int64_t* out_count) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = unsettled(opt);
+    require_nonnull(out_count, "out_count");
+    *out_count = o.gather_buckets();
+  });
+}
+
+DSOPT_API int dsopt_gather_bucket_of(const dsopt_optimizer* opt, int64_t param_index,
+                                     int64_t* out_bucket) {
+  return guarded([&] {
+    const dsopt::Optimizer& o = unsettled(opt);
+    require_nonnull(out_bucket, "out_bucket");
+    *out_bucket = o.gather_bucket_of(param_index);
+  });
+}
+
+DSOPT_API int dsopt_gather_pending(dsopt_optimizer* opt, int64_t* out_pending) {
+  return guarded([&] {
+    dsopt::Optimizer& o = unsettled(opt);
+    require_nonnull(out_pending, "out_pending");
+    *out_pending = o.gathers_pending();
+  });
+}
+
+DSOPT_API int dsopt_gather_wait_bucket(dsopt_optimizer* opt, int64_t bucket) {
+  return guarded([&] {
+    dsopt::Optimizer& o = unsettled(opt);
+    if (bucket < -1 || bucket >= std::max<int64_t>(o.gather_buckets(), 1))
+      fail(DSOPT_EINVAL, "dsopt_gather_wait_bucket: bucket " + std::to_string(bucket) +
+                             " is out of range (-1: every bucket; the optimizer has " +
+                             std::to_string(o.gather_buckets()) + ")");
+    o.wait_gathers(bucket, "dsopt_gather_wait_bucket");
+  });
+}
+
+DSOPT_API int dsopt_gather_wait(dsopt_optimizer* opt, int64_t param_index) {
+  return guarded([&] {
+    dsopt::Optimizer& o = unsettled(opt);
+    if (param_index == -1) return o.wait_gathers(-1, "dsopt_gather_wait");
+    const int64_t bucket = o.gather_bucket_of(param_index);  // range check
+    if (bucket >= 0) o.wait_gathers(bucket, "dsopt_gather_wait");
+  });
 }
 
 DSOPT_API void dsopt_destroy(dsopt_optimizer* opt) { delete opt; }

@@ -105,6 +105,27 @@ class Comm {
   // transfer completes, so that work between test() calls overlaps it.
   virtual bool overlaps(const Mem& mem) const { (void)mem; return false; }
 
+  // Work an optimizer left running on its thread on this communicator
+  // (a deferred parameter allgather): `finish` waits for it. Another
+  // optimizer's calls on the communicator first finish it (finish_others),
+  // so that two threads never call collectives on it at once.
+  void set_pending(const void* owner, std::function<void()> finish) {
+    pending_owner_ = owner;
+    pending_finish_ = std::move(finish);
+  }
+  void clear_pending(const void* owner) {
+    if (pending_owner_ != owner) return;
+    pending_owner_ = nullptr;
+    pending_finish_ = nullptr;
+  }
+  void finish_others(const void* caller) {
+    if (!pending_owner_ || pending_owner_ == caller) return;
+    std::function<void()> finish = std::move(pending_finish_);
+    pending_owner_ = nullptr;
+    pending_finish_ = nullptr;
+    finish();
+  }
+
   // Bytes this rank has sent so far, counted as a ring/pairwise
   // implementation sends them (docs/design/compressed-allreduce.md section 7):
   // allreduce 2(P-1)/P * n, reduce_scatter and alltoall (P-1)/P * total,
@@ -152,6 +173,8 @@ class Comm {
 
   uint64_t bytes_sent_ = 0;
   double timeout_s_ = 0.0;
+  const void* pending_owner_ = nullptr;
+  std::function<void()> pending_finish_;
 };
 
 std::unique_ptr<Comm> make_local_comm();

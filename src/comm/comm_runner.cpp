@@ -63,6 +63,11 @@ void CommRunner::wait() {
   }
 }
 
+bool CommRunner::failed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bool(error_);
+}
+
 void CommRunner::wait_quietly() {
   try {
     wait();

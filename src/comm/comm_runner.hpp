@@ -39,6 +39,8 @@ class CommRunner {
   void wait();
   // The same, forgetting any error (cleanup after a failed call).
   void wait_quietly();
+  // Whether a task has failed and its error has not been rethrown yet.
+  bool failed();
 
  private:
   void loop();

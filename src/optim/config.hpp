@@ -54,6 +54,9 @@ struct ZeroConfig {
   int64_t reduce_bucket_size = 500000000;  // elements per gradient reduce-scatter
   int64_t allgather_bucket_size = 500000000;  // elements gathered per parameter allgather
   bool reduce_scatter = true;              // false: allreduce each bucket (2x the traffic)
+  // The parameter allgather after the update runs behind the caller's next
+  // forward, bucket by bucket (docs/guides/zero.md "Deferred allgather").
+  bool deferred_allgather = false;
   // offload_optimizer.device "cpu": a CUDA optimizer keeps the shard's
   // masters and moments in host memory (pinned with pin_memory) and updates
   // them with the CPU kernels. Nothing changes on a CPU optimizer.
@@ -96,7 +99,7 @@ struct OptimizerConfig {
   PipelineConfig pipeline;
   ZeroConfig zero;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
-  std::string run_canonical;      // the same without how it runs (device, threads, cuda_aware, comm_timeout): names a run
+  std::string run_canonical;      // the same without how it runs (device, threads, cuda_aware, comm_timeout, offload, the allgather's buckets and deferral): names a run
 };
 
 }  // namespace dsopt

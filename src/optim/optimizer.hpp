@@ -144,6 +144,25 @@ class Optimizer {
 
   Comm& comm() const { return comm_; }
 
+  // The deferred parameter allgather of ZeRO (docs/guides/zero.md
+  // "Deferred allgather"): with "deferred_allgather", a step returns once
+  // the update is done and the gather of each bucket is posted to dsopt's
+  // thread, in bucket order. gather_buckets() is the number of buckets (0
+  // when parameters are never gathered: stage 0, one rank),
+  // gather_bucket_of(i) the bucket after which parameter i is whole (-1:
+  // always whole).
+  int64_t gather_buckets() const { return num_gather_chunks(); }
+  int64_t gather_bucket_of(int64_t param_index) const;
+  // Buckets of the last step not yet known to have arrived (0 when nothing
+  // is in flight).
+  int64_t gathers_pending();
+  // Waits until buckets 0 .. `bucket` have arrived (-1 or past the last:
+  // every bucket). A gather that failed marks the optimizer failed
+  // (require_intact) and throws its status; `call` names the entry point.
+  void wait_gathers(int64_t bucket, const char* call);
+  // The same for every bucket, forgetting a failure (destroy).
+  void wait_gathers_quietly();
+
  protected:
   // The algorithm's name in blobs ("AdamW", "Adam", ...).
   virtual std::string algorithm() const = 0;
@@ -162,7 +181,22 @@ class Optimizer {
   // Where the bucket reductions run; and stopping it, which a subclass
   // whose buffers reductions use calls first in its destructor.
   CommRunner& runner() { return runner_; }
-  void stop_reductions() { runner_.stop(); }
+  void stop_reductions() {
+    wait_gathers_quietly();
+    runner_.stop();
+  }
+  // The parameter allgather as buckets (chunks) for gather_buckets(); an
+  // algorithm that gathers overrides both.
+  virtual int64_t num_gather_chunks() const { return 0; }
+  virtual int64_t gather_chunk_of(int64_t param_index) const {
+    (void)param_index;
+    return -1;
+  }
+  // From update(): posts run(c) for c = 0 .. chunks-1 to dsopt's thread
+  // when "deferred_allgather" is on and the communicator may be called
+  // from it, and returns true; else returns false (the caller gathers at
+  // once). `bytes`: what this rank sends for them.
+  bool defer_gathers(int64_t chunks, uint64_t bytes, const std::function<void(int64_t)>& run);
   // Applies one update with prepared gradients; step counters are already
   // incremented. Returns whether the step used compressed communication.
   virtual bool update(const PreparedGrads& grads) = 0;
@@ -328,6 +362,10 @@ class Optimizer {
   int64_t calls_ = 0;  // collective calls made (enter_collective)
   bool last_step_handed_over_ = false;  // the last dsopt_step completed handed-over gradients
   uint64_t handover_bytes_start_ = 0;
+  std::vector<uint64_t> gather_tickets_;  // the runner's ticket of each deferred bucket
+  uint64_t deferred_bytes_ = 0;    // what the deferred gathers send
+  uint64_t bytes_at_defer_ = 0;    // the communicator's count when they were posted
+  bool runner_threaded_before_ = false;  // the runner's mode before they were posted
   ReplicationCheck replication_;
   DivergenceCheck divergence_;
   bool resetting_rank_local_ = false;  // see rank_local_world()

@@ -166,7 +166,11 @@ bool ZeroOptimizer::update(const PreparedGrads& grads) {
                      return sums->sums(fragments, streams);
                    });
   }
-  gatherer_.gather();
+  // Deferred: the buckets arrive behind the caller's next forward
+  // (docs/guides/zero.md "Deferred allgather").
+  if (!defer_gathers(gatherer_.chunks(), gatherer_.bytes_per_gather(),
+                     [this](int64_t c) { gatherer_.gather_chunk(c); }))
+    gatherer_.gather();
   return false;
 }
 

@@ -41,6 +41,10 @@ class ZeroOptimizer final : public Optimizer {
   PreparedGrads prepare_handed_over() override;
   bool update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return rule_ != MomentRule::Lamb; }
+  int64_t num_gather_chunks() const override { return gatherer_.chunks(); }
+  int64_t gather_chunk_of(int64_t param_index) const override {
+    return gatherer_.last_chunk_of(param_index);
+  }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
 

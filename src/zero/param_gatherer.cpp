@@ -34,6 +34,17 @@ ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Com
     for (int r = 0; r < world_; ++r) c.by_rank.push_back(layout.fragments(r, c.begin, c.end));
     chunks_.push_back(std::move(c));
   }
+  last_chunk_.assign(size_t(params.count()), -1);
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (const auto& fragments : chunks_[c].by_rank)
+      for (const ShardFragment& f : fragments) last_chunk_[size_t(f.param)] = int64_t(c);
+}
+
+uint64_t ParamGatherer::bytes_per_gather() const {
+  uint64_t bytes = 0;
+  for (const Chunk& c : chunks_)
+    bytes += uint64_t(world_ - 1) * uint64_t(encoded_bytes(codec_, block_, wire_, c.end - c.begin));
+  return bytes;
 }
 
 void* ParamGatherer::element(const ShardFragment& f) const {
@@ -65,10 +76,10 @@ void ParamGatherer::scatter(const Chunk& c, int r, const float* values) {
   }
 }
 
-void ParamGatherer::gather_compressed() {
+void ParamGatherer::gather_compressed(const Chunk& c) {
   float* decoded = reinterpret_cast<float*>(scratch_);
   uint8_t* send = scratch_ + size_t(chunk_) * 4;
-  for (const Chunk& c : chunks_) {
+  {
     const int64_t len = c.end - c.begin;
     const int64_t bytes = encoded_bytes(codec_, block_, wire_, len);
     uint8_t* recv = send + bytes;
@@ -90,11 +101,20 @@ void ParamGatherer::gather_compressed() {
 }
 
 void ParamGatherer::gather() {
-  if (world_ == 1) return;
-  if (codec_ != ParamCodec::None) return gather_compressed();
+  for (int64_t c = 0; c < chunks(); ++c) gather_chunk(c);
+}
+
+void ParamGatherer::gather_chunk(int64_t c) {
+  if (codec_ != ParamCodec::None)
+    gather_compressed(chunks_[size_t(c)]);
+  else
+    gather_plain(chunks_[size_t(c)]);
+}
+
+void ParamGatherer::gather_plain(const Chunk& c) {
   uint8_t* send = scratch_;
   uint8_t* recv = scratch_ + size_t(chunk_) * wire_;
-  for (const Chunk& c : chunks_) {
+  {
     const int64_t len = c.end - c.begin;
     int64_t covered = 0;
     for (const ShardFragment& f : c.by_rank[size_t(rank_)]) {

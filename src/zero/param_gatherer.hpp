@@ -35,8 +35,20 @@ class ParamGatherer {
   static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params,
                               ParamCodec codec, int64_t block);
   // Collective: every rank's shard of the parameters into every rank's
-  // buffers.
+  // buffers (every chunk in order).
   void gather();
+  // The same, chunk by chunk (docs/guides/zero.md "Deferred allgather"):
+  // gather_chunk(c) for c = 0 .. chunks()-1, in that order on every rank,
+  // does what gather() does. Chunk c uses the scratch while it runs.
+  int64_t chunks() const { return int64_t(chunks_.size()); }
+  void gather_chunk(int64_t c);
+  // The last chunk that writes parameter i (-1: none, at one rank): the
+  // parameter is whole once chunks 0 .. that one have run.
+  int64_t last_chunk_of(int64_t param) const {
+    return last_chunk_.empty() ? -1 : last_chunk_[size_t(param)];
+  }
+  // Bytes this rank sends for one gather() (counted as Comm counts them).
+  uint64_t bytes_per_gather() const;
 
  private:
   struct Chunk {
@@ -46,7 +58,8 @@ class ParamGatherer {
   void* element(const ShardFragment& f) const;  // the caller's first element of f
   // Bytes of a chunk of len elements on the wire (w per element uncompressed).
   static int64_t encoded_bytes(ParamCodec codec, int64_t block, size_t w, int64_t len);
-  void gather_compressed();
+  void gather_compressed(const Chunk& c);
+  void gather_plain(const Chunk& c);
   // Writes fp32 values of chunk c's fragments of rank r into the buffers.
   void scatter(const Chunk& c, int r, const float* values);
   static size_t wire_bytes(const ParamSet& params);
@@ -59,6 +72,7 @@ class ParamGatherer {
   int world_, rank_;
   size_t wire_ = 4;  // bytes per element on the wire
   std::vector<Chunk> chunks_;
+  std::vector<int64_t> last_chunk_;  // per parameter (empty at one rank)
   int64_t chunk_ = 0;  // elements of the longest chunk
   uint8_t* scratch_;   // this rank's chunk, then every rank's
   // With a parameter codec: the codec, its block, the masters, and in the

@@ -22,6 +22,7 @@ COMMON = {
              "min_loss_scale": 1.0},
     "zero_optimization": {"stage": 0, "reduce_bucket_size": 500000000,
                           "allgather_bucket_size": 500000000, "reduce_scatter": True,
+                          "deferred_allgather": False,
                           "offload_optimizer": {"device": "none", "pin_memory": False},
                           "compression": {"gradients": "none", "parameters": "none",
                                           "error_feedback": True, "gradient_block_size": 64,

@@ -183,7 +183,8 @@ class Optimizer:
     @property
     def params(self) -> list:
         """The parameter objects given at creation or to the last
-        ``rebind_params`` (updated in place)."""
+        ``rebind_params`` (updated in place). With ``"deferred_allgather"``
+        a step returns before they are whole: ``wait_gather()`` first."""
         return list(self._params.objects)
 
     def rebind_params(self, params) -> None:
@@ -556,6 +557,42 @@ class Optimizer:
         the same value on every rank."""
         check(lib.dsopt_set_param_step(self._live(), as_int64(param_index, "param_index"),
                                        as_int64(step, "step")))
+
+    # ---- the deferred parameter allgather (ZeRO) ---------------------------
+
+    @property
+    def gather_buckets(self) -> int:
+        """Buckets of ZeRO's parameter allgather (``dsopt_gather_num_buckets``;
+        0 where parameters are never gathered: stage 0, one rank)."""
+        out = ffi.new("int64_t *")
+        check(lib.dsopt_gather_num_buckets(self._live(), out))
+        return int(out[0])
+
+    def gather_bucket_of(self, param_index: int) -> int:
+        """The bucket after whose arrival parameter ``param_index`` is whole
+        (buckets arrive in order); -1 when it is never gathered."""
+        out = ffi.new("int64_t *")
+        check(lib.dsopt_gather_bucket_of(self._live(), as_int64(param_index, "param_index"), out))
+        return int(out[0])
+
+    def gathers_pending(self) -> int:
+        """Buckets of the last step's deferred allgather not arrived yet
+        (``dsopt_gather_pending``; does not wait)."""
+        out = ffi.new("int64_t *")
+        check(lib.dsopt_gather_pending(self._live(), out))
+        return int(out[0])
+
+    def wait_gather(self, param_index: int = -1) -> None:
+        """Waits until parameter ``param_index`` is whole (-1: every
+        parameter) after a step with ``"deferred_allgather"``
+        (``dsopt_gather_wait``). Every other method waits for every bucket
+        itself."""
+        check(lib.dsopt_gather_wait(self._live(), as_int64(param_index, "param_index")))
+
+    def wait_gather_bucket(self, bucket: int = -1) -> None:
+        """Waits until buckets 0 .. ``bucket`` have arrived (-1: every
+        bucket; ``dsopt_gather_wait_bucket``)."""
+        check(lib.dsopt_gather_wait_bucket(self._live(), as_int64(bucket, "bucket")))
 
     # ---- momentum masks (1-bit optimizers) ---------------------------------
 

@@ -33,7 +33,8 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, threads, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, param_step, set_param_step!,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage, state_memory_usage,
-       set_momentum_mask!, rebind_params!, config, canonical_config
+       set_momentum_mask!, rebind_params!, config, canonical_config,
+       gather_buckets, gather_bucket_of, gathers_pending, wait_gather!, wait_gather_bucket!
 
 # ---- the library ---------------------------------------------------------------
 
@@ -852,6 +853,43 @@ end
 set_param_step!(opt::Optimizer, i::Integer, step::Integer) =
     @check ccall((:dsopt_set_param_step, libdsopt), Cint, (Ptr{Cvoid}, Int64, Int64),
                  live(opt), i - 1, step)
+
+# ---- the deferred parameter allgather (ZeRO, "deferred_allgather") ---------------
+
+"Buckets of ZeRO's parameter allgather (0 where parameters are never gathered)."
+function gather_buckets(opt::Optimizer)
+    n = Ref{Int64}(0)
+    @check ccall((:dsopt_gather_num_buckets, libdsopt), Cint, (Ptr{Cvoid}, Ref{Int64}), live(opt), n)
+    return Int(n[])
+end
+
+"The bucket (1-based) after which parameter `i` (1-based) is whole; 0 when it is never gathered."
+function gather_bucket_of(opt::Optimizer, i::Integer)
+    b = Ref{Int64}(0)
+    @check ccall((:dsopt_gather_bucket_of, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ref{Int64}),
+                 live(opt), i - 1, b)
+    return Int(b[]) + 1
+end
+
+"Buckets of the last step's deferred allgather not arrived yet (does not wait)."
+function gathers_pending(opt::Optimizer)
+    n = Ref{Int64}(0)
+    @check ccall((:dsopt_gather_pending, libdsopt), Cint, (Ptr{Cvoid}, Ref{Int64}), live(opt), n)
+    return Int(n[])
+end
+
+"""
+    wait_gather!(opt, i = 0)
+
+Waits until parameter `i` (1-based; 0: every parameter) is whole after a step
+with `"deferred_allgather"`. Every other call waits for all buckets itself.
+"""
+wait_gather!(opt::Optimizer, i::Integer = 0) =
+    @check ccall((:dsopt_gather_wait, libdsopt), Cint, (Ptr{Cvoid}, Int64), live(opt), i - 1)
+
+"Waits until buckets 1 .. `b` have arrived (0: every bucket)."
+wait_gather_bucket!(opt::Optimizer, b::Integer = 0) =
+    @check ccall((:dsopt_gather_wait_bucket, libdsopt), Cint, (Ptr{Cvoid}, Int64), live(opt), b - 1)
 
 "Learning rate of parameter group `group` (1-based)."
 function group_lr(opt::Optimizer, group::Integer)

@@ -180,6 +180,22 @@ classes infer it).
   device). With torch < 2.1 the constructor warns and
   ``step()`` hands ``.grad`` over instead, then sets it to None (same
   results, no overlap). ``close()`` removes the hooks.
+* ``overlap=True`` under ZeRO stage 1/2 (any torch) also defers the
+  parameter allgather (``"deferred_allgather"``, buckets of 2^22 elements
+  unless the config sets ``allgather_bucket_size`` or the ``int8``
+  parameter codec): ``step()`` returns
+  once the update is done, with the buckets' gathers in flight on dsopt's
+  thread (mpi4py's MPI_THREAD_MULTIPLE, or
+  ``comm=dsopt.Communicator.from_torch(group, concurrent=True)`` where no
+  other thread issues collectives on that group; elsewhere they finish
+  inside ``step()``), and a global forward pre-hook makes each module wait for
+  its own parameters' bucket before it runs, so the first layers start
+  while the last buckets arrive. ``opt.state``, ``state_dict()``, the next
+  step, ``close()`` and ``model.state_dict()`` (of the modules that have
+  run) wait for every bucket; ``opt.wait_gathers()`` before reading
+  parameters any other way (a parameter used outside its own module's
+  forward, ``model.to(...)`` between a step and the next forward). Results
+  are bit-identical (``tests/python/test_torch_prefetch.py``).
 * Gradient descriptors (``overlap=False``): ``step()`` keeps the
   ``dsopt_tensor`` descriptors of the last step's gradients and describes a
   parameter's ``.grad`` again only when it is another tensor object than

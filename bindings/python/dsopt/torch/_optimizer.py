@@ -167,6 +167,54 @@ def _hand_over_hook(owner_ref, index):
     return hook
 
 
+# overlap=True under ZeRO stage 1/2: the parameter allgather's bucket size
+# when the config sets none (elements), so that the gather arrives in
+# pieces behind the forward pass rather than in one at its start. Not with
+# the int8 parameter codec, whose blocks start at each bucket's chunks: the
+# bucket size changes its values there, and overlap must not.
+_PREFETCH_BUCKET = 1 << 22
+_UNSEEN = object()
+
+
+def _with_prefetch(config, canonical):
+    """``config`` with ZeRO's deferred allgather on (overlap=True), unless
+    ZeRO is off or the config says otherwise."""
+    zero = canonical.get("zero_optimization") or {}
+    if zero.get("stage", 0) not in (1, 2):
+        return config
+    mine = dict(config.get("zero_optimization") or {})
+    mine.setdefault("deferred_allgather", True)
+    if (zero.get("compression") or {}).get("parameters") != "int8":
+        mine.setdefault("allgather_bucket_size", _PREFETCH_BUCKET)
+    return dict(config, zero_optimization=mine)
+
+
+def _prefetch_hook(owner_ref):
+    """The global forward pre-hook of overlap=True under ZeRO: a module
+    that holds parameters of this optimizer waits for their bucket of the
+    parameter allgather before it runs. A weak reference: the hook does not
+    keep the optimizer alive."""
+
+    def hook(module, args):
+        opt = owner_ref()
+        if opt is not None:
+            opt._wait_for_module(module)
+
+    return hook
+
+
+def _state_dict_wait_hook(owner_ref):
+    """A module's state_dict hook: the parameters whole before they are
+    read (for ``model.state_dict()`` and ``torch.save``)."""
+
+    def hook(*args):
+        opt = owner_ref()
+        if opt is not None:
+            opt.wait_gathers()
+
+    return hook
+
+
 class Optimizer(torch.optim.Optimizer):
     """``Optimizer(params, config, comm=None, *, overlap=False)``: a
     ``torch.optim.Optimizer`` running the dsopt optimizer the JSON
@@ -178,6 +226,8 @@ class Optimizer(torch.optim.Optimizer):
                  _known_keys_only=False):
         config = _config_dict(config)
         canonical = canonical_config(config)  # dsopt's defaults, aliases and rules
+        if overlap:
+            config = _with_prefetch(config, canonical)
         defaults = _group_defaults(canonical)
         if _defaults:
             defaults.update(_defaults)
@@ -204,6 +254,7 @@ class Optimizer(torch.optim.Optimizer):
                     self._comm.close()
                 raise
         self._config = config  # without param_groups: add_param_group and deepcopy rebuild
+        self._gathering = False  # a deferred parameter allgather is in flight
         self._type, self._decoupled, self._zero_stage = _algorithm(canonical)
         self.last_step_info = None
         self._handed_over = False  # some gradient of this step was handed over
@@ -226,6 +277,12 @@ class Optimizer(torch.optim.Optimizer):
         self._unusable = None
         self._hooked = False  # overlap through hooks (else, with overlap, at step)
         self.overlap = bool(overlap)
+        self._prefetch_handle = None
+        if self.overlap and self.dsopt.config["zero_optimization"]["deferred_allgather"]:
+            handle = torch.nn.modules.module.register_module_forward_pre_hook(
+                _prefetch_hook(weakref.ref(self)))
+            self._prefetch_handle = handle
+            weakref.finalize(self, handle.remove)
         if self.overlap:
             if self._hooks_available():
                 self._hooked = True
@@ -266,6 +323,14 @@ class Optimizer(torch.optim.Optimizer):
         self._on_cuda = any(p.is_cuda for p in tensors)
         self._hyper = [self._dsopt_hyper(i) for i in range(len(self.param_groups))]
         self._seen = [None] * len(self.param_groups)
+        # The deferred allgather: each parameter's bucket, each module's
+        # (the last of its own parameters' buckets; -1: none), how far this
+        # step's buckets have been waited for.
+        self._gathering = False
+        self._last_bucket = self.dsopt.gather_buckets - 1
+        self._bucket_of = [self.dsopt.gather_bucket_of(i) for i in range(len(tensors))]
+        self._module_bucket = weakref.WeakKeyDictionary()
+        self._waited_through = -1
         if isinstance(self.state, LiveState):  # not yet in __init__
             self.state.invalidate()  # views of the rebuilt optimizer
 
@@ -501,7 +566,47 @@ class Optimizer(torch.optim.Optimizer):
             self._grad_descriptors.copies = ()  # the step's contiguous copies, now unused
             if on_side_stream:
                 torch.cuda.synchronize()
+        if self._prefetch_handle is not None and self._last_bucket >= 0:
+            # the buckets arrive behind the next forward (_prefetch_hook)
+            self._gathering = True
+            self._waited_through = -1
         return loss
+
+    # ---- the deferred parameter allgather (overlap=True under ZeRO) ----------
+
+    def wait_gathers(self):
+        """Waits until every parameter is whole after a step whose
+        parameter allgather runs behind the next forward pass (overlap=True
+        under ZeRO stage 1/2). A module's forward, ``state_dict()``,
+        ``opt.state``, the next step and every other call on the optimizer
+        wait by themselves; call it before reading parameters some other
+        way (a parameter used outside its own module's forward, ``p.data``
+        read directly)."""
+        if self._gathering:
+            self._gathering = False
+            self.dsopt.wait_gather(-1)
+
+    def _wait_for_module(self, module):
+        bucket = self._module_bucket.get(module, _UNSEEN)
+        if bucket is _UNSEEN:
+            index = self._index
+            buckets = [self._bucket_of[index[p]] for p in module._parameters.values()
+                       if p is not None and p in index]
+            bucket = max(buckets, default=-1)
+            self._module_bucket[module] = bucket
+            if buckets:
+                # model.state_dict() reads them: whole first
+                register = getattr(module, "register_state_dict_pre_hook", None)
+                if register is not None:
+                    register(_state_dict_wait_hook(weakref.ref(self)))
+                else:
+                    module._register_state_dict_hook(_state_dict_wait_hook(weakref.ref(self)))
+        if self._gathering and bucket > self._waited_through:
+            if bucket >= self._last_bucket:
+                self.wait_gathers()
+            else:
+                self.dsopt.wait_gather_bucket(bucket)
+            self._waited_through = bucket
 
     def clear_grad_cache(self):
         """Forgets the gradient descriptors kept from the last ``step()``:
@@ -741,7 +846,11 @@ class Optimizer(torch.optim.Optimizer):
         hooks, self._hooks = self._hooks, []
         for handle in hooks:
             handle.remove()
-        self.dsopt.close()
+        if self._prefetch_handle is not None:
+            self._prefetch_handle.remove()
+            self._prefetch_handle = None
+        self._gathering = False
+        self.dsopt.close()  # waits for the gathers in flight
         if self._owns_comm:
             self._comm.close()
 

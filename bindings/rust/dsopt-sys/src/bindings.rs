@@ -1012,3 +1012,31 @@ extern "C" {
         device_bytes: *mut u64,
     ) -> ::std::os::raw::c_int;
 }
+extern "C" {
+    pub fn dsopt_gather_num_buckets(
+        opt: *const dsopt_optimizer,
+        out_count: *mut i64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_gather_bucket_of(
+        opt: *const dsopt_optimizer,
+        param_index: i64,
+        out_bucket: *mut i64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_gather_pending(
+        opt: *mut dsopt_optimizer,
+        out_pending: *mut i64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_gather_wait_bucket(
+        opt: *mut dsopt_optimizer,
+        bucket: i64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_gather_wait(opt: *mut dsopt_optimizer, param_index: i64) -> ::std::os::raw::c_int;
+}

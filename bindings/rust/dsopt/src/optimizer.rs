@@ -282,6 +282,53 @@ impl<'a> Optimizer<'a> {
         check(unsafe { sys::dsopt_set_param_step(self.raw.as_ptr(), index, step) })
     }
 
+    /// The buckets of ZeRO's parameter allgather (`dsopt_gather_num_buckets`;
+    /// 0 where parameters are never gathered: stage 0, one rank).
+    pub fn gather_buckets(&self) -> Result<i64> {
+        let mut count = 0;
+        // Safety: the handle is live; `count` is a valid out pointer.
+        check(unsafe { sys::dsopt_gather_num_buckets(self.raw.as_ptr(), &mut count) })?;
+        Ok(count)
+    }
+
+    /// The bucket after whose arrival parameter `index` is whole
+    /// (`dsopt_gather_bucket_of`); -1 when it is never gathered.
+    pub fn gather_bucket_of(&self, index: usize) -> Result<i64> {
+        let index = param_index(index)?;
+        let mut bucket = 0;
+        // Safety: the handle is live; `bucket` is a valid out pointer.
+        check(unsafe { sys::dsopt_gather_bucket_of(self.raw.as_ptr(), index, &mut bucket) })?;
+        Ok(bucket)
+    }
+
+    /// Buckets of the last step's deferred allgather not arrived yet
+    /// (`dsopt_gather_pending`; does not wait).
+    pub fn gathers_pending(&mut self) -> Result<i64> {
+        let mut pending = 0;
+        // Safety: the handle is live; `pending` is a valid out pointer.
+        check(unsafe { sys::dsopt_gather_pending(self.raw.as_ptr(), &mut pending) })?;
+        Ok(pending)
+    }
+
+    /// Waits until parameter `index` is whole after a step with
+    /// `"deferred_allgather"` (`dsopt_gather_wait`); `None`: every
+    /// parameter. Every other call waits for all buckets by itself.
+    pub fn wait_gather(&mut self, index: Option<usize>) -> Result<()> {
+        let index = match index {
+            Some(i) => param_index(i)?,
+            None => -1,
+        };
+        // Safety: the handle is live.
+        check(unsafe { sys::dsopt_gather_wait(self.raw.as_ptr(), index) })
+    }
+
+    /// Waits until buckets 0 ..= `bucket` have arrived
+    /// (`dsopt_gather_wait_bucket`); `None`: every bucket.
+    pub fn wait_gather_bucket(&mut self, bucket: Option<i64>) -> Result<()> {
+        // Safety: the handle is live.
+        check(unsafe { sys::dsopt_gather_wait_bucket(self.raw.as_ptr(), bucket.unwrap_or(-1)) })
+    }
+
     /// The names [`state_view`](Self::state_view) accepts ("exp_avg",
     /// "exp_avg_sq", ...).
     pub fn state_names(&self) -> Result<Vec<String>> {
@@ -533,8 +580,13 @@ impl<'a> Optimizer<'a> {
     }
 
     /// The parameters (those of the last [`rebind_params`](Self::rebind_params)),
-    /// as updated by the steps so far.
+    /// as updated by the steps so far. Waits for a deferred parameter
+    /// allgather first (a failure of it marks the optimizer failed: the
+    /// next call returns it).
     pub fn params(&self) -> &[ParamSlice<'a>] {
+        // Safety: the handle is live; no other call on it runs meanwhile
+        // (the optimizer is not Sync).
+        unsafe { sys::dsopt_gather_wait(self.raw.as_ptr(), -1) };
         &self.params
     }
 

@@ -764,3 +764,22 @@ fn config_is_canonical_and_round_trips() {
     let err = dsopt::canonical_config(r#"{"optimizer": {"type": "Adagrad"}}"#).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn deferred_allgather_calls_answer_at_one_rank() {
+    let mut w = vec![1.0f32; 8];
+    let mut comm = Communicator::local().unwrap();
+    let config = r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": 2, "deferred_allgather": true, "allgather_bucket_size": 4}}"#;
+    let mut opt = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+    assert_eq!(opt.gather_buckets().unwrap(), 0, "one rank gathers nothing");
+    assert_eq!(opt.gather_bucket_of(0).unwrap(), -1);
+    opt.step(&[GradSlice::f32(&grads(0, 8))]).unwrap();
+    assert_eq!(opt.gathers_pending().unwrap(), 0);
+    opt.wait_gather(Some(0)).unwrap();
+    opt.wait_gather(None).unwrap();
+    opt.wait_gather_bucket(None).unwrap();
+    let err = opt.wait_gather(Some(1)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(opt.params()[0].as_f32().unwrap().iter().any(|&x| x != 1.0), "the step updated");
+}
