@@ -12,96 +12,8 @@
 
 #include "check.h"
 #include "support/model.h"
+#include "support/failing_mpi_comm.h"
 #include "support/mpi_world.h"
-
-/* ---- the callbacks: MPI on a duplicate of MPI_COMM_WORLD ---------------- */
-
-typedef struct mpi_ops {
-  MPI_Comm comm;
-  long calls;
-  long fail_at;      /* the call (1, 2, ...) at which fail_rank injects a failure; 0: never */
-  int fail_rank;
-  char message[128];
-  int released;
-} mpi_ops;
-
-/* Before each collective the ranks agree whether one of them failed (as a
- * runtime that propagates failures does, e.g. NCCL's abort or gloo's closed
- * connections): the failing rank and its peers all return an error. */
-static int failed_somewhere(mpi_ops *o) {
-  ++o->calls;
-  int mine = o->fail_at > 0 && o->calls == o->fail_at && world_rank() == o->fail_rank;
-  int any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, o->comm);
-  if (!any) return 0;
-  if (mine)
-    snprintf(o->message, sizeof o->message, "injected failure at call %ld", o->calls);
-  else
-    snprintf(o->message, sizeof o->message, "rank %d failed", o->fail_rank);
-  return 1;
-}
-
-static int mpi_status(int rc, mpi_ops *o) {
-  if (rc == MPI_SUCCESS) return 0;
-  snprintf(o->message, sizeof o->message, "MPI error %d", rc);
-  return 2;
-}
-
-static int op_allreduce(const void *send, void *recv, size_t count, int32_t elem, int32_t op, int32_t device,
-                        void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type_of(elem),
-                                  op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, o->comm),
-                    o);
-}
-static int op_reduce_scatter(const void *send, void *recv, size_t count, int32_t elem, int32_t op,
-                             int32_t device, void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type_of(elem),
-                                             op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, o->comm),
-                    o);
-}
-static int op_allgather(const void *send, void *recv, size_t count, int32_t elem, int32_t device, void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Allgather(send, (int)count, mpi_type_of(elem), recv, (int)count, mpi_type_of(elem), o->comm), o);
-}
-static int op_alltoall(const void *send, void *recv, size_t count, int32_t elem, int32_t device, void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return mpi_status(MPI_Alltoall(send, (int)count, mpi_type_of(elem), recv, (int)count, mpi_type_of(elem), o->comm), o);
-}
-static const char *op_error_message(int code, void *user) {
-  (void)code;
-  return ((mpi_ops *)user)->message;
-}
-static void op_release(void *user) { ((mpi_ops *)user)->released = 1; }
-
-static dsopt_comm_ops table(void) {
-  dsopt_comm_ops ops;
-  memset(&ops, 0, sizeof ops);
-  ops.struct_size = sizeof ops;
-  ops.rank = world_rank();
-  ops.size = world_size();
-  ops.allreduce = op_allreduce;
-  ops.reduce_scatter = op_reduce_scatter;
-  ops.allgather = op_allgather;
-  ops.alltoall = op_alltoall;
-  ops.error_message = op_error_message;
-  ops.release = op_release;
-  return ops;
-}
-
-static dsopt_comm *custom_comm(mpi_ops *o) {
-  memset(o, 0, sizeof *o);
-  MPI_Comm_dup(MPI_COMM_WORLD, &o->comm);
-  dsopt_comm_ops ops = table();
-  dsopt_comm *c = NULL;
-  CHECK_OK(dsopt_comm_create_custom(&c, &ops, o));
-  return c;
-}
 
 /* ---- bit-identity against dsopt_comm_create_mpi ------------------------- */
 
@@ -154,7 +66,7 @@ static void runs_bit_identical_to_the_mpi_communicator(void) {
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
     const case_t *t = &cases[c];
     mpi_ops o;
-    dsopt_comm *mpi = world_comm(), *custom = custom_comm(&o);
+    dsopt_comm *mpi = world_comm(), *custom = custom_comm(&o, 0);
     model a, b;
     model_init(&a, t->specs, NUM_TENSORS, 1201);
     model_init(&b, t->specs, NUM_TENSORS, 1201);
@@ -205,7 +117,7 @@ static void a_failing_callback_fails_every_rank(void) {
   const char *configs[] = {cases[0].config, cases[4].config};
   for (int c = 0; c < 2; ++c) {
     mpi_ops o;
-    dsopt_comm *custom = custom_comm(&o);
+    dsopt_comm *custom = custom_comm(&o, 0);
     model m;
     model_init(&m, specs, NUM_TENSORS, 1203);
     dsopt_optimizer *opt = NULL;

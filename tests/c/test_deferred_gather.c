@@ -16,6 +16,7 @@
 
 #include "check.h"
 #include "support/model.h"
+#include "support/failing_mpi_comm.h"
 #include "support/mpi_world.h"
 
 #define STEPS 6
@@ -265,75 +266,11 @@ static void two_optimizers_on_one_communicator(void) {
 
 /* ---- a failure while a gather is in flight --------------------------------- */
 
-typedef struct mpi_ops {
-  MPI_Comm comm;
-  long calls;
-  long fail_at; /* the call (1, 2, ...) at which fail_rank fails; 0: never */
-  int fail_rank;
-  char message[128];
-} mpi_ops;
-
-/* The ranks agree before each collective whether one of them failed, as a
- * runtime that propagates failures does. */
-static int failed_somewhere(mpi_ops *o) {
-  ++o->calls;
-  int mine = o->fail_at > 0 && o->calls == o->fail_at && world_rank() == o->fail_rank;
-  int any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, o->comm);
-  if (!any) return 0;
-  snprintf(o->message, sizeof o->message, mine ? "injected failure" : "a peer failed");
-  return 1;
-}
-static int op_allreduce(const void *send, void *recv, size_t count, int32_t elem, int32_t op, int32_t device,
-                        void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_type_of(elem),
-                       op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, o->comm) != MPI_SUCCESS;
-}
-static int op_reduce_scatter(const void *send, void *recv, size_t count, int32_t elem, int32_t op,
-                             int32_t device, void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return MPI_Reduce_scatter_block(send, recv, (int)count, mpi_type_of(elem),
-                                  op == DSOPT_COMM_MAX ? MPI_MAX : MPI_SUM, o->comm) != MPI_SUCCESS;
-}
-static int op_allgather(const void *send, void *recv, size_t count, int32_t elem, int32_t device, void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return MPI_Allgather(send, (int)count, mpi_type_of(elem), recv, (int)count, mpi_type_of(elem), o->comm) !=
-         MPI_SUCCESS;
-}
-static int op_alltoall(const void *send, void *recv, size_t count, int32_t elem, int32_t device, void *user) {
-  mpi_ops *o = (mpi_ops *)user;
-  if (device != DSOPT_COMM_HOST || failed_somewhere(o)) return 7;
-  return MPI_Alltoall(send, (int)count, mpi_type_of(elem), recv, (int)count, mpi_type_of(elem), o->comm) !=
-         MPI_SUCCESS;
-}
-static const char *op_error_message(int code, void *user) {
-  (void)code;
-  return ((mpi_ops *)user)->message;
-}
-
 static void a_failure_in_flight_fails_the_wait_on_every_rank(void) {
   if (!threaded || world_size() == 1) return;
   check_current_test = "failure in flight";
   mpi_ops o;
-  memset(&o, 0, sizeof o);
-  MPI_Comm_dup(MPI_COMM_WORLD, &o.comm);
-  dsopt_comm_ops ops;
-  memset(&ops, 0, sizeof ops);
-  ops.struct_size = sizeof ops;
-  ops.flags = DSOPT_COMM_CONCURRENT;
-  ops.rank = world_rank();
-  ops.size = world_size();
-  ops.allreduce = op_allreduce;
-  ops.reduce_scatter = op_reduce_scatter;
-  ops.allgather = op_allgather;
-  ops.alltoall = op_alltoall;
-  ops.error_message = op_error_message;
-  dsopt_comm *custom = NULL;
-  CHECK_OK(dsopt_comm_create_custom(&custom, &ops, &o));
+  dsopt_comm *custom = custom_comm(&o, DSOPT_COMM_CONCURRENT);
   model m;
   model_init(&m, fp32_specs, NUM_TENSORS, 4101);
   dsopt_optimizer *opt = NULL;
