@@ -85,8 +85,9 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
       kernels_(std::move(kernels)),
       host_(make_cpu_kernels(cfg.threads)),
       params_(params, count, int32_t(cfg.groups.size()), *kernels_, cfg.zero.stage == 0),
+      agreement_(comm, Mem::host()),
       pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, params_,
-                runner_, cfg.zero.reduce_bucket_size),
+                runner_, agreement_, cfg.zero.reduce_bucket_size),
       groups_(cfg.groups),
       steps_(cfg.groups.size(), 0),
       param_steps_(size_t(count), 0),
@@ -152,7 +153,7 @@ bool Optimizer::check_replication(const dsopt_tensor* grads, int64_t count) {
     for (int64_t i = 0; grads && count == params_.count() && i < count; ++i)
       if (params_.check_grad(i, grads[i], "grad").empty()) replication_.add(i, grads[i]);
   }
-  return replication_.agree(pipeline_.agreement());
+  return replication_.agree(agreement_);
 }
 
 bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons) {
@@ -165,8 +166,8 @@ bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons)
   if (comm_.size() == 1) return absent;
   bool someone_absent = false, abandoned = false;
   int64_t lowest = 0, highest = 0;
-  if (pipeline_.agreement().same_call(mine, absent, abandons, &someone_absent, &abandoned, &lowest,
-                                      &highest)) {
+  if (agreement_.same_call(mine, absent, abandons, &someone_absent, &abandoned, &lowest,
+                           &highest)) {
     if (someone_abandons) *someone_abandons = abandoned;
     return someone_absent;
   }
@@ -177,10 +178,7 @@ bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons)
     return std::string(op >= 1 && op <= 4 ? names[op] : "an unknown call") + " (collective call #" +
            std::to_string((tag & ((int64_t(1) << 48) - 1)) + 1) + " of this optimizer)";
   };
-  fail(DSOPT_EMISMATCH, "the ranks are not in the same dsopt call: this rank is in " + describe(mine) +
-                            ", and the ranks range from " + describe(lowest) + " to " +
-                            describe(highest) + "; every rank must make the same collective calls "
-                            "on an optimizer in the same order (nothing was changed)");
+  RankAgreement::fail_different_calls(describe(mine), describe(lowest), describe(highest));
 }
 
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
@@ -241,9 +239,7 @@ const dsopt_tensor* Optimizer::fill_absent(const dsopt_tensor* grads, int64_t co
 void Optimizer::agree_absent(bool someone, std::vector<uint8_t> present) {
   inactive_.clear();
   if (!someone || !skips_absent()) return;
-  if (comm_.size() > 1)
-    comm_.allreduce(present.data(), present.data(), present.size(), Elem::U8, ReduceOp::Max,
-                    Mem::host());
+  agreement_.any_rank(present);
   inactive_.resize(present.size());
   for (size_t i = 0; i < present.size(); ++i) inactive_[i] = present[i] ? 0 : 1;
 }
@@ -542,8 +538,8 @@ bool Optimizer::load_collectively(const std::string& call,
   // Whether some rank resets (then all do: the ranks' rank-local states
   // must fit together).
   int64_t resets = reset ? 1 : 0;
-  pipeline_.agreement().settle(Failure{call, "could not load its blob", "no rank changed anything"},
-                               mine, &resets, 1);
+  agreement_.settle(Failure{call, "could not load its blob", "no rank changed anything"}, mine,
+                    &resets, 1);
   reset = resets != 0;
   resetting_rank_local_ = reset;
   try {
