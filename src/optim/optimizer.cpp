@@ -6,22 +6,11 @@
 #include <string>
 
 #include "base/error.hpp"
+#include "state/section_names.hpp"
 
 namespace dsopt {
 namespace {
 
-const char* kStepsSection = "common.steps";
-const char* kLrSection = "common.lr";
-const char* kScalerSection = "common.loss_scaler";
-const char* kMastersSection = "common.masters";
-const char* kRunSection = "common.run";
-// Optional on load: blobs of an earlier layout lack them.
-const char* kParamStepsSection = "common.param_steps";  // int64 per parameter
-const char* kHyperSection = "common.hyper";  // per group: beta1, beta2, eps, weight_decay
-// Optional on load too: the divergence check's state
-// (optim/divergence_check.hpp).
-const char* kDivergenceSection = "common.divergence";
-constexpr uint32_t kCommonSections = 8;
 constexpr uint64_t kHyperDoubles = 4;
 constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
 
@@ -427,7 +416,7 @@ Optimizer::MemoryUsage Optimizer::state_memory_usage() const {
 uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   BlobWriter w(dst, capacity);
   w.header(BlobHeader{algorithm(), uint32_t(comm_.size()), uint32_t(comm_.rank()), params_.shapes()});
-  w.begin_sections(kCommonSections + state_schema().section_count());
+  w.begin_sections(kCommonSectionCount + state_schema().section_count());
   w.section(kStepsSection, steps_.data(), steps_.size() * 8);
   std::vector<double> lrs;
   for (const AdamHyper& g : groups_) lrs.push_back(g.lr);
