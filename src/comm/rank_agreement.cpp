@@ -1,5 +1,8 @@
 #include "comm/rank_agreement.hpp"
 
+#include <algorithm>
+#include <cstddef>
+
 namespace dsopt {
 
 const Failure kStepFailure{"dsopt_step",
@@ -54,6 +57,58 @@ void RankAgreement::fail_for(const Failure& failed, const std::vector<int>& fail
   for (int r : failed_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   dsopt::fail(DSOPT_EMISMATCH, failed.call + ": another rank failed: rank " + ranks + " " + failed.what +
                                    " (see that rank's error); " + failed.consequence);
+}
+
+void RankAgreement::fail_different_calls(const std::string& mine, const std::string& lowest,
+                                         const std::string& highest) {
+  dsopt::fail(DSOPT_EMISMATCH, "the ranks are not in the same dsopt call: this rank is in " + mine +
+                                   ", and the ranks range from " + lowest + " to " + highest +
+                                   "; every rank must make the same collective calls on an "
+                                   "optimizer in the same order (nothing was changed)");
+}
+
+void RankAgreement::any_rank(std::vector<uint8_t>& flags) {
+  if (comm_.size() > 1)
+    comm_.allreduce(flags.data(), flags.data(), flags.size(), Elem::U8, ReduceOp::Max, host_);
+}
+
+std::vector<std::vector<int64_t>> RankAgreement::gather(const Failure& failed,
+                                                        const LocalOutcome& mine,
+                                                        const std::vector<int64_t>& row) {
+  const int world = comm_.size();
+  const size_t width = row.size() + 1;  // the outcome, then the row
+  std::vector<int64_t> mine_row(width);
+  mine_row[0] = mine.ok() ? 1 : 0;
+  std::copy(row.begin(), row.end(), mine_row.begin() + 1);
+  std::vector<int64_t> all(width * size_t(world));
+  if (world > 1) {
+    try {
+      comm_.allgather(mine_row.data(), all.data(), width, Elem::I64, host_);
+    } catch (const Error&) {
+      if (mine.ok()) throw;
+    }
+  }
+  if (!mine.ok()) dsopt::fail(mine.status, mine.error);  // this rank's own problem comes first
+  if (world == 1) return {row};
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<int> failed_ranks;
+  for (int r = 0; r < world; ++r) {
+    const auto at = all.begin() + std::ptrdiff_t(width * size_t(r));
+    if (at[0] == 0) failed_ranks.push_back(r);
+    rows.emplace_back(at + 1, at + std::ptrdiff_t(width));
+  }
+  if (!failed_ranks.empty()) fail_for(failed, failed_ranks);
+  return rows;
+}
+
+void RankAgreement::require_same(const std::string& call,
+                                 const std::vector<std::vector<int64_t>>& rows,
+                                 const std::vector<SameValue>& values) {
+  for (size_t r = 1; r < rows.size(); ++r)
+    for (const SameValue& v : values)
+      if (rows[r][v.index] != rows[0][v.index])
+        dsopt::fail(DSOPT_EMISMATCH, call + ": ranks disagree on " + v.what + " (rank 0 and rank " +
+                                         std::to_string(r) + " " + v.how + ")");
 }
 
 bool RankAgreement::same_call(int64_t tag, bool flag_a, bool flag_b, bool* any_a, bool* any_b,

@@ -3,7 +3,8 @@
 // every rank learns which ranks failed, a rank that failed reports its own
 // error, and every other rank reports DSOPT_EMISMATCH naming them. Nothing
 // has changed on any rank when a call is settled as failed. This is the
-// only place that produces "another rank failed".
+// only place that produces "another rank failed", and the errors of ranks
+// that disagree (on what they passed, or on the call they are in).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -87,16 +88,44 @@ class RankAgreement {
   // call whose data already told every rank who failed).
   [[noreturn]] static void fail_for(const Failure& failed, const std::vector<int>& failed_ranks);
 
+  // Whether every rank passed the same value (one allreduce of 16 bytes).
+  bool all_same(uint64_t value);
+
   // Whether every rank is in the same call: an allreduce (Max) of `tag`
   // (< 2^62, the same on every rank in the same call) and of -tag, with two
   // flags riding in their low bits. Returns false when the tags differ
   // (then *lowest and *highest are the range of the ranks' tags); else
   // *any_a says whether some rank set flag_a, *any_b whether some set flag_b.
-  // Whether every rank passed the same value (one allreduce of 16 bytes).
-  bool all_same(uint64_t value);
-
   bool same_call(int64_t tag, bool flag_a, bool flag_b, bool* any_a, bool* any_b,
                  int64_t* lowest, int64_t* highest);
+  // The error of ranks that same_call found in different calls (DSOPT_EMISMATCH),
+  // given this rank's call and the range of the ranks' calls, in words.
+  [[noreturn]] static void fail_different_calls(const std::string& mine, const std::string& lowest,
+                                                const std::string& highest);
+
+  // Each of the flags (0 or 1) becomes 1 where some rank set it: one
+  // allreduce (Max) of the flags' bytes.
+  void any_rank(std::vector<uint8_t>& flags);
+
+  // Every rank's `row` (as many values on every rank), by rank, in one
+  // allgather that also carries each rank's outcome; then, when some rank
+  // failed, its own error as it is (which names the call) on that rank and
+  // fail_for on the others.
+  std::vector<std::vector<int64_t>> gather(const Failure& failed, const LocalOutcome& mine,
+                                           const std::vector<int64_t>& row);
+
+  // A value of gathered rows that every rank must have passed the same,
+  // and how a rank that did not is reported.
+  struct SameValue {
+    size_t index;     // in the row
+    std::string what;  // "the config"
+    std::string how;   // "passed different settings"
+  };
+  // Fails with DSOPT_EMISMATCH, "<call>: ranks disagree on <what> (rank 0
+  // and rank <r> <how>)", for the first rank r whose row differs from rank
+  // 0's in one of `values` (checked in order for each rank).
+  static void require_same(const std::string& call, const std::vector<std::vector<int64_t>>& rows,
+                           const std::vector<SameValue>& values);
 
  private:
   Comm& comm_;

@@ -26,13 +26,12 @@ void CarErrors::check_world(int32_t saved_world) {
 
 void CarErrors::describe(StateSchema& s, Kernels& kernels,
                          std::function<CompressedAllreduce*()> car,
-                         std::function<int32_t(const BlobReader&)> saved_world,
                          std::function<bool(const BlobReader&)> restore_if,
                          StateSchema::Slicer slice, std::function<bool()> listed) const {
   const CarErrors self = *this;
-  const auto length = [self, car, saved_world](bool worker) {
-    return [self, car, saved_world, worker](const BlobReader* r) {
-      const auto b = self.bytes(r ? saved_world(*r) : world_of(car()));
+  const auto length = [self, car](bool worker) {
+    return [self, car, worker](const BlobReader* r) {
+      const auto b = self.bytes(r ? self.saved_world(*r) : world_of(car()));
       return worker ? b.first : b.second;
     };
   };

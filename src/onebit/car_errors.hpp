@@ -15,10 +15,19 @@ namespace dsopt {
 
 class CarErrors {
  public:
+  // Reads the world size a (checked) blob recorded with its errors.
+  using WorldReader = std::function<int32_t(const BlobReader&)>;
+
   // Sections <prefix>.worker_error and <prefix>.server_error for tensors of
-  // the given sizes.
-  CarErrors(std::string prefix, std::vector<int64_t> sizes)
-      : prefix_(std::move(prefix)), sizes_(std::move(sizes)) {}
+  // the given sizes, whose blob records their world size where
+  // `saved_world` reads it; `what` names the rank-local state they are part
+  // of in dsopt_state_load's messages.
+  CarErrors(std::string prefix, std::vector<int64_t> sizes, WorldReader saved_world,
+            std::string what)
+      : prefix_(std::move(prefix)),
+        sizes_(std::move(sizes)),
+        saved_world_(std::move(saved_world)),
+        what_(std::move(what)) {}
 
   // The largest world size a blob may record for its errors: beyond it the
   // padded lengths (8 P^2 elements per tensor at most) would overflow.
@@ -31,14 +40,20 @@ class CarErrors {
   std::pair<uint64_t, uint64_t> bytes(int world) const;
   // The world size to record with the errors of `car` (0: none).
   static int32_t world_of(const CompressedAllreduce* car) { return car ? car->world() : 0; }
+  // The world size blob `r` recorded with the errors.
+  int32_t saved_world(const BlobReader& r) const { return saved_world_(r); }
+  // dsopt_state_load's description of blob `r`'s rank-local state: `what`
+  // where its errors came from several ranks, else nothing.
+  std::string rank_local_state(const BlobReader& r) const {
+    return saved_world(r) > 1 ? what_ : std::string();
+  }
 
   // The sections of the errors of car() (none: empty sections), as long as
-  // the world size a blob recorded with them (`saved_world`, already
-  // checked with check_world) says; restored into car() when `restore_if`.
+  // the world size a blob recorded with them (saved_world, already checked
+  // with check_world) says; restored into car() when `restore_if`.
   // The worker errors are the view "worker_error" through `slice`, listed
   // while `listed()`.
   void describe(StateSchema& s, Kernels& kernels, std::function<CompressedAllreduce*()> car,
-                std::function<int32_t(const BlobReader&)> saved_world,
                 std::function<bool(const BlobReader&)> restore_if, StateSchema::Slicer slice,
                 std::function<bool()> listed) const;
   // Tensor t's worker error in a buffer of errors at `world` ranks: the
@@ -49,6 +64,8 @@ class CarErrors {
  private:
   std::string prefix_;
   std::vector<int64_t> sizes_;
+  WorldReader saved_world_;
+  std::string what_;
 };
 
 }  // namespace dsopt

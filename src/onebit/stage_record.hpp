@@ -4,10 +4,13 @@
 // compression errors (0: none), which makes them rank-local state.
 #pragma once
 #include <cstdint>
-#include <string>
+#include <functional>
 
+#include "base/error.hpp"
+#include "onebit/car_errors.hpp"
 #include "onebit/freeze_stage.hpp"
 #include "state/blob.hpp"
+#include "state/state_schema.hpp"
 
 namespace dsopt {
 
@@ -37,12 +40,36 @@ struct StageRecord {
     FieldReader f(r.section(section, bytes(frozen_after)), bytes(frozen_after));
     return read(f, frozen_after);
   }
-};
+  // Reads the world size of the errors from the record in `section`.
+  static CarErrors::WorldReader world_in(const char* section, bool frozen_after) {
+    return [section, frozen_after](const BlobReader& r) { return read(r, section, frozen_after).world; };
+  }
+  // Throws Error(DSOPT_ECORRUPT) for a negative warmup count of the frozen
+  // variance.
+  static void check_frozen_after(int64_t warmup_updates) {
+    if (warmup_updates < 0)
+      fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
+  }
+  // The record as section `section` of a state list: saved from `current()`,
+  // checked, restored by the algorithm (from the whole blob, once checked).
+  static StateSchema& describe(StateSchema& s, const char* section, bool frozen_after,
+                               std::function<StageRecord()> current) {
+    return s.record(
+        section, bytes(frozen_after),
+        [current, frozen_after](FieldWriter& f) { current().write(f, frozen_after); },
+        [frozen_after](FieldReader& f) {
+          const StageRecord saved = read(f, frozen_after);
+          check_frozen_after(saved.stage.frozen_after);
+          CarErrors::check_world(saved.world);
+        },
+        nullptr);
+  }
 
-// dsopt_state_load's description of a blob's rank-local state: `what`
-// where its errors came from several ranks, else nothing.
-inline std::string rank_local_errors(int32_t world, const std::string& what) {
-  return world > 1 ? what : std::string();
-}
+  // The stage a run continues in after loading this record, with
+  // `freeze_step` now, at `updates` applied updates (FreezeStage::resumed).
+  FreezeStage resumed(int64_t freeze_step_now, int64_t updates) const {
+    return FreezeStage::resumed(stage, freeze_step, freeze_step_now, updates);
+  }
+};
 
 }  // namespace dsopt

@@ -34,41 +34,23 @@ uint64_t shapes_hash(const dsopt_tensor* params, int64_t count) {
 }
 
 // What the ranks compare, one row per rank.
-enum Field { kBuilt, kConfig, kShapes, kRunId, kMachine, kCores, kFields };
+enum Field { kConfig, kShapes, kRunId, kMachine, kCores };
 
 // Fails unless every rank built its optimizer with the same config and
 // shapes. Returns rank 0's run id and the ranks on this rank's machine and
 // cores, itself included.
-std::pair<uint64_t, int> agree(Comm& comm, const LocalOutcome& mine, const int64_t* row) {
-  const int world = comm.size();
-  std::vector<int64_t> all(size_t(kFields * world));
-  if (world > 1) {
-    try {
-      comm.allgather(row, all.data(), kFields, Elem::I64, Mem::host());
-    } catch (const Error&) {
-      if (mine.ok()) throw;
-    }
-  }
-  if (!mine.ok()) fail(mine.status, mine.error);  // this rank's own problem comes first
-  if (world == 1) return {uint64_t(row[kRunId]), 1};
-  const auto at = [&](int r, Field f) { return all[size_t(kFields * r + f)]; };
-  std::vector<int> failed;
-  for (int r = 0; r < world; ++r)
-    if (at(r, kBuilt) == 0) failed.push_back(r);
-  if (!failed.empty())
-    RankAgreement::fail_for(Failure{"dsopt_create", "could not create its optimizer"}, failed);
-  for (int r = 1; r < world; ++r) {
-    if (at(r, kConfig) != at(0, kConfig))
-      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the config (rank 0 and rank " +
-                                std::to_string(r) + " passed different settings)");
-    if (at(r, kShapes) != at(0, kShapes))
-      fail(DSOPT_EMISMATCH, "dsopt_create: ranks disagree on the parameters (rank 0 and rank " +
-                                std::to_string(r) + " passed different numel, dtype or group)");
-  }
+std::pair<uint64_t, int> agree(Comm& comm, const LocalOutcome& mine, const std::vector<int64_t>& row) {
+  RankAgreement agreement(comm, Mem::host());
+  const std::vector<std::vector<int64_t>> all =
+      agreement.gather(Failure{"dsopt_create", "could not create its optimizer"}, mine, row);
+  RankAgreement::require_same(
+      "dsopt_create", all,
+      {{kConfig, "the config", "passed different settings"},
+       {kShapes, "the parameters", "passed different numel, dtype or group"}});
   int cpu_peers = 0;
-  for (int r = 0; r < world; ++r)
-    cpu_peers += at(r, kMachine) == row[kMachine] && at(r, kCores) == row[kCores];
-  return {uint64_t(at(0, kRunId)), cpu_peers};
+  for (const std::vector<int64_t>& r : all)
+    cpu_peers += r[kMachine] == row[kMachine] && r[kCores] == row[kCores];
+  return {uint64_t(all[0][kRunId]), cpu_peers};
 }
 
 }  // namespace
@@ -92,8 +74,8 @@ std::unique_ptr<Optimizer> create_optimizer(Comm& comm,
   uint64_t run_id = 0;
   if (mine.ok()) run_id = run_cfg_hash ^ (shapes * 0x9E3779B97F4A7C15ull) ^ opt->params_fingerprint();
   const CpuPlace place = this_cpu_place();
-  const int64_t row[kFields] = {mine.ok() ? 1 : 0, int64_t(cfg_hash), int64_t(shapes),
-                                int64_t(run_id), int64_t(place.machine), int64_t(place.cores)};
+  const std::vector<int64_t> row = {int64_t(cfg_hash), int64_t(shapes), int64_t(run_id),
+                                    int64_t(place.machine), int64_t(place.cores)};
   const auto [agreed_run_id, cpu_peers] = agree(comm, mine, row);
   opt->set_run_id(agreed_run_id);
   opt->set_default_threads(default_threads(place, cpu_peers));

@@ -1,5 +1,7 @@
 #include "optim/moments.hpp"
 
+#include "state/section_names.hpp"
+
 namespace dsopt {
 
 Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail,
@@ -56,9 +58,9 @@ const std::vector<UpdateSlot>& Moments::all_slots(const ParamSet& params,
 }
 
 void Moments::describe(StateSchema& s, const StateSchema::Slicer& slice) {
-  s.array(prefix_ + ".exp_avg", kernels_, [this] { return m_.get(); }, bytes_).view("exp_avg", slice);
+  s.array(exp_avg_section(prefix_), kernels_, [this] { return m_.get(); }, bytes_).view("exp_avg", slice);
   if (count_ > 1)
-    s.array(prefix_ + ".exp_avg_sq", kernels_, [this] { return v_.get(); }, bytes_)
+    s.array(exp_avg_sq_section(prefix_), kernels_, [this] { return v_.get(); }, bytes_)
         .view("exp_avg_sq", slice);
 }
 

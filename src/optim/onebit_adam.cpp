@@ -17,8 +17,6 @@ const char* kRule = "onebit.rule";    // bias_correction (onebit/rule_flag.hpp)
 const char* kUnits = "onebit.units";  // compression in the update's units
 // The stage record without frozen_after, which kStabilize holds.
 constexpr bool kRecordsFrozenAfter = false;
-
-int32_t error_world(const BlobReader& r) { return StageRecord::read(r, kStage, kRecordsFrozenAfter).world; }
 }  // namespace
 
 OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
@@ -26,7 +24,7 @@ OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       moments_(this->params(), this->kernels(), "onebit"),
       masks_(count),
-      errors_("onebit", {}),
+      errors_("onebit", {}, nullptr, ""),
       bias_correction_(cfg.defaults.bias_correction),
       update_units_(cfg.stabilize) {
   std::vector<int64_t> sizes;
@@ -34,7 +32,8 @@ OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
     (non_freeze(i) ? full_ : compressed_).push_back(i);
     if (!non_freeze(i)) sizes.push_back(this->params().params()[size_t(i)].numel);
   }
-  errors_ = CarErrors("onebit", sizes);
+  errors_ = CarErrors("onebit", sizes, StageRecord::world_in(kStage, kRecordsFrozenAfter),
+                      "its compression errors (1-bit Adam's error feedback)");
 }
 
 bool OneBitAdam::non_freeze(int64_t i) const {
@@ -109,33 +108,25 @@ void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
 
 void OneBitAdam::describe_state(StateSchema& s) {
   moments_.describe(s, flat_slices());
-  s.record(
-       kStage, StageRecord::bytes(kRecordsFrozenAfter),
-       [this](FieldWriter& f) {
-         StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())}
-             .write(f, kRecordsFrozenAfter);
-       },
-       [](FieldReader& f) { CarErrors::check_world(StageRecord::read(f, kRecordsFrozenAfter).world); },
-       nullptr)
+  StageRecord::describe(s, kStage, kRecordsFrozenAfter,
+                        [this] {
+                          return StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())};
+                        })
       .record(
           kStabilize, 8, [this](FieldWriter& f) { f.add(stage_.frozen_after); },
-          [](FieldReader& f) {
-            if (f.get<int64_t>() < 0)
-              fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
-          },
-          nullptr)
+          [](FieldReader& f) { StageRecord::check_frozen_after(f.get<int64_t>()); }, nullptr)
       .flag(kRule, kBiasCorrectionRule, [this] { return bias_correction_; },
             [this](bool on) { bias_correction_ = on; })
       .flag(kUnits, kUnitsRule, [this] { return update_units_; },
             [this](bool on) { update_units_ = on; })
       .then([this](const BlobReader& r) { resume_stage(r); });
   // Errors belong to the world size that produced them (K1/K2): restored at
-  // the same P, zero otherwise.
-  // The compressed allreduce runs over the compressed parameters, in order.
+  // the same P, zero otherwise. The compressed allreduce runs over the
+  // compressed parameters, in order.
   errors_.describe(
-      s, kernels(), [this] { return car_.get(); }, error_world,
+      s, kernels(), [this] { return car_.get(); },
       [this](const BlobReader& r) {
-        return car_ && rank_local_world(error_world(r)) == car_->world();
+        return car_ && rank_local_world(errors_.saved_world(r)) == car_->world();
       },
       [this](int64_t i, float* errors) {
         const auto at = std::find(compressed_.begin(), compressed_.end(), i);
@@ -146,18 +137,17 @@ void OneBitAdam::describe_state(StateSchema& s) {
 }
 
 void OneBitAdam::resume_stage(const BlobReader& r) {
-  const StageRecord record = StageRecord::read(r, kStage, kRecordsFrozenAfter);
+  StageRecord record = StageRecord::read(r, kStage, kRecordsFrozenAfter);
   FieldReader st(r.section(kStabilize, 8), 8);
-  const FreezeStage saved{record.stage.compressing, st.get<int64_t>()};
-  const FreezeStage resumed =
-      FreezeStage::resumed(saved, record.freeze_step, config().freeze_step, group_step(0));
+  record.stage.frozen_after = st.get<int64_t>();
+  const FreezeStage resumed = record.resumed(config().freeze_step, group_step(0));
   car_.reset();
   stage_ = FreezeStage{};
   if (resumed.compressing) enter_compression(resumed.frozen_after);
 }
 
 std::string OneBitAdam::rank_local_state(const BlobReader& r) const {
-  return rank_local_errors(error_world(r), "its compression errors (1-bit Adam's error feedback)");
+  return errors_.rank_local_state(r);
 }
 
 }  // namespace dsopt

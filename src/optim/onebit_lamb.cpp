@@ -22,7 +22,6 @@ const char* kUnits = "lamb.units";  // the stabilized stage's rule (onebit/rule_
 constexpr bool kRecordsFrozenAfter = true;
 
 StageRecord read_stage(const BlobReader& r) { return StageRecord::read(r, kStage, kRecordsFrozenAfter); }
-int32_t error_world(const BlobReader& r) { return read_stage(r).world; }
 
 int64_t fused_length(int64_t numel, int world) {
   return world > 1 ? CompressedAllreduce::padded_length(numel, world) : numel;
@@ -48,7 +47,8 @@ OneBitLamb::OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<K
       last_factor_(size_t(count), 1.0),
       scaling_(size_t(count), 1.0),
       masks_(count),
-      errors_("lamb", {this->params().total_numel()}),
+      errors_("lamb", {this->params().total_numel()}, StageRecord::world_in(kStage, kRecordsFrozenAfter),
+              "its compression errors (1-bit LAMB's error feedback and momentum tail)"),
       update_units_(cfg.stabilize) {}
 
 std::string OneBitLamb::divergence_hint() const {
@@ -155,26 +155,16 @@ void OneBitLamb::start_compressed_allreduce() {
 
 // ---- state blob -----------------------------------------------------------------
 // Coefficients: per tensor lamb_coeff_freeze, last_factor, scaling_coeff
-// (doubles). The tail and the errors belong to the world size that produced
-// them (K1/K2): restored at the same P, zero otherwise.
+// (doubles).
 
 void OneBitLamb::describe_state(StateSchema& s) {
   const uint64_t coeff_bytes = uint64_t(params().count()) * 24;
   const int64_t total = params().total_numel();
   moments_.describe(s, flat_slices());
-  s.record(
-       kStage, StageRecord::bytes(kRecordsFrozenAfter),
-       [this](FieldWriter& f) {
-         StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())}
-             .write(f, kRecordsFrozenAfter);
-       },
-       [](FieldReader& f) {
-         const StageRecord saved = StageRecord::read(f, kRecordsFrozenAfter);
-         if (saved.stage.frozen_after < 0)
-           fail(DSOPT_ECORRUPT, "state blob: negative warmup count of the frozen variance");
-         CarErrors::check_world(saved.world);
-       },
-       nullptr)
+  StageRecord::describe(s, kStage, kRecordsFrozenAfter,
+                        [this] {
+                          return StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())};
+                        })
       .array(kFresh, kernels(), [this] { return fresh_.get(); }, uint64_t(fresh_.bytes()))
       .view("exp_avg_sq_fresh", flat_slices())
       .record(
@@ -201,14 +191,14 @@ void OneBitLamb::describe_state(StateSchema& s) {
   };
   s.array(kTail, kernels(), [this, total] { return moments_.exp_avg() + total; },
           [this, total](const BlobReader* r) {
-            const int32_t world = r ? error_world(*r) : CarErrors::world_of(car_.get());
+            const int32_t world = r ? errors_.saved_world(*r) : CarErrors::world_of(car_.get());
             return world > 1 ? uint64_t(fused_length(total, world) - total) * 4 : 0;
           },
           same_world);
   // One compressed tensor: the fused momentum, parameters at their offsets.
   const StateSchema::Slicer flat = flat_slices();
   errors_.describe(
-      s, kernels(), [this] { return car_.get(); }, error_world, same_world,
+      s, kernels(), [this] { return car_.get(); }, same_world,
       [flat](int64_t i, float* errors) { return errors ? flat(i, errors) : StateSchema::Slice{}; },
       [this] { return comm().size() > 1; });
   s.flag(kUnits, kUnitsRule, [this] { return update_units_; },
@@ -220,8 +210,7 @@ void OneBitLamb::resume_stage(const BlobReader& r) {
   const FreezeStage& saved = record.stage;
   kernels().fill_zero(moments_.exp_avg() + params().total_numel(), size_t(tail()) * 4);
   car_.reset();
-  const FreezeStage resumed =
-      FreezeStage::resumed(saved, record.freeze_step, config().freeze_step, group_step(0));
+  const FreezeStage resumed = record.resumed(config().freeze_step, group_step(0));
   stage_ = FreezeStage{};
   if (!resumed.compressing) return;
   if (!saved.compressing) {
@@ -233,8 +222,7 @@ void OneBitLamb::resume_stage(const BlobReader& r) {
 }
 
 std::string OneBitLamb::rank_local_state(const BlobReader& r) const {
-  return rank_local_errors(error_world(r),
-                           "its compression errors (1-bit LAMB's error feedback and momentum tail)");
+  return errors_.rank_local_state(r);
 }
 
 }  // namespace dsopt

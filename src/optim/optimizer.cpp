@@ -6,22 +6,11 @@
 #include <string>
 
 #include "base/error.hpp"
+#include "state/section_names.hpp"
 
 namespace dsopt {
 namespace {
 
-const char* kStepsSection = "common.steps";
-const char* kLrSection = "common.lr";
-const char* kScalerSection = "common.loss_scaler";
-const char* kMastersSection = "common.masters";
-const char* kRunSection = "common.run";
-// Optional on load: blobs of an earlier layout lack them.
-const char* kParamStepsSection = "common.param_steps";  // int64 per parameter
-const char* kHyperSection = "common.hyper";  // per group: beta1, beta2, eps, weight_decay
-// Optional on load too: the divergence check's state
-// (optim/divergence_check.hpp).
-const char* kDivergenceSection = "common.divergence";
-constexpr uint32_t kCommonSections = 8;
 constexpr uint64_t kHyperDoubles = 4;
 constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
 
@@ -85,8 +74,9 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Ker
       kernels_(std::move(kernels)),
       host_(make_cpu_kernels(cfg.threads)),
       params_(params, count, int32_t(cfg.groups.size()), *kernels_, cfg.zero.stage == 0),
+      agreement_(comm, Mem::host()),
       pipeline_(cfg.pipeline, comm, *kernels_, Mem{kernels_.get(), cfg.cuda_aware}, params_,
-                runner_, cfg.zero.reduce_bucket_size),
+                runner_, agreement_, cfg.zero.reduce_bucket_size),
       groups_(cfg.groups),
       steps_(cfg.groups.size(), 0),
       param_steps_(size_t(count), 0),
@@ -152,7 +142,7 @@ bool Optimizer::check_replication(const dsopt_tensor* grads, int64_t count) {
     for (int64_t i = 0; grads && count == params_.count() && i < count; ++i)
       if (params_.check_grad(i, grads[i], "grad").empty()) replication_.add(i, grads[i]);
   }
-  return replication_.agree(pipeline_.agreement());
+  return replication_.agree(agreement_);
 }
 
 bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons) {
@@ -165,8 +155,8 @@ bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons)
   if (comm_.size() == 1) return absent;
   bool someone_absent = false, abandoned = false;
   int64_t lowest = 0, highest = 0;
-  if (pipeline_.agreement().same_call(mine, absent, abandons, &someone_absent, &abandoned, &lowest,
-                                      &highest)) {
+  if (agreement_.same_call(mine, absent, abandons, &someone_absent, &abandoned, &lowest,
+                           &highest)) {
     if (someone_abandons) *someone_abandons = abandoned;
     return someone_absent;
   }
@@ -177,10 +167,7 @@ bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons)
     return std::string(op >= 1 && op <= 4 ? names[op] : "an unknown call") + " (collective call #" +
            std::to_string((tag & ((int64_t(1) << 48) - 1)) + 1) + " of this optimizer)";
   };
-  fail(DSOPT_EMISMATCH, "the ranks are not in the same dsopt call: this rank is in " + describe(mine) +
-                            ", and the ranks range from " + describe(lowest) + " to " +
-                            describe(highest) + "; every rank must make the same collective calls "
-                            "on an optimizer in the same order (nothing was changed)");
+  RankAgreement::fail_different_calls(describe(mine), describe(lowest), describe(highest));
 }
 
 StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
@@ -304,9 +291,7 @@ const dsopt_tensor* Optimizer::fill_absent(const dsopt_tensor* grads, int64_t co
 void Optimizer::agree_absent(bool someone, std::vector<uint8_t> present) {
   inactive_.clear();
   if (!someone || !skips_absent()) return;
-  if (comm_.size() > 1)
-    comm_.allreduce(present.data(), present.data(), present.size(), Elem::U8, ReduceOp::Max,
-                    Mem::host());
+  agreement_.any_rank(present);
   inactive_.resize(present.size());
   for (size_t i = 0; i < present.size(); ++i) inactive_[i] = present[i] ? 0 : 1;
 }
@@ -494,7 +479,7 @@ Optimizer::MemoryUsage Optimizer::state_memory_usage() const {
 uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   BlobWriter w(dst, capacity);
   w.header(BlobHeader{algorithm(), uint32_t(comm_.size()), uint32_t(comm_.rank()), params_.shapes()});
-  w.begin_sections(kCommonSections + state_schema().section_count());
+  w.begin_sections(kCommonSectionCount + state_schema().section_count());
   w.section(kStepsSection, steps_.data(), steps_.size() * 8);
   std::vector<double> lrs;
   for (const AdamHyper& g : groups_) lrs.push_back(g.lr);
@@ -605,8 +590,8 @@ bool Optimizer::load_collectively(const std::string& call,
   // Whether some rank resets (then all do: the ranks' rank-local states
   // must fit together).
   int64_t resets = reset ? 1 : 0;
-  pipeline_.agreement().settle(Failure{call, "could not load its blob", "no rank changed anything"},
-                               mine, &resets, 1);
+  agreement_.settle(Failure{call, "could not load its blob", "no rank changed anything"}, mine,
+                    &resets, 1);
   reset = resets != 0;
   resetting_rank_local_ = reset;
   try {

@@ -271,6 +271,8 @@ class Optimizer {
   const OptimizerConfig& config() const { return cfg_; }
   const Mem mem() const { return Mem{kernels_.get(), cfg_.cuda_aware}; }
   StepPipeline& pipeline() { return pipeline_; }
+  // How this optimizer's collective calls settle across ranks.
+  RankAgreement& agreement() { return agreement_; }
   Kernels& host_kernels() const { return *host_; }
 
  private:
@@ -347,6 +349,7 @@ class Optimizer {
   std::unique_ptr<Kernels> host_;
   ParamSet params_;
   CommRunner runner_;
+  RankAgreement agreement_;
   StepPipeline pipeline_;
   std::vector<AdamHyper> groups_;
   std::vector<int64_t> steps_;

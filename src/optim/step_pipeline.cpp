@@ -10,10 +10,10 @@ namespace dsopt {
 
 StepPipeline::StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels,
                            const Mem& mem, const ParamSet& params,
-                           CommRunner& runner, int64_t bucket_elems)
+                           CommRunner& runner, RankAgreement& agreement, int64_t bucket_elems)
     : cfg_(cfg), comm_(comm), kernels_(kernels), mem_(mem), params_(params),
       scaler_(cfg.loss_scale), packed_(comm, kernels, mem, runner, params, bucket_elems),
-      runner_(runner), agreement_(comm, Mem::host()) {}
+      runner_(runner), agreement_(agreement) {}
 
 std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int64_t count) const {
   std::vector<TensorRef> refs;

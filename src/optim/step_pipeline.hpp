@@ -28,9 +28,10 @@ struct PreparedGrads {
 class StepPipeline {
  public:
   // Averaged gradients are reduced in buckets of bucket_elems elements,
-  // through `runner`.
+  // through `runner`; a failed step is settled through `agreement`.
   StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels, const Mem& mem,
-               const ParamSet& params, CommRunner& runner, int64_t bucket_elems);
+               const ParamSet& params, CommRunner& runner, RankAgreement& agreement,
+               int64_t bucket_elems);
 
   // Collective. averaged[i] says whether parameter i's gradient is averaged
   // over ranks (Adam; warmup stages) or stays this rank's own (compressed
@@ -68,7 +69,6 @@ class StepPipeline {
   // whose arguments were bad (local_error not empty), DSOPT_EMISMATCH naming
   // those ranks on the others.
   [[noreturn]] void fail_step(const std::string& local_error);
-  RankAgreement& agreement() { return agreement_; }
 
  private:
   std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
@@ -91,7 +91,7 @@ class StepPipeline {
   LossScaler scaler_;
   PackedAllreduce packed_;  // the status flag and the averaged gradients
   CommRunner& runner_;
-  RankAgreement agreement_;
+  RankAgreement& agreement_;
 };
 
 }  // namespace dsopt

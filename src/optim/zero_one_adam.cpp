@@ -7,7 +7,6 @@
 #include "onebit/divergence_hint.hpp"
 #include "math/onebit_adam.hpp"
 #include "onebit/rule_flag.hpp"
-#include "onebit/stage_record.hpp"
 
 namespace dsopt {
 namespace {
@@ -69,7 +68,8 @@ ZeroOneAdam::ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       moments_(this->params(), this->kernels(), "zoadam"),
       masks_(count),
-      errors_("zoadam", all_sizes(params, count)),
+      errors_("zoadam", all_sizes(params, count), error_world,
+              "its compression errors and accumulator (0/1 Adam's rank-local state)"),
       bias_correction_(cfg.defaults.bias_correction),
       update_units_(cfg.stabilize) {
   const size_t bytes = size_t(this->params().total_numel()) * 4;
@@ -184,6 +184,10 @@ void ZeroOneAdam::freeze() {
   // errors (docs/design/zero-one-adam.md section 3). Phase 2 starts from the current parameters.
   sched_.frozen = 1;
   if (car_) car_->reset_errors();
+  restart_interval();
+}
+
+void ZeroOneAdam::restart_interval() {
   kernels().fill_zero(acc_.get(), acc_.bytes());
   for (const Param& p : params().params())
     kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
@@ -243,9 +247,9 @@ void ZeroOneAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
 void ZeroOneAdam::describe_state(StateSchema& s) {
   const uint64_t interval_bytes = uint64_t(num_groups()) * 16;
   // The rank-local state (K1/K2) is restored at the world size that saved
-  // it; elsewhere it starts over (finish_load).
+  // it; elsewhere it starts over (the list's last step, below).
   const auto same_world = [this](const BlobReader& r) {
-    return rank_local_world(error_world(r)) == CarErrors::world_of(car_.get());
+    return rank_local_world(errors_.saved_world(r)) == CarErrors::world_of(car_.get());
   };
   moments_.describe(s, flat_slices());
   s.record(
@@ -276,9 +280,9 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
       });
   // The compressed allreduce runs over every parameter, in order.
   errors_.describe(
-      s, kernels(), [this] { return car_.get(); }, error_world,
+      s, kernels(), [this] { return car_.get(); },
       [this](const BlobReader& r) {
-        return car_ && rank_local_world(error_world(r)) == car_->world();
+        return car_ && rank_local_world(errors_.saved_world(r)) == car_->world();
       },
       [this](int64_t i, float* errors) { return errors_.tensor_slice(errors, size_t(i), comm().size()); },
       [this] { return car_ != nullptr; });
@@ -296,16 +300,12 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
         // Another world size (K2): the rank-local accumulator starts over from
         // the saved parameters, as if a sync had just happened there; m, v and
         // the schedules stay.
-        reset_interval();
-        kernels().fill_zero(acc_.get(), acc_.bytes());
-        for (const Param& p : params().params())
-          kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
+        restart_interval();
       });
 }
 
 std::string ZeroOneAdam::rank_local_state(const BlobReader& r) const {
-  return rank_local_errors(error_world(r),
-                           "its compression errors and accumulator (0/1 Adam's rank-local state)");
+  return errors_.rank_local_state(r);
 }
 
 }  // namespace dsopt

@@ -47,6 +47,9 @@ class ZeroOneAdam final : public Optimizer {
   void sync(const std::vector<UpdateSlot>& slots);
   void freeze();
   void reset_interval();  // lrs and decay back to "nothing since the last sync"
+  // The accumulator and the interval start over from the current
+  // parameters, as after a sync.
+  void restart_interval();
 
   Schedule sched_;
   int32_t phase_ = DSOPT_PHASE_SKIPPED;

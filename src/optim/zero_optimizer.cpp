@@ -73,7 +73,7 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
                                                                         : ParamCodec::None,
                                                      cfg.zero.compression.parameter_block))),
       reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, cfg.zero.compression, comm,
-               this->kernels(), mem(), this->params(), pipeline().agreement(), runner(),
+               this->kernels(), mem(), this->params(), agreement(), runner(),
                scratch_.get()),
       gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {

@@ -7,6 +7,7 @@
 
 #include "base/dtype.hpp"
 #include "base/error.hpp"
+#include "state/section_names.hpp"
 
 namespace dsopt {
 namespace {
@@ -45,13 +46,13 @@ SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_
     masters_section = kZeroMastersSection;
   } else {
     s.layout = replicated_state_layout(params);
-    masters_section = kStageMastersSection;
+    masters_section = kMastersSection;
   }
-  if (!r.has(prefix + ".exp_avg"))
-    fail(DSOPT_EMISMATCH, who + " holds no moments named " + prefix + ".exp_avg");
+  if (!r.has(exp_avg_section(prefix)))
+    fail(DSOPT_EMISMATCH, who + " holds no moments named " + exp_avg_section(prefix));
   const uint64_t state_bytes = uint64_t(s.layout.state_numel) * 4;
-  s.m = reinterpret_cast<const float*>(r.section(prefix + ".exp_avg", state_bytes));
-  s.v = second ? reinterpret_cast<const float*>(r.section(prefix + ".exp_avg_sq", state_bytes))
+  s.m = reinterpret_cast<const float*>(r.section(exp_avg_section(prefix), state_bytes));
+  s.v = second ? reinterpret_cast<const float*>(r.section(exp_avg_sq_section(prefix), state_bytes))
              : nullptr;
   s.masters = reinterpret_cast<const float*>(
       r.section(masters_section, uint64_t(s.layout.master_numel) * 4));

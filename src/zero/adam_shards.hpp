@@ -17,13 +17,12 @@
 
 namespace dsopt {
 
-// Blob section names shared by stage 0 and ZeRO: the moments are
-// <prefix>.exp_avg and <prefix>.exp_avg_sq.
+// Blob section names of ZeRO, and the moments' prefixes
+// (state/section_names.hpp).
 constexpr const char* kAdamMomentsPrefix = "adam";
 constexpr const char* kLambMomentsPrefix = "lamb";
 constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
-constexpr const char* kStageMastersSection = "common.masters";
 constexpr const char* kZeroFeedbackSection = "zero.feedback";  // a rank's gradient residual
 // 1: zero.feedback holds int8 runs (GradientReducer::residual_bytes); blobs
 // without it hold n' fp32 values.

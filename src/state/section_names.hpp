@@ -1,0 +1,35 @@
+// Blob section names read in more than one place: the common sections of
+// every optimizer's blob, which precede its algorithm's own state, and the
+// moments of an algorithm's state (stage 0 and ZeRO alike).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace dsopt {
+
+constexpr const char* kStepsSection = "common.steps";
+constexpr const char* kLrSection = "common.lr";
+constexpr const char* kScalerSection = "common.loss_scaler";
+constexpr const char* kRunSection = "common.run";
+// Optional on load: blobs of an earlier layout lack them.
+constexpr const char* kParamStepsSection = "common.param_steps";  // int64 per parameter
+constexpr const char* kHyperSection = "common.hyper";  // per group: beta1, beta2, eps, weight_decay
+// Optional on load too: the divergence check's state
+// (optim/divergence_check.hpp).
+constexpr const char* kDivergenceSection = "common.divergence";
+// The masters of 16-bit parameters (none under ZeRO, which keeps its
+// shard's in its own state).
+constexpr const char* kMastersSection = "common.masters";
+
+// The common sections, in the order a blob holds them.
+constexpr const char* kCommonSections[] = {kStepsSection,      kLrSection,    kScalerSection,
+                                           kRunSection,        kParamStepsSection, kHyperSection,
+                                           kDivergenceSection, kMastersSection};
+constexpr uint32_t kCommonSectionCount = uint32_t(sizeof kCommonSections / sizeof *kCommonSections);
+
+// The moments of an algorithm's state: <prefix>.exp_avg and
+// <prefix>.exp_avg_sq.
+inline std::string exp_avg_section(const std::string& prefix) { return prefix + ".exp_avg"; }
+inline std::string exp_avg_sq_section(const std::string& prefix) { return prefix + ".exp_avg_sq"; }
+
+}  // namespace dsopt
