@@ -3,8 +3,9 @@
 # torch: dsopt.hf.Trainer (transformers), dsopt.lightning.DsoptStrategy
 # (lightning), DistributedDataParallel with dsopt.torch.ddp_comm_hook, and
 # dsopt.torch under torch.compile, with parameters moved or cast after
-# the optimizer exists, and with a sparse gradient or a bad hyperparameter on one rank (overlap's
-# backward hooks need torch >= 2.1). The venv is scripts/framework_venv.sh's (created or
+# the optimizer exists, with a sparse gradient or a bad hyperparameter on one rank, and
+# with ZeRO's deferred allgather behind the forward (overlap's backward hooks need
+# torch >= 2.1, so only here do gradients go over during backward as well). The venv is scripts/framework_venv.sh's (created or
 # completed first); the cffi extension is built for it against <builddir>
 # when it cannot load the in-place one.
 #   tests/python/run_framework_tests.sh <builddir> [pytest args]
@@ -30,4 +31,5 @@ exec "$py" -m pytest -q -rsx "$@" \
   tests/python/test_torch_compile.py \
   tests/python/test_torch_param_moves.py \
   tests/python/test_torch_whole_checkpoint.py \
-  tests/python/test_agreed_errors.py
+  tests/python/test_agreed_errors.py \
+  tests/python/test_torch_prefetch.py
