@@ -237,6 +237,9 @@ void Optimizer::wait_gathers(int64_t bucket, const char* call) {
 }
 
 void Optimizer::wait_gathers_quietly() {
+  // Nothing of this optimizer's in flight: leave the communicator alone
+  // (at destruction it may already be gone when nothing was deferred).
+  if (gather_tickets_.empty()) return;
   try {
     wait_gathers(-1, "dsopt_destroy");
   } catch (...) {
