@@ -253,7 +253,9 @@ class Communicator:
         if getattr(self, "_handle", None) is None:
             return
         if self.kind == "local":
-            self._destroy()
+            # Deferred while optimizers use it: in a reference cycle their
+            # finalizers may run after this one.
+            self.close()
         else:
             # MPI may already be finalised at this point: leak rather than call into it.
             warnings.warn(f"unclosed dsopt.Communicator ({self.kind}); call close()", ResourceWarning)
