@@ -2,7 +2,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <cstring>
 
 #include "api/config.hpp"
@@ -100,8 +99,7 @@ std::string current_config(const Optimizer& opt, const std::string& text) {
     h.lr = opt.group_param(g, "lr");
     h.beta1 = opt.group_param(g, "beta1");
     h.beta2 = opt.group_param(g, "beta2");
-    const std::vector<std::string>& hyper = c.algorithm->hyper;
-    if (std::find(hyper.begin(), hyper.end(), "eps") != hyper.end()) h.eps = opt.group_param(g, "eps");
+    if (opt.has_group_param("eps")) h.eps = opt.group_param(g, "eps");
     h.weight_decay = opt.group_param(g, "weight_decay");
   }
   c.pipeline.gradient_clipping = opt.gradient_clipping();

@@ -65,16 +65,22 @@ void check_value(const HyperField& f, int32_t group, double value) {
                            " (nothing was changed)");
 }
 
+bool has_key(const OptimizerConfig& cfg, const HyperField& f) {
+  const std::vector<std::string>& hyper = cfg.algorithm->hyper;
+  return std::find(hyper.begin(), hyper.end(), f.key) != hyper.end();
+}
+
 // The field `name` of an algorithm that has it (Lion has no eps).
 const HyperField& algorithm_field(const OptimizerConfig& cfg, const std::string& name) {
   const HyperField& f = field(name);
-  const std::vector<std::string>& hyper = cfg.algorithm->hyper;
-  if (std::find(hyper.begin(), hyper.end(), f.key) == hyper.end())
+  if (!has_key(cfg, f))
     fail(DSOPT_EINVAL, cfg.type + " has no hyperparameter \"" + name + "\" (nothing was changed)");
   return f;
 }
 
 }  // namespace
+
+bool Optimizer::has_group_param(const std::string& name) const { return has_key(config(), field(name)); }
 
 double Optimizer::group_param(int32_t group, const std::string& name) const {
   lr(group);  // range check

@@ -73,6 +73,8 @@ class Optimizer {
   // "weight_decay"; dsopt_get/set_group_param). Throw Error(DSOPT_EINVAL),
   // changing nothing, on a bad group, name or value.
   double group_param(int32_t group, const std::string& name) const;
+  // Whether this algorithm has hyperparameter `name` (Lion has no "eps").
+  bool has_group_param(const std::string& name) const;
   void set_group_param(int32_t group, const std::string& name, double value);
 
   // Updates applied to parameter i (dsopt_get_param_step); set_param_step
