@@ -751,10 +751,11 @@ int main(int argc, char** argv) {
                     ? ""
                     : ": dsopt reduces inside dsopt_grad_ready, without overlap");
     std::printf("config:  %s (stage per table)\n", config(o, 2).c_str());
-    std::printf("model:   %d layers of a %lld x %lld weight and a %lld bias, fp32: Psi = %lld"
+    std::printf("model:   %d layers of a %lld x %lld weight and a %lld bias, %s: Psi = %lld"
                 " elements in %lld tensors\n", o.layers, static_cast<long long>(o.hidden),
                 static_cast<long long>(o.hidden), static_cast<long long>(o.hidden),
-                static_cast<long long>(m.total), static_cast<long long>(m.params()));
+                o.dtype == DSOPT_FLOAT32 ? "fp32" : "bf16", static_cast<long long>(m.total),
+                static_cast<long long>(m.params()));
     std::fflush(stdout);
   }
   if (provided < wanted) fail_all("MPI_Init_thread provided a lower thread level than asked");
