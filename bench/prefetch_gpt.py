@@ -17,11 +17,14 @@ first), each mode continuing its own run; a block is timed between two
 barriers of all ranks and ends with every gather waited for
 (``opt.wait_gathers()``), so a block's time is the whole of its steps:
 batch, forward, backward and ``optimizer.step()``. Reported: the seconds
-per step of each block (median and min-max over the blocks), their ratio
+per step of each block (median and min-max over the blocks), rank 0's
+median forward (the gathers' waits included), backward (the gradients'
+hand-over included) and ``step()`` times, their ratio
 (overlap=True over overlap=False), the bytes each rank sent per step and
 the check that both modes' losses (every rank's, every step) and final
-parameters are bit-identical. lr 1e-3, weight decay 0.01 (the class's
-default), no schedule; one torch thread per rank; rank r takes rows
+parameters are bit-identical. ``reduce_bucket_size`` (--reduce-bucket,
+2^20) and ``allgather_bucket_size`` (--gather-bucket) are the same in
+both modes. lr 1e-3, weight decay 0.01 (the class's default), no schedule; one torch thread per rank; rank r takes rows
 r B/P .. (r+1) B/P - 1 of each global batch.
 """
 import argparse
@@ -43,8 +46,12 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=384)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--reduce-bucket", type=int, default=1 << 20,
+                   help="reduce_bucket_size in elements, both modes (default 2^20; dsopt's own "
+                        "default, one bucket, leaves nothing to reduce during backward)")
     p.add_argument("--gather-bucket", type=int, default=0,
-                   help="allgather_bucket_size in elements (default: dsopt.torch's choice)")
+                   help="allgather_bucket_size in elements, both modes (default: dsopt.torch's "
+                        "choice for overlap=True, 2^22)")
     p.add_argument("--corpus", default="licenses", choices=sorted(gpt.CORPUS_FILES))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -60,7 +67,7 @@ class Run:
         import dsopt.torch
         self.overlap = overlap
         self.model = gpt.build_model(config, args.seed)
-        zero = {"stage": 2}
+        zero = {"stage": 2, "reduce_bucket_size": args.reduce_bucket}
         if args.gather_bucket:
             zero["allgather_bucket_size"] = args.gather_bucket
         # a communicator of its own: the deferred gathers of one mode never
@@ -69,6 +76,7 @@ class Run:
         self.opt = dsopt.torch.AdamW(self.model.parameters(), lr=1e-3, comm=self.comm,
                                      zero_optimization=zero, overlap=overlap)
         self.losses, self.block_seconds, self.bytes = [], [], []
+        self.parts = {"forward": [], "backward": [], "step": []}  # this rank's seconds per step
         self.step = 0
 
     def block(self, steps, args, config, corpus, world):
@@ -79,9 +87,15 @@ class Run:
         for _ in range(steps):
             x, y = gpt.train_batch(corpus, self.step, args.batch, config.context, args.seed)
             self.opt.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
             loss = self.model.loss(x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local])
+            t1 = time.perf_counter()
             loss.backward()
+            t2 = time.perf_counter()
             self.opt.step()
+            t3 = time.perf_counter()
+            for part, seconds in zip(self.parts, (t1 - t0, t2 - t1, t3 - t2)):
+                self.parts[part].append(seconds)
             self.losses.append(loss.item())
             self.bytes.append(self.opt.last_step_info.bytes_sent)
             self.step += 1
@@ -112,7 +126,8 @@ def main():
     if rank == 0:
         print(f"prefetch_gpt: GPT {config}, {params:,} parameters, {size} ranks, global batch "
               f"{args.batch}, {args.steps} steps per mode in {args.blocks} alternating blocks, "
-              f"ZeRO-2 AdamW, torch {torch.__version__}; overlap=True gathers {buckets} buckets",
+              f"ZeRO-2 AdamW, reduce_bucket_size {args.reduce_bucket}, torch {torch.__version__}; "
+              f"overlap=True gathers {buckets} buckets",
               flush=True)
     per_block = args.steps // args.blocks
     for _ in range(args.blocks):
@@ -129,6 +144,8 @@ def main():
                   f"({1e3 * min(s):.1f}-{1e3 * max(s):.1f} over {len(s)} blocks), "
                   f"bytes_sent/step {statistics.median(run.bytes):,.0f}, "
                   f"final loss (rank 0) {run.losses[-1]:.6f}")
+            print("  rank 0's median ms per step: " + ", ".join(
+                f"{part} {1e3 * statistics.median(v):.0f}" for part, v in run.parts.items()))
         ratio = statistics.median(runs[1].block_seconds) / statistics.median(runs[0].block_seconds)
         ratios = [b / a for a, b in zip(runs[0].block_seconds, runs[1].block_seconds)]
         print(f"step time overlap=True / overlap=False: {ratio:.2f} "
