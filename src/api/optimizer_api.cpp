@@ -112,7 +112,7 @@ DSOPT_API int dsopt_set_lr(dsopt_optimizer* opt, double lr) {
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);
     check_lr(lr);
-    o.set_lr(-1, lr);
+    o.groups().set_lr(-1, lr);
   });
 }
 
@@ -146,8 +146,8 @@ DSOPT_API int dsopt_set_group_lr(dsopt_optimizer* opt, int32_t group, double lr)
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);
     check_lr(lr);
-    o.lr(group);  // range check first
-    o.set_lr(group, lr);
+    o.groups().lr(group);  // range check first
+    o.groups().set_lr(group, lr);
   });
 }
 
@@ -155,7 +155,7 @@ DSOPT_API int dsopt_get_lr(const dsopt_optimizer* opt, int32_t group, double* ou
   return guarded([&] {
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(out_lr, "out_lr");
-    *out_lr = o.lr(group);
+    *out_lr = o.groups().lr(group);
   });
 }
 
@@ -165,7 +165,7 @@ DSOPT_API int dsopt_get_group_param(const dsopt_optimizer* opt, int32_t group, c
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(name, "name");
     require_nonnull(out_value, "out_value");
-    *out_value = o.group_param(group, name);
+    *out_value = o.groups().group_param(group, name);
   });
 }
 
@@ -174,7 +174,7 @@ DSOPT_API int dsopt_set_group_param(dsopt_optimizer* opt, int32_t group, const c
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);
     require_nonnull(name, "name");
-    o.set_group_param(group, name, value);
+    o.groups().set_group_param(group, name, value);
   });
 }
 
@@ -222,7 +222,7 @@ DSOPT_API int dsopt_num_groups(const dsopt_optimizer* opt, int32_t* out_count) {
   return guarded([&] {
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(out_count, "out_count");
-    *out_count = o.num_groups();
+    *out_count = o.groups().num_groups();
   });
 }
 
