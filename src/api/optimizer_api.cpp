@@ -21,12 +21,12 @@ namespace {
 const char* const kSettling = "a call waiting for the deferred parameter allgather";
 const dsopt::Optimizer& impl(const dsopt_optimizer* opt) {
   require_nonnull(opt, "opt");
-  opt->impl->wait_gathers(-1, kSettling);
+  opt->impl->gathers().wait_gathers(-1, kSettling);
   return *opt->impl;
 }
 dsopt::Optimizer& impl(dsopt_optimizer* opt) {
   require_nonnull(opt, "opt");
-  opt->impl->wait_gathers(-1, kSettling);
+  opt->impl->gathers().wait_gathers(-1, kSettling);
   return *opt->impl;
 }
 // The optimizer as it is, gathers in flight or not.
@@ -314,7 +314,7 @@ DSOPT_API int dsopt_gather_pending(dsopt_optimizer* opt, int64_t* out_pending) {
   return guarded([&] {
     dsopt::Optimizer& o = unsettled(opt);
     require_nonnull(out_pending, "out_pending");
-    *out_pending = o.gathers_pending();
+    *out_pending = o.gathers().gathers_pending();
   });
 }
 
@@ -325,16 +325,16 @@ DSOPT_API int dsopt_gather_wait_bucket(dsopt_optimizer* opt, int64_t bucket) {
       fail(DSOPT_EINVAL, "dsopt_gather_wait_bucket: bucket " + std::to_string(bucket) +
                              " is out of range (-1: every bucket; the optimizer has " +
                              std::to_string(o.gather_buckets()) + ")");
-    o.wait_gathers(bucket, "dsopt_gather_wait_bucket");
+    o.gathers().wait_gathers(bucket, "dsopt_gather_wait_bucket");
   });
 }
 
 DSOPT_API int dsopt_gather_wait(dsopt_optimizer* opt, int64_t param_index) {
   return guarded([&] {
     dsopt::Optimizer& o = unsettled(opt);
-    if (param_index == -1) return o.wait_gathers(-1, "dsopt_gather_wait");
+    if (param_index == -1) return o.gathers().wait_gathers(-1, "dsopt_gather_wait");
     const int64_t bucket = o.gather_bucket_of(param_index);  // range check
-    if (bucket >= 0) o.wait_gathers(bucket, "dsopt_gather_wait");
+    if (bucket >= 0) o.gathers().wait_gathers(bucket, "dsopt_gather_wait");
   });
 }
 

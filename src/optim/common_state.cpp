@@ -31,12 +31,10 @@ void check_scaler(FieldReader& f) {
     fail(DSOPT_ECORRUPT, "state blob: the loss scaler's state is impossible");
 }
 
-}  // namespace
-
-void describe_common_state(StateSchema& s, const CommonState& c) {
-  HyperGroups* g = &c.groups;
+// common.steps: each group's steps applied; common.param_steps (optional):
+// each parameter's.
+void describe_steps(StateSchema& s, HyperGroups* g) {
   const uint64_t groups = uint64_t(g->num_groups());
-  const uint64_t params = uint64_t(g->param_steps().size());
   s.check([groups](const BlobReader& r) { check_group_count(r, groups); })
       .record(kStepsSection, groups * 8,
               [g](FieldWriter& f) {
@@ -52,55 +50,80 @@ void describe_common_state(StateSchema& s, const CommonState& c) {
               },
               [g](FieldReader& f) {
                 for (int64_t& step : g->steps()) step = f.get<int64_t>();
-              })
-      .record(kLrSection, groups * 8, [g](FieldWriter& f) { g->write_lrs(f); },
-              [groups](FieldReader& f) {
-                for (uint64_t i = 0; i < groups; ++i) {
-                  const double lr = f.get<double>();
-                  if (!std::isfinite(lr) || lr < 0)
-                    fail(DSOPT_ECORRUPT, "state blob: learning rate " + std::to_string(lr) +
-                                             " is not finite and >= 0");
-                }
-              },
-              [g](FieldReader& f) { g->read_lrs(f); })
-      .record(kScalerSection, kScalerBytes,
-              [c](FieldWriter& f) {
-                const LossScaler::State st = c.scaler.state();
-                f.add(st.scale).add(st.iter).add(st.last_overflow_iter).add(st.hysteresis_left);
-              },
-              check_scaler,
-              [c](FieldReader& f) {
-                LossScaler::State st;
-                st.scale = f.get<double>();
-                st.iter = f.get<int64_t>();
-                st.last_overflow_iter = f.get<int64_t>();
-                st.hysteresis_left = f.get<int32_t>();
-                c.scaler.set_state(st);
-              })
-      .optional_record(kRunSection, 8, [c](FieldWriter& f) { f.add(c.run_id); }, nullptr,
-                       [c](FieldReader& f) { c.run_id = f.get<uint64_t>(); }, nullptr)
-      .optional_record(kParamStepsSection, params * 8,
-                       [g](FieldWriter& f) {
-                         for (int64_t step : g->param_steps()) f.add(step);
-                       },
-                       [params](FieldReader& f) {
-                         for (uint64_t i = 0; i < params; ++i)
-                           if (f.get<int64_t>() < 0)
-                             fail(DSOPT_ECORRUPT, "state blob has a negative step for parameter " +
-                                                      std::to_string(i));
-                       },
-                       [g](FieldReader& f) {
-                         for (int64_t& step : g->param_steps()) step = f.get<int64_t>();
-                       },
-                       [g] { g->param_steps_from_groups(); })
-      .optional_record(kHyperSection, groups * HyperGroups::kHyperDoubles * 8,
-                       [g](FieldWriter& f) { g->write_hyper(f); }, nullptr,
-                       [g](FieldReader& f) { g->read_hyper(f); }, nullptr)
-      .optional_record(kDivergenceSection, DivergenceCheck::kStateBytes,
-                       [c](FieldWriter& f) { f.add_bytes(c.divergence.save()); },
-                       [](FieldReader& f) { DivergenceCheck::check(f.take(DivergenceCheck::kStateBytes)); },
-                       [c](FieldReader& f) { c.divergence.restore(f.take(DivergenceCheck::kStateBytes)); },
-                       [c] { c.divergence.reset(); });
+              });
+}
+
+void describe_param_steps(StateSchema& s, HyperGroups* g) {
+  const uint64_t params = uint64_t(g->param_steps().size());
+  s.optional_record(kParamStepsSection, params * 8,
+                    [g](FieldWriter& f) {
+                      for (int64_t step : g->param_steps()) f.add(step);
+                    },
+                    [params](FieldReader& f) {
+                      for (uint64_t i = 0; i < params; ++i)
+                        if (f.get<int64_t>() < 0)
+                          fail(DSOPT_ECORRUPT, "state blob has a negative step for parameter " +
+                                                   std::to_string(i));
+                    },
+                    [g](FieldReader& f) {
+                      for (int64_t& step : g->param_steps()) step = f.get<int64_t>();
+                    },
+                    [g] { g->param_steps_from_groups(); });
+}
+
+void describe_lrs(StateSchema& s, HyperGroups* g) {
+  const uint64_t groups = uint64_t(g->num_groups());
+  s.record(kLrSection, groups * 8, [g](FieldWriter& f) { g->write_lrs(f); },
+           [groups](FieldReader& f) {
+             for (uint64_t i = 0; i < groups; ++i) {
+               const double lr = f.get<double>();
+               if (!std::isfinite(lr) || lr < 0)
+                 fail(DSOPT_ECORRUPT, "state blob: learning rate " + std::to_string(lr) +
+                                          " is not finite and >= 0");
+             }
+           },
+           [g](FieldReader& f) { g->read_lrs(f); });
+}
+
+void describe_scaler(StateSchema& s, LossScaler* scaler) {
+  s.record(kScalerSection, kScalerBytes,
+           [scaler](FieldWriter& f) {
+             const LossScaler::State st = scaler->state();
+             f.add(st.scale).add(st.iter).add(st.last_overflow_iter).add(st.hysteresis_left);
+           },
+           check_scaler,
+           [scaler](FieldReader& f) {
+             LossScaler::State st;
+             st.scale = f.get<double>();
+             st.iter = f.get<int64_t>();
+             st.last_overflow_iter = f.get<int64_t>();
+             st.hysteresis_left = f.get<int32_t>();
+             scaler->set_state(st);
+           });
+}
+
+void describe_divergence(StateSchema& s, DivergenceCheck* d) {
+  constexpr uint64_t n = DivergenceCheck::kStateBytes;
+  s.optional_record(kDivergenceSection, n, [d](FieldWriter& f) { f.add_bytes(d->save()); },
+                    [](FieldReader& f) { DivergenceCheck::check(f.take(n)); },
+                    [d](FieldReader& f) { d->restore(f.take(n)); }, [d] { d->reset(); });
+}
+
+}  // namespace
+
+void describe_common_state(StateSchema& s, const CommonState& c) {
+  HyperGroups* g = &c.groups;
+  uint64_t* run_id = &c.run_id;
+  describe_steps(s, g);
+  describe_lrs(s, g);
+  describe_scaler(s, &c.scaler);
+  s.optional_record(kRunSection, 8, [run_id](FieldWriter& f) { f.add(*run_id); }, nullptr,
+                    [run_id](FieldReader& f) { *run_id = f.get<uint64_t>(); }, nullptr);
+  describe_param_steps(s, g);
+  s.optional_record(kHyperSection, uint64_t(g->num_groups()) * HyperGroups::kHyperDoubles * 8,
+                    [g](FieldWriter& f) { g->write_hyper(f); }, nullptr,
+                    [g](FieldReader& f) { g->read_hyper(f); }, nullptr);
+  describe_divergence(s, &c.divergence);
 }
 
 void describe_masters(StateSchema& s, ParamSet& params, Kernels& kernels) {

@@ -156,15 +156,9 @@ class Optimizer {
   // which parameter i is whole (-1: always whole).
   int64_t gather_buckets() const { return num_gather_chunks(); }
   int64_t gather_bucket_of(int64_t param_index) const;
-  // Buckets of the last step not yet known to have arrived (0 when nothing
-  // is in flight).
-  int64_t gathers_pending() { return gathers_.gathers_pending(); }
-  // Waits until buckets 0 .. `bucket` have arrived (-1 or past the last:
-  // every bucket). A gather that failed marks the optimizer failed
-  // (require_intact) and throws its status; `call` names the entry point.
-  void wait_gathers(int64_t bucket, const char* call) { gathers_.wait_gathers(bucket, call); }
-  // The same for every bucket, forgetting a failure (destroy).
-  void wait_gathers_quietly() { gathers_.wait_gathers_quietly(); }
+  // Waiting for the buckets in flight (a failed gather marks the optimizer
+  // failed: require_intact).
+  DeferredGathers& gathers() { return gathers_; }
 
  protected:
   // The algorithm's name in blobs ("AdamW", "Adam", ...).
@@ -185,7 +179,7 @@ class Optimizer {
   // whose buffers reductions use calls first in its destructor.
   CommRunner& runner() { return runner_; }
   void stop_reductions() {
-    wait_gathers_quietly();
+    gathers_.wait_gathers_quietly();
     runner_.stop();
   }
   // The parameter allgather as buckets (chunks) for gather_buckets(); an
