@@ -230,7 +230,7 @@ class Optimizer {
     return resetting_rank_local_ ? 0 : saved_world;
   }
   // Resharding for load_shards: validates `blobs` (a checked set, see
-  // read_blob_set) and returns what restores this rank's state from them, or
+  // StateIO::read_set) and returns what restores this rank's state from them, or
   // nullptr when the algorithm does not reshard (load_shards then restores
   // one blob). Throws, changing nothing, when they cannot be loaded.
   using Blobs = StateIO::Blobs;
