@@ -94,13 +94,13 @@ std::string canonical_config(const char* json_text) {
 
 std::string current_config(const Optimizer& opt, const std::string& text) {
   OptimizerConfig c = parse_config(text.c_str());
-  for (int32_t g = 0; g < opt.num_groups(); ++g) {
+  for (int32_t g = 0; g < opt.groups().num_groups(); ++g) {
     AdamHyper& h = c.groups[size_t(g)];
-    h.lr = opt.group_param(g, "lr");
-    h.beta1 = opt.group_param(g, "beta1");
-    h.beta2 = opt.group_param(g, "beta2");
-    if (opt.has_group_param("eps")) h.eps = opt.group_param(g, "eps");
-    h.weight_decay = opt.group_param(g, "weight_decay");
+    h.lr = opt.groups().group_param(g, "lr");
+    h.beta1 = opt.groups().group_param(g, "beta1");
+    h.beta2 = opt.groups().group_param(g, "beta2");
+    if (opt.groups().has_group_param("eps")) h.eps = opt.groups().group_param(g, "eps");
+    h.weight_decay = opt.groups().group_param(g, "weight_decay");
   }
   c.pipeline.gradient_clipping = opt.gradient_clipping();
   return to_json(c, bf16_enabled(text)).dump();

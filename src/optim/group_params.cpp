@@ -1,5 +1,6 @@
 // Group hyperparameters by name (dsopt_get_group_param /
-// dsopt_set_group_param). Every algorithm forms its per-step constants from
+// dsopt_set_group_param), and the blob's section of them besides the
+// learning rates (common.hyper). Every algorithm forms its per-step constants from
 // group(g) at each step (adam_consts, onebit_consts, the stabilized momentum
 // limit, 0/1 Adam's interval sums), so a value set here takes effect from the
 // next step on.
@@ -10,7 +11,7 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/hyper_groups.hpp"
 
 namespace dsopt {
 namespace {
@@ -80,18 +81,31 @@ const HyperField& algorithm_field(const OptimizerConfig& cfg, const std::string&
 
 }  // namespace
 
-bool Optimizer::has_group_param(const std::string& name) const { return has_key(config(), field(name)); }
+bool HyperGroups::has_group_param(const std::string& name) const { return has_key(config_, field(name)); }
 
-double Optimizer::group_param(int32_t group, const std::string& name) const {
+double HyperGroups::group_param(int32_t group, const std::string& name) const {
   lr(group);  // range check
-  return groups_[size_t(group)].*algorithm_field(config(), name).field;
+  return groups_[size_t(group)].*algorithm_field(config_, name).field;
 }
 
-void Optimizer::set_group_param(int32_t group, const std::string& name, double value) {
+void HyperGroups::set_group_param(int32_t group, const std::string& name, double value) {
   lr(group);  // range check
-  const HyperField& f = algorithm_field(config(), name);
+  const HyperField& f = algorithm_field(config_, name);
   check_value(f, group, value);
   groups_[size_t(group)].*f.field = value;
+}
+
+void HyperGroups::write_hyper(FieldWriter& f) const {
+  for (const AdamHyper& g : groups_) f.add(g.beta1).add(g.beta2).add(g.eps).add(g.weight_decay);
+}
+
+void HyperGroups::read_hyper(FieldReader& f) {
+  for (AdamHyper& g : groups_) {
+    g.beta1 = f.get<double>();
+    g.beta2 = f.get<double>();
+    g.eps = f.get<double>();
+    g.weight_decay = f.get<double>();
+  }
 }
 
 }  // namespace dsopt

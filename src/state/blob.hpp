@@ -107,6 +107,8 @@ class FieldReader {
   FieldReader(const uint8_t* p, uint64_t n) : p_(p), n_(n) {}
   template <class T>
   T get();
+  // The next `n` bytes (throws Error(DSOPT_ECORRUPT) past the end).
+  const uint8_t* take(uint64_t n);
 
  private:
   const uint8_t* p_;

@@ -31,6 +31,18 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
 
 StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, Read check,
                                  Read read) {
+  return add_record(std::move(name), bytes, std::move(write), std::move(check), std::move(read),
+                    false, nullptr);
+}
+
+StateSchema& StateSchema::optional_record(std::string name, uint64_t bytes, Write write,
+                                          Read check, Read read, std::function<void()> absent) {
+  return add_record(std::move(name), bytes, std::move(write), std::move(check), std::move(read),
+                    true, std::move(absent));
+}
+
+StateSchema& StateSchema::add_record(std::string name, uint64_t bytes, Write write, Read check,
+                                     Read read, bool optional, std::function<void()> absent) {
   const std::string n = name;
   Entry e;
   e.save = [n, write](BlobWriter& w) {
@@ -38,11 +50,21 @@ StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, 
     write(f);
     w.section(n, f.bytes().data(), f.bytes().size());
   };
-  e.check = [n, bytes, check](const BlobReader& r) {
+  e.check = [n, bytes, check, optional](const BlobReader& r) {
+    if (optional && !r.has(n)) return;
     FieldReader f(r.section(n, bytes), bytes);
     if (check) check(f);
   };
-  e.restore = [n, bytes, read](const BlobReader& r) {
+  e.values = [n, bytes, check](const BlobReader& r) {
+    if (!check || !r.has(n) || r.section_size(n) != bytes) return;
+    FieldReader f(r.section(n, bytes), bytes);
+    check(f);
+  };
+  e.restore = [n, bytes, read, optional, absent](const BlobReader& r) {
+    if (optional && !r.has(n)) {
+      if (absent) absent();
+      return;
+    }
     if (!read) return;
     FieldReader f(r.section(n, bytes), bytes);
     read(f);
@@ -129,6 +151,11 @@ void StateSchema::save(BlobWriter& w) const {
 void StateSchema::check(const BlobReader& r) const {
   for (const Entry& e : entries_)
     if (e.check) e.check(r);
+}
+
+void StateSchema::check_values(const BlobReader& r) const {
+  for (const Entry& e : entries_)
+    if (e.values) e.values(r);
 }
 
 void StateSchema::restore(const BlobReader& r) const {
