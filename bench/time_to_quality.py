@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Time to AdamW's loss: data-parallel training of a bandwidth-bound GPT
 (examples/python/gpt.py) with dsopt.torch's AdamW and its 1-bit optimizers
-over mpi4py's COMM_WORLD, every optimizer from the same initial weights on
-the same batches.
+(and, when ``--optimizers`` names it, Lion) over mpi4py's COMM_WORLD, every
+optimizer from the same initial weights on the same batches.
 
     mpirun -np 4 python3 bench/time_to_quality.py --out DIR
 
@@ -10,12 +10,15 @@ the same batches.
 link of ``bench/netem.sh``.)
 
 AdamW trains ``--steps`` N steps; its validation loss after them is the
-target. Each 1-bit optimizer then trains until its validation loss first
+target. Each other optimizer then trains until its validation loss first
 reaches the target, N steps at least (its loss after N steps is reported
 too), ``--cap`` x N steps at most. Settings, as a user would write them:
 lr 1e-3 (1e-2 for 1-bit LAMB), ``freeze_step`` (1-bit Adam, 1-bit LAMB) and
-``var_freeze_step`` (0/1 Adam) at 15% of N, every other argument at the
-class's default; the learning rate warms up linearly over the first 10% of
+``var_freeze_step`` (0/1 Adam) at 15% of N; Lion as its paper advises
+against AdamW's lr 1e-3 and weight decay 0.01: lr 3e-4 (3-10x smaller) and
+weight decay 0.03 (3-10x larger: the same decay per step, lr x weight
+decay), betas (0.9, 0.99); ``--lr NAME=LR`` sets another lr. Every other
+argument is at the class's default; the learning rate warms up linearly over the first 10% of
 N, then follows a cosine to 10% of its peak at step N (and stays there),
 through ``torch.optim.lr_scheduler.LambdaLR``; one torch thread per rank.
 
@@ -46,8 +49,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "python"))
 import gpt  # noqa: E402
 
-OPTIMIZERS = ["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"]
-LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2}
+OPTIMIZERS = ["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"]  # the default
+CHOICES = OPTIMIZERS + ["Lion"]
+LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2, "Lion": 3e-4}
+WEIGHT_DECAY = {"Lion": 0.03}  # the others: the class's default
 FREEZE_ARGUMENT = {"OneBitAdam": "freeze_step", "OneBitLamb": "freeze_step", "ZeroOneAdam": "var_freeze_step"}
 FREEZE_FRACTION = 0.15
 PHASES = ["full", "1-bit", "local", "sync", "skipped"]
@@ -57,7 +62,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for time_to_quality.json")
     p.add_argument("--steps", type=int, default=300, help="AdamW's steps N (default 300)")
-    p.add_argument("--cap", type=float, default=2.0, help="a 1-bit run stops after cap x N steps (default 2)")
+    p.add_argument("--cap", type=float, default=2.0, help="a run after AdamW's stops after cap x N steps (default 2)")
     p.add_argument("--eval-every", type=int, default=10, help="steps between validation losses (default 10)")
     p.add_argument("--eval-windows", type=int, default=256,
                    help="held-out windows of the validation loss (default 256)")
@@ -69,18 +74,36 @@ def parse_args(argv=None):
     p.add_argument("--corpus", default="licenses", choices=sorted(gpt.CORPUS_FILES))
     p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
     p.add_argument("--optimizers", default=",".join(OPTIMIZERS),
-                   help="comma-separated, AdamW first (default: all four)")
+                   help=f"comma-separated, AdamW first, of {', '.join(CHOICES)} "
+                        f"(default: {', '.join(OPTIMIZERS)})")
+    p.add_argument("--lr", action="append", default=[], metavar="NAME=LR",
+                   help="another peak learning rate for optimizer NAME (repeatable)")
     args = p.parse_args(argv)
     args.optimizers = args.optimizers.split(",")
-    if args.optimizers[0] != "AdamW" or not set(args.optimizers) <= set(OPTIMIZERS):
-        p.error(f"--optimizers: AdamW first, then any of {OPTIMIZERS[1:]}")
+    if args.optimizers[0] != "AdamW" or not set(args.optimizers) <= set(CHOICES):
+        p.error(f"--optimizers: AdamW first, then any of {CHOICES[1:]}")
+    args.lr = dict(parse_lr(p, text) for text in args.lr)
     if args.steps % args.eval_every:
         p.error("--steps must be a multiple of --eval-every (AdamW's last step is evaluated)")
     return args
 
 
-def optimizer_kwargs(name, steps):
-    kwargs = {"lr": LEARNING_RATES[name]}
+def parse_lr(parser, text):
+    """(name, lr) of ``--lr NAME=LR``."""
+    name, _, value = text.partition("=")
+    try:
+        lr = float(value)
+    except ValueError:
+        lr = None
+    if name not in CHOICES or lr is None or not lr > 0:
+        parser.error(f"--lr {text}: NAME=LR with NAME one of {CHOICES} and LR > 0")
+    return name, lr
+
+
+def optimizer_kwargs(name, steps, lrs=None):
+    kwargs = {"lr": (lrs or {}).get(name, LEARNING_RATES[name])}
+    if name in WEIGHT_DECAY:
+        kwargs["weight_decay"] = WEIGHT_DECAY[name]
     if name in FREEZE_ARGUMENT:
         kwargs[FREEZE_ARGUMENT[name]] = max(1, round(FREEZE_FRACTION * steps))
     return kwargs
@@ -125,7 +148,7 @@ def train(name, args, config, corpus, world, target=None):
     rank, size = world.Get_rank(), world.Get_size()
     local = args.batch // size
     model = gpt.build_model(config, args.seed)
-    kwargs = optimizer_kwargs(name, args.steps)
+    kwargs = optimizer_kwargs(name, args.steps, args.lr)
     opt = getattr(dsopt.torch, name)(model.parameters(), comm=world, **kwargs)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(args.steps))
     max_steps = args.steps if target is None else int(args.cap * args.steps)

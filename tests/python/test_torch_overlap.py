@@ -28,7 +28,7 @@ import mpi_runner  # noqa: E402
 import mpi_torch_overlap as ov  # noqa: E402
 from dsopt_testing import build_feature  # noqa: E402
 
-HOOKS = dsopt.torch._has_post_accumulate_grad_hooks()
+HOOKS = dsopt.torch._optimizer._has_post_accumulate_grad_hooks()
 needs_hooks = pytest.mark.skipif(
     not HOOKS,
     reason=f"torch {torch.__version__} has no Tensor.register_post_accumulate_grad_hook "
@@ -176,7 +176,7 @@ def test_without_hooks_it_warns_and_steps_the_same(monkeypatch):
     (and dropped), with the results of overlap=False; with G = 2 the
     accumulated .grad is one micro-batch's worth and the other contributes
     zeros, so the step uses the mean as with hooks."""
-    monkeypatch.setattr(dsopt.torch, "_has_post_accumulate_grad_hooks", lambda: False)
+    monkeypatch.setattr(dsopt.torch._optimizer, "_has_post_accumulate_grad_hooks", lambda: False)
     model = ov.Net()
     with pytest.warns(RuntimeWarning, match="torch >= 2.1") as record:
         opt = dsopt.torch.Optimizer(model.parameters(), ov.ADAMW, overlap=True)

@@ -246,7 +246,7 @@ def test_deepcopy_pickling_and_add_param_group_follow_the_parameters_first():
 
 # ---- overlap=True ----------------------------------------------------------------
 
-HOOKS = dsopt.torch._has_post_accumulate_grad_hooks()
+HOOKS = dsopt.torch._optimizer._has_post_accumulate_grad_hooks()
 needs_hooks = pytest.mark.skipif(
     not HOOKS, reason=f"torch {torch.__version__} has no register_post_accumulate_grad_hook "
     f"(torch >= 2.1): overlap=True reads .grad in step(), which follows the parameters as "

@@ -5,10 +5,10 @@ residuals and the parameter codec's fp32 masters."""
 
 from . import codecs
 from .layout import zero_layout
+from .zero_memory import Memory, zero_masters, zero_memory
 
 
 def compressed_zero_memory(config, model, world: int, settings, rank: int):
-    from .memory import Memory, zero_masters, zero_memory
     if world == 1:
         return zero_memory(model, world, settings, rank)
     lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)

@@ -216,8 +216,6 @@ import torch as _torch
 from ._classes import Adam, AdamW, Lamb, Lion, OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._ddp import ddp_comm_hook
 from ._optimizer import Optimizer
-# Looked up here by the optimizer (tests patch it here).
-from ._optimizer import _has_post_accumulate_grad_hooks  # noqa: F401
 
 __all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "Optimizer", "ZeroOneAdam", "Lamb", "Lion",
            "ddp_comm_hook"]

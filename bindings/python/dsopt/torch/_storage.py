@@ -57,12 +57,12 @@ class ParamStorage:
                 if p.numel() != numel]
 
 
-def describe_param(opt, i) -> str:
-    """``parameter i (param_groups[g], shape (...))``: the parameter's
-    place in the optimizer, for error messages."""
-    p = opt._tensors[i]
+def describe_param(p, i, param_groups) -> str:
+    """``parameter i (param_groups[g], shape (...))``: the place of ``p``,
+    an optimizer's parameter ``i``, among its ``param_groups``, for error
+    messages."""
     start = 0
-    for g, group in enumerate(opt.param_groups):
+    for g, group in enumerate(param_groups):
         count = len(group["params"])
         if i < start + count:
             names = group.get("param_names")
@@ -72,11 +72,11 @@ def describe_param(opt, i) -> str:
     return f"parameter {i} (shape {tuple(p.shape)})"
 
 
-def check_current(opt):
-    """The device all parameters are on now; RuntimeError naming the first
+def check_current(tensors, param_groups):
+    """The device all parameters ``tensors`` (an optimizer's, in the order
+    of its ``param_groups``) are on now; RuntimeError naming the first
     parameter dsopt cannot update where it is now (dtype, layout, mixed
     devices), before anything changes."""
-    tensors = opt._tensors
     device = tensors[0].device
     for i, p in enumerate(tensors):
         what = None
@@ -92,7 +92,7 @@ def check_current(opt):
         elif p.device.type not in ("cpu", "cuda"):
             what = f"is now on {p.device}; dsopt runs on the CPU or on CUDA"
         if what is not None:
-            raise RuntimeError(f"dsopt.torch: {describe_param(opt, i)} {what}. Nothing was "
-                               f"updated; the optimizer follows the parameters again once "
-                               f"they are.")
+            raise RuntimeError(f"dsopt.torch: {describe_param(p, i, param_groups)} {what}. "
+                               f"Nothing was updated; the optimizer follows the parameters "
+                               f"again once they are.")
     return device
