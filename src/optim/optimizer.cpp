@@ -162,9 +162,10 @@ bool Optimizer::enter_collective(Call call, bool absent, bool* someone_abandons)
   }
   const auto describe = [](int64_t tag) {
     static const char* const names[] = {"?", "dsopt_step", "dsopt_state_load",
-                                        "dsopt_state_load_shards", "dsopt_grad_ready"};
+                                        "dsopt_state_load_shards", "dsopt_grad_ready",
+                                        "dsopt_gather_order"};
     const int64_t op = tag >> 48;
-    return std::string(op >= 1 && op <= 4 ? names[op] : "an unknown call") + " (collective call #" +
+    return std::string(op >= 1 && op <= 5 ? names[op] : "an unknown call") + " (collective call #" +
            std::to_string((tag & ((int64_t(1) << 48) - 1)) + 1) + " of this optimizer)";
   };
   RankAgreement::fail_different_calls(describe(mine), describe(lowest), describe(highest));
@@ -185,7 +186,7 @@ StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
 
 int64_t Optimizer::gather_bucket_of(int64_t param_index) const {
   param_numel(param_index, nullptr);  // range check
-  return gather_chunk_of(param_index);
+  return gather_order_.last_position(gather_chunks_of(param_index));
 }
 
 int64_t Optimizer::gathers_pending() {
@@ -205,7 +206,10 @@ bool Optimizer::defer_gathers(int64_t chunks, uint64_t bytes,
   bytes_at_defer_ = comm_.bytes_sent();
   deferred_bytes_ = bytes;
   gather_tickets_.clear();
-  for (int64_t c = 0; c < chunks; ++c) gather_tickets_.push_back(runner_.post([run, c] { run(c); }));
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t c = gather_order_.chunk_at(k);
+    gather_tickets_.push_back(runner_.post([run, c] { run(c); }));
+  }
   comm_.set_pending(this, [this] { wait_gathers_quietly(); });
   return true;
 }

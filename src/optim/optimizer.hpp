@@ -15,6 +15,7 @@
 #include "optim/adam_step_consts.hpp"
 #include "optim/config.hpp"
 #include "optim/divergence_check.hpp"
+#include "optim/gather_order.hpp"
 #include "optim/lamb_step.hpp"
 #include "optim/moment_rule.hpp"
 #include "params/param_set.hpp"
@@ -149,12 +150,20 @@ class Optimizer {
   // The deferred parameter allgather of ZeRO (docs/guides/zero.md
   // "Deferred allgather"): with "deferred_allgather", a step returns once
   // the update is done and the gather of each bucket is posted to dsopt's
-  // thread, in bucket order. gather_buckets() is the number of buckets (0
-  // when parameters are never gathered: stage 0, one rank),
-  // gather_bucket_of(i) the bucket after which parameter i is whole (-1:
-  // always whole).
+  // thread, in gather order (optim/gather_order.hpp: the shard layout's,
+  // or the one set_gather_order gave). gather_buckets() is the number of
+  // buckets (0 when parameters are never gathered: stage 0, one rank),
+  // gather_bucket_of(i) the position in gather order after which parameter
+  // i is whole (-1: always whole).
   int64_t gather_buckets() const { return num_gather_chunks(); }
   int64_t gather_bucket_of(int64_t param_index) const;
+  // Collective (dsopt_gather_order): the order in which the caller needs
+  // the parameters, a permutation of their indices (count 0: the default
+  // order), from the next step on. Throws, changing nothing on any rank:
+  // Error(DSOPT_EINVAL) on a rank whose order is not a permutation
+  // (DSOPT_EMISMATCH on the others), Error(DSOPT_EMISMATCH) on every rank
+  // when the ranks' orders differ.
+  void set_gather_order(const int64_t* order, int64_t count);
   // Buckets of the last step not yet known to have arrived (0 when nothing
   // is in flight).
   int64_t gathers_pending();
@@ -187,14 +196,15 @@ class Optimizer {
     wait_gathers_quietly();
     runner_.stop();
   }
-  // The parameter allgather as buckets (chunks) for gather_buckets(); an
-  // algorithm that gathers overrides both.
+  // The parameter allgather as buckets (chunks) for gather_buckets(), and
+  // the chunks that write parameter i (ascending; none: never gathered);
+  // an algorithm that gathers overrides both.
   virtual int64_t num_gather_chunks() const { return 0; }
-  virtual int64_t gather_chunk_of(int64_t param_index) const {
+  virtual std::vector<int64_t> gather_chunks_of(int64_t param_index) const {
     (void)param_index;
-    return -1;
+    return {};
   }
-  // From update(): posts run(c) for c = 0 .. chunks-1 to dsopt's thread
+  // From update(): posts run(c) for every chunk c, in gather order, to dsopt's thread
   // when "deferred_allgather" is on and the communicator may be called
   // from it, and returns true; else returns false (the caller gathers at
   // once). `bytes`: what this rank sends for them.
@@ -282,7 +292,7 @@ class Optimizer {
   // Records that the update in progress failed (require_intact).
   void mark_failed(int status, const std::string& what);
   // The collective dsopt calls, for the handshake that starts each one.
-  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4 };
+  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4, GatherOrder = 5 };
   // Every rank says which call it is in and how many collective calls this
   // optimizer has made (one 16-byte allreduce); ranks that disagree all
   // fail with DSOPT_EMISMATCH before any other collective, so they cannot
@@ -371,6 +381,7 @@ class Optimizer {
   uint64_t deferred_bytes_ = 0;    // what the deferred gathers send
   uint64_t bytes_at_defer_ = 0;    // the communicator's count when they were posted
   bool runner_threaded_before_ = false;  // the runner's mode before they were posted
+  GatherOrder gather_order_;       // the order the buckets are posted in
   ReplicationCheck replication_;
   DivergenceCheck divergence_;
   bool resetting_rank_local_ = false;  // see rank_local_world()
