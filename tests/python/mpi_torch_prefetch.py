@@ -102,12 +102,12 @@ def run(config, overlap, dtype, comm=None, rank=0, steps=5, net=Net, record=True
     seen, deferred = [], False
     for step in range(steps):
         opt.zero_grad()
+        if buckets is not None and step == 0:  # before the hooks of backward hand it over
+            first = [p is model.l1.weight for p in model.parameters()].index(True)
+            buckets.append((opt.dsopt.gather_bucket_of(first), opt.dsopt.gather_buckets))
         x, y = batch(step, rank, dtype)
         loss = ((model(x).float() - y.float()) ** 2).mean()
         loss.backward()
-        if buckets is not None and step == 0:
-            first = [p is model.l1.weight for p in model.parameters()].index(True)
-            buckets.append((opt.dsopt.gather_bucket_of(first), opt.dsopt.gather_buckets))
         opt.step()
         if buckets is not None and step == 0:
             buckets.append((opt.dsopt.gather_bucket_of(first), opt.dsopt.gather_buckets))
