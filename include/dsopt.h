@@ -532,8 +532,9 @@ DSOPT_API int dsopt_state_memory_usage(const dsopt_optimizer *opt, uint64_t *hos
 /* With "zero_optimization": {"deferred_allgather": true} at 2 or more
  * ranks, dsopt_step returns once the update of this rank's shard is done
  * and the allgather of the parameters is started on dsopt's thread, bucket
- * by bucket ("allgather_bucket_size" elements each, in order), so that it
- * overlaps the caller's next forward. Parameter i is whole once its bucket
+ * by bucket ("allgather_bucket_size" elements each, in parameter order or
+ * in the order dsopt_gather_order gave), so that it overlaps the caller's
+ * next forward. Parameter i is whole once its bucket
  * (dsopt_gather_bucket_of) has arrived; the caller waits for it with
  * dsopt_gather_wait or dsopt_gather_wait_bucket before reading it. Every
  * other call on the optimizer waits for all buckets first, so that nothing
@@ -545,7 +546,8 @@ DSOPT_API int dsopt_state_memory_usage(const dsopt_optimizer *opt, uint64_t *hos
  * that meets it (or the next call) return its status, DSOPT_ECOMM for a
  * failed collective, and marks the optimizer failed as a failed update
  * does. Buffers, threads and memory: docs/reference/c-api.md "Deferred
- * parameter allgather". None of these calls is collective. */
+ * parameter allgather". None of these calls is collective but
+ * dsopt_gather_order. */
 
 /* The number of buckets of the parameter allgather (0 where parameters are
  * never gathered: stage 0, one rank, another algorithm). Returns DSOPT_OK
@@ -553,8 +555,9 @@ DSOPT_API int dsopt_state_memory_usage(const dsopt_optimizer *opt, uint64_t *hos
 DSOPT_API int dsopt_gather_num_buckets(const dsopt_optimizer *opt, int64_t *out_count);
 
 /* The bucket after whose arrival parameter `param_index` is whole (buckets
- * arrive in order): -1 when it is never gathered. Returns DSOPT_OK or
- * DSOPT_EINVAL (index out of range). */
+ * arrive in order, numbered by their position in the gather order): -1
+ * when it is never gathered. Returns DSOPT_OK or DSOPT_EINVAL (index out of
+ * range). */
 DSOPT_API int dsopt_gather_bucket_of(const dsopt_optimizer *opt, int64_t param_index,
                                      int64_t *out_bucket);
 
@@ -572,6 +575,30 @@ DSOPT_API int dsopt_gather_wait_bucket(dsopt_optimizer *opt, int64_t bucket);
 /* Waits until parameter `param_index` is whole (-1: every parameter).
  * Returns what dsopt_gather_wait_bucket returns. */
 DSOPT_API int dsopt_gather_wait(dsopt_optimizer *opt, int64_t param_index);
+
+/* Collective. The order in which the caller needs the parameters (a
+ * model's forward order): `param_order` lists every parameter index once
+ * (count == the number of parameters; NULL with count 0: the default,
+ * parameter order). From the next step on, the buckets are posted in the
+ * order in which these parameters first need them (a bucket holds parts of
+ * several parameters; buckets no parameter of the order needs go last), and
+ * buckets are numbered by that position: dsopt_gather_bucket_of,
+ * dsopt_gather_wait_bucket and dsopt_gather_pending count in gather order,
+ * and a parameter spread over several buckets is whole after the last of
+ * them in that order. The default order and the identity permutation post
+ * the buckets in bucket order, as without this call. Values, step infos and
+ * state blobs are bit-identical whatever the order; the order is not part
+ * of the state (a blob does not carry it). Where the gather cannot be
+ * deferred (a communicator that cannot be called from dsopt's thread) it
+ * runs inside dsopt_step and only the numbering follows the order; where
+ * nothing is gathered (stage 0, one rank, another algorithm) the order is
+ * checked and has no effect. Waits for the gathers in flight first. Every
+ * rank must pass the same order: returns DSOPT_OK; DSOPT_EINVAL on a rank
+ * whose order is not a permutation of the parameter indices
+ * (DSOPT_EMISMATCH on the other ranks), or while a step's gradients are
+ * being handed over; DSOPT_EMISMATCH on every rank when the ranks passed
+ * different orders. On any error nothing changes on any rank. */
+DSOPT_API int dsopt_gather_order(dsopt_optimizer *opt, const int64_t *param_order, int64_t count);
 
 #endif /* DSOPT_STABLE_ONLY */
 

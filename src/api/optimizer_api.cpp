@@ -338,5 +338,9 @@ DSOPT_API int dsopt_gather_wait(dsopt_optimizer* opt, int64_t param_index) {
   });
 }
 
+DSOPT_API int dsopt_gather_order(dsopt_optimizer* opt, const int64_t* param_order, int64_t count) {
+  return guarded([&] { impl(opt).set_gather_order(param_order, count); });
+}
+
 DSOPT_API void dsopt_destroy(dsopt_optimizer* opt) { delete opt; }
 }

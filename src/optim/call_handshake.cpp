@@ -20,9 +20,10 @@ bool CallHandshake::enter(Call call, bool absent, bool* someone_abandons) {
   }
   const auto describe = [](int64_t tag) {
     static const char* const names[] = {"?", "dsopt_step", "dsopt_state_load",
-                                        "dsopt_state_load_shards", "dsopt_grad_ready"};
+                                        "dsopt_state_load_shards", "dsopt_grad_ready",
+                                        "dsopt_gather_order"};
     const int64_t op = tag >> 48;
-    return std::string(op >= 1 && op <= 4 ? names[op] : "an unknown call") + " (collective call #" +
+    return std::string(op >= 1 && op <= 5 ? names[op] : "an unknown call") + " (collective call #" +
            std::to_string((tag & ((int64_t(1) << 48) - 1)) + 1) + " of this optimizer)";
   };
   RankAgreement::fail_different_calls(describe(mine), describe(lowest), describe(highest));

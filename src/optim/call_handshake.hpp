@@ -14,7 +14,7 @@ namespace dsopt {
 class CallHandshake {
  public:
   // The collective dsopt calls.
-  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4 };
+  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4, GatherOrder = 5 };
 
   // `timeout_s`: the config's, handed to the comm at each call.
   CallHandshake(Comm& comm, RankAgreement& agreement, double timeout_s)

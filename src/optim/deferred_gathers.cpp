@@ -7,7 +7,7 @@ namespace dsopt {
 
 int64_t Optimizer::gather_bucket_of(int64_t param_index) const {
   param_numel(param_index, nullptr);  // range check
-  return gather_chunk_of(param_index);
+  return gathers_.order().last_position(gather_chunks_of(param_index));
 }
 
 int64_t DeferredGathers::gathers_pending() {
@@ -25,7 +25,10 @@ bool DeferredGathers::defer_gathers(int64_t chunks, uint64_t bytes,
   bytes_at_defer_ = comm_.bytes_sent();
   deferred_bytes_ = bytes;
   gather_tickets_.clear();
-  for (int64_t c = 0; c < chunks; ++c) gather_tickets_.push_back(runner_.post([run, c] { run(c); }));
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t c = order_.chunk_at(k);
+    gather_tickets_.push_back(runner_.post([run, c] { run(c); }));
+  }
   comm_.set_pending(this, [this] { wait_gathers_quietly(); });
   return true;
 }

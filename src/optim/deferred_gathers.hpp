@@ -1,7 +1,8 @@
 // The deferred parameter allgather of ZeRO (docs/guides/zero.md "Deferred
 // allgather"): with "deferred_allgather", a step returns once the update
 // is done and the gather of each bucket is posted to dsopt's thread, in
-// bucket order; later calls wait for the buckets they need.
+// gather order (optim/gather_order.hpp); later calls wait for the buckets
+// they need, numbered by position in that order.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "comm/comm.hpp"
 #include "comm/comm_runner.hpp"
 #include "kernels/kernels.hpp"
+#include "optim/gather_order.hpp"
 
 namespace dsopt {
 
@@ -27,7 +29,10 @@ class DeferredGathers {
         kernels_(kernels),
         mark_failed_(std::move(mark_failed)) {}
 
-  // From an update: posts run(c) for c = 0 .. chunks-1 to dsopt's thread
+  // The order the buckets are posted in (dsopt_gather_order).
+  GatherOrder& order() { return order_; }
+  const GatherOrder& order() const { return order_; }
+  // From an update: posts run(c) for every chunk c, in order(), to dsopt's thread
   // when "deferred_allgather" is on and the communicator may be called
   // from it, and returns true; else returns false (the caller gathers at
   // once). `bytes`: what this rank sends for them.
@@ -59,6 +64,7 @@ class DeferredGathers {
   uint64_t deferred_bytes_ = 0;    // what the deferred gathers send
   uint64_t bytes_at_defer_ = 0;    // the communicator's count when they were posted
   bool runner_threaded_before_ = false;  // the runner's mode before they were posted
+  GatherOrder order_;                     // the order the buckets are posted in
 };
 
 }  // namespace dsopt

@@ -150,12 +150,21 @@ class Optimizer {
 
   Comm& comm() const { return comm_; }
 
-  // The deferred parameter allgather of ZeRO (optim/deferred_gathers.hpp).
-  // gather_buckets() is the number of buckets (0 when parameters are never
-  // gathered: stage 0, one rank), gather_bucket_of(i) the bucket after
-  // which parameter i is whole (-1: always whole).
+  // The deferred parameter allgather of ZeRO (optim/deferred_gathers.hpp),
+  // in gather order (optim/gather_order.hpp: the shard layout's, or the
+  // one set_gather_order gave). gather_buckets() is the number of buckets
+  // (0 when parameters are never gathered: stage 0, one rank),
+  // gather_bucket_of(i) the position in gather order after which parameter
+  // i is whole (-1: always whole).
   int64_t gather_buckets() const { return num_gather_chunks(); }
   int64_t gather_bucket_of(int64_t param_index) const;
+  // Collective (dsopt_gather_order): the order in which the caller needs
+  // the parameters, a permutation of their indices (count 0: the default
+  // order), from the next step on. Throws, changing nothing on any rank:
+  // Error(DSOPT_EINVAL) on a rank whose order is not a permutation
+  // (DSOPT_EMISMATCH on the others), Error(DSOPT_EMISMATCH) on every rank
+  // when the ranks' orders differ.
+  void set_gather_order(const int64_t* order, int64_t count);
   // Waiting for the buckets in flight (a failed gather marks the optimizer
   // failed: require_intact).
   DeferredGathers& gathers() { return gathers_; }
@@ -182,14 +191,15 @@ class Optimizer {
     gathers_.wait_gathers_quietly();
     runner_.stop();
   }
-  // The parameter allgather as buckets (chunks) for gather_buckets(); an
-  // algorithm that gathers overrides both.
+  // The parameter allgather as buckets (chunks) for gather_buckets(), and
+  // the chunks that write parameter i (ascending; none: never gathered);
+  // an algorithm that gathers overrides both.
   virtual int64_t num_gather_chunks() const { return 0; }
-  virtual int64_t gather_chunk_of(int64_t param_index) const {
+  virtual std::vector<int64_t> gather_chunks_of(int64_t param_index) const {
     (void)param_index;
-    return -1;
+    return {};
   }
-  // From update(): defers the gather of buckets 0 .. chunks-1 (run(c))
+  // From update(): defers the gather of every chunk c (run(c)), in gather order,
   // where it may, and returns true; else returns false (the caller gathers
   // at once). See DeferredGathers::defer_gathers.
   bool defer_gathers(int64_t chunks, uint64_t bytes, const std::function<void(int64_t)>& run) {

@@ -42,8 +42,8 @@ class ZeroOptimizer final : public Optimizer {
   bool update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return rule_ != MomentRule::Lamb; }
   int64_t num_gather_chunks() const override { return gatherer_.chunks(); }
-  int64_t gather_chunk_of(int64_t param_index) const override {
-    return gatherer_.last_chunk_of(param_index);
+  std::vector<int64_t> gather_chunks_of(int64_t param_index) const override {
+    return gatherer_.chunks_of(param_index);
   }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;

@@ -34,10 +34,13 @@ ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Com
     for (int r = 0; r < world_; ++r) c.by_rank.push_back(layout.fragments(r, c.begin, c.end));
     chunks_.push_back(std::move(c));
   }
-  last_chunk_.assign(size_t(params.count()), -1);
+  chunks_of_.assign(size_t(params.count()), {});
   for (size_t c = 0; c < chunks_.size(); ++c)
     for (const auto& fragments : chunks_[c].by_rank)
-      for (const ShardFragment& f : fragments) last_chunk_[size_t(f.param)] = int64_t(c);
+      for (const ShardFragment& f : fragments) {
+        std::vector<int64_t>& of = chunks_of_[size_t(f.param)];
+        if (of.empty() || of.back() != int64_t(c)) of.push_back(int64_t(c));
+      }
 }
 
 uint64_t ParamGatherer::bytes_per_gather() const {

@@ -42,10 +42,13 @@ class ParamGatherer {
   // does what gather() does. Chunk c uses the scratch while it runs.
   int64_t chunks() const { return int64_t(chunks_.size()); }
   void gather_chunk(int64_t c);
-  // The last chunk that writes parameter i (-1: none, at one rank): the
-  // parameter is whole once chunks 0 .. that one have run.
-  int64_t last_chunk_of(int64_t param) const {
-    return last_chunk_.empty() ? -1 : last_chunk_[size_t(param)];
+  // The chunks that write parameter i, ascending (none at one rank): the
+  // parameter is whole once they have all run. Chunk c covers the same
+  // shard offsets on every rank, so a parameter whose elements lie in
+  // several ranks' shards may be written by chunks far apart.
+  const std::vector<int64_t>& chunks_of(int64_t param) const {
+    static const std::vector<int64_t> none;
+    return chunks_of_.empty() ? none : chunks_of_[size_t(param)];
   }
   // Bytes this rank sends for one gather() (counted as Comm counts them).
   uint64_t bytes_per_gather() const;
@@ -72,7 +75,7 @@ class ParamGatherer {
   int world_, rank_;
   size_t wire_ = 4;  // bytes per element on the wire
   std::vector<Chunk> chunks_;
-  std::vector<int64_t> last_chunk_;  // per parameter (empty at one rank)
+  std::vector<std::vector<int64_t>> chunks_of_;  // per parameter (empty at one rank)
   int64_t chunk_ = 0;  // elements of the longest chunk
   uint8_t* scratch_;   // this rank's chunk, then every rank's
   // With a parameter codec: the codec, its block, the masters, and in the

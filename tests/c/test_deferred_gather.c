@@ -7,7 +7,9 @@
  * first: a step or a state save right after a step sees whole parameters.
  * A collective failing while a gather is in flight fails the wait that
  * meets it with DSOPT_ECOMM on every rank, and the optimizer is marked
- * failed (docs/robustness.md). argv[1] "serialized": MPI_THREAD_SERIALIZED,
+ * failed (docs/robustness.md). With an order given (dsopt_gather_order)
+ * the buckets are numbered and posted in that order, and values stay
+ * bit-identical. argv[1] "serialized": MPI_THREAD_SERIALIZED,
  * where the gather cannot leave dsopt_step (the waits return at once). */
 #include <mpi.h>
 #include <stdio.h>
@@ -209,6 +211,264 @@ static void bit_identical_with_and_without_deferral(void) {
   check_current_test = "";
 }
 
+/* ---- a gather order apart from the layout (dsopt_gather_order) ------------- */
+
+/* The chunks that write each parameter, found independently of dsopt for
+ * a layout of one reduce bucket: the parameters end to end, padded to a
+ * multiple of 2P, rank r holding the r-th slice of S elements; chunk c
+ * covers shard offsets [c L, (c+1) L) on every rank, L =
+ * min(S, max(1, allgather_bucket_size / P)). Then the reference of the gather
+ * positions: chunks placed in the order the parameters of `order` first
+ * touch them, chunks no parameter touches last; a parameter's bucket is its
+ * chunks' last position. */
+static void reference_buckets(const tensor_spec *specs, int64_t bucket_elems, const int64_t *order,
+                              int64_t *bucket_of) {
+  const int64_t world = world_size();
+  int64_t n = 0;
+  for (int i = 0; i < NUM_TENSORS; ++i) n += specs[i].numel;
+  const int64_t padded = (n + 2 * world - 1) / (2 * world) * (2 * world), shard = padded / world;
+  int64_t len = bucket_elems / world;
+  if (len < 1) len = 1;
+  if (len > shard) len = shard;
+  const int64_t chunks = (shard + len - 1) / len;
+  int64_t *position = (int64_t *)malloc(sizeof(int64_t) * (size_t)chunks);
+  for (int64_t c = 0; c < chunks; ++c) position[c] = -1;
+  int64_t placed = 0, offsets[NUM_TENSORS];
+  for (int i = 0, at = 0; i < NUM_TENSORS; at += (int)specs[i].numel, ++i) offsets[i] = at;
+  for (int k = 0; k < NUM_TENSORS; ++k) {
+    const int64_t i = order[k];
+    for (int64_t c = 0; c < chunks; ++c) /* chunks in ascending order */
+      for (int64_t x = offsets[i]; x < offsets[i] + specs[i].numel; ++x)
+        if ((x % shard) / len == c) {
+          if (position[c] < 0) position[c] = placed++;
+          break;
+        }
+  }
+  for (int i = 0; i < NUM_TENSORS; ++i) {
+    bucket_of[i] = -1;
+    for (int64_t x = offsets[i]; x < offsets[i] + specs[i].numel; ++x) {
+      const int64_t p = position[(x % shard) / len];
+      if (p > bucket_of[i]) bucket_of[i] = p;
+    }
+  }
+  free(position);
+}
+
+/* The number after "allgather_bucket_size" in a case's keys (0: none). */
+static int64_t allgather_bucket_of(const case_t *t) {
+  const char *at = strstr(t->zero, "\"allgather_bucket_size\": ");
+  return at ? strtoll(at + strlen("\"allgather_bucket_size\": "), NULL, 10) : 0;
+}
+
+/* With an order given, a deferred run posts the buckets in that order:
+ * dsopt_gather_bucket_of follows the reference above; waiting parameter by
+ * parameter in that order (or bucket by bucket) finds each one whole; and
+ * parameters, step infos and blobs are bit-identical to a run without
+ * deferral in the default order. The identity permutation gives the
+ * default numbering; NULL/0 restores it. */
+static void an_order_changes_the_schedule_only(void) {
+  static const int64_t orders[3][NUM_TENSORS] = {{4, 3, 2, 1, 0}, {2, 0, 4, 1, 3}, {0, 1, 2, 3, 4}};
+  const int ncases = (int)(sizeof cases / sizeof cases[0]);
+  for (int c = 0; c < ncases; ++c) {
+    const case_t *t = &cases[c];
+    check_current_test = t->name;
+    for (int o = 0; o < 3; ++o) {
+      const int64_t *order = orders[o];
+      dsopt_comm *ca = world_comm(), *cb = world_comm();
+      model a, b;
+      model_init(&a, t->specs, NUM_TENSORS, 4301);
+      model_init(&b, t->specs, NUM_TENSORS, 4301);
+      char *plain = config_of(t, 0), *deferred = config_of(t, 1);
+      dsopt_optimizer *oa = NULL, *ob = NULL;
+      int ok = CHECK_OK(dsopt_create(&oa, plain, ca, a.params, NUM_TENSORS));
+      ok = CHECK_OK(dsopt_create(&ob, deferred, cb, b.params, NUM_TENSORS)) && ok;
+      if (!all_ranks(ok)) continue;
+      int64_t buckets = 0, before[NUM_TENSORS], after[NUM_TENSORS], plain_after[NUM_TENSORS];
+      CHECK_OK(dsopt_gather_num_buckets(ob, &buckets));
+      for (int i = 0; i < NUM_TENSORS; ++i) CHECK_OK(dsopt_gather_bucket_of(ob, i, &before[i]));
+      CHECK_OK(dsopt_gather_order(ob, order, NUM_TENSORS));
+      CHECK_OK(dsopt_gather_order(oa, order, NUM_TENSORS)); /* not deferred: numbering only */
+      int64_t again = 0;
+      CHECK_OK(dsopt_gather_num_buckets(ob, &again));
+      CHECK_EQ_INT(again, buckets);
+      for (int i = 0; i < NUM_TENSORS; ++i) {
+        CHECK_OK(dsopt_gather_bucket_of(ob, i, &after[i]));
+        CHECK_OK(dsopt_gather_bucket_of(oa, i, &plain_after[i]));
+        CHECK_EQ_INT(plain_after[i], after[i]);
+      }
+      if (world_size() == 1) {
+        for (int i = 0; i < NUM_TENSORS; ++i) CHECK_EQ_INT(after[i], -1);
+      } else if (!strstr(t->zero, "reduce_bucket_size")) {
+        int64_t expected[NUM_TENSORS], identity[NUM_TENSORS] = {0, 1, 2, 3, 4};
+        const int64_t ag = allgather_bucket_of(t);
+        reference_buckets(t->specs, ag ? ag : (int64_t)1 << 40, order, expected);
+        for (int i = 0; i < NUM_TENSORS; ++i)
+          CHECKF(after[i] == expected[i], "order %d: parameter %d in bucket %lld, reference %lld", o, i,
+                 (long long)after[i], (long long)expected[i]);
+        reference_buckets(t->specs, ag ? ag : (int64_t)1 << 40, identity, expected);
+        for (int i = 0; i < NUM_TENSORS; ++i) CHECK_EQ_INT(before[i], expected[i]);
+      }
+      if (o == 2)
+        for (int i = 0; i < NUM_TENSORS; ++i) CHECK_EQ_INT(after[i], before[i]);
+      for (int k = 1; k <= 4; ++k) {
+        rng ra = rng_for(4302, (uint64_t)world_rank(), (uint64_t)k), rb = ra;
+        model_random_grads(&a, &ra, 1.0, 1.0);
+        model_random_grads(&b, &rb, 1.0, 1.0);
+        dsopt_step_info ia, ib;
+        ia.struct_size = ib.struct_size = sizeof ia;
+        CHECK_OK(dsopt_step(oa, a.grads, NUM_TENSORS, &ia));
+        CHECK_OK(dsopt_step(ob, b.grads, NUM_TENSORS, &ib));
+        CHECKF(ia.bytes_sent == ib.bytes_sent && ia.step == ib.step, "order %d step %d: step infos", o, k);
+        if (k % 2) {
+          for (int j = 0; j < NUM_TENSORS; ++j) {
+            const int i = (int)order[j];
+            CHECK_OK(dsopt_gather_wait(ob, i));
+            CHECKF(tensor_identical(&a, &b, i), "order %d step %d: parameter %d whole after its wait", o,
+                   k, i);
+          }
+        } else {
+          for (int64_t q = 0; q < buckets; ++q) {
+            CHECK_OK(dsopt_gather_wait_bucket(ob, q));
+            int64_t pending = -1;
+            CHECK_OK(dsopt_gather_pending(ob, &pending));
+            CHECKF(pending <= buckets - 1 - q, "order %d: %lld pending after bucket %lld", o,
+                   (long long)pending, (long long)q);
+            for (int i = 0; i < NUM_TENSORS; ++i)
+              if (after[i] <= q)
+                CHECKF(tensor_identical(&a, &b, i), "order %d step %d: parameter %d after bucket %lld", o,
+                       k, i, (long long)q);
+          }
+        }
+        CHECK_OK(dsopt_gather_wait(ob, -1));
+        CHECKF(model_params_identical(&a, &b), "order %d step %d: every parameter identical", o, k);
+      }
+      uint64_t sa = 0, sb = 0;
+      unsigned char *blob_a = state_blob(oa, &sa), *blob_b = state_blob(ob, &sb);
+      CHECKF(same_bytes(blob_a, sa, blob_b, sb), "order %d: state blobs identical", o);
+      free(blob_a);
+      free(blob_b);
+      /* NULL/0 restores the default numbering */
+      CHECK_OK(dsopt_gather_order(ob, NULL, 0));
+      for (int i = 0; i < NUM_TENSORS; ++i) {
+        int64_t bucket = -2;
+        CHECK_OK(dsopt_gather_bucket_of(ob, i, &bucket));
+        CHECK_EQ_INT(bucket, before[i]);
+      }
+      dsopt_destroy(oa);
+      dsopt_destroy(ob);
+      free(plain);
+      free(deferred);
+      model_free(&a);
+      model_free(&b);
+      dsopt_comm_destroy(ca);
+      dsopt_comm_destroy(cb);
+    }
+  }
+  check_current_test = "";
+}
+
+/* Every bucket's position (dsopt_gather_bucket_of of each parameter). */
+static void buckets_now(dsopt_optimizer *opt, int64_t *out) {
+  for (int i = 0; i < NUM_TENSORS; ++i) CHECK_OK(dsopt_gather_bucket_of(opt, i, &out[i]));
+}
+
+static int same_buckets(const int64_t *x, const int64_t *y) {
+  return memcmp(x, y, sizeof(int64_t) * NUM_TENSORS) == 0;
+}
+
+/* Bad orders change nothing on any rank: not a permutation (a repeat, an
+ * index out of range, the wrong count, NULL) is DSOPT_EINVAL on the rank
+ * that passed it and DSOPT_EMISMATCH on the others; orders that differ
+ * between ranks are DSOPT_EMISMATCH on every rank. Afterwards the ranks
+ * still step together, bit-identical to a run that never set an order. */
+static void bad_orders_change_nothing(void) {
+  check_current_test = "bad gather orders";
+  const case_t *t = &cases[0];
+  dsopt_comm *ca = world_comm(), *cb = world_comm();
+  model a, b;
+  model_init(&a, t->specs, NUM_TENSORS, 4401);
+  model_init(&b, t->specs, NUM_TENSORS, 4401);
+  char *plain = config_of(t, 0), *deferred = config_of(t, 1);
+  dsopt_optimizer *oa = NULL, *ob = NULL;
+  int ok = CHECK_OK(dsopt_create(&oa, plain, ca, a.params, NUM_TENSORS));
+  ok = CHECK_OK(dsopt_create(&ob, deferred, cb, b.params, NUM_TENSORS)) && ok;
+  if (all_ranks(ok)) {
+    static const int64_t reversed[NUM_TENSORS] = {4, 3, 2, 1, 0};
+    CHECK_OK(dsopt_gather_order(ob, reversed, NUM_TENSORS));
+    int64_t set[NUM_TENSORS], now[NUM_TENSORS];
+    buckets_now(ob, set);
+    static const int64_t repeat[NUM_TENSORS] = {4, 3, 2, 1, 4};
+    static const int64_t outside[NUM_TENSORS] = {0, 1, 2, 3, 5};
+    static const int64_t negative[NUM_TENSORS] = {0, 1, -1, 3, 4};
+    const int64_t *bad[3] = {repeat, outside, negative};
+    for (int k = 0; k < 3; ++k) {
+      CHECK_STATUS(dsopt_gather_order(ob, bad[k], NUM_TENSORS), DSOPT_EINVAL);
+      CHECK(check_contains_ignoring_case(dsopt_last_error(), "dsopt_gather_order"));
+    }
+    CHECK_STATUS(dsopt_gather_order(ob, reversed, NUM_TENSORS - 1), DSOPT_EINVAL);
+    CHECK(check_contains_ignoring_case(dsopt_last_error(), "number of parameters"));
+    CHECK_STATUS(dsopt_gather_order(ob, NULL, NUM_TENSORS), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_gather_order(ob, reversed, -1), DSOPT_EINVAL);
+    CHECK_STATUS(dsopt_gather_order(NULL, reversed, NUM_TENSORS), DSOPT_EINVAL);
+    buckets_now(ob, now);
+    CHECKF(same_buckets(now, set), "the order set before the bad ones holds");
+    if (world_size() > 1) {
+      /* one rank's order is not a permutation */
+      const int last = world_size() - 1;
+      int status = dsopt_gather_order(ob, world_rank() == last ? repeat : reversed, NUM_TENSORS);
+      CHECK_STATUS(status, world_rank() == last ? DSOPT_EINVAL : DSOPT_EMISMATCH);
+      if (world_rank() != last) CHECK(check_contains_ignoring_case(dsopt_last_error(), "another rank"));
+      buckets_now(ob, now);
+      CHECKF(same_buckets(now, set), "nothing changed after one rank's bad order");
+      /* the ranks' orders differ */
+      static const int64_t other[NUM_TENSORS] = {0, 2, 4, 1, 3};
+      status = dsopt_gather_order(ob, world_rank() == last ? other : reversed, NUM_TENSORS);
+      CHECK_STATUS(status, DSOPT_EMISMATCH);
+      CHECKF(all_ranks(status == DSOPT_EMISMATCH), "every rank returned DSOPT_EMISMATCH");
+      CHECK(check_contains_ignoring_case(dsopt_last_error(), "disagree on the gather order"));
+      buckets_now(ob, now);
+      CHECKF(same_buckets(now, set), "nothing changed after differing orders");
+      /* the default on one rank, a permutation on another: they differ too */
+      status = dsopt_gather_order(ob, world_rank() == last ? NULL : reversed,
+                                  world_rank() == last ? 0 : NUM_TENSORS);
+      CHECK_STATUS(status, DSOPT_EMISMATCH);
+      buckets_now(ob, now);
+      CHECKF(same_buckets(now, set), "nothing changed after default against an order");
+    }
+    /* the ranks still step together; values as without an order */
+    for (int k = 1; k <= 3; ++k) {
+      rng ra = rng_for(4402, (uint64_t)world_rank(), (uint64_t)k), rb = ra;
+      model_random_grads(&a, &ra, 1.0, 1.0);
+      model_random_grads(&b, &rb, 1.0, 1.0);
+      CHECK_OK(dsopt_step(oa, a.grads, NUM_TENSORS, NULL));
+      CHECK_OK(dsopt_step(ob, b.grads, NUM_TENSORS, NULL));
+      for (int i = 4; i >= 0; --i) CHECK_OK(dsopt_gather_wait(ob, i));
+      CHECKF(model_params_identical(&a, &b), "step %d after bad orders: parameters identical", k);
+    }
+    /* the identity on one rank and the default on another are the same order */
+    static const int64_t identity[NUM_TENSORS] = {0, 1, 2, 3, 4};
+    CHECK_OK(dsopt_gather_order(ob, world_rank() == 0 ? NULL : identity, world_rank() == 0 ? 0 : NUM_TENSORS));
+    /* while gradients are handed over the order cannot change */
+    rng r = rng_for(4403, (uint64_t)world_rank(), 0);
+    model_random_grads(&b, &r, 1.0, 1.0);
+    CHECK_OK(dsopt_grad_ready(ob, 0, &b.grads[0]));
+    CHECK_STATUS(dsopt_gather_order(ob, reversed, NUM_TENSORS), DSOPT_EINVAL);
+    CHECK(check_contains_ignoring_case(dsopt_last_error(), "handed over"));
+    for (int i = 1; i < NUM_TENSORS; ++i) CHECK_OK(dsopt_grad_ready(ob, i, &b.grads[i]));
+    CHECK_OK(dsopt_step(ob, NULL, 0, NULL));
+    CHECK_OK(dsopt_gather_wait(ob, -1));
+  }
+  dsopt_destroy(oa);
+  dsopt_destroy(ob);
+  free(plain);
+  free(deferred);
+  model_free(&a);
+  model_free(&b);
+  dsopt_comm_destroy(ca);
+  dsopt_comm_destroy(cb);
+  check_current_test = "";
+}
+
 /* ---- two optimizers on one communicator ------------------------------------ */
 
 /* The second optimizer's step runs collectives on the communicator the
@@ -319,6 +579,8 @@ int main(int argc, char **argv) {
   threaded = provided == MPI_THREAD_MULTIPLE;
   snprintf(check_prefix, sizeof check_prefix, "rank %d: ", world_rank());
   RUN_TEST(bit_identical_with_and_without_deferral);
+  RUN_TEST(an_order_changes_the_schedule_only);
+  RUN_TEST(bad_orders_change_nothing);
   RUN_TEST(two_optimizers_on_one_communicator);
   RUN_TEST(a_failure_in_flight_fails_the_wait_on_every_rank);
   int rc = check_finish();

@@ -2,7 +2,8 @@
 (``"deferred_allgather"``): at one rank nothing is gathered (no buckets,
 the waits return at once); at 2 ranks under mpirun (mpi4py, so
 MPI_THREAD_MULTIPLE) the parameters after ``wait_gather`` are those of a
-run without the key, bucket by bucket and parameter by parameter."""
+run without the key, bucket by bucket and parameter by parameter, in
+parameter order and in an order given with ``set_gather_order``."""
 
 import shutil
 from pathlib import Path
@@ -38,6 +39,28 @@ def test_one_rank_has_no_buckets_and_the_waits_return():
         opt.gather_bucket_of(-1)
     assert opt.config["zero_optimization"]["deferred_allgather"] is True
     opt.close()
+
+
+def test_one_rank_checks_a_gather_order_which_changes_nothing():
+    params = [np.linspace(-1, 1, 100, dtype=np.float32), np.ones(30, np.float32)]
+    plain = [p.copy() for p in params]
+    opt = dsopt.Optimizer(config(True), params)
+    ref = dsopt.Optimizer(config(True), plain)
+    opt.set_gather_order([1, 0])
+    for bad in ([0], [0, 0], [0, 2], [1, 0, 2]):
+        with pytest.raises(dsopt.InvalidArgument, match="dsopt_gather_order"):
+            opt.set_gather_order(bad)
+    with pytest.raises(TypeError):
+        opt.set_gather_order(["a", 0])
+    assert opt.gather_bucket_of(0) == -1 and opt.gather_bucket_of(1) == -1
+    grads = [np.full(100, 0.5, np.float32), np.full(30, -0.5, np.float32)]
+    opt.step(grads)
+    ref.step(grads)
+    opt.set_gather_order(None)
+    assert all(np.array_equal(x, y) for x, y in zip(opt.params, ref.params))
+    assert opt.state_dict() == ref.state_dict()
+    opt.close()
+    ref.close()
 
 
 def test_two_ranks_match_the_run_without_deferral(tmp_path):

@@ -2,7 +2,9 @@
 parameter allgather deferred behind the next forward pass: bit-identical
 to overlap=False in one process and at 2 and 4 ranks under mpirun
 (mpi_torch_prefetch.py), state_dict and evaluation between steps
-included; the forward pre-hook goes with the optimizer.
+included; a model registered in the reverse of its forward order has its
+buckets gathered in forward order, with the same values; the forward
+pre-hook goes with the optimizer.
 
 Needs torch; `make test-torch` runs this file with a Python that has it."""
 
@@ -74,3 +76,13 @@ def needs_mpirun():
 def test_ranks_bit_identical_with_and_without_prefetch(tmp_path, ranks):
     needs_mpirun()
     mpi_runner.mpirun(Path(pf.__file__), ranks, tmp_path, ["prefetch"], timeout=600)
+
+
+def test_one_process_forward_order():
+    assert pf.check_forward_order() == 2 * len(pf.ORDER_CONFIGS)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ranks_forward_order_first_and_bit_identical(tmp_path, ranks):
+    needs_mpirun()
+    mpi_runner.mpirun(Path(pf.__file__), ranks, tmp_path, ["order"], timeout=600)

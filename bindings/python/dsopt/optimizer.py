@@ -570,10 +570,32 @@ class Optimizer:
 
     def gather_bucket_of(self, param_index: int) -> int:
         """The bucket after whose arrival parameter ``param_index`` is whole
-        (buckets arrive in order); -1 when it is never gathered."""
+        (buckets arrive in order, numbered in gather order, see
+        ``set_gather_order``); -1 when it is never gathered."""
         out = ffi.new("int64_t *")
         check(lib.dsopt_gather_bucket_of(self._live(), as_int64(param_index, "param_index"), out))
         return int(out[0])
+
+    def set_gather_order(self, order=None) -> None:
+        """Collective (``dsopt_gather_order``): the order in which the
+        caller needs the parameters, e.g. the model's forward order: every
+        parameter index once (``None`` or empty: the default, parameter
+        order). From the next step on the deferred allgather posts its
+        buckets in the order these parameters first need them, and
+        ``gather_bucket_of`` / ``wait_gather_bucket`` number buckets by that
+        position; values and state are the same whatever the order. Every
+        rank passes the same order: ``ValueError`` on a rank whose order is
+        not a permutation of the parameter indices, ``dsopt.Mismatch`` on
+        the others and on every rank when the orders differ; nothing
+        changes then."""
+        handle = self._live()
+        try:
+            values = [] if order is None else [as_int64(i, "order[]") for i in order]
+        except Exception:
+            lib.dsopt_gather_order(handle, ffi.NULL, -1)  # fails on every rank together
+            raise
+        array = ffi.new("int64_t[]", values) if values else ffi.NULL
+        check(lib.dsopt_gather_order(handle, array, len(values)))
 
     def gathers_pending(self) -> int:
         """Buckets of the last step's deferred allgather not arrived yet

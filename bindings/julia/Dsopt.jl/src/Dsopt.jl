@@ -34,7 +34,8 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        group_param, set_group_param!, param_step, set_param_step!,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage, state_memory_usage,
        set_momentum_mask!, rebind_params!, config, canonical_config,
-       gather_buckets, gather_bucket_of, gathers_pending, wait_gather!, wait_gather_bucket!
+       gather_buckets, gather_bucket_of, gathers_pending, wait_gather!, wait_gather_bucket!,
+       set_gather_order!
 
 # ---- the library ---------------------------------------------------------------
 
@@ -869,6 +870,24 @@ function gather_bucket_of(opt::Optimizer, i::Integer)
     @check ccall((:dsopt_gather_bucket_of, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ref{Int64}),
                  live(opt), i - 1, b)
     return Int(b[]) + 1
+end
+
+"""
+    set_gather_order!(opt, order = Int[])
+
+Collective: the order (1-based parameter indices, each once; empty: the
+default, parameter order) in which the caller needs the parameters, e.g. the
+model's forward order. From the next step on the deferred allgather posts
+its buckets in the order these parameters first need them, and
+`gather_bucket_of` and `wait_gather_bucket!` number buckets by that
+position; values and state are the same whatever the order. Every rank
+passes the same order (`dsopt_gather_order`).
+"""
+function set_gather_order!(opt::Optimizer, order::AbstractVector{<:Integer} = Int[])
+    zero_based = Int64[i - 1 for i in order]
+    @check ccall((:dsopt_gather_order, libdsopt), Cint, (Ptr{Cvoid}, Ptr{Int64}, Int64),
+                 live(opt), isempty(zero_based) ? C_NULL : zero_based, length(zero_based))
+    return nothing
 end
 
 "Buckets of the last step's deferred allgather not arrived yet (does not wait)."

@@ -190,7 +190,15 @@ classes infer it).
   other thread issues collectives on that group; elsewhere they finish
   inside ``step()``), and a global forward pre-hook makes each module wait for
   its own parameters' bucket before it runs, so the first layers start
-  while the last buckets arrive. ``opt.state``, ``state_dict()``, the next
+  while the last buckets arrive. The buckets arrive in the model's forward
+  order: the pre-hook records the order in which the forward before the
+  first step reaches the parameters (those it never reaches go last, in
+  parameter order; again after a rebuild), and the first step hands it to
+  dsopt (``dsopt_gather_order``, collective: just before the step's first
+  gradient is handed over, or in ``step()``), so a model whose modules
+  are registered in another order than they run still gets its first
+  layers' buckets first. Ranks whose forward orders differ keep parameter
+  order, with a ``RuntimeWarning``. ``opt.state``, ``state_dict()``, the next
   step, ``close()`` and ``model.state_dict()`` (of the modules that have
   run) wait for every bucket; ``opt.wait_gathers()`` before reading
   parameters any other way (a parameter used outside its own module's

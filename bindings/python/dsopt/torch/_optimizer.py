@@ -16,7 +16,7 @@ import torch
 
 from .._torch_grads import TorchGradDescriptors
 from ..config import canonical as canonical_config
-from ..errors import NonFiniteError
+from ..errors import Mismatch, NonFiniteError
 from ..optimizer import Optimizer as _DsoptOptimizer
 from ..tensors import tensor_records
 from . import _device, _groups
@@ -249,11 +249,13 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         self._hooked = False  # overlap through hooks (else, with overlap, at step)
         self.overlap = bool(overlap)
         self._prefetch_handle = None
+        self._state_dict_hooked = weakref.WeakSet()  # modules whose state_dict waits
         if self.overlap and self.dsopt.config["zero_optimization"]["deferred_allgather"]:
             handle = torch.nn.modules.module.register_module_forward_pre_hook(
                 _prefetch_hook(weakref.ref(self)))
             self._prefetch_handle = handle
             weakref.finalize(self, handle.remove)
+            self._record_forward_order()
         if self.overlap:
             if self._hooks_available():
                 self._hooked = True
@@ -306,6 +308,14 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         self._bucket_of = [self.dsopt.gather_bucket_of(i) for i in range(len(tensors))]
         self._module_bucket = weakref.WeakKeyDictionary()
         self._waited_through = -1
+        # The forward order (overlap=True under ZeRO with buckets to
+        # order): the parameter indices in the order the forward pre-hook
+        # first sees them, recorded until it is handed to dsopt before the
+        # next step (_give_gather_order); None when not recording.
+        self._forward_order = None
+        self._forward_seen = set()
+        if getattr(self, "_prefetch_handle", None) is not None:  # a rebuild: again
+            self._record_forward_order()
         if isinstance(self.state, LiveState):  # not yet in __init__
             self.state.invalidate()  # views of the rebuilt optimizer
 
@@ -369,12 +379,14 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         for the rest of the step."""
         if self._defer_to_step:
             return False
-        if self._handed_over or not self._storage.moved():
+        if self._handed_over:
             return True
-        if self._needs_rebuild():
-            self._defer_to_step = True
-            return False
-        self._follow_moved_params()
+        if self._storage.moved():
+            if self._needs_rebuild():
+                self._defer_to_step = True
+                return False
+            self._follow_moved_params()
+        self._give_gather_order()  # before the step's first hand-over
         return True
 
     # ---- stepping -------------------------------------------------------------
@@ -463,6 +475,8 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
             # reductions already started, then every rank raises.
             try:
                 with self.dsopt._failing_everywhere(self.dsopt._live()):
+                    if not self._handed_over:
+                        self._give_gather_order()  # before a rebuild, which records anew
                     self._follow_params()
                     if not self._hooked or self._defer_to_step:
                         self._hand_over_at_step()
@@ -530,16 +544,53 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
             self._gathering = False
             self.dsopt.wait_gather(-1)
 
+    def _record_forward_order(self):
+        """Starts recording the forward order when the deferred allgather
+        has buckets to order (at 2+ ranks: the same on every rank)."""
+        if self._last_bucket > 0:
+            self._forward_order = []
+            self._forward_seen = set()
+            self._module_bucket = weakref.WeakKeyDictionary()  # every module seen anew
+
+    def _give_gather_order(self):
+        """Hands the recorded forward order to dsopt (collective: every
+        rank calls it before the first hand-over of the step, or in
+        ``step()`` when nothing was handed over), parameters the forward
+        never reached last, in parameter order; the buckets of the
+        following steps arrive in that order. Ranks whose forward orders
+        differ keep the parameter order (and warn)."""
+        order, self._forward_order = self._forward_order, None
+        if order is None:
+            return
+        self._forward_seen = set()
+        seen = set(order)
+        order = order + [i for i in range(len(self._tensors)) if i not in seen]
+        try:
+            self.dsopt.set_gather_order(order)
+        except Mismatch as error:
+            warnings.warn(f"dsopt.torch.Optimizer(overlap=True): the ranks' forward orders "
+                          f"differ, so the parameter allgather keeps the parameter order ({error})",
+                          RuntimeWarning, stacklevel=3)
+            return
+        self._bucket_of = [self.dsopt.gather_bucket_of(i) for i in range(len(self._tensors))]
+        self._module_bucket = weakref.WeakKeyDictionary()
+        self._waited_through = -1
+
     def _wait_for_module(self, module):
         bucket = self._module_bucket.get(module, _UNSEEN)
         if bucket is _UNSEEN:
             index = self._index
-            buckets = [self._bucket_of[index[p]] for p in module._parameters.values()
-                       if p is not None and p in index]
-            bucket = max(buckets, default=-1)
+            mine = [index[p] for p in module._parameters.values() if p is not None and p in index]
+            bucket = max((self._bucket_of[i] for i in mine), default=-1)
             self._module_bucket[module] = bucket
-            if buckets:
+            if self._forward_order is not None:
+                for i in mine:
+                    if i not in self._forward_seen:
+                        self._forward_seen.add(i)
+                        self._forward_order.append(i)
+            if mine and module not in self._state_dict_hooked:
                 # model.state_dict() reads them: whole first
+                self._state_dict_hooked.add(module)
                 register = getattr(module, "register_state_dict_pre_hook", None)
                 if register is not None:
                     register(_state_dict_wait_hook(weakref.ref(self)))

@@ -1040,3 +1040,10 @@ extern "C" {
 extern "C" {
     pub fn dsopt_gather_wait(opt: *mut dsopt_optimizer, param_index: i64) -> ::std::os::raw::c_int;
 }
+extern "C" {
+    pub fn dsopt_gather_order(
+        opt: *mut dsopt_optimizer,
+        param_order: *const i64,
+        count: i64,
+    ) -> ::std::os::raw::c_int;
+}

@@ -301,6 +301,24 @@ impl<'a> Optimizer<'a> {
         Ok(bucket)
     }
 
+    /// Collective (`dsopt_gather_order`): the order in which the caller
+    /// needs the parameters (the model's forward order), every parameter
+    /// index once; empty: the default, parameter order. From the next step
+    /// on the deferred allgather posts its buckets in the order these
+    /// parameters first need them, and `gather_bucket_of` and
+    /// `wait_gather_bucket` number buckets by that position; values and
+    /// state are the same whatever the order. Every rank passes the same
+    /// order: [`ErrorKind::InvalidArgument`] on a rank whose order is not
+    /// a permutation, [`ErrorKind::Mismatch`] on the others and on every
+    /// rank when the orders differ; nothing changes then.
+    pub fn set_gather_order(&mut self, order: &[usize]) -> Result<()> {
+        // An index past i64 is not a parameter: dsopt rejects it on every rank.
+        let order: Vec<i64> = order.iter().map(|&i| i64::try_from(i).unwrap_or(-1)).collect();
+        let ptr = if order.is_empty() { std::ptr::null() } else { order.as_ptr() };
+        // Safety: the handle is live; `ptr` points at `order.len()` values or is null with 0.
+        check(unsafe { sys::dsopt_gather_order(self.raw.as_ptr(), ptr, order.len() as i64) })
+    }
+
     /// Buckets of the last step's deferred allgather not arrived yet
     /// (`dsopt_gather_pending`; does not wait).
     pub fn gathers_pending(&mut self) -> Result<i64> {

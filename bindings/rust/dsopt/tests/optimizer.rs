@@ -783,3 +783,33 @@ fn deferred_allgather_calls_answer_at_one_rank() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert!(opt.params()[0].as_f32().unwrap().iter().any(|&x| x != 1.0), "the step updated");
 }
+
+#[test]
+fn a_gather_order_is_checked_and_changes_no_value() {
+    let config = r#"{"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": 2, "deferred_allgather": true}}"#;
+    let (mut a, mut b) = (vec![1.0f32; 8], vec![1.0f32; 8]);
+    let (mut x, mut y) = (vec![-0.5f32; 5], vec![-0.5f32; 5]);
+    let mut comm = Communicator::local().unwrap();
+    let mut ordered =
+        Optimizer::new(config, [ParamSlice::f32(&mut a), ParamSlice::f32(&mut x)], &mut comm).unwrap();
+    let mut comm2 = Communicator::local().unwrap();
+    let mut plain =
+        Optimizer::new(config, [ParamSlice::f32(&mut b), ParamSlice::f32(&mut y)], &mut comm2).unwrap();
+    ordered.set_gather_order(&[1, 0]).unwrap();
+    for bad in [&[0usize][..], &[0, 0], &[1, 2], &[0, 1, 2]] {
+        let err = ordered.set_gather_order(bad).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}");
+    }
+    assert_eq!(ordered.gather_bucket_of(1).unwrap(), -1, "one rank gathers nothing");
+    for k in 0..3 {
+        let (g0, g1) = (grads(k, 8), grads(k + 7, 5));
+        let g = [GradSlice::f32(&g0), GradSlice::f32(&g1)];
+        ordered.step(&g).unwrap();
+        plain.step(&g).unwrap();
+    }
+    ordered.set_gather_order(&[]).unwrap();
+    assert_eq!(ordered.params()[0].as_f32().unwrap(), plain.params()[0].as_f32().unwrap());
+    assert_eq!(ordered.params()[1].as_f32().unwrap(), plain.params()[1].as_f32().unwrap());
+    assert_eq!(ordered.state_save().unwrap(), plain.state_save().unwrap());
+}
