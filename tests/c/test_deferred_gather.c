@@ -87,6 +87,20 @@ static int tensor_identical(const model *a, const model *b, int i) {
 /* How the deferred run waits after step k. */
 enum { WAIT_PARAMS, WAIT_BUCKETS, WAIT_ALL, WAIT_NONE_STEP, WAIT_NONE_SAVE, WAIT_KINDS };
 
+/* Frees a test's pair of optimizers (ob first: destroying it waits for its
+ * gathers in flight), their configs, models and communicators. */
+static void free_pair(dsopt_optimizer *oa, dsopt_optimizer *ob, char *plain, char *deferred, model *a,
+                      model *b, dsopt_comm *ca, dsopt_comm *cb) {
+  dsopt_destroy(ob);
+  dsopt_destroy(oa);
+  free(plain);
+  free(deferred);
+  model_free(a);
+  model_free(b);
+  dsopt_comm_destroy(ca);
+  dsopt_comm_destroy(cb);
+}
+
 static void bit_identical_with_and_without_deferral(void) {
   const int ncases = (int)(sizeof cases / sizeof cases[0]);
   for (int c = 0; c < ncases; ++c) {
@@ -199,14 +213,7 @@ static void bit_identical_with_and_without_deferral(void) {
     (void)deferred_seen; /* whether a query saw one in flight depends on timing */
     /* destroy with the gathers in flight: it waits (no rank hangs) */
     CHECK_OK(dsopt_step(ob, b.grads, NUM_TENSORS, NULL));
-    dsopt_destroy(ob);
-    dsopt_destroy(oa);
-    free(plain);
-    free(deferred);
-    model_free(&a);
-    model_free(&b);
-    dsopt_comm_destroy(ca);
-    dsopt_comm_destroy(cb);
+    free_pair(oa, ob, plain, deferred, &a, &b, ca, cb);
   }
   check_current_test = "";
 }
@@ -354,14 +361,7 @@ static void an_order_changes_the_schedule_only(void) {
         CHECK_OK(dsopt_gather_bucket_of(ob, i, &bucket));
         CHECK_EQ_INT(bucket, before[i]);
       }
-      dsopt_destroy(oa);
-      dsopt_destroy(ob);
-      free(plain);
-      free(deferred);
-      model_free(&a);
-      model_free(&b);
-      dsopt_comm_destroy(ca);
-      dsopt_comm_destroy(cb);
+      free_pair(oa, ob, plain, deferred, &a, &b, ca, cb);
     }
   }
   check_current_test = "";
@@ -458,14 +458,7 @@ static void bad_orders_change_nothing(void) {
     CHECK_OK(dsopt_step(ob, NULL, 0, NULL));
     CHECK_OK(dsopt_gather_wait(ob, -1));
   }
-  dsopt_destroy(oa);
-  dsopt_destroy(ob);
-  free(plain);
-  free(deferred);
-  model_free(&a);
-  model_free(&b);
-  dsopt_comm_destroy(ca);
-  dsopt_comm_destroy(cb);
+  free_pair(oa, ob, plain, deferred, &a, &b, ca, cb);
   check_current_test = "";
 }
 

@@ -17,11 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu_test.hpp"
-
-extern "C" {
-#include "support/mpi_world.h"
-}
+#include "gpu_mpi.hpp"
 
 using namespace gpu_test;
 
@@ -186,19 +182,6 @@ void run_case(const Case& c, int rank, uint64_t seed) {
                              kSteps + 1);
 }
 
-// Exits with 77 on every rank when some rank has no usable CUDA device.
-void skip_unless_every_rank_has_a_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (!all_ranks(err == cudaSuccess && count > 0)) {
-    if (world_rank() == 0)
-      std::printf("SKIPPED: no CUDA device on some rank (%s)\n",
-                  err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
-    std::fflush(stdout);
-    MPI_Finalize();
-    std::exit(kSkipped);
-  }
-}
 
 }  // namespace
 

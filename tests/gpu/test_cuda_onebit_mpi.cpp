@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_mpi.hpp"
 #include "onebit_pair.hpp"
 
 extern "C" {
@@ -102,20 +103,6 @@ const Config kConfigs[] = {
      1, true, {1, 4}, {}, -1, 6, false},
 };
 
-// Exits with 77 on every rank when some rank has no usable CUDA device.
-void skip_unless_every_rank_has_a_device() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  const int ok = all_ranks(err == cudaSuccess && count > 0);
-  if (!ok) {
-    if (world_rank() == 0)
-      std::printf("SKIPPED: no CUDA device on some rank (%s)\n",
-                  err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
-    std::fflush(stdout);
-    MPI_Finalize();
-    std::exit(kSkipped);
-  }
-}
 
 }  // namespace
 
