@@ -6,12 +6,12 @@
 #include <string>
 
 #include "base/error.hpp"
+#include "optim/hyper_section.hpp"
 #include "state/section_names.hpp"
 
 namespace dsopt {
 namespace {
 
-constexpr uint64_t kHyperDoubles = 4;
 constexpr uint64_t kScalerBytes = 8 + 8 + 8 + 4;
 
 // Values of the common sections no optimizer writes are corrupt: they would
@@ -493,10 +493,7 @@ uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
   w.section(kScalerSection, f.bytes().data(), f.bytes().size());
   w.section(kRunSection, &run_id_, 8);
   w.section(kParamStepsSection, param_steps_.data(), param_steps_.size() * 8);
-  std::vector<double> hyper;
-  for (const AdamHyper& g : groups_)
-    hyper.insert(hyper.end(), {g.beta1, g.beta2, g.eps, g.weight_decay});
-  w.section(kHyperSection, hyper.data(), hyper.size() * 8);
+  write_hyper_section(w, cfg_.algorithm->hyper, groups_);
   const std::vector<uint8_t> divergence = divergence_.save();
   w.section(kDivergenceSection, divergence.data(), divergence.size());
   w.section_from_device(kMastersSection, params_.masters(), uint64_t(params_.master_numel()) * 4,
@@ -531,7 +528,7 @@ std::unique_ptr<const BlobReader> Optimizer::read_blob(const void* src, uint64_t
       if (s < 0) fail(DSOPT_ECORRUPT, "state blob has a negative step for parameter " + std::to_string(i));
     }
   }
-  if (reader->has(kHyperSection)) reader->section(kHyperSection, groups_.size() * kHyperDoubles * 8);
+  read_hyper_section(*reader, cfg_.algorithm->hyper, groups_);  // checked, not applied
   if (reader->has(kDivergenceSection))
     DivergenceCheck::check(reader->section(kDivergenceSection, DivergenceCheck::kStateBytes));
   return reader;
@@ -684,17 +681,7 @@ void Optimizer::restore_common(const BlobReader& r) {
   } else {  // saved before parameters counted their own steps
     for (size_t i = 0; i < param_steps_.size(); ++i) param_steps_[i] = steps_[size_t(param_groups_[i])];
   }
-  if (r.has(kHyperSection)) {
-    const uint8_t* hyper = r.section(kHyperSection, groups_.size() * kHyperDoubles * 8);
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      double v[kHyperDoubles];
-      std::memcpy(v, hyper + g * sizeof v, sizeof v);
-      groups_[g].beta1 = v[0];
-      groups_[g].beta2 = v[1];
-      groups_[g].eps = v[2];
-      groups_[g].weight_decay = v[3];
-    }
-  }
+  groups_ = read_hyper_section(r, cfg_.algorithm->hyper, groups_);
   if (r.has(kDivergenceSection))
     divergence_.restore(r.section(kDivergenceSection, DivergenceCheck::kStateBytes));
   else  // saved before the check existed: it starts over

@@ -69,12 +69,10 @@ class Optimizer {
   // Throws Error(DSOPT_EINVAL), changing nothing, while gradients are being
   // handed over (the step in progress decides on the norm's collectives).
   void set_gradient_clipping(double max_norm);
-  // Group hyperparameters by name ("lr", "beta1", "beta2", "eps",
-  // "weight_decay"; dsopt_get/set_group_param). Throw Error(DSOPT_EINVAL),
-  // changing nothing, on a bad group, name or value.
+  // Group hyperparameters by the names of the algorithm's descriptor
+  // (Algorithm::hyper: "lr", "beta1", ...; dsopt_get/set_group_param).
+  // Throw Error(DSOPT_EINVAL), changing nothing, on a bad group, name or value.
   double group_param(int32_t group, const std::string& name) const;
-  // Whether this algorithm has hyperparameter `name` (Lion has no "eps").
-  bool has_group_param(const std::string& name) const;
   void set_group_param(int32_t group, const std::string& name, double value);
 
   // Updates applied to parameter i (dsopt_get_param_step); set_param_step
