@@ -116,7 +116,8 @@ def _rebuild(opt, carry, new_group=None, device=None):
     (a torch.device): where the parameters are now, when they moved.
     Before any update there is nothing to carry: the new optimizer's fp32
     masters are the parameters, as the old ones still were."""
-    settings = [_groups.dsopt_settings(g, all_keys=(i == new_group), where=f"param_groups[{i}]: ")
+    settings = [_groups.dsopt_settings(g, opt._hyper_params, all_keys=(i == new_group),
+                                       where=f"param_groups[{i}]: ")
                 for i, g in enumerate(opt.param_groups)]
     tensors = [p for group in opt.param_groups for p in group["params"]]
     group_of = [i for i, group in enumerate(opt.param_groups) for _ in group["params"]]
