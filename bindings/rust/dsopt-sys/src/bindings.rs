@@ -561,13 +561,6 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
-    pub fn dsopt_group_param_names(
-        optimizer_type: *const ::std::os::raw::c_char,
-        out_names: *mut *const ::std::os::raw::c_char,
-        out_keys: *mut *const ::std::os::raw::c_char,
-    ) -> ::std::os::raw::c_int;
-}
-extern "C" {
     pub fn dsopt_get_loss_scale(
         opt: *const dsopt_optimizer,
         out_scale: *mut f64,
@@ -1002,6 +995,13 @@ extern "C" {
         dst: *mut ::std::os::raw::c_char,
         capacity: u64,
         out_size: *mut u64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_group_param_names(
+        optimizer_type: *const ::std::os::raw::c_char,
+        out_names: *mut *const ::std::os::raw::c_char,
+        out_keys: *mut *const ::std::os::raw::c_char,
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
