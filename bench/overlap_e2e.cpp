@@ -4,7 +4,7 @@
 // MPI_THREAD_MULTIPLE, so that dsopt reduces on a thread of its own).
 //
 // The model: --layers L (16) layers, each a weight of H x H (--hidden H,
-// 1024) and a bias of H elements, fp32, in parameter order w0, b0, w1, b1,
+// 1024) and a bias of H elements, fp32 (bf16 with --dtype bf16), in parameter order w0, b0, w1, b1,
 // ...: Psi = L (H^2 + H) elements (16,793,600 by default). Every optimizer
 // is AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01),
 // "threads" --threads (1), with "zero_optimization": {"stage": S,
@@ -74,6 +74,11 @@
 //                     [--warmup W] [--steps N] [--threads T]
 //                     [--thread-multiple 0|1] [--deferred 0|1]
 //                     [--gather-bucket E] [--forward-pct F]
+//                     [--dtype fp32|bf16] [--compression G/P]
+// --dtype bf16: parameters and gradients in bf16 (dsopt keeps fp32 masters).
+// --compression G/P (stage 1/2): compressed ZeRO, "compression":
+// {"gradients": G, "parameters": P} (e.g. int4/int8), in both modes, whose
+// allgather_bucket_size is then the same (--gather-bucket, else --bucket).
 // --thread-multiple 0 initialises MPI with MPI_THREAD_SERIALIZED: dsopt then
 // reduces each bucket inside the dsopt_grad_ready call that completes it
 // (correct, no overlap), for comparison.
@@ -113,6 +118,9 @@ struct Options {
   std::vector<int64_t> stages{0, 2};
   std::vector<int64_t> ratios{50, 100, 200};  // percent of T_c
   std::vector<int64_t> layer_us;             // fixed busy loop per layer, if given
+  int32_t dtype = DSOPT_FLOAT32;  // --dtype fp32 | bf16: parameters and gradients
+  std::string codecs;             // --compression G/P: compressed ZeRO's codecs ("" off)
+  size_t elem() const { return dtype == DSOPT_FLOAT32 ? 4 : 2; }
 };
 
 // ---- the model ----------------------------------------------------------------
@@ -158,9 +166,24 @@ uint64_t grad_seed(int64_t round, int rank, int64_t param) {
   return ((uint64_t(round) * 1024 + uint64_t(rank)) << 16) + uint64_t(param) + 1;
 }
 
+// Element i of an array of `dtype` (fp32 or bf16, rounded to nearest even).
+void store(void* base, int32_t dtype, int64_t i, float x) {
+  if (dtype == DSOPT_FLOAT32)
+    static_cast<float*>(base)[i] = x;
+  else
+    static_cast<uint16_t*>(base)[i] = bench::to_bf16_bits(x);
+}
+float load(const void* base, int32_t dtype, int64_t i) {
+  return dtype == DSOPT_FLOAT32 ? static_cast<const float*>(base)[i]
+                                : bench::from_bf16_bits(static_cast<const uint16_t*>(base)[i]);
+}
+void* at(void* base, int32_t dtype, int64_t i) {
+  return static_cast<char*>(base) + i * (dtype == DSOPT_FLOAT32 ? 4 : 2);
+}
+
 // A gradient of the round: 0.01 x uniform [-1, 1), the same for both modes.
-void write_grad(float* dst, int64_t n, uint64_t seed) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = 0.01f * bench::hash_unit(seed, i);
+void write_grad(void* dst, int32_t dtype, int64_t n, uint64_t seed) {
+  for (int64_t i = 0; i < n; ++i) store(dst, dtype, i, 0.01f * bench::hash_unit(seed, i));
 }
 
 // The layer's "compute": K rounds of the logistic map x <- r x (1 - x) on
@@ -192,19 +215,30 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-uint64_t fingerprint(const float* p, int64_t n) {
+uint64_t fingerprint(const void* p, int64_t bytes) {
   uint64_t h = 1469598103934665603ull;
-  const uint8_t* b = reinterpret_cast<const uint8_t*>(p);
-  for (int64_t i = 0; i < 4 * n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  for (int64_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
   return h;
 }
 
+// The optimizers' config. With --compression, both optimizers of a stage
+// get the same allgather_bucket_size: the int8 parameter codec's blocks
+// follow the buckets, and the modes must hold the same values.
 std::string config(const Options& o, int stage, bool deferred = false) {
-  char c[640];
-  char more[160] = "";
-  if (deferred)
-    std::snprintf(more, sizeof more, ", \"deferred_allgather\": true, \"allgather_bucket_size\": %lld",
-                  static_cast<long long>(o.gather_bucket > 0 ? o.gather_bucket : o.bucket));
+  char c[900];
+  char more[400] = "";
+  const long long gather = o.gather_bucket > 0 ? o.gather_bucket : o.bucket;
+  int used = 0;
+  if (deferred) used = std::snprintf(more, sizeof more, ", \"deferred_allgather\": true");
+  if (stage > 0 && (deferred || !o.codecs.empty()))
+    used += std::snprintf(more + used, sizeof more - size_t(used), ", \"allgather_bucket_size\": %lld", gather);
+  if (stage > 0 && !o.codecs.empty()) {
+    const size_t slash = o.codecs.find('/');
+    std::snprintf(more + used, sizeof more - size_t(used),
+                  ", \"compression\": {\"gradients\": \"%s\", \"parameters\": \"%s\"}",
+                  o.codecs.substr(0, slash).c_str(), o.codecs.substr(slash + 1).c_str());
+  }
   std::snprintf(c, sizeof c,
                 "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"betas\": [0.9, 0.999],"
                 " \"eps\": 1e-8, \"weight_decay\": 0.01}}, \"threads\": %d,"
@@ -224,6 +258,8 @@ struct StepTimes {
 struct Runner {
   const Model& m;
   int64_t round = 0;            // rounds so far: the gradients' seed, info.step
+  const int32_t dtype;          // of parameters and gradients
+  // (fp32-sized buffers, used as bf16 arrays with --dtype bf16)
   bench::Buffer<float> pa, pb;  // parameters of the grad_ready and the at-once optimizer
   bench::Buffer<float> one;     // grad_ready: the one reusable gradient buffer
   bench::Buffer<float> all;     // at once: every gradient
@@ -236,19 +272,21 @@ struct Runner {
 
   Runner(const Model& model, const Options& o, int stage, dsopt_comm* comm)
       : m(model),
+        dtype(o.dtype),
         pa(bench::alloc_buffer<float>(model.total)),
         pb(bench::alloc_buffer<float>(model.total)),
         one(bench::alloc_buffer<float>(model.hidden * model.hidden)),
         all(bench::alloc_buffer<float>(model.total)) {
-    for (int64_t i = 0; i < m.total; ++i) pa[i] = 0.05f * bench::hash_unit(5001, i);
+    for (int64_t i = 0; i < m.total; ++i) store(pa.get(), dtype, i, 0.05f * bench::hash_unit(5001, i));
     std::memcpy(pb.get(), pa.get(), size_t(m.total) * 4);
     std::memset(one.get(), 0, size_t(m.hidden * m.hidden) * 4);
     std::memset(all.get(), 0, size_t(m.total) * 4);
     std::vector<dsopt_tensor> va, vb;
     for (int64_t j = 0; j < m.params(); ++j) {
-      va.push_back(dsopt_tensor{pa.get() + m.offsets[size_t(j)], m.sizes[size_t(j)], DSOPT_FLOAT32, 0});
-      vb.push_back(dsopt_tensor{pb.get() + m.offsets[size_t(j)], m.sizes[size_t(j)], DSOPT_FLOAT32, 0});
-      grads.push_back(dsopt_tensor{all.get() + m.offsets[size_t(j)], m.sizes[size_t(j)], DSOPT_FLOAT32, 0});
+      const int64_t off = m.offsets[size_t(j)], n = m.sizes[size_t(j)];
+      va.push_back(dsopt_tensor{at(pa.get(), dtype, off), n, dtype, 0});
+      vb.push_back(dsopt_tensor{at(pb.get(), dtype, off), n, dtype, 0});
+      grads.push_back(dsopt_tensor{at(all.get(), dtype, off), n, dtype, 0});
     }
     const std::string cfg = config(o, stage);
     deferred = o.deferred && stage > 0;
@@ -319,8 +357,8 @@ struct Runner {
       busy(iters);
       for (int64_t j : {2 * int64_t(l) + 1, 2 * int64_t(l)}) {
         const int64_t n = m.sizes[size_t(j)];
-        write_grad(one.get(), n, grad_seed(round, g_rank, j));
-        const dsopt_tensor g{one.get(), n, DSOPT_FLOAT32, 0};
+        write_grad(one.get(), dtype, n, grad_seed(round, g_rank, j));
+        const dsopt_tensor g{one.get(), n, dtype, 0};
         const double h0 = bench::now_seconds();
         OV_CHECK(dsopt_grad_ready(oa, j, &g));
         handover += bench::now_seconds() - h0;
@@ -342,7 +380,8 @@ struct Runner {
     for (int l = m.layers - 1; l >= 0; --l) {
       busy(iters);
       for (int64_t j : {2 * int64_t(l) + 1, 2 * int64_t(l)})
-        write_grad(all.get() + m.offsets[size_t(j)], m.sizes[size_t(j)], grad_seed(round, g_rank, j));
+        write_grad(at(all.get(), dtype, m.offsets[size_t(j)]), dtype, m.sizes[size_t(j)],
+                   grad_seed(round, g_rank, j));
     }
     const double t1 = bench::now_seconds();
     dsopt_step_info info = new_info();
@@ -387,8 +426,9 @@ struct Runner {
   void check_params(const std::string& where) const {
     OV_CHECK(dsopt_gather_wait(oa, -1));
     int64_t differ = 0, first = -1;
+    const size_t es = dtype == DSOPT_FLOAT32 ? 4 : 2;
     for (int64_t i = 0; i < m.total; ++i)
-      if (std::memcmp(&pa[i], &pb[i], 4) != 0 && differ++ == 0) first = i;
+      if (std::memcmp(at(pa.get(), dtype, i), at(pb.get(), dtype, i), es) != 0 && differ++ == 0) first = i;
     int64_t all_differ = 0;
     MPI_Allreduce(&differ, &all_differ, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     if (all_differ > 0) {
@@ -397,11 +437,11 @@ struct Runner {
                     "%s: grad_ready's parameters differ from at-once's in %lld elements on this"
                     " rank (%lld on all ranks), first at %lld: %.9g vs %.9g",
                     where.c_str(), static_cast<long long>(differ), static_cast<long long>(all_differ),
-                    static_cast<long long>(first), first >= 0 ? double(pa[first]) : 0.0,
-                    first >= 0 ? double(pb[first]) : 0.0);
+                    static_cast<long long>(first), first >= 0 ? double(load(pa.get(), dtype, first)) : 0.0,
+                    first >= 0 ? double(load(pb.get(), dtype, first)) : 0.0);
       fail_all(msg);
     }
-    const uint64_t h = fingerprint(pa.get(), m.total);
+    const uint64_t h = fingerprint(pa.get(), m.total * int64_t(es));
     uint64_t lo = 0, hi = 0;
     MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
@@ -465,14 +505,14 @@ double update_alone(const Options& o, int64_t n, int rounds) {
   dsopt_comm* self = nullptr;
   OV_CHECK(dsopt_comm_create_mpi(&self, MPI_Comm_c2f(self_dup)));
   bench::Buffer<float> p = bench::alloc_buffer<float>(n), g = bench::alloc_buffer<float>(n);
-  for (int64_t i = 0; i < n; ++i) p[i] = 0.05f * bench::hash_unit(5001, i);
-  const dsopt_tensor pv{p.get(), n, DSOPT_FLOAT32, 0}, gv{g.get(), n, DSOPT_FLOAT32, 0};
+  for (int64_t i = 0; i < n; ++i) store(p.get(), o.dtype, i, 0.05f * bench::hash_unit(5001, i));
+  const dsopt_tensor pv{p.get(), n, o.dtype, 0}, gv{g.get(), n, o.dtype, 0};
   dsopt_optimizer* opt = nullptr;
   const std::string cfg = config(o, 0);
   OV_CHECK(dsopt_create(&opt, cfg.c_str(), self, &pv, 1));
   std::vector<double> t;
   for (int i = 0; i < rounds; ++i) {
-    write_grad(g.get(), n, grad_seed(i, g_rank, 0));
+    write_grad(g.get(), o.dtype, n, grad_seed(i, g_rank, 0));
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = bench::now_seconds();
     OV_CHECK(dsopt_step(opt, &gv, 1, nullptr));
@@ -556,6 +596,9 @@ void run_stage(const Options& o, const Model& m, int stage, double speed, dsopt_
               stage == 0 ? "allreduced in place in a packing of a status slot and the gradients,"
                          : "reduce-scattered from the gradients padded to a multiple of 2P,",
               static_cast<long long>(b.packed));
+  std::printf("AdamW, %s parameters and gradients%s%s\n", o.dtype == DSOPT_FLOAT32 ? "fp32" : "bf16",
+              stage > 0 && !o.codecs.empty() ? ", compressed ZeRO with codecs " : "",
+              stage > 0 ? o.codecs.c_str() : "");
   std::printf("calibration (%d rounds, first left out): T_c = at-once dsopt_step with no backward"
               " running = %.0f ms;\n  T_u = the update alone (one-rank optimizer over the %lld"
               " elements this rank updates) = %.0f ms;\n  T_w = writing the gradients alone = %.0f ms"
@@ -629,6 +672,18 @@ bool list_flag(std::vector<char*>& args, const char* name, std::vector<int64_t>&
   return false;
 }
 
+// "--name value": the value, removed from args ("" when absent).
+std::string string_flag(std::vector<char*>& args, const char* name) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (std::string(args[i]) != name) continue;
+    if (i + 1 >= args.size()) fail_all(std::string(name) + " needs a value");
+    const std::string value = args[i + 1];
+    args.erase(args.begin() + long(i), args.begin() + long(i) + 2);
+    return value;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -648,6 +703,14 @@ int main(int argc, char** argv) {
   list_flag(args, "--stages", o.stages);
   list_flag(args, "--ratios", o.ratios);
   list_flag(args, "--layer-us", o.layer_us);
+  const std::string dtype = string_flag(args, "--dtype");
+  if (dtype == "bf16")
+    o.dtype = DSOPT_BFLOAT16;
+  else if (!dtype.empty() && dtype != "fp32")
+    fail_all("--dtype takes fp32 or bf16, not '" + dtype + "'");
+  o.codecs = string_flag(args, "--compression");
+  if (!o.codecs.empty() && o.codecs.find('/') == std::string::npos)
+    fail_all("--compression takes GRADIENTS/PARAMETERS codecs (e.g. int4/int8), not '" + o.codecs + "'");
   for (int64_t s : o.stages)
     if (s > 2) fail_all("--stages: 0, 1 or 2");
   const char* usage =
@@ -688,10 +751,11 @@ int main(int argc, char** argv) {
                     ? ""
                     : ": dsopt reduces inside dsopt_grad_ready, without overlap");
     std::printf("config:  %s (stage per table)\n", config(o, 2).c_str());
-    std::printf("model:   %d layers of a %lld x %lld weight and a %lld bias, fp32: Psi = %lld"
+    std::printf("model:   %d layers of a %lld x %lld weight and a %lld bias, %s: Psi = %lld"
                 " elements in %lld tensors\n", o.layers, static_cast<long long>(o.hidden),
                 static_cast<long long>(o.hidden), static_cast<long long>(o.hidden),
-                static_cast<long long>(m.total), static_cast<long long>(m.params()));
+                o.dtype == DSOPT_FLOAT32 ? "fp32" : "bf16", static_cast<long long>(m.total),
+                static_cast<long long>(m.params()));
     std::fflush(stdout);
   }
   if (provided < wanted) fail_all("MPI_Init_thread provided a lower thread level than asked");

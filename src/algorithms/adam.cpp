@@ -2,7 +2,6 @@
 #include "algorithms/config_values.hpp"
 #include "algorithms/registry.hpp"
 #include "optim/config.hpp"
-#include "zero/adam_shards.hpp"
 
 namespace dsopt {
 namespace {
@@ -30,7 +29,7 @@ Algorithm adam(const char* type, bool always_decoupled) {
   a.rule = MomentRule::Elementwise;
   a.update = UpdateRule::Adam;
   a.moments = 2;
-  a.moments_prefix = kAdamMomentsPrefix;
+  a.moments_prefix = "adam";
   // Adam with decoupled weight decay saves as AdamW: the same state.
   a.blob_name = [](const OptimizerConfig& c) { return std::string(c.defaults.decoupled ? "AdamW" : "Adam"); };
   a.sharded = true;

@@ -4,7 +4,6 @@
 #include "algorithms/lamb_coeffs.hpp"
 #include "algorithms/registry.hpp"
 #include "optim/config.hpp"
-#include "zero/adam_shards.hpp"
 
 namespace dsopt {
 
@@ -56,7 +55,7 @@ Algorithm lamb() {
   a.keys = {"bias_correction", "max_coeff", "min_coeff", "max_grad_norm", "eps_inside_sqrt", "amsgrad"};
   a.rule = MomentRule::Lamb;
   a.moments = 2;
-  a.moments_prefix = kLambMomentsPrefix;
+  a.moments_prefix = "lamb";
   a.sharded = true;
   a.read_params = read_lamb;
   a.write_params = write_lamb;

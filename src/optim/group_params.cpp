@@ -1,14 +1,17 @@
 // Group hyperparameters by name (dsopt_get_group_param /
 // dsopt_set_group_param), as the algorithm's descriptor lists them
-// (Algorithm::hyper). Every algorithm forms its per-step constants from
-// group(g) at each step (adam_consts, onebit_consts, the stabilized momentum
-// limit, 0/1 Adam's interval sums), so a value set here takes effect from the
-// next step on.
+// (Algorithm::hyper), and the blob's section of them besides the learning
+// rates (common.hyper, laid out as optim/hyper_section.hpp says). Every
+// algorithm forms its per-step constants from group(g) at each step
+// (adam_consts, onebit_consts, the stabilized momentum limit, 0/1 Adam's
+// interval sums), so a value set here takes effect from the next step on.
 #include <string>
 
 #include "base/error.hpp"
 #include "optim/algorithm.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/hyper_groups.hpp"
+#include "optim/hyper_section.hpp"
+#include "state/section_names.hpp"
 
 namespace dsopt {
 namespace {
@@ -24,18 +27,41 @@ const HyperParam& algorithm_param(const OptimizerConfig& cfg, const std::string&
 
 }  // namespace
 
-double Optimizer::group_param(int32_t group, const std::string& name) const {
+double HyperGroups::group_param(int32_t group, const std::string& name) const {
   lr(group);  // range check
-  return algorithm_param(config(), name).get(groups_[size_t(group)]);
+  return algorithm_param(config_, name).get(groups_[size_t(group)]);
 }
 
-void Optimizer::set_group_param(int32_t group, const std::string& name, double value) {
+void HyperGroups::set_group_param(int32_t group, const std::string& name, double value) {
   lr(group);  // range check
-  const HyperParam& p = algorithm_param(config(), name);
+  const HyperParam& p = algorithm_param(config_, name);
   const std::string why = hyper_value_error(p, value);
   if (!why.empty())
     fail(DSOPT_EINVAL, name + " of group " + std::to_string(group) + " " + why + " (nothing was changed)");
   p.set(groups_[size_t(group)], value);
+}
+
+uint64_t HyperGroups::hyper_bytes(const BlobReader* r) const {
+  return hyper_section_bytes(config_.algorithm->hyper, groups_.size(), r);
+}
+
+void HyperGroups::check_hyper_size(const BlobReader& r) const {
+  if (r.has(kHyperSection))
+    check_hyper_section_size(config_.algorithm->hyper, groups_.size(), r.section_size(kHyperSection));
+}
+
+void HyperGroups::write_hyper(FieldWriter& f) const {
+  for (double v : hyper_section_values(config_.algorithm->hyper, groups_)) f.add(v);
+}
+
+void HyperGroups::check_hyper(FieldReader& f) const {
+  const uint64_t size = f.remaining();
+  read_hyper_values(config_.algorithm->hyper, f.take(size), size, groups_);
+}
+
+void HyperGroups::read_hyper(FieldReader& f) {
+  const uint64_t size = f.remaining();
+  groups_ = read_hyper_values(config_.algorithm->hyper, f.take(size), size, groups_);
 }
 
 }  // namespace dsopt

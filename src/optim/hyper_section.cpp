@@ -20,6 +20,19 @@ std::vector<std::string> layout(const std::vector<HyperParam>& params) {
   return names;
 }
 
+// The names a section of `size` bytes holds per group, for `count` groups.
+std::vector<std::string> section_names(const std::vector<HyperParam>& params, uint64_t count,
+                                       uint64_t size) {
+  const std::vector<std::string> names = layout(params);
+  if (size == count * names.size() * 8) return names;
+  if (size == count * kEarlierLayout.size() * 8) return kEarlierLayout;
+  fail(DSOPT_ECORRUPT, "state blob: section '" + std::string(kHyperSection) + "' is " +
+                           std::to_string(size) + " bytes; " + std::to_string(count) + " groups of " +
+                           std::to_string(names.size()) +
+                           " hyperparameters (or of the earlier layout's 4) need " +
+                           std::to_string(count * names.size() * 8));
+}
+
 }  // namespace
 
 std::vector<double> hyper_section_values(const std::vector<HyperParam>& params,
@@ -30,19 +43,14 @@ std::vector<double> hyper_section_values(const std::vector<HyperParam>& params,
   return values;
 }
 
+void check_hyper_section_size(const std::vector<HyperParam>& params, uint64_t count, uint64_t size) {
+  section_names(params, count, size);
+}
+
 std::vector<AdamHyper> read_hyper_values(const std::vector<HyperParam>& params, const uint8_t* bytes,
                                          uint64_t size, const std::vector<AdamHyper>& groups) {
-  std::vector<std::string> names = layout(params);
   const uint64_t count = groups.size();
-  if (size != count * names.size() * 8) {
-    if (size != count * kEarlierLayout.size() * 8)
-      fail(DSOPT_ECORRUPT, "state blob: section '" + std::string(kHyperSection) + "' is " +
-                               std::to_string(size) + " bytes; " + std::to_string(count) +
-                               " groups of " + std::to_string(names.size()) +
-                               " hyperparameters (or of the earlier layout's 4) need " +
-                               std::to_string(count * names.size() * 8));
-    names = kEarlierLayout;
-  }
+  const std::vector<std::string> names = section_names(params, count, size);
   std::vector<AdamHyper> out = groups;
   for (uint64_t g = 0; g < count; ++g) {
     for (size_t i = 0; i < names.size(); ++i) {
@@ -59,17 +67,12 @@ std::vector<AdamHyper> read_hyper_values(const std::vector<HyperParam>& params, 
   return out;
 }
 
-void write_hyper_section(BlobWriter& w, const std::vector<HyperParam>& params,
-                         const std::vector<AdamHyper>& groups) {
-  const std::vector<double> values = hyper_section_values(params, groups);
-  w.section(kHyperSection, values.data(), values.size() * 8);
-}
-
-std::vector<AdamHyper> read_hyper_section(const BlobReader& r, const std::vector<HyperParam>& params,
-                                          const std::vector<AdamHyper>& groups) {
-  if (!r.has(kHyperSection)) return groups;
-  const uint64_t size = r.section_size(kHyperSection);
-  return read_hyper_values(params, r.section(kHyperSection, size), size, groups);
+uint64_t hyper_section_bytes(const std::vector<HyperParam>& params, uint64_t count,
+                             const BlobReader* r) {
+  const uint64_t bytes = count * layout(params).size() * 8;
+  if (!r || !r->has(kHyperSection)) return bytes;
+  const uint64_t earlier = count * kEarlierLayout.size() * 8;
+  return r->section_size(kHyperSection) == earlier ? earlier : bytes;
 }
 
 }  // namespace dsopt

@@ -18,17 +18,19 @@ namespace dsopt {
 // The section's values for `groups`.
 std::vector<double> hyper_section_values(const std::vector<HyperParam>& params,
                                          const std::vector<AdamHyper>& groups);
+// Throws Error(DSOPT_ECORRUPT) unless `size` bytes are a section of
+// `count` groups in the descriptor's layout or the earlier one.
+void check_hyper_section_size(const std::vector<HyperParam>& params, uint64_t count, uint64_t size);
 // `groups` with the values of a section of `size` bytes, checked first: its
 // size, and every value it holds in range (Error(DSOPT_ECORRUPT) otherwise).
 std::vector<AdamHyper> read_hyper_values(const std::vector<HyperParam>& params, const uint8_t* bytes,
                                          uint64_t size, const std::vector<AdamHyper>& groups);
 
-// The section of a blob.
-void write_hyper_section(BlobWriter& w, const std::vector<HyperParam>& params,
-                         const std::vector<AdamHyper>& groups);
-// read_hyper_values on a blob's section; `groups` as they are for a blob
-// without it (an earlier layout).
-std::vector<AdamHyper> read_hyper_section(const BlobReader& r, const std::vector<HyperParam>& params,
-                                          const std::vector<AdamHyper>& groups);
+// The section's length for `count` groups: the descriptor's layout
+// (blob nullptr), or the layout blob r holds when its section has the
+// earlier layout's size (the descriptor's otherwise; check_hyper_section_size
+// reports a size of neither).
+uint64_t hyper_section_bytes(const std::vector<HyperParam>& params, uint64_t count,
+                             const BlobReader* r);
 
 }  // namespace dsopt

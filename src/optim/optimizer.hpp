@@ -1,6 +1,11 @@
-// The interface every algorithm implements, and the parts they share:
-// parameters and masters, the step pipeline, per-group learning rates and
-// step counters (G8), and the common sections of the state blob.
+// The interface every algorithm implements, and the step and load
+// orchestration they share: the call handshake, the gradient hand-over,
+// absent gradients, the replication check, what a step reports and how a
+// failed one leaves the optimizer. The parts it owns have one job each:
+// the parameters and masters (params/param_set.hpp), the step pipeline,
+// the hyperparameter groups and step counters (optim/hyper_groups.hpp), the
+// state blob (optim/state_io.hpp) and ZeRO's deferred parameter allgather
+// (optim/deferred_gathers.hpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -12,14 +17,19 @@
 #include "comm/comm_runner.hpp"
 #include "handover/gradient_handover.hpp"
 #include "kernels/kernels.hpp"
+#include "optim/absent_grads.hpp"
 #include "optim/adam_step_consts.hpp"
+#include "optim/call_handshake.hpp"
 #include "optim/config.hpp"
+#include "optim/deferred_gathers.hpp"
 #include "optim/divergence_check.hpp"
+#include "optim/hyper_groups.hpp"
 #include "optim/lamb_step.hpp"
 #include "optim/moment_rule.hpp"
-#include "params/param_set.hpp"
 #include "optim/replication_check.hpp"
+#include "optim/state_io.hpp"
 #include "optim/step_pipeline.hpp"
+#include "params/param_set.hpp"
 #include "state/blob.hpp"
 #include "state/state_schema.hpp"
 
@@ -61,19 +71,15 @@ class Optimizer {
   // Whether gradients of the coming step are being handed over.
   bool handing_over() { return handover().is_open(); }
 
-  int32_t num_groups() const { return int32_t(groups_.size()); }
-  double lr(int32_t group) const;
-  void set_lr(int32_t group, double lr);  // group -1: every group
+  // The hyperparameter groups: learning rates and the other group
+  // hyperparameters by name (dsopt_set_lr, dsopt_get/set_group_param).
+  HyperGroups& groups() { return groups_; }
+  const HyperGroups& groups() const { return groups_; }
   double loss_scale() const { return pipeline_.scaler().scale(); }
   double gradient_clipping() const { return pipeline_.config().gradient_clipping; }
   // Throws Error(DSOPT_EINVAL), changing nothing, while gradients are being
   // handed over (the step in progress decides on the norm's collectives).
   void set_gradient_clipping(double max_norm);
-  // Group hyperparameters by the names of the algorithm's descriptor
-  // (Algorithm::hyper: "lr", "beta1", ...; dsopt_get/set_group_param).
-  // Throw Error(DSOPT_EINVAL), changing nothing, on a bad group, name or value.
-  double group_param(int32_t group, const std::string& name) const;
-  void set_group_param(int32_t group, const std::string& name, double value);
 
   // Updates applied to parameter i (dsopt_get_param_step); set_param_step
   // throws Error(DSOPT_EUNSUPPORTED) where steps follow the stages.
@@ -104,7 +110,7 @@ class Optimizer {
   void require_intact(const char* call) const;
 
   // Measures (dst null) or writes the state blob; returns its size.
-  uint64_t save(void* dst, uint64_t capacity) const;
+  uint64_t save(void* dst, uint64_t capacity) const { return io_.save(dst, capacity); }
   // Validates the whole blob, then restores it. Collective. `flags`:
   // DSOPT_LOAD_RESET_RANK_LOCAL or 0. Returns whether rank-local state was
   // reset because some rank's blob was saved by another rank.
@@ -144,24 +150,15 @@ class Optimizer {
 
   Comm& comm() const { return comm_; }
 
-  // The deferred parameter allgather of ZeRO (docs/guides/zero.md
-  // "Deferred allgather"): with "deferred_allgather", a step returns once
-  // the update is done and the gather of each bucket is posted to dsopt's
-  // thread, in bucket order. gather_buckets() is the number of buckets (0
-  // when parameters are never gathered: stage 0, one rank),
-  // gather_bucket_of(i) the bucket after which parameter i is whole (-1:
-  // always whole).
+  // The deferred parameter allgather of ZeRO (optim/deferred_gathers.hpp).
+  // gather_buckets() is the number of buckets (0 when parameters are never
+  // gathered: stage 0, one rank), gather_bucket_of(i) the bucket after
+  // which parameter i is whole (-1: always whole).
   int64_t gather_buckets() const { return num_gather_chunks(); }
   int64_t gather_bucket_of(int64_t param_index) const;
-  // Buckets of the last step not yet known to have arrived (0 when nothing
-  // is in flight).
-  int64_t gathers_pending();
-  // Waits until buckets 0 .. `bucket` have arrived (-1 or past the last:
-  // every bucket). A gather that failed marks the optimizer failed
-  // (require_intact) and throws its status; `call` names the entry point.
-  void wait_gathers(int64_t bucket, const char* call);
-  // The same for every bucket, forgetting a failure (destroy).
-  void wait_gathers_quietly();
+  // Waiting for the buckets in flight (a failed gather marks the optimizer
+  // failed: require_intact).
+  DeferredGathers& gathers() { return gathers_; }
 
  protected:
   // The algorithm's name in blobs ("AdamW", "Adam", ...).
@@ -182,7 +179,7 @@ class Optimizer {
   // whose buffers reductions use calls first in its destructor.
   CommRunner& runner() { return runner_; }
   void stop_reductions() {
-    wait_gathers_quietly();
+    gathers_.wait_gathers_quietly();
     runner_.stop();
   }
   // The parameter allgather as buckets (chunks) for gather_buckets(); an
@@ -192,11 +189,12 @@ class Optimizer {
     (void)param_index;
     return -1;
   }
-  // From update(): posts run(c) for c = 0 .. chunks-1 to dsopt's thread
-  // when "deferred_allgather" is on and the communicator may be called
-  // from it, and returns true; else returns false (the caller gathers at
-  // once). `bytes`: what this rank sends for them.
-  bool defer_gathers(int64_t chunks, uint64_t bytes, const std::function<void(int64_t)>& run);
+  // From update(): defers the gather of buckets 0 .. chunks-1 (run(c))
+  // where it may, and returns true; else returns false (the caller gathers
+  // at once). See DeferredGathers::defer_gathers.
+  bool defer_gathers(int64_t chunks, uint64_t bytes, const std::function<void(int64_t)>& run) {
+    return gathers_.defer_gathers(chunks, bytes, run);
+  }
   // Applies one update with prepared gradients; step counters are already
   // incremented. Returns whether the step used compressed communication.
   virtual bool update(const PreparedGrads& grads) = 0;
@@ -232,10 +230,10 @@ class Optimizer {
     return resetting_rank_local_ ? 0 : saved_world;
   }
   // Resharding for load_shards: validates `blobs` (a checked set, see
-  // read_blob_set) and returns what restores this rank's state from them, or
+  // StateIO::read_set) and returns what restores this rank's state from them, or
   // nullptr when the algorithm does not reshard (load_shards then restores
   // one blob). Throws, changing nothing, when they cannot be loaded.
-  using Blobs = std::vector<std::shared_ptr<const BlobReader>>;
+  using Blobs = StateIO::Blobs;
   virtual std::function<void()> reshard(const Blobs& blobs) {
     (void)blobs;
     return nullptr;
@@ -246,10 +244,10 @@ class Optimizer {
   virtual bool skips_absent() const { return false; }
   // This step's Adam constants: per group, or per parameter when steps
   // differ or parameters are left out (call from update()).
-  AdamStepConsts adam_step_consts() const;
+  AdamStepConsts adam_step_consts() const { return groups_.adam_step_consts(absent_.inactive()); }
   // This step's LAMB constants, per parameter (math/onebit_lamb.hpp), at
   // the parameter's own update count; bias-corrected as its group says.
-  LambStepConsts lamb_step_consts() const;
+  LambStepConsts lamb_step_consts() const { return groups_.lamb_step_consts(); }
   // One update of a moment rule (optim/moment_rule.hpp) over `slots`: whole
   // tensors or a shard's fragments, param_of(k) the parameter of slot k,
   // whose group is its parameter's group; LAMB's slots carry the U stream
@@ -259,15 +257,16 @@ class Optimizer {
                       const TensorSums& sums);
   // Restores steps, learning rates, the loss scaler and the run id (what
   // every blob shares); for reshard's restore functions.
-  void restore_common(const BlobReader& r);
+  void restore_common(const BlobReader& r) { io_.restore_common(r); }
   // Sets the fp32 masters of the 16-bit parameters (host values, parameter
   // order) and rounds them into the caller's parameters.
   void restore_masters(const float* host);
 
   const ParamSet& params() const { return params_; }
   Kernels& kernels() const { return *kernels_; }
-  int64_t group_step(int32_t g) const { return steps_[size_t(g)]; }
-  const AdamHyper& group(int32_t g) const { return groups_[size_t(g)]; }
+  int32_t num_groups() const { return groups_.num_groups(); }
+  int64_t group_step(int32_t g) const { return groups_.group_step(g); }
+  const AdamHyper& group(int32_t g) const { return groups_.group(g); }
   const OptimizerConfig& config() const { return cfg_; }
   const Mem mem() const { return Mem{kernels_.get(), cfg_.cuda_aware}; }
   StepPipeline& pipeline() { return pipeline_; }
@@ -279,29 +278,12 @@ class Optimizer {
   std::string alarm(bool stuck_at_min_scale, double scale_used) const;
   // Records that the update in progress failed (require_intact).
   void mark_failed(int status, const std::string& what);
-  // The collective dsopt calls, for the handshake that starts each one.
-  enum class Call : int64_t { Step = 1, Load = 2, LoadShards = 3, GradReady = 4 };
-  // Every rank says which call it is in and how many collective calls this
-  // optimizer has made (one 16-byte allreduce); ranks that disagree all
-  // fail with DSOPT_EMISMATCH before any other collective, so they cannot
-  // block in mismatched ones. Also hands the config's timeout to the comm.
-  // `absent`: this rank has absent gradients; returns whether some rank
-  // has (always false unless skips_absent()). `someone_abandons` (optional):
-  // in, whether this rank abandons the step; out, whether some rank does.
-  bool enter_collective(Call call, bool absent = false, bool* someone_abandons = nullptr);
-  // dsopt_step's gradients with absent ones (NULL data) pointed at zeros;
-  // `present` gets 1 per parameter with a gradient. Returns `grads` itself
-  // when they do not describe every parameter (the pipeline rejects them).
-  const dsopt_tensor* fill_absent(const dsopt_tensor* grads, int64_t count,
-                                  std::vector<uint8_t>& present);
-  // Sets inactive_ from every rank's `present` (collective when `someone`
-  // has absent gradients and the algorithm skips them).
-  void agree_absent(bool someone, std::vector<uint8_t> present);
-  // Parses a blob and checks what every blob of this optimizer has:
-  // algorithm, parameters, groups, the common sections.
-  std::unique_ptr<const BlobReader> read_blob(const void* src, uint64_t size) const;
-  // read_blob of each, and checks that they form one save of one run.
-  Blobs read_blob_set(const void* const* blobs, const uint64_t* sizes, int64_t count) const;
+  using Call = CallHandshake::Call;
+  // Enters a collective call (optim/call_handshake.hpp); `absent` counts
+  // only where the algorithm skips absent gradients.
+  bool enter_collective(Call call, bool absent = false, bool* someone_abandons = nullptr) {
+    return handshake_.enter(call, absent && skips_absent(), someone_abandons);
+  }
   // Runs `validate` (which returns the restore, and sets its argument when
   // the restore resets rank-local state), agrees across ranks that every
   // rank validated and whether any resets, then restores (resetting on every
@@ -313,26 +295,24 @@ class Optimizer {
   // this world size saved. Unless `may_reset`, throws Error(DSOPT_EMISMATCH)
   // saying what to load instead.
   bool others_rank_local(const BlobReader& r, bool may_reset) const;
-  // Whether the coming step's gradients are compared across ranks: at more
-  // than one rank, while the run has applied fewer than
-  // ReplicationCheck::kCheckedSteps steps (the same on every rank; a run
-  // resumed from a blob counts from the blob's steps).
+  // Whether the coming step's gradients are compared across ranks
+  // (ReplicationCheck::applies).
   bool checks_replication() const {
-    return comm_.size() > 1 && steps_[0] < ReplicationCheck::kCheckedSteps;
+    return ReplicationCheck::applies(comm_.size(), groups_.group_step(0));
   }
-  // The step's grads_replicated: for a checked step, hashes dsopt_step's
-  // `grads` (count -1: the hash of those handed over is ready) and compares
-  // it across ranks (collective).
-  bool check_replication(const dsopt_tensor* grads, int64_t count);
-  // Restores everything from one blob of this optimizer's own layout.
-  void restore(const BlobReader& r);
+  // The step's grads_replicated (ReplicationCheck::check_step) where it is
+  // checked, else false.
+  bool check_replication(const dsopt_tensor* grads, int64_t count) {
+    return checks_replication() && replication_.check_step(params_, grads, count, agreement_);
+  }
+  // step() but for the bytes sent.
+  StepResult step_uncounted(const dsopt_tensor* grads, int64_t count);
   // Completes a step whose gradients were handed over; `abandon`: this
   // rank's are unusable, and every rank fails the step (DSOPT_EINVAL,
   // nothing changed) once the window's reductions have completed.
-  StepResult step_uncounted(const dsopt_tensor* grads, int64_t count);
-  // The algorithm's state list, described on first use.
-  const StateSchema& state_schema() const;
   StepResult step_handed_over(bool abandon);
+  // The masters and the algorithm's state list, described on first use.
+  const StateSchema& state_schema() const { return io_.state(); }
   // Opens a step's hand-over window (and posts its handshake).
   void open_window();
   // averaged(i) of every parameter, for the step pipeline.
@@ -351,28 +331,20 @@ class Optimizer {
   CommRunner runner_;
   RankAgreement agreement_;
   StepPipeline pipeline_;
-  std::vector<AdamHyper> groups_;
-  std::vector<int64_t> steps_;
-  std::vector<int32_t> param_groups_;  // group of each parameter
-  std::vector<int64_t> param_steps_;   // updates applied to each parameter
-  std::vector<uint8_t> inactive_;      // this step: parameters absent on every rank (empty: none)
-  DeviceBuffer zeros_;                 // fp32 zeros standing in for absent gradients
-  std::vector<dsopt_tensor> filled_;   // dsopt_step's gradients with zeros for absent ones
+  HyperGroups groups_;
+  AbsentGrads absent_;
+  CallHandshake handshake_;
+  ReplicationCheck replication_;
+  DivergenceCheck divergence_;
+  uint64_t run_id_ = 0;
+  StateIO io_;
+  DeferredGathers gathers_;
   int64_t consecutive_skips_ = 0;
   std::string failure_;            // why the state is inconsistent ("" while intact)
   int failure_status_ = DSOPT_OK;  // the status of the step that failed
-  uint64_t run_id_ = 0;
-  int64_t calls_ = 0;  // collective calls made (enter_collective)
   bool last_step_handed_over_ = false;  // the last dsopt_step completed handed-over gradients
   uint64_t handover_bytes_start_ = 0;
-  std::vector<uint64_t> gather_tickets_;  // the runner's ticket of each deferred bucket
-  uint64_t deferred_bytes_ = 0;    // what the deferred gathers send
-  uint64_t bytes_at_defer_ = 0;    // the communicator's count when they were posted
-  bool runner_threaded_before_ = false;  // the runner's mode before they were posted
-  ReplicationCheck replication_;
-  DivergenceCheck divergence_;
   bool resetting_rank_local_ = false;  // see rank_local_world()
-  mutable std::unique_ptr<StateSchema> schema_;  // see state_schema()
   mutable std::string state_names_;  // state_names(), formed on first use
 };
 

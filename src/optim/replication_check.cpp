@@ -50,4 +50,16 @@ bool ReplicationCheck::agree(RankAgreement& agreement) {
   return agreement.all_same(mine) && mine != 0;
 }
 
+bool ReplicationCheck::check_step(const ParamSet& params, const dsopt_tensor* grads, int64_t count,
+                                  RankAgreement& agreement) {
+  if (count >= 0) {
+    begin();
+    // Absent gradients and those that do not fit (the step rejects them)
+    // are left out.
+    for (int64_t i = 0; grads && count == params.count() && i < count; ++i)
+      if (params.check_grad(i, grads[i], "grad").empty()) add(i, grads[i]);
+  }
+  return agree(agreement);
+}
+
 }  // namespace dsopt

@@ -13,6 +13,7 @@
 #include "comm/rank_agreement.hpp"
 #include "dsopt.h"
 #include "kernels/kernels.hpp"
+#include "params/param_set.hpp"
 
 namespace dsopt {
 
@@ -22,6 +23,19 @@ class ReplicationCheck {
   static constexpr int64_t kCheckedSteps = 3;
   // `kernels` reads the gradients (the optimizer's device).
   explicit ReplicationCheck(Kernels& kernels) : kernels_(kernels) {}
+
+  // Whether the coming step's gradients are compared across ranks: at more
+  // than one rank, while the run has applied fewer than kCheckedSteps steps
+  // (the same on every rank; a run resumed from a blob counts from the
+  // blob's steps).
+  static bool applies(int world, int64_t steps_applied) {
+    return world > 1 && steps_applied < kCheckedSteps;
+  }
+  // The step's grads_replicated, for a step that applies(): hashes
+  // dsopt_step's `grads` (count -1: the hash of those handed over is
+  // ready) and compares it across ranks (collective).
+  bool check_step(const ParamSet& params, const dsopt_tensor* grads, int64_t count,
+                  RankAgreement& agreement);
 
   // Starts the coming step's hash.
   void begin();

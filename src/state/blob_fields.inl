@@ -1,4 +1,4 @@
-// FieldReader::get: reads the next plain value of a small section.
+// FieldReader::get and FieldReader::take: read the next values of a small section.
 #pragma once
 #include <cstring>
 
@@ -13,6 +13,13 @@ T FieldReader::get() {
   std::memcpy(&v, p_ + pos_, sizeof(T));
   pos_ += sizeof(T);
   return v;
+}
+
+inline const uint8_t* FieldReader::take(uint64_t n) {
+  if (pos_ + n > n_) fail(DSOPT_ECORRUPT, "state blob: a section is shorter than its fields");
+  const uint8_t* p = p_ + pos_;
+  pos_ += n;
+  return p;
 }
 
 }  // namespace dsopt

@@ -31,6 +31,24 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
 
 StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, Read check,
                                  Read read) {
+  return add_record(std::move(name), [bytes](const BlobReader*) { return bytes; }, std::move(write),
+                    std::move(check), std::move(read), false, nullptr);
+}
+
+StateSchema& StateSchema::optional_record(std::string name, uint64_t bytes, Write write,
+                                          Read check, Read read, std::function<void()> absent) {
+  return optional_record(std::move(name), [bytes](const BlobReader*) { return bytes; },
+                         std::move(write), std::move(check), std::move(read), std::move(absent));
+}
+
+StateSchema& StateSchema::optional_record(std::string name, Length bytes, Write write, Read check,
+                                          Read read, std::function<void()> absent) {
+  return add_record(std::move(name), std::move(bytes), std::move(write), std::move(check),
+                    std::move(read), true, std::move(absent));
+}
+
+StateSchema& StateSchema::add_record(std::string name, Length bytes, Write write, Read check,
+                                     Read read, bool optional, std::function<void()> absent) {
   const std::string n = name;
   Entry e;
   e.save = [n, write](BlobWriter& w) {
@@ -38,13 +56,27 @@ StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, 
     write(f);
     w.section(n, f.bytes().data(), f.bytes().size());
   };
-  e.check = [n, bytes, check](const BlobReader& r) {
-    FieldReader f(r.section(n, bytes), bytes);
+  e.check = [n, bytes, check, optional](const BlobReader& r) {
+    if (optional && !r.has(n)) return;
+    const uint64_t size = bytes(&r);
+    FieldReader f(r.section(n, size), size);
     if (check) check(f);
   };
-  e.restore = [n, bytes, read](const BlobReader& r) {
+  e.values = [n, bytes, check](const BlobReader& r) {
+    if (!check || !r.has(n)) return;
+    const uint64_t size = bytes(&r);
+    if (r.section_size(n) != size) return;
+    FieldReader f(r.section(n, size), size);
+    check(f);
+  };
+  e.restore = [n, bytes, read, optional, absent](const BlobReader& r) {
+    if (optional && !r.has(n)) {
+      if (absent) absent();
+      return;
+    }
     if (!read) return;
-    FieldReader f(r.section(n, bytes), bytes);
+    const uint64_t size = bytes(&r);
+    FieldReader f(r.section(n, size), size);
     read(f);
   };
   entries_.push_back(std::move(e));
@@ -129,6 +161,11 @@ void StateSchema::save(BlobWriter& w) const {
 void StateSchema::check(const BlobReader& r) const {
   for (const Entry& e : entries_)
     if (e.check) e.check(r);
+}
+
+void StateSchema::check_values(const BlobReader& r) const {
+  for (const Entry& e : entries_)
+    if (e.values) e.values(r);
 }
 
 void StateSchema::restore(const BlobReader& r) const {

@@ -39,6 +39,15 @@ class StateSchema {
   using Write = std::function<void(FieldWriter&)>;
   using Read = std::function<void(FieldReader&)>;
   StateSchema& record(std::string name, uint64_t bytes, Write write, Read check, Read read);
+  // The same for a record that blobs of an earlier layout lack: a blob
+  // without it passes the check, and `absent` (may be null: nothing
+  // changes) restores in its place.
+  StateSchema& optional_record(std::string name, uint64_t bytes, Write write, Read check,
+                               Read read, std::function<void()> absent);
+  // The same for an optional record whose length depends on the blob
+  // (`bytes` as for an array: a section laid out as an earlier layout was).
+  StateSchema& optional_record(std::string name, Length bytes, Write write, Read check, Read read,
+                               std::function<void()> absent);
 
   // A rule choice (onebit/rule_flag.hpp): one int32 0 or 1; blobs without it
   // were written by the old rule (false). `what` names it in messages.
@@ -91,6 +100,10 @@ class StateSchema {
   // Throws, changing nothing, unless the blob holds every section with its
   // length and valid values.
   void check(const BlobReader& r) const;
+  // The records' value checks alone, of those the blob holds with their
+  // length (throws, changes nothing): what is impossible in the blob,
+  // found before check() compares it with the live state.
+  void check_values(const BlobReader& r) const;
   void restore(const BlobReader& r) const;
 
  private:
@@ -98,6 +111,7 @@ class StateSchema {
     std::function<void(BlobWriter&)> save;
     std::function<void(const BlobReader&)> check;
     std::function<void(const BlobReader&)> restore;
+    std::function<void(const BlobReader&)> values;  // records only: check_values
     // Arrays only.
     std::function<void*()> data;
     Kernels* kernels = nullptr;
@@ -106,6 +120,8 @@ class StateSchema {
     Slicer slice;
     std::function<bool()> listed;
   };
+  StateSchema& add_record(std::string name, Length bytes, Write write, Read check, Read read,
+                          bool optional, std::function<void()> absent);
   std::vector<Entry> entries_;
 };
 

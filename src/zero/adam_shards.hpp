@@ -17,10 +17,9 @@
 
 namespace dsopt {
 
-// Blob section names of ZeRO, and the moments' prefixes
-// (state/section_names.hpp).
-constexpr const char* kAdamMomentsPrefix = "adam";
-constexpr const char* kLambMomentsPrefix = "lamb";
+// Blob section names of ZeRO (the moments' are <prefix>.exp_avg and
+// <prefix>.exp_avg_sq, state/section_names.hpp, with the prefix of the
+// algorithm's descriptor).
 constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kZeroFeedbackSection = "zero.feedback";  // a rank's gradient residual

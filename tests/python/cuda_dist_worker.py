@@ -48,17 +48,20 @@ def main(backend, out_dir):
         report["collectives"] = {"problems": problems, "fallbacks": fallbacks}
     path = Path(out_dir) / f"{backend}-rank{rank}.json"
     runs = report["runs"] = {}
-    for name in ls.CONFIGS:
-        for dtype_name, dtype in ls.DTYPES.items():
-            key = f"{name}.{dtype_name}"
-            try:
-                run = ls.run_lockstep(name, ls.DEVICE, dtype, world=size, rank=rank, comms=comms)
-                runs[key] = {"mismatch": run["mismatch"], "losses": run["losses"],
-                             "compressed": run["compressed"],
-                             "params": hashlib.sha256(run["params"].tobytes()).hexdigest()}
-            except Exception:  # noqa: BLE001 - reported; the ranks go on together
-                runs[key] = {"error": traceback.format_exc(limit=4)}
-            path.write_text(json.dumps(report))
+    # every config, then overlap=True under ZeRO (the parameter allgather
+    # deferred behind the next forward where the communicator allows it)
+    keys = [(f"{name}.{d}", name, d, False) for name in ls.CONFIGS for d in ls.DTYPES]
+    keys += [(f"{name}.{d}.prefetch", name, d, True) for name in ls.ZERO_CONFIGS for d in ls.DTYPES]
+    for key, name, dtype_name, overlap in keys:
+        try:
+            run = ls.run_lockstep(name, ls.DEVICE, ls.DTYPES[dtype_name], world=size, rank=rank,
+                                  comms=comms, overlap=overlap)
+            runs[key] = {"mismatch": run["mismatch"], "losses": run["losses"],
+                         "compressed": run["compressed"],
+                         "params": hashlib.sha256(run["params"].tobytes()).hexdigest()}
+        except Exception:  # noqa: BLE001 - reported; the ranks go on together
+            runs[key] = {"error": traceback.format_exc(limit=4)}
+        path.write_text(json.dumps(report))
     report["finished"] = True
     path.write_text(json.dumps(report))
     if backend != "mpi":

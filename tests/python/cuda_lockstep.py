@@ -64,6 +64,9 @@ CONFIGS = {
         1, gradients="sign", parameters="bf16")),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# The configs under ZeRO stage 1/2, which overlap=True runs with the
+# parameter allgather deferred.
+ZERO_CONFIGS = [name for name, c in CONFIGS.items() if c.get("zero_optimization", {}).get("stage")]
 
 
 def _device_under_test():
@@ -194,22 +197,32 @@ class Lockstep:
         self.dut_opt.close()
 
 
-def run_lockstep(name, device, dtype, world=1, rank=0, comms=(None, None), steps=STEPS):
+def run_lockstep(name, device, dtype, world=1, rank=0, comms=(None, None), steps=STEPS,
+                 overlap=False):
     """{"mismatch", "losses", "compressed", "bytes_sent", "params"} of a
     lockstep run: ``mismatch`` is the first step where the two sides
     differed (parameters, or what the step did), None when they never did.
-    Every step is taken either way, so that ranks stay together."""
-    run = Lockstep(name, device, dtype, comms)
+    Every step is taken either way, so that ranks stay together. With
+    ``overlap`` the device's optimizer has overlap=True (under ZeRO: the
+    parameter allgather deferred behind the next forward), and a forward of
+    the device's model (whose module hooks wait for the gathers) comes
+    before each comparison."""
+    run = Lockstep(name, device, dtype, comms, overlap=overlap)
     out = {"mismatch": None, "losses": [], "compressed": [], "bytes_sent": []}
     try:
         for step, (x, y) in enumerate(batches(world, rank, steps=steps), 1):
             out["losses"].append(run.step(x, y))
+            if overlap:
+                with torch.no_grad():
+                    run.dut(x.to(run.device, next(run.dut.parameters()).dtype))
             a, b = run.infos()
             difference = run.difference()
             if difference is not None:
                 difference = f"parameters at {difference}"
-            for field in ("step", "skipped", "compressed", "bytes_sent", "phase", "grad_norm",
-                          "loss_scale"):
+            # (overlap=True hands the gradients over, whose handshake adds
+            # 16 bytes to bytes_sent)
+            fields = ["step", "skipped", "compressed", "phase", "grad_norm", "loss_scale"]
+            for field in fields if overlap else fields + ["bytes_sent"]:
                 if difference is None and getattr(a, field) != getattr(b, field):
                     difference = f"info.{field} {getattr(a, field)} on the CPU, " \
                                  f"{getattr(b, field)} on {device}"

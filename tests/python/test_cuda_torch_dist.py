@@ -32,6 +32,7 @@ if ls.missing():
     pytest.skip(ls.missing(), allow_module_level=True)
 
 KEYS = [f"{name}.{dtype}" for name in ls.CONFIGS for dtype in ls.DTYPES]
+KEYS += [f"{name}.{dtype}.prefetch" for name in ls.ZERO_CONFIGS for dtype in ls.DTYPES]
 TIMEOUT = 400
 
 
