@@ -122,9 +122,9 @@ void describe_common_state(StateSchema& s, const CommonState& c) {
   describe_param_steps(s, g);
   s.check([g](const BlobReader& r) { g->check_hyper_size(r); })
       .optional_record(kHyperSection, [g](const BlobReader* r) { return g->hyper_bytes(r); },
-                    [g](FieldWriter& f) { g->write_hyper(f); },
-                    [g](FieldReader& f) { g->check_hyper(f); },
-                    [g](FieldReader& f) { g->read_hyper(f); }, nullptr);
+                       [g](FieldWriter& f) { g->write_hyper(f); },
+                       [g](FieldReader& f) { g->check_hyper(f); },
+                       [g](FieldReader& f) { g->read_hyper(f); }, nullptr);
   describe_divergence(s, &c.divergence);
 }
 
