@@ -336,16 +336,18 @@ DSOPT_API int dsopt_get_lr(const dsopt_optimizer *opt, int32_t group, double *ou
 DSOPT_API int dsopt_set_group_lr(dsopt_optimizer *opt, int32_t group, double lr);
 
 /* The canonical way to read or set a group's hyperparameter at run time, by
- * name: "lr", "beta1", "beta2", "eps", "weight_decay". A value set applies
- * from the next step on and is part of the state blob; lr, eps and
- * weight_decay finite and >= 0, betas in [0, 1) and below 1 in fp32. Not
- * collective; the same values on every rank. Returns DSOPT_OK or
- * DSOPT_EINVAL (NULL pointer, group out of range, unknown name, a name the
- * algorithm does not have (Lion: "eps"), invalid value; nothing changes). */
+ * name: the algorithm's (dsopt_group_param_names), e.g. "lr", "beta1",
+ * "beta2", "eps", "weight_decay" for Adam. A value set applies from the
+ * next step on and is part of the state blob; lr, eps and weight_decay
+ * finite and >= 0, betas in [0, 1) and below 1 in fp32. Not collective;
+ * the same values on every rank. Returns DSOPT_OK or DSOPT_EINVAL (NULL
+ * pointer, group out of range, a name the algorithm does not have (Lion:
+ * "eps"), invalid value; nothing changes). */
 DSOPT_API int dsopt_get_group_param(const dsopt_optimizer *opt, int32_t group, const char *name,
                                     double *out_value);
 DSOPT_API int dsopt_set_group_param(dsopt_optimizer *opt, int32_t group, const char *name,
                                     double value);
+
 
 /* Loss scale the caller multiplies its loss by for the next backward pass
  * (1.0 when loss scaling is off). Returns DSOPT_OK or DSOPT_EINVAL. */
@@ -505,6 +507,18 @@ DSOPT_API int dsopt_state_names(const dsopt_optimizer *opt, const char **out_nam
  * (nothing written). */
 DSOPT_API int dsopt_get_config(const dsopt_optimizer *opt, char *dst, uint64_t capacity,
                                uint64_t *out_size);
+
+/* The group hyperparameters of the algorithm `optimizer_type` (a config's
+ * "optimizer.type", any case or alias): the names dsopt_get/set_group_param
+ * accept, separated by single spaces ("lr beta1 beta2 eps weight_decay";
+ * Lion: "lr beta1 beta2 weight_decay"), and in *out_keys the config key of
+ * each, in the same order ("lr betas betas eps weight_decay"): a key named
+ * more than once is a list of those hyperparameters' values, in that order,
+ * in optimizer.params and param_groups[i]. Either out pointer may be NULL,
+ * not both. The strings are static. Returns DSOPT_OK or DSOPT_EINVAL (NULL
+ * pointers, unknown type). */
+DSOPT_API int dsopt_group_param_names(const char *optimizer_type, const char **out_names,
+                                      const char **out_keys);
 
 /* The canonical JSON of a config text, without an optimizer (what
  * dsopt_get_config of an optimizer created from it returns before any

@@ -9,7 +9,6 @@ namespace {
 using namespace config;
 
 void read_adam(const json& params, const std::string& path, OptimizerConfig& cfg, bool always_decoupled) {
-  read_hyper(params, path, cfg.defaults);
   cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
   const bool adam_w_mode = boolean(params, path, "adam_w_mode", true);
   if (always_decoupled && !adam_w_mode)

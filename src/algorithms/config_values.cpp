@@ -71,27 +71,60 @@ void require_fp32(double v, const std::string& path, bool nonzero) {
     bad(path, "is too small for fp32 (" + std::to_string(v) + ")");
 }
 
-void read_hyper(const json& obj, const std::string& path, AdamHyper& h) {
-  h.lr = number(obj, path, "lr", h.lr);
-  require(h.lr >= 0, sub(path, "lr"), "must be >= 0, got " + std::to_string(h.lr));
-  require_fp32(h.lr, sub(path, "lr"), false);
-  if (obj.contains("betas")) {
-    const json& b = obj.at("betas");
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
-      bad(sub(path, "betas"), "must be a list of two numbers, got " + b.dump());
-    h.beta1 = b[0].get<double>();
-    h.beta2 = b[1].get<double>();
-    for (double beta : {h.beta1, h.beta2})
-      require(beta >= 0 && beta < 1 && float(beta) < 1.0f, sub(path, "betas"),
-              "each beta must be in [0, 1) and below 1 in fp32 (at most 0.99999994), got " +
-                  b.dump());
+namespace {
+
+// One value of hyperparameter `p` read from the config, checked.
+void check_hyper(const HyperParam& p, double v, const std::string& path, const std::string& shown,
+                 bool in_list) {
+  if (p.range == HyperRange::Beta) {
+    require(v >= 0 && v < 1 && float(v) < 1.0f, path,
+            std::string(in_list ? "each beta must" : "must") +
+                " be in [0, 1) and below 1 in fp32 (at most 0.99999994), got " + shown);
+    return;
   }
-  h.eps = number(obj, path, "eps", h.eps);
-  require(h.eps > 0, sub(path, "eps"), "must be > 0, got " + std::to_string(h.eps));
-  require_fp32(h.eps, sub(path, "eps"), true);
-  h.weight_decay = number(obj, path, "weight_decay", h.weight_decay);
-  require(h.weight_decay >= 0, sub(path, "weight_decay"), "must be >= 0");
-  require_fp32(h.weight_decay, sub(path, "weight_decay"), false);
+  if (p.positive_in_config) require(v > 0, path, "must be > 0, got " + shown);
+  else require(v >= 0, path, "must be >= 0, got " + shown);
+  require_fp32(v, path, p.positive_in_config);
+}
+
+}  // namespace
+
+void read_hyper(const json& obj, const std::string& path, const std::vector<HyperParam>& params,
+                AdamHyper& h) {
+  for (const std::string& key : hyper_keys(params)) {
+    std::vector<const HyperParam*> of_key;
+    for (const HyperParam& p : params)
+      if (p.key == key) of_key.push_back(&p);
+    if (!obj.contains(key)) continue;
+    const json& v = obj.at(key);
+    if (of_key.size() == 1) {
+      const double d = number(obj, path, key, 0.0);
+      check_hyper(*of_key[0], d, sub(path, key), std::to_string(d), false);
+      of_key[0]->set(h, d);
+      continue;
+    }
+    bool numbers = v.is_array() && v.size() == of_key.size();
+    for (size_t i = 0; numbers && i < v.size(); ++i) numbers = v[i].is_number();
+    if (!numbers)
+      bad(sub(path, key), "must be a list of " +
+                              (of_key.size() == 2 ? std::string("two") : std::to_string(of_key.size())) +
+                              " numbers, got " + v.dump());
+    for (size_t i = 0; i < of_key.size(); ++i) {
+      check_hyper(*of_key[i], v[i].get<double>(), sub(path, key), v.dump(), true);
+      of_key[i]->set(h, v[i].get<double>());
+    }
+  }
+}
+
+json write_hyper(const std::vector<HyperParam>& params, const AdamHyper& h) {
+  json out = json::object();
+  for (const std::string& key : hyper_keys(params)) {
+    json values = json::array();
+    for (const HyperParam& p : params)
+      if (p.key == key) values.push_back(p.get(h));
+    out[key] = values.size() == 1 ? values[0] : values;
+  }
+  return out;
 }
 
 }  // namespace dsopt::config

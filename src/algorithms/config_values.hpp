@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "math/adam.hpp"
+#include "optim/hyper_params.hpp"
 
 namespace dsopt::config {
 
@@ -32,7 +34,12 @@ bool boolean(const json& obj, const std::string& path, const std::string& key, b
 void require(bool ok, const std::string& path, const std::string& what);
 // The update runs in fp32: a value must survive the conversion.
 void require_fp32(double v, const std::string& path, bool nonzero);
-// lr, betas, eps, weight_decay of `obj` over `h` (optimizer.params or a group).
-void read_hyper(const json& obj, const std::string& path, AdamHyper& h);
+// The hyperparameters `params` of `obj` (optimizer.params or a group) over
+// `h`, each checked as its descriptor says; an absent key leaves its value.
+void read_hyper(const json& obj, const std::string& path, const std::vector<HyperParam>& params,
+                AdamHyper& h);
+// The hyperparameters `params` of `h` by config key: a number, or the list
+// of the values of a key several hyperparameters share.
+json write_hyper(const std::vector<HyperParam>& params, const AdamHyper& h);
 
 }  // namespace dsopt::config

@@ -39,7 +39,6 @@ void read_lamb(const json& params, const std::string& path, OptimizerConfig& cfg
                                     "\"gradient_clipping\"");
   if (boolean(params, path, "eps_inside_sqrt", false))
     bad(sub(path, "eps_inside_sqrt"), "eps is always added outside the square root");
-  read_hyper(params, path, cfg.defaults);
   cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
   cfg.defaults.decoupled = true;
   read_lamb_coeffs(params, path, cfg.lamb);

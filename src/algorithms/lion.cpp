@@ -12,11 +12,11 @@ namespace {
 Algorithm lion() {
   Algorithm a;
   a.type = "Lion";
-  a.hyper = {"lr", "betas", "weight_decay"};
-  a.defaults.lr = 1e-4;
-  a.defaults.beta1 = 0.9;
-  a.defaults.beta2 = 0.99;
-  a.defaults.weight_decay = 0.0;
+  a.hyper = adam_hyper_params({"lr", "beta1", "beta2", "weight_decay"});  // no eps
+  for (HyperParam& p : a.hyper) {
+    if (p.name == "lr") p.dflt = 1e-4;
+    if (p.name == "beta2") p.dflt = 0.99;
+  }
   a.defaults.bias_correction = false;  // the constants are Adam's with lr as the step
   a.defaults.decoupled = true;
   a.rule = MomentRule::Elementwise;
@@ -25,9 +25,7 @@ Algorithm lion() {
   a.moments_prefix = "lion";
   a.sharded = true;
   a.offload = true;
-  a.read_params = [](const config::json& params, const std::string& path, OptimizerConfig& cfg) {
-    config::read_hyper(params, path, cfg.defaults);
-  };
+  a.read_params = [](const config::json&, const std::string&, OptimizerConfig&) {};
   a.write_params = [](const OptimizerConfig&, config::json&) {};
   return a;
 }

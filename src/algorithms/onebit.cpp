@@ -29,7 +29,6 @@ void read_onebit(const json& params, const std::string& path, OptimizerConfig& c
   if (params.contains("max_grad_norm"))
     bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
                                     "clip with the top-level \"gradient_clipping\"");
-  read_hyper(params, path, cfg.defaults);
   const bool corrected = boolean(params, path, "bias_correction", true);
   cfg.defaults.bias_correction = corrects && corrected;
   boolean(params, path, "eps_inside_sqrt", false);

@@ -34,11 +34,14 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   cfg.algorithm = alg;
   cfg.type = alg->type;
   cfg.defaults = alg->defaults;
+  set_hyper_defaults(alg->hyper, cfg.defaults);
   const json params = opt.contains("params") ? opt.at("params") : json::object();
   const std::string path = "optimizer.params";
-  std::set<std::string> keys(alg->hyper.begin(), alg->hyper.end());
+  const std::vector<std::string> hyper = hyper_keys(alg->hyper);
+  std::set<std::string> keys(hyper.begin(), hyper.end());
   keys.insert(alg->keys.begin(), alg->keys.end());
   check_keys(params, path, keys, {"comm_backend_name", "cuda_aware"});
+  read_hyper(params, path, alg->hyper, cfg.defaults);
   alg->read_params(params, path, cfg);
   if (boolean(params, path, "amsgrad", false)) bad(sub(path, "amsgrad"), "AMSGrad is not supported");
   if (boolean(params, path, "cuda_aware", false)) cfg.cuda_aware = true;
@@ -54,11 +57,12 @@ void read_groups(const json& root, OptimizerConfig& cfg) {
   if (!groups.is_array() || groups.empty()) bad("param_groups", "must be a non-empty list of objects");
   for (size_t i = 0; i < groups.size(); ++i) {
     const std::string path = "param_groups[" + std::to_string(i) + "]";
-    std::set<std::string> keys(cfg.algorithm->hyper.begin(), cfg.algorithm->hyper.end());
+    const std::vector<std::string> hyper = hyper_keys(cfg.algorithm->hyper);
+    std::set<std::string> keys(hyper.begin(), hyper.end());
     keys.insert(cfg.algorithm->group_keys.begin(), cfg.algorithm->group_keys.end());
     check_keys(groups[i], path, keys);
     AdamHyper h = cfg.defaults;
-    read_hyper(groups[i], path, h);
+    read_hyper(groups[i], path, cfg.algorithm->hyper, h);
     cfg.groups.push_back(h);
     cfg.non_freeze.push_back(boolean(groups[i], path, "non_freeze", false));
   }

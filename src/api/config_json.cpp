@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "algorithms/config_values.hpp"
 #include "api/config.hpp"
 #include "base/error.hpp"
 #include "optim/optimizer.hpp"
@@ -14,12 +15,7 @@ namespace {
 using json = nlohmann::json;
 
 // The algorithm's hyperparameters of one group.
-json hyper(const OptimizerConfig& c, const AdamHyper& h) {
-  json all = {{"lr", h.lr}, {"betas", {h.beta1, h.beta2}}, {"eps", h.eps}, {"weight_decay", h.weight_decay}};
-  json out = json::object();
-  for (const std::string& key : c.algorithm->hyper) out[key] = all[key];
-  return out;
-}
+json hyper(const OptimizerConfig& c, const AdamHyper& h) { return config::write_hyper(c.algorithm->hyper, h); }
 
 // optimizer.params: the keys of the type, aliases resolved, as applied
 // (the algorithm's descriptor writes its own).
@@ -95,12 +91,8 @@ std::string canonical_config(const char* json_text) {
 std::string current_config(const Optimizer& opt, const std::string& text) {
   OptimizerConfig c = parse_config(text.c_str());
   for (int32_t g = 0; g < opt.groups().num_groups(); ++g) {
-    AdamHyper& h = c.groups[size_t(g)];
-    h.lr = opt.groups().group_param(g, "lr");
-    h.beta1 = opt.groups().group_param(g, "beta1");
-    h.beta2 = opt.groups().group_param(g, "beta2");
-    if (opt.groups().has_group_param("eps")) h.eps = opt.groups().group_param(g, "eps");
-    h.weight_decay = opt.groups().group_param(g, "weight_decay");
+    for (const HyperParam& p : c.algorithm->hyper)
+      p.set(c.groups[size_t(g)], opt.groups().group_param(g, p.name));
   }
   c.pipeline.gradient_clipping = opt.gradient_clipping();
   return to_json(c, bf16_enabled(text)).dump();

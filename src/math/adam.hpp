@@ -17,6 +17,9 @@ struct AdamHyper {
   double weight_decay = 0.0;
   bool bias_correction = true;
   bool decoupled = true;  // AdamW: decay applied to p; false: L2, added to g
+  // The values of an algorithm's hyperparameters that Adam lacks, where its
+  // descriptor places them (optim/hyper_params.hpp); its rule reads them.
+  double extra[4] = {0.0, 0.0, 0.0, 0.0};
 };
 
 // Per-group, per-step fp32 constants of the Adam update; the other rules'

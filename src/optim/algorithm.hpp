@@ -13,6 +13,7 @@
 #include "comm/comm.hpp"
 #include "kernels/kernels.hpp"
 #include "math/adam.hpp"
+#include "optim/hyper_params.hpp"
 
 namespace dsopt {
 
@@ -28,9 +29,12 @@ enum class MomentRule { None, Elementwise, Lamb };
 struct Algorithm {
   std::string type;                  // canonical "optimizer.type", also the blob's algorithm
   std::vector<std::string> aliases;  // other accepted spellings (any case, as the type)
-  // Its hyperparameters, per group: the keys of optimizer.params and of
-  // param_groups[i] among lr, betas, eps, weight_decay, and their defaults.
-  std::vector<std::string> hyper = {"lr", "betas", "eps", "weight_decay"};
+  // Its hyperparameters, per group (optim/hyper_params.hpp): names, config
+  // keys of optimizer.params and param_groups[i], defaults, accepted values
+  // and where each lives; lr first. The blob's hyper section holds them.
+  std::vector<HyperParam> hyper = adam_hyper_params();
+  // The rule's settings beyond the hyperparameters (bias_correction,
+  // decoupled); `hyper` sets the rest.
   AdamHyper defaults;
   // optimizer.params: the keys accepted beyond the hyperparameters.
   std::vector<std::string> keys;

@@ -120,9 +120,11 @@ void describe_common_state(StateSchema& s, const CommonState& c) {
   s.optional_record(kRunSection, 8, [run_id](FieldWriter& f) { f.add(*run_id); }, nullptr,
                     [run_id](FieldReader& f) { *run_id = f.get<uint64_t>(); }, nullptr);
   describe_param_steps(s, g);
-  s.optional_record(kHyperSection, uint64_t(g->num_groups()) * HyperGroups::kHyperDoubles * 8,
-                    [g](FieldWriter& f) { g->write_hyper(f); }, nullptr,
-                    [g](FieldReader& f) { g->read_hyper(f); }, nullptr);
+  s.check([g](const BlobReader& r) { g->check_hyper_size(r); })
+      .optional_record(kHyperSection, [g](const BlobReader* r) { return g->hyper_bytes(r); },
+                       [g](FieldWriter& f) { g->write_hyper(f); },
+                       [g](FieldReader& f) { g->check_hyper(f); },
+                       [g](FieldReader& f) { g->read_hyper(f); }, nullptr);
   describe_divergence(s, &c.divergence);
 }
 

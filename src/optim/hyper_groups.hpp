@@ -24,12 +24,10 @@ class HyperGroups {
   // Throws Error(DSOPT_EINVAL) for a group out of range.
   double lr(int32_t group) const;
   void set_lr(int32_t group, double lr);  // group -1: every group
-  // Group hyperparameters by name ("lr", "beta1", "beta2", "eps",
-  // "weight_decay"; group_params.cpp). Throw Error(DSOPT_EINVAL), changing
-  // nothing, on a bad group, name or value.
+  // Group hyperparameters by the names of the algorithm's descriptor
+  // (Algorithm::hyper: "lr", "beta1", ...; group_params.cpp). Throw
+  // Error(DSOPT_EINVAL), changing nothing, on a bad group, name or value.
   double group_param(int32_t group, const std::string& name) const;
-  // Whether the algorithm has hyperparameter `name` (Lion has no "eps").
-  bool has_group_param(const std::string& name) const;
   void set_group_param(int32_t group, const std::string& name, double value);
 
   const AdamHyper& group(int32_t g) const { return groups_[size_t(g)]; }
@@ -57,9 +55,17 @@ class HyperGroups {
   // Every group's lr, in group order.
   void write_lrs(FieldWriter& f) const;
   void read_lrs(FieldReader& f);
-  // Per group: beta1, beta2, eps, weight_decay (doubles).
-  static constexpr uint64_t kHyperDoubles = 4;
+  // Per group, the algorithm's hyperparameters but lr, as
+  // optim/hyper_section.hpp lays them out. hyper_bytes: the section's length
+  // (blob nullptr: the live one; of blob r: the layout r holds);
+  // check_hyper throws Error(DSOPT_ECORRUPT), changing nothing, on a value
+  // out of range; read_hyper restores the checked values. check_hyper_size
+  // throws Error(DSOPT_ECORRUPT) when blob r's section has a size of no
+  // layout (after the group count is known to match).
+  uint64_t hyper_bytes(const BlobReader* r) const;
+  void check_hyper_size(const BlobReader& r) const;
   void write_hyper(FieldWriter& f) const;
+  void check_hyper(FieldReader& f) const;
   void read_hyper(FieldReader& f);
   // Parameter steps of a blob saved before parameters counted their own:
   // their groups' steps.

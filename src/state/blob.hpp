@@ -109,6 +109,8 @@ class FieldReader {
   T get();
   // The next `n` bytes (throws Error(DSOPT_ECORRUPT) past the end).
   const uint8_t* take(uint64_t n);
+  // The bytes not read yet.
+  uint64_t remaining() const { return n_ - pos_; }
 
  private:
   const uint8_t* p_;

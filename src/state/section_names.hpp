@@ -13,7 +13,7 @@ constexpr const char* kScalerSection = "common.loss_scaler";
 constexpr const char* kRunSection = "common.run";
 // Optional on load: blobs of an earlier layout lack them.
 constexpr const char* kParamStepsSection = "common.param_steps";  // int64 per parameter
-constexpr const char* kHyperSection = "common.hyper";  // per group: beta1, beta2, eps, weight_decay
+constexpr const char* kHyperSection = "common.hyper";  // per group: the algorithm's hyperparameters but lr (optim/hyper_section.hpp)
 // Optional on load too: the divergence check's state
 // (optim/divergence_check.hpp).
 constexpr const char* kDivergenceSection = "common.divergence";

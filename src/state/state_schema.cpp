@@ -31,17 +31,23 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
 
 StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, Read check,
                                  Read read) {
-  return add_record(std::move(name), bytes, std::move(write), std::move(check), std::move(read),
-                    false, nullptr);
+  return add_record(std::move(name), [bytes](const BlobReader*) { return bytes; }, std::move(write),
+                    std::move(check), std::move(read), false, nullptr);
 }
 
 StateSchema& StateSchema::optional_record(std::string name, uint64_t bytes, Write write,
                                           Read check, Read read, std::function<void()> absent) {
-  return add_record(std::move(name), bytes, std::move(write), std::move(check), std::move(read),
-                    true, std::move(absent));
+  return optional_record(std::move(name), [bytes](const BlobReader*) { return bytes; },
+                         std::move(write), std::move(check), std::move(read), std::move(absent));
 }
 
-StateSchema& StateSchema::add_record(std::string name, uint64_t bytes, Write write, Read check,
+StateSchema& StateSchema::optional_record(std::string name, Length bytes, Write write, Read check,
+                                          Read read, std::function<void()> absent) {
+  return add_record(std::move(name), std::move(bytes), std::move(write), std::move(check),
+                    std::move(read), true, std::move(absent));
+}
+
+StateSchema& StateSchema::add_record(std::string name, Length bytes, Write write, Read check,
                                      Read read, bool optional, std::function<void()> absent) {
   const std::string n = name;
   Entry e;
@@ -52,12 +58,15 @@ StateSchema& StateSchema::add_record(std::string name, uint64_t bytes, Write wri
   };
   e.check = [n, bytes, check, optional](const BlobReader& r) {
     if (optional && !r.has(n)) return;
-    FieldReader f(r.section(n, bytes), bytes);
+    const uint64_t size = bytes(&r);
+    FieldReader f(r.section(n, size), size);
     if (check) check(f);
   };
   e.values = [n, bytes, check](const BlobReader& r) {
-    if (!check || !r.has(n) || r.section_size(n) != bytes) return;
-    FieldReader f(r.section(n, bytes), bytes);
+    if (!check || !r.has(n)) return;
+    const uint64_t size = bytes(&r);
+    if (r.section_size(n) != size) return;
+    FieldReader f(r.section(n, size), size);
     check(f);
   };
   e.restore = [n, bytes, read, optional, absent](const BlobReader& r) {
@@ -66,7 +75,8 @@ StateSchema& StateSchema::add_record(std::string name, uint64_t bytes, Write wri
       return;
     }
     if (!read) return;
-    FieldReader f(r.section(n, bytes), bytes);
+    const uint64_t size = bytes(&r);
+    FieldReader f(r.section(n, size), size);
     read(f);
   };
   entries_.push_back(std::move(e));

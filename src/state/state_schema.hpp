@@ -44,6 +44,10 @@ class StateSchema {
   // changes) restores in its place.
   StateSchema& optional_record(std::string name, uint64_t bytes, Write write, Read check,
                                Read read, std::function<void()> absent);
+  // The same for an optional record whose length depends on the blob
+  // (`bytes` as for an array: a section laid out as an earlier layout was).
+  StateSchema& optional_record(std::string name, Length bytes, Write write, Read check, Read read,
+                               std::function<void()> absent);
 
   // A rule choice (onebit/rule_flag.hpp): one int32 0 or 1; blobs without it
   // were written by the old rule (false). `what` names it in messages.
@@ -116,7 +120,7 @@ class StateSchema {
     Slicer slice;
     std::function<bool()> listed;
   };
-  StateSchema& add_record(std::string name, uint64_t bytes, Write write, Read check, Read read,
+  StateSchema& add_record(std::string name, Length bytes, Write write, Read check, Read read,
                           bool optional, std::function<void()> absent);
   std::vector<Entry> entries_;
 };

@@ -2,7 +2,8 @@
 // an optional one saved, checked and restored; a blob without the optional
 // record passes the check and restores its stand-in; a blob without the
 // required one fails; check_values rejects an impossible value of a record
-// the blob holds with its length and leaves out the others.
+// the blob holds with its length and leaves out the others; an optional
+// record whose length the blob chooses reads either layout it accepts.
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -146,6 +147,51 @@ void values() {
   check(status_of([&] { s.check_values(n); }) == DSOPT_OK, "check_values leaves an absent record");
 }
 
+// t.pair: two doubles, or one in a blob of the earlier layout (the second
+// then keeps its value); each must be >= 0.
+StateSchema pair_schema(double (&pair)[2]) {
+  StateSchema s;
+  const auto length = [&pair](const BlobReader* r) -> uint64_t {
+    return r && r->has("t.pair") && r->section_size("t.pair") == 8 ? 8 : 16;
+  };
+  s.optional_record("t.pair", length, [&pair](FieldWriter& f) { f.add(pair[0]).add(pair[1]); },
+                    [](FieldReader& f) {
+                      while (f.remaining())
+                        if (!(f.get<double>() >= 0)) dsopt::fail(DSOPT_ECORRUPT, "negative");
+                    },
+                    [&pair](FieldReader& f) {
+                      for (int i = 0; f.remaining(); ++i) pair[i] = f.get<double>();
+                    },
+                    nullptr);
+  return s;
+}
+
+struct Two {
+  double a, b;
+};
+
+void record_of_blob_length() {
+  double pair[2] = {1.0, 2.0};
+  const StateSchema s = pair_schema(pair);
+  const std::vector<uint8_t> now = blob({{"t.pair", bytes(Two{3.0, 4.0})}});
+  const BlobReader r(now.data(), now.size());
+  check(status_of([&] { s.check_values(r); s.check(r); }) == DSOPT_OK, "the live layout passes");
+  s.restore(r);
+  check(pair[0] == 3.0 && pair[1] == 4.0, "the live layout restored");
+  const std::vector<uint8_t> earlier = blob({{"t.pair", bytes<double>(5.0)}});
+  const BlobReader e(earlier.data(), earlier.size());
+  check(status_of([&] { s.check_values(e); s.check(e); }) == DSOPT_OK, "the earlier layout passes");
+  s.restore(e);
+  check(pair[0] == 5.0 && pair[1] == 4.0, "the earlier layout restored, the rest kept");
+  const std::vector<uint8_t> bad = blob({{"t.pair", bytes<double>(-5.0)}});
+  const BlobReader b(bad.data(), bad.size());
+  check(status_of([&] { s.check_values(b); }) == DSOPT_ECORRUPT, "check_values reads the earlier layout");
+  const std::vector<uint8_t> odd = blob({{"t.pair", bytes<float>(1.0f)}});
+  const BlobReader o(odd.data(), odd.size());
+  check(status_of([&] { s.check_values(o); }) == DSOPT_OK, "check_values leaves a length of no layout");
+  check(status_of([&] { s.check(o); }) == DSOPT_EMISMATCH, "check rejects it");
+}
+
 }  // namespace
 
 int main() {
@@ -154,6 +200,7 @@ int main() {
   required_record_absent();
   optional_record_wrong_length();
   values();
+  record_of_blob_length();
   std::printf("%s: %d failures\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }

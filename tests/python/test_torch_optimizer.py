@@ -368,3 +368,46 @@ def test_load_state_dict_shards_rejects_bad_lists_and_changes_nothing():
 
     fresh.load_state_dict_shards([saved])
     assert fresh.state_dict()["dsopt_state"] == saved["dsopt_state"]
+
+
+TORCH_CLASSES = ("Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Lion")
+# Each algorithm's group hyperparameters as docs/reference/config.md lists
+# them (written out here, not read from dsopt).
+GROUP_HYPER_KEYS = dict({t: {"lr", "betas", "eps", "weight_decay"} for t in TORCH_CLASSES},
+                        Lion={"lr", "betas", "weight_decay"})
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_CLASSES))
+def test_groups_carry_exactly_the_algorithms_hyperparameters(name):
+    """Groups have the algorithm's hyperparameters (dsopt's list; Lion no
+    eps), none other; each change reaches dsopt before the next step, and a
+    state dict round trip restores them."""
+    model = make_model()
+    params = list(model.parameters())
+    cls = getattr(dsopt.torch, name)
+    opt = cls([{"params": params[:2]}, {"params": params[2:], "lr": 0.002}], lr=0.01)
+    hyper = {key for _, key in dsopt.group_params(name)}
+    assert hyper == GROUP_HYPER_KEYS[name]
+    for group in opt.param_groups:
+        assert {"lr", "betas", "eps", "weight_decay"} & set(group) == hyper
+        assert hyper <= set(opt.defaults)
+    assert opt.param_groups[1]["lr"] == 0.002 and isinstance(opt.param_groups[1]["betas"], tuple)
+    train(model, opt, 2)
+    opt.param_groups[1]["betas"] = (0.5, 0.75)
+    opt.param_groups[0]["weight_decay"] = 0.125
+    train(model, opt, 1, first=2)
+    assert opt.dsopt.get_group_param(1, "beta1") == 0.5
+    assert opt.dsopt.get_group_param(1, "beta2") == 0.75
+    assert opt.dsopt.get_group_param(0, "weight_decay") == 0.125
+    saved = opt.state_dict()
+    model2 = make_model(seed=1)
+    params2 = list(model2.parameters())
+    opt2 = cls([{"params": params2[:2]}, {"params": params2[2:], "lr": 0.002}], lr=0.01)
+    opt2.load_state_dict(saved)
+    assert opt2.param_groups[1]["betas"] == (0.5, 0.75)
+    assert opt2.dsopt.get_group_param(1, "beta2") == 0.75
+    assert opt2.dsopt.get_group_param(0, "weight_decay") == 0.125
+    assert {"lr", "betas", "eps", "weight_decay"} & set(opt2.param_groups[0]) == hyper
+    opt.param_groups[1]["betas"] = (0.5, 1.0)
+    with pytest.raises(ValueError, match="beta parameter at index 1"):
+        opt.step()

@@ -46,6 +46,14 @@ def canonical_config(config) -> dict:
     return _config.canonical(config)
 
 
+def group_params(optimizer_type) -> tuple:
+    """The group hyperparameters of an algorithm (its ``optimizer.type``,
+    any case or alias) as ``(name, config key)`` pairs, in order:
+    ``(("lr", "lr"), ("beta1", "betas"), ...)`` (``dsopt_group_param_names``).
+    The names are those ``Optimizer.get_group_param`` takes."""
+    return _config.group_params(optimizer_type)
+
+
 def version() -> str:
     """Version of the loaded libdsopt ("MAJOR.MINOR.PATCH")."""
     number = lib.dsopt_version_number()
@@ -90,5 +98,5 @@ __all__ = [
     "InvalidArgumentType", "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory",
     "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
     "Unsupported",
-    "bf16", "build_info", "canonical_config", "check", "library_path", "version",
+    "bf16", "build_info", "canonical_config", "check", "group_params", "library_path", "version",
 ]

@@ -95,4 +95,18 @@ def canonical(config) -> dict:
     return json.loads(read_text(lambda dst, cap, size: lib.dsopt_config_canonical(text, dst, cap, size)))
 
 
-__all__ = ["canonical", "resolve"]
+def group_params(optimizer_type) -> tuple:
+    """The group hyperparameters of the algorithm ``optimizer_type`` (a
+    config's ``optimizer.type``, any case or alias), in order, each as
+    ``(name, key)``: the name ``Optimizer.get_group_param`` takes and its
+    config key, e.g. ``("beta1", "betas")`` (``dsopt_group_param_names``; a
+    key named more than once is a list of those values). Raises
+    ``InvalidArgument`` for an unknown type."""
+    if not isinstance(optimizer_type, str):
+        raise InvalidArgumentType(f"optimizer_type must be a str, got {type(optimizer_type).__name__}")
+    names, keys = ffi.new("const char **"), ffi.new("const char **")
+    check(lib.dsopt_group_param_names(optimizer_type.encode("utf-8"), names, keys))
+    return tuple(zip(ffi.string(names[0]).decode().split(), ffi.string(keys[0]).decode().split()))
+
+
+__all__ = ["canonical", "group_params", "resolve"]

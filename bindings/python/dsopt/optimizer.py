@@ -144,6 +144,7 @@ class Optimizer:
 
     def __init__(self, config, params, comm=None, *, groups=None):
         self._handle = None
+        self._group_param_names = None  # group_param_names, asked once
         params = list(params)
         config_text, group_indices = _config.resolve(config, groups, len(params))
         self._params = TensorList(params, writable=True, kind="params", groups=group_indices)
@@ -485,12 +486,24 @@ class Optimizer:
         return json.loads(_config.read_text(
             lambda dst, cap, size: lib.dsopt_get_config(handle, dst, cap, size)))
 
-    #: The names ``get_group_param`` / ``set_group_param`` take.
+    #: The names ``get_group_param`` / ``set_group_param`` take for Adam,
+    #: AdamW, LAMB and the 1-bit optimizers; ``group_param_names`` has this
+    #: optimizer's.
     GROUP_PARAMS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
+    @property
+    def group_param_names(self) -> tuple:
+        """The names ``get_group_param`` / ``set_group_param`` take for this
+        optimizer's algorithm, in order (``dsopt_group_param_names``; Lion:
+        no "eps")."""
+        if self._group_param_names is None:
+            optimizer_type = self.config["optimizer"]["type"]
+            self._group_param_names = tuple(n for n, _ in _config.group_params(optimizer_type))
+        return self._group_param_names
+
     def get_group_param(self, group: int, name: str) -> float:
-        """Hyperparameter ``name`` of group ``group``: "lr", "beta1",
-        "beta2", "eps" or "weight_decay" (``dsopt_get_group_param``)."""
+        """Hyperparameter ``name`` of group ``group``, one of
+        ``group_param_names`` (``dsopt_get_group_param``)."""
         out = ffi.new("double *")
         check(lib.dsopt_get_group_param(self._live(), as_int32(group, "group"),
                                         _param_name(name), out))

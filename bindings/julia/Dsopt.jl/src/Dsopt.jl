@@ -31,7 +31,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        mpi_communicator, nccl_communicator, custom_communicator, Collectives,
        comm_rank, comm_size,
        step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, threads, group_lr, num_groups, loss_scale,
-       group_param, set_group_param!, param_step, set_param_step!,
+       group_param, set_group_param!, group_param_names, param_step, set_param_step!,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage, state_memory_usage,
        set_momentum_mask!, rebind_params!, config, canonical_config,
        gather_buckets, gather_bucket_of, gathers_pending, wait_gather!, wait_gather_bucket!,
@@ -825,10 +825,28 @@ set_group_lr!(opt::Optimizer, group::Integer, lr::Real) =
                  live(opt), group - 1, lr)
 
 """
+    group_param_names(optimizer_type) -> Vector{Tuple{String,String}}
+
+The group hyperparameters of the algorithm `optimizer_type` (a config's
+"optimizer.type", any case or alias), each with its config key, in order:
+`("lr", "lr")`, `("beta1", "betas")`, ... (a key named more than once is a
+list of those values). The names are those `group_param` accepts.
+"""
+function group_param_names(optimizer_type::AbstractString)
+    names = Ref{Cstring}(C_NULL)
+    keys = Ref{Cstring}(C_NULL)
+    @check ccall((:dsopt_group_param_names, libdsopt), Cint,
+                 (Cstring, Ref{Cstring}, Ref{Cstring}), optimizer_type, names, keys)
+    return [(String(n), String(k))
+            for (n, k) in zip(split(unsafe_string(names[])), split(unsafe_string(keys[])))]
+end
+
+"""
     group_param(opt, group, name) -> Float64
 
-A hyperparameter of parameter group `group` (1-based) by name: "lr",
-"beta1", "beta2", "eps" or "weight_decay".
+A hyperparameter of parameter group `group` (1-based) by name: the
+algorithm's (`group_param_names`), e.g. "lr", "beta1", "beta2", "eps" or
+"weight_decay" for Adam.
 """
 function group_param(opt::Optimizer, group::Integer, name::AbstractString)
     value = Ref{Cdouble}(0)

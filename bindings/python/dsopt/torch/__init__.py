@@ -17,12 +17,13 @@ arguments, and the config-dict ``Optimizer`` they all are::
 
 What behaves as in torch.optim:
 
-* Groups: dicts with ``"params"`` and ``lr``, ``betas``, ``eps``,
-  ``weight_decay`` (and ``non_freeze`` for 1-bit Adam); every group
-  carries those and torch's flags (``amsgrad``, ``maximize``, ``foreach``,
-  ``capturable``, ``differentiable``, ``fused``; ``decoupled_weight_decay``
-  where torch's Adam has it). Before each step every group's lr, betas,
-  eps and weight_decay that changed are handed to dsopt, so LR and
+* Groups: dicts with ``"params"`` and the algorithm's hyperparameters as
+  dsopt lists them (``dsopt.group_params``: ``lr``, ``betas``, ``eps``,
+  ``weight_decay``; Lion without ``eps``), and ``non_freeze`` for 1-bit
+  Adam; every group carries those and torch's flags (``amsgrad``,
+  ``maximize``, ``foreach``, ``capturable``, ``differentiable``,
+  ``fused``; ``decoupled_weight_decay`` where torch's Adam has it). Before
+  each step every group's hyperparameters that changed are handed to dsopt, so LR and
   momentum schedules (``OneCycleLR``/``CyclicLR`` with
   ``cycle_momentum``) work; invalid values raise ValueError as in torch.
   ``add_param_group`` works after creation (see there for what is carried

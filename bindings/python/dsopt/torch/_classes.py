@@ -209,11 +209,9 @@ class _TorchStyle(Optimizer):
         hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         if eps is None:
             del hyper["eps"]
-        lr_f, beta1, beta2, eps_f, weight_decay_f = _groups.hyper_values(hyper)
-        params = {"lr": lr_f, "betas": [beta1, beta2], "eps": eps_f, "weight_decay": weight_decay_f}
-        config = {"optimizer": {"type": self._CONFIG_TYPE,
-                                "params": dict({k: v for k, v in params.items() if v is not None},
-                                               **algorithm)}}
+        spec = _groups.hyper(self._CONFIG_TYPE)
+        params = spec.by_key(spec.values(hyper), as_list=True)
+        config = {"optimizer": {"type": self._CONFIG_TYPE, "params": dict(params, **algorithm)}}
         config.update(_settings_config(tensors, self._CONFIG_TYPE in ONE_BIT, **settings))
         defaults = dict(hyper, betas=tuple(betas))
         defaults.update(_groups.TORCH_FLAGS)

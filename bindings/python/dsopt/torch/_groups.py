@@ -8,14 +8,12 @@ import math
 
 import torch
 
+from ..config import group_params
+
 # The types that count steps per parameter (torch.optim's bookkeeping),
 # load torch.optim state dicts and carry state over a rebuild.
 ADAM = ("Adam", "AdamW")
 
-# The hyperparameters dsopt has per group (dsopt_set_group_param names).
-# An algorithm without eps (Lion) has groups without it: its canonical
-# optimizer.params has no "eps", and neither have its groups.
-HYPER_KEYS = ("lr", "betas", "eps", "weight_decay")
 # torch.optim.Adam's flags: accepted in groups so torch code reading them
 # works; the ones dsopt cannot honour must stay False.
 TORCH_FLAGS = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
@@ -69,45 +67,84 @@ def _number(value, what):
     return value
 
 
-def hyper_values(group, where=""):
-    """(lr, beta1, beta2, eps, weight_decay) of a group, as floats,
-    validated as torch.optim.Adam validates its arguments (ValueError),
-    and finite; eps None for a group without it (an algorithm without
-    eps)."""
-    lr = _number(group["lr"], f"{where}lr")
-    betas = group["betas"]
-    try:
-        beta1, beta2 = betas
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}betas must be a pair (beta1, beta2), got {betas!r}") from None
-    beta1 = _number(beta1, f"{where}betas[0]")
-    beta2 = _number(beta2, f"{where}betas[1]")
-    eps = _number(group["eps"], f"{where}eps") if "eps" in group else None
-    weight_decay = _number(group["weight_decay"], f"{where}weight_decay")
-    if not 0.0 <= lr < math.inf:
-        raise ValueError(f"{where}Invalid learning rate: {lr}")
-    if eps is not None and not 0.0 <= eps < math.inf:
-        raise ValueError(f"{where}Invalid epsilon value: {eps}")
-    if not 0.0 <= beta1 < 1.0:
-        raise ValueError(f"{where}Invalid beta parameter at index 0: {beta1}")
-    if not 0.0 <= beta2 < 1.0:
-        raise ValueError(f"{where}Invalid beta parameter at index 1: {beta2}")
-    if not 0.0 <= weight_decay < math.inf:
-        raise ValueError(f"{where}Invalid weight_decay value: {weight_decay}")
-    return lr, beta1, beta2, eps, weight_decay
+# torch.optim.Adam's checks of the hyperparameters it has, in its order:
+# (key, the values accepted, its message for value v at index i).
+_TORCH_CHECKS = (
+    ("lr", lambda v: 0.0 <= v < math.inf, lambda v, i: f"Invalid learning rate: {v}"),
+    ("eps", lambda v: 0.0 <= v < math.inf, lambda v, i: f"Invalid epsilon value: {v}"),
+    ("betas", lambda v: 0.0 <= v < 1.0, lambda v, i: f"Invalid beta parameter at index {i}: {v}"),
+    ("weight_decay", lambda v: 0.0 <= v < math.inf,
+     lambda v, i: f"Invalid weight_decay value: {v}"),
+)
 
 
-def dsopt_settings(group, *, all_keys, where=""):
+class Hyper:
+    """An algorithm's group hyperparameters as dsopt lists them
+    (``dsopt.group_params``): ``names``, dsopt_get/set_group_param's, in
+    order, and ``keys``, each config key (a torch group's key) with the
+    names it holds: one (a number) or several (a tuple, as ``betas``)."""
+
+    def __init__(self, optimizer_type):
+        pairs = group_params(optimizer_type)
+        self.names = tuple(name for name, _ in pairs)
+        keys = {}
+        for name, key in pairs:
+            keys.setdefault(key, []).append(name)
+        self.keys = {key: tuple(names) for key, names in keys.items()}
+
+    def values(self, group, where=""):
+        """The group's hyperparameters as floats, in the order of
+        ``names``, validated as torch.optim.Adam validates its arguments
+        (ValueError); dsopt checks the rest when it gets them."""
+        by_key = {}
+        for key, names in self.keys.items():
+            value = group[key]
+            if len(names) == 1:
+                by_key[key] = (_number(value, f"{where}{key}"),)
+                continue
+            try:
+                items = tuple(value)
+            except TypeError:
+                items = ()
+            if isinstance(value, (str, bytes)) or len(items) != len(names):
+                kind = "a pair" if len(names) == 2 else f"a sequence of {len(names)}"
+                raise ValueError(f"{where}{key} must be {kind} ({', '.join(names)}), "
+                                 f"got {value!r}")
+            by_key[key] = tuple(_number(v, f"{where}{key}[{i}]") for i, v in enumerate(items))
+        for key, ok, message in _TORCH_CHECKS:
+            for i, v in enumerate(by_key.get(key, ())):
+                if not ok(v):
+                    raise ValueError(f"{where}{message(v, i)}")
+        out = {}
+        for key, names in self.keys.items():
+            out.update(zip(names, by_key[key]))
+        return tuple(out[name] for name in self.names)
+
+    def by_key(self, values, as_list=False):
+        """``values`` (in the order of ``names``) by config key: a number,
+        or a tuple (``as_list``: a list, as dsopt's config has it)."""
+        of = dict(zip(self.names, values))
+        out = {}
+        for key, names in self.keys.items():
+            items = [of[name] for name in names]
+            out[key] = items[0] if len(names) == 1 else (items if as_list else tuple(items))
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def hyper(optimizer_type) -> Hyper:
+    """The group hyperparameters of ``optimizer_type`` (canonical type)."""
+    return Hyper(optimizer_type)
+
+
+def dsopt_settings(group, hyper, *, all_keys, where=""):
     """The group's entry of dsopt's ``param_groups``: its hyperparameters
-    as numbers (betas a list), ``non_freeze`` when set, and with
-    ``all_keys`` every other key that is not torch's (dsopt rejects the
-    ones it does not know, naming them)."""
-    lr, beta1, beta2, eps, weight_decay = hyper_values(group, where)
-    settings = {"lr": lr, "betas": [beta1, beta2], "eps": eps, "weight_decay": weight_decay}
-    if eps is None:
-        del settings["eps"]
+    (``hyper``, the algorithm's) as numbers (a list for a key of several),
+    ``non_freeze`` when set, and with ``all_keys`` every other key that is
+    not torch's (dsopt rejects the ones it does not know, naming them)."""
+    settings = hyper.by_key(hyper.values(group, where), as_list=True)
     for key, value in group.items():
-        if key == "params" or key in HYPER_KEYS or key in NOT_FOR_DSOPT:
+        if key == "params" or key in hyper.keys or key in NOT_FOR_DSOPT:
             continue
         if key == "non_freeze" or all_keys:
             settings[key] = value

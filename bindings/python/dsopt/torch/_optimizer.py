@@ -41,18 +41,16 @@ def _config_dict(config) -> dict:
 
 
 ONE_BIT = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
-# dsopt_get_group_param's names, in the order of _groups.hyper_values.
-_HYPER_NAMES = _DsoptOptimizer.GROUP_PARAMS
 
 
 def _group_defaults(canonical) -> dict:
-    """torch-style defaults of the groups: the canonical config's
-    optimizer.params (defaults filled in by dsopt)."""
+    """torch-style defaults of the groups: the algorithm's hyperparameters
+    of the canonical config's optimizer.params (defaults filled in by
+    dsopt), a key of several values as a tuple."""
     params = canonical["optimizer"]["params"]
-    defaults = {"lr": params["lr"], "betas": tuple(params["betas"]), "eps": params.get("eps"),
-                "weight_decay": params["weight_decay"]}
-    if "eps" not in params:  # an algorithm without eps (Lion)
-        del defaults["eps"]
+    hyper = _groups.hyper(canonical["optimizer"]["type"])
+    defaults = {key: tuple(params[key]) if len(names) > 1 else params[key]
+                for key, names in hyper.keys.items()}
     defaults.update(_groups.TORCH_FLAGS)
     return defaults
 
@@ -208,7 +206,8 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
             _groups.check_flags(group, f"param_groups[{i}]: ", decoupled)
         # Every other setting of a torch group goes to dsopt, which rejects
         # the ones it does not know.
-        settings = [_groups.dsopt_settings(g, all_keys=not _known_keys_only,
+        self._hyper_params = _groups.hyper(canonical["optimizer"]["type"])
+        settings = [_groups.dsopt_settings(g, self._hyper_params, all_keys=not _known_keys_only,
                                            where=f"param_groups[{i}]: ")
                     for i, g in enumerate(self.param_groups)]
         tensors = [p for group in self.param_groups for p in group["params"]]
@@ -322,26 +321,27 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
     # ---- hyperparameters ------------------------------------------------------
 
     def _dsopt_hyper(self, group):
-        """(lr, beta1, beta2, eps, weight_decay) dsopt has for ``group``; eps
-        None for an algorithm without it (Lion)."""
-        return tuple(None if name == "eps" and "eps" not in self.defaults else
-                     self.dsopt.get_group_param(group, name) for name in _HYPER_NAMES)
+        """The hyperparameters dsopt has for ``group``, in the order of the
+        algorithm's names (``self._hyper_params.names``)."""
+        return tuple(self.dsopt.get_group_param(group, name) for name in self._hyper_params.names)
 
     def _sync_hyperparameters(self):
-        """Hands every group's lr, betas, eps and weight_decay that changed
-        since dsopt got them over to dsopt (before each step), validated as
-        torch validates them (ValueError)."""
+        """Hands every group's hyperparameters (the algorithm's: lr, betas,
+        eps and weight_decay for Adam) that changed since dsopt got them over
+        to dsopt (before each step), validated as torch validates them
+        (ValueError)."""
         seen = self._seen
+        keys = tuple(self._hyper_params.keys)
         for i, group in enumerate(self.param_groups):
-            values = (group["lr"], group["betas"], group.get("eps"), group["weight_decay"])
+            values = tuple(group[key] for key in keys)
             known = seen[i]
             if known is not None and all(map(operator.is_, values, known)):
                 continue
-            new = _groups.hyper_values(group, f"param_groups[{i}]: ")
+            new = self._hyper_params.values(group, f"param_groups[{i}]: ")
             old = list(self._hyper[i])
             try:
-                for k, (name, value) in enumerate(zip(_HYPER_NAMES, new)):
-                    if value is not None and value != old[k]:
+                for k, (name, value) in enumerate(zip(self._hyper_params.names, new)):
+                    if value != old[k]:
                         if name == "lr":
                             self.dsopt.set_group_lr(i, value)
                         else:
@@ -356,14 +356,10 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         hyperparameters (dsopt's values where a loaded group lacks them)
         and torch's flags; each group checked."""
         for i, group in enumerate(self.param_groups):
-            lr, beta1, beta2, eps, weight_decay = self._dsopt_hyper(i)
-            group.setdefault("lr", lr)
-            group.setdefault("betas", (beta1, beta2))
-            if "eps" in self.defaults:
-                group.setdefault("eps", eps)
-            group.setdefault("weight_decay", weight_decay)
+            for key, value in self._hyper_params.by_key(self._dsopt_hyper(i)).items():
+                group.setdefault(key, value)
             for key, value in self.defaults.items():
-                if key not in _groups.HYPER_KEYS:
+                if key not in self._hyper_params.keys:
                     group.setdefault(key, value)
             if "decoupled_weight_decay" in self.defaults:
                 group["decoupled_weight_decay"] = self.defaults["decoupled_weight_decay"]

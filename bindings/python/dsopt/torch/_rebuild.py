@@ -144,7 +144,7 @@ class RebuildMixin:
         the parameters are now, when they moved. Before any update there is
         nothing to carry: the new optimizer's fp32 masters are the
         parameters, as the old ones still were."""
-        settings = [_groups.dsopt_settings(g, all_keys=(i == new_group),
+        settings = [_groups.dsopt_settings(g, self._hyper_params, all_keys=(i == new_group),
                                            where=f"param_groups[{i}]: ")
                     for i, g in enumerate(self.param_groups)]
         tensors = [p for group in self.param_groups for p in group["params"]]

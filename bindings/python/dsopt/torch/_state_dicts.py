@@ -104,8 +104,8 @@ class StateDictMixin:
                                  f"parameters")
             _groups.check_flags(saved, f"{what}: param_groups[{i}]: ", self._decoupled)
             merged = dict(ours)
-            merged.update({k: v for k, v in saved.items() if k in _groups.HYPER_KEYS})
-            _groups.hyper_values(merged, f"{what}: param_groups[{i}]: ")
+            merged.update({k: v for k, v in saved.items() if k in self._hyper_params.keys})
+            self._hyper_params.values(merged, f"{what}: param_groups[{i}]: ")
 
     def _set_groups(self, saved_groups):
         """torch's load_state_dict: the saved groups' settings with this

@@ -998,6 +998,13 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
+    pub fn dsopt_group_param_names(
+        optimizer_type: *const ::std::os::raw::c_char,
+        out_names: *mut *const ::std::os::raw::c_char,
+        out_keys: *mut *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
     pub fn dsopt_config_canonical(
         config_json: *const ::std::os::raw::c_char,
         dst: *mut ::std::os::raw::c_char,

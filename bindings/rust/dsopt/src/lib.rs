@@ -80,7 +80,7 @@ pub use collectives::{
 pub use comm::Communicator;
 pub use dsopt_sys as sys;
 pub use error::{Error, ErrorKind, Result};
-pub use optimizer::{canonical_config, MemoryUsage, Optimizer, StateView, StateViewMut};
+pub use optimizer::{canonical_config, group_param_names, MemoryUsage, Optimizer, StateView, StateViewMut};
 pub use step_info::{StepInfo, PHASE_COMPRESSED, PHASE_FULL, PHASE_LOCAL, PHASE_SKIPPED, PHASE_SYNC};
 pub use tensor::{DType, GradSlice, ParamSlice};
 

@@ -243,8 +243,9 @@ impl<'a> Optimizer<'a> {
         Ok(lr)
     }
 
-    /// A hyperparameter of one group by name: "lr", "beta1", "beta2", "eps"
-    /// or "weight_decay" (`dsopt_get_group_param`).
+    /// A hyperparameter of one group by name: the algorithm's
+    /// ([`group_param_names`]), e.g. "lr", "beta1",
+    /// "beta2", "eps" or "weight_decay" for Adam (`dsopt_get_group_param`).
     pub fn group_param(&self, group: i32, name: &str) -> Result<f64> {
         let name = CString::new(name).map_err(|_| Error::invalid("name contains a NUL byte"))?;
         let mut value = 0.0;
@@ -657,6 +658,27 @@ pub fn canonical_config(config: &str) -> Result<String> {
     read_text(|dst, capacity, size| unsafe {
         sys::dsopt_config_canonical(config.as_ptr(), dst, capacity, size)
     })
+}
+
+/// The group hyperparameters of the algorithm `optimizer_type` (a config's
+/// "optimizer.type", any case or alias), each with its config key, in
+/// order: ("lr", "lr"), ("beta1", "betas"), ... (`dsopt_group_param_names`;
+/// a key named more than once is a list of those values). The names are
+/// those [`Optimizer::group_param`] accepts.
+pub fn group_param_names(optimizer_type: &str) -> Result<Vec<(String, String)>> {
+    let ty = CString::new(optimizer_type).map_err(|_| Error::invalid("type contains a NUL byte"))?;
+    let mut names: *const std::os::raw::c_char = ptr::null();
+    let mut keys: *const std::os::raw::c_char = ptr::null();
+    // Safety: `ty` is NUL-terminated; both are valid out pointers.
+    check(unsafe { sys::dsopt_group_param_names(ty.as_ptr(), &mut names, &mut keys) })?;
+    // Safety: on success both are static NUL-terminated strings.
+    let (names, keys) = unsafe { (CStr::from_ptr(names), CStr::from_ptr(keys)) };
+    let (names, keys) = (names.to_string_lossy(), keys.to_string_lossy());
+    Ok(names
+        .split_whitespace()
+        .zip(keys.split_whitespace())
+        .map(|(n, k)| (n.to_owned(), k.to_owned()))
+        .collect())
 }
 
 /// The text of a call with dsopt's string-buffer convention: asked for its

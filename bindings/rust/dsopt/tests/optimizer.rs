@@ -685,6 +685,30 @@ fn group_params_state_views_and_param_steps_round_trip() {
 }
 
 #[test]
+fn group_param_names_are_the_algorithms() {
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter().map(|(n, k)| (n.to_string(), k.to_string())).collect()
+    };
+    let adam = pairs(&[("lr", "lr"), ("beta1", "betas"), ("beta2", "betas"), ("eps", "eps"),
+                       ("weight_decay", "weight_decay")]);
+    assert_eq!(dsopt::group_param_names("AdamW").unwrap(), adam);
+    assert_eq!(dsopt::group_param_names("onebitadam").unwrap(), adam);
+    assert_eq!(
+        dsopt::group_param_names("Lion").unwrap(),
+        pairs(&[("lr", "lr"), ("beta1", "betas"), ("beta2", "betas"), ("weight_decay", "weight_decay")])
+    );
+    assert_eq!(dsopt::group_param_names("Sgd").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let mut w = vec![0.5f32, -1.5];
+    let mut comm = Communicator::local().unwrap();
+    let mut lion = Optimizer::new(r#"{"optimizer": {"type": "Lion"}}"#, [ParamSlice::f32(&mut w)],
+                                  &mut comm)
+        .unwrap();
+    assert_eq!(lion.set_group_param(0, "eps", 1e-6).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    lion.set_group_param(0, "beta2", 0.9).unwrap();
+    assert_eq!(lion.group_param(0, "beta2").unwrap(), 0.9);
+}
+
+#[test]
 fn rebind_params_moves_the_run_to_new_buffers_bit_identically() {
     let n = 29;
     let (mut still, mut first) = (vec![0.5f32; n], vec![0.5f32; n]);
