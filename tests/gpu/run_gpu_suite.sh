@@ -17,7 +17,8 @@
 # of one fails the run (DSOPT_REQUIRE_CUDA=1); what needs two GPUs skips on one.
 # DEPS=DIR: the folder of scripts/offline_deps.sh for a machine without
 # package registries. Prints the GPU, torch's version, each part's counts
-# and the seconds taken.
+# and the seconds taken. GPU_TEST_TIMEOUT=S (default 300): the longest a
+# single C test or pytest case may take before it counts as hung.
 #   tests/gpu/run_gpu_suite.sh [BUILD_DIR]   (default build-gpu)
 set -uo pipefail
 
@@ -32,6 +33,9 @@ command -v nvcc >/dev/null 2>&1 || [ ! -x /usr/local/cuda/bin/nvcc ] || export P
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started )) s"; }
 failures=()
+per_test=${GPU_TEST_TIMEOUT:-300}
+pytest_timeout=()
+"$py" -c 'import pytest_timeout' 2>/dev/null && pytest_timeout=(--timeout "$per_test")
 
 if ! gpus=$(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version \
                        --format=csv,noheader 2>/dev/null) || [ -z "$gpus" ]; then
@@ -56,7 +60,7 @@ echo "test-gpu: built ${targets[*]} ($(elapsed))"
 
 # ---- 2. C GPU tests -------------------------------------------------------------------
 if ! (cd "$build" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-        ctest -L gpu --output-on-failure --timeout 300); then
+        ctest -L gpu --output-on-failure --timeout "$per_test"); then
   failures+=("C GPU tests")
 fi
 echo "test-gpu: C GPU tests done ($(elapsed))"
@@ -66,7 +70,7 @@ if DSOPT_LIBRARY_DIR="$build" "$py" bindings/python/dsopt/_ffi_build.py >/dev/nu
   if ! DSOPT_LIBRARY_DIR="$build" DSOPT_REQUIRE_CUDA=1 DSOPT_DDP_DEVICE=cuda DSOPT_HF_DEVICE=cuda \
        DSOPT_LIGHTNING_DEVICE=cuda \
        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-       "$py" -m pytest -q -rs -p no:cacheprovider \
+       "$py" -m pytest -q -rs -p no:cacheprovider --durations=10 "${pytest_timeout[@]}" \
          tests/python/test_cuda_torch.py tests/python/test_cuda_torch_dist.py \
          tests/python/test_ddp_hook.py tests/python/test_hf_trainer.py \
          tests/python/test_lightning_strategy.py tests/python/test_torch_optim_port.py \
