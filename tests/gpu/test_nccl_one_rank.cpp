@@ -1,7 +1,8 @@
 // An optimizer on an NCCL communicator of one rank (ncclCommInitAll on one
 // device) with "device": "cuda" and the caller's stream: creation (with its
 // config agreement over the communicator), steps and state saving work, and
-// the results are bit-identical to a CPU optimizer on a local communicator.
+// the results are bit-identical to a CPU optimizer on a local communicator,
+// without and with ZeRO-2.
 // NCCL is opened with dlopen, as libdsopt does, so both use the same
 // library. Skips (exit code 77) without a CUDA device or without
 // libnccl.so.2.
@@ -44,17 +45,24 @@ const int64_t kSizes[] = {1, 4097, 65537, 300001};
 const int32_t kParamDtypes[] = {DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16, DSOPT_FLOAT32};
 const int32_t kGradDtypes[] = {DSOPT_FLOAT16, DSOPT_FLOAT32, DSOPT_BFLOAT16, DSOPT_BFLOAT16};
 constexpr int kSteps = 5;
-const char* const kBody =
+// AdamW with loss scaling and clipping, and the same under ZeRO-2 with
+// buckets smaller than the model (the reduce-scatter and allgather really
+// called on device memory, several per step).
+const char* const kBodies[] = {
     "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01}}, "
-    "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 10}, \"gradient_clipping\": 1.0";
+    "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 10}, \"gradient_clipping\": 1.0",
+    "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01}}, "
+    "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 10}, \"gradient_clipping\": 1.0, "
+    "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 50000, "
+    "\"allgather_bucket_size\": 50000}"};
 
 void null_communicator_is_rejected() {
   dsopt_comm* c = nullptr;
   CHECK_STATUS(dsopt_comm_create_nccl(&c, nullptr, nullptr), DSOPT_EINVAL);
 }
 
-void one_rank_nccl_step_matches_cpu(const Nccl& nccl) {
-  check_current_test = "one_rank_nccl_step_matches_cpu";
+void one_rank_nccl_step_matches_cpu(const Nccl& nccl, const char* body, const char* name) {
+  check_current_test = name;
   int device = 0;
   cuda_or_die(cudaSetDevice(device), "cudaSetDevice");
   cudaStream_t stream = nullptr;
@@ -77,7 +85,7 @@ void one_rank_nccl_step_matches_cpu(const Nccl& nccl) {
     cpu_params.add(kSizes[i], kParamDtypes[i], 0, bytes);
     cuda_params.add(kSizes[i], kParamDtypes[i], 0, bytes);
   }
-  const std::string cfg_cpu = with_device(kBody, "cpu"), cfg_cuda = with_device(kBody, "cuda");
+  const std::string cfg_cpu = with_device(body, "cpu"), cfg_cuda = with_device(body, "cuda");
   std::vector<dsopt_tensor> ph = cpu_params.host_tensors(), pd = cuda_params.device_tensors();
   dsopt_optimizer *cpu = nullptr, *cuda = nullptr;
   const bool created =
@@ -128,6 +136,7 @@ int main() {
   skip_without_device();
   const Nccl nccl = load_nccl_or_skip();
   RUN_TEST(null_communicator_is_rejected);
-  one_rank_nccl_step_matches_cpu(nccl);
+  one_rank_nccl_step_matches_cpu(nccl, kBodies[0], "one_rank_nccl_step_matches_cpu");
+  one_rank_nccl_step_matches_cpu(nccl, kBodies[1], "one_rank_nccl_zero2_step_matches_cpu");
   return check_finish();
 }
