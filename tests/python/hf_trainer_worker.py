@@ -147,7 +147,10 @@ def training_args(out_dir, **overrides):
                     save_steps=SAVE_AT, report_to=[], use_cpu=DEVICE.type == "cpu",
                     disable_tqdm=True, ddp_find_unused_parameters=False, seed=SEED,
                     log_level="error")
-    if DEVICE.type != "cpu":
+    if DEVICE.type != "cpu" and "WORLD_SIZE" in os.environ:
+        # launched ranks share one GPU: gloo (NCCL needs a GPU per rank); in
+        # the test process itself no backend is named, or accelerate takes
+        # the run for a distributed one
         settings["ddp_backend"] = "gloo"
     settings.update(overrides)
     return TrainingArguments(**settings)

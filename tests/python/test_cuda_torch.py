@@ -209,6 +209,22 @@ def test_a_gradient_on_another_device_is_refused_and_changes_nothing():
     opt.close()
 
 
+def test_config_without_device_runs_on_the_parameters_device():
+    """dsopt.torch.Optimizer(params, config) without "device" runs where
+    the parameters are, as the classes do; "device": "cpu" with CUDA
+    parameters is refused."""
+    model = ls.make_model(device=DEVICE)
+    opt = dsopt.torch.Optimizer(model.parameters(), {"optimizer": {"type": "AdamW"}})
+    assert opt.dsopt.config["device"] == DEVICE.type
+    model(torch.randn(4, 64, device=DEVICE)).sum().backward()
+    assert opt.step() is None and opt.last_step_info.step == 1
+    opt.close()
+    if DEVICE.type == "cuda":
+        with pytest.raises(dsopt.InvalidArgument, match="optimizer's device is cpu"):
+            dsopt.torch.Optimizer(model.parameters(),
+                                  {"optimizer": {"type": "AdamW"}, "device": "cpu"})
+
+
 def test_parameters_on_two_gpus_are_refused():
     if DEVICE.type != "cuda" or torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")

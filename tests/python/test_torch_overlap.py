@@ -140,6 +140,34 @@ def test_unhooked_parameter_whose_hand_over_failed_is_handed_over_later():
     opt.close()
 
 
+@needs_hooks
+@pytest.mark.parametrize("name", ["adam", "zero2"])
+def test_grad_assigned_without_backward_is_stepped_as_without_overlap(name):
+    """.grad set by the caller (no backward pass, so no hook saw it), for
+    every parameter on some steps and beside a backward pass on others:
+    step() hands it over, as overlap=False steps with it."""
+    def steps(overlap):
+        model, opt = ov.make(CONFIGS[name], overlap)
+        params = list(model.parameters())
+        for step in range(4):
+            opt.zero_grad()
+            x, y = ov.batch(step)
+            if step % 2 == 0:
+                grads = torch.autograd.grad(
+                    torch.nn.functional.mse_loss(model(x, step), y), params)
+                for p, g in zip(params, grads):
+                    p.grad = g
+            else:
+                torch.nn.functional.mse_loss(model.body(x), y).backward()
+                model.extra.weight.grad = torch.full_like(model.extra.weight, 0.5)
+            opt.step()
+        opt.close()
+        return [p.detach().clone() for p in params]
+
+    got, want = steps(True), steps(False)
+    assert not ov.differences(got, want), f"parameters {ov.differences(got, want)} differ"
+
+
 def test_step_without_backward_steps_with_absent_gradients():
     model = ov.Net()
     before = [p.detach().clone() for p in model.parameters()]

@@ -147,8 +147,9 @@ What differs from torch.optim:
 
 ``Optimizer(params, config, comm=None, *, overlap=False)`` takes a dsopt
 config dict (docs/reference/config.md "Configuration") without ``param_groups``: each torch
-group becomes one dsopt group. ``"device": "cuda"`` for CUDA tensors (the
-classes infer it).
+group becomes one dsopt group. Without a ``"device"`` key the optimizer
+runs on the parameters' device (``"cuda"`` for CUDA tensors), as the
+classes do.
 
 * ``comm``: a ``dsopt.Communicator``, an mpi4py communicator, a
   torch.distributed ``ProcessGroup``, or None. None means
@@ -175,7 +176,9 @@ classes infer it).
   that micro-batch; one that gets none in the whole step is absent, as
   ``.grad`` None is without overlap. A parameter frozen when the hooks are
   made gets its ``.grad`` handed over by ``step()`` and its hook once it
-  requires gradients. Parameters moved or cast between steps are followed
+  requires gradients. A ``.grad`` that no hook saw (assigned, or from
+  ``torch.autograd.grad``) is handed over by ``step()``, as overlap=False
+  steps with it. Parameters moved or cast between steps are followed
   at the first hand-over of a step (new storage), or by ``step()``, to
   which the hooks then leave ``.grad`` for that step (another dtype or
   device). With torch < 2.1 the constructor warns and

@@ -213,6 +213,8 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         tensors = [p for group in self.param_groups for p in group["params"]]
         group_of = [i for i, group in enumerate(self.param_groups) for _ in group["params"]]
         device = _device.cuda_device(tensors)
+        if device is not None and "device" not in config:
+            config = dict(config, device="cuda")  # the parameters' device, as the classes infer
         with _device.current(device):  # where dsopt and torch's communicator work
             self._comm, self._owns_comm = as_communicator(comm)
             try:
@@ -402,6 +404,15 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         step uses the same mean."""
         self._hand_over(range(len(self._tensors)))
 
+    def _hand_over_unseen(self):
+        """overlap=True with hooks: the ``.grad`` that no hook saw (set
+        without a backward pass: assigned, or from ``torch.autograd.grad``)
+        handed over now, as overlap=False would step with it; the hooks
+        drop what they hand over, so these are the only ``.grad`` left."""
+        handed = self._handed_now
+        self._hand_over(i for i, p in enumerate(self._tensors)
+                        if p.grad is not None and i not in handed)
+
     def _hand_over(self, indices):
         for i in indices:
             p = self._tensors[i]
@@ -477,6 +488,8 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
                     if not self._hooked or self._defer_to_step:
                         self._hand_over_at_step()
                         self._defer_to_step = False
+                    else:
+                        self._hand_over_unseen()
                     if self._unhooked:
                         self._hand_over_unhooked()
                     if self._unusable is not None:

@@ -242,9 +242,8 @@ class RebuildMixin:
         if not collective and ranks > 1:
             raise RuntimeError(
                 f"dsopt.torch: {what} since the last step. On {ranks} ranks the optimizer "
-                f"follows a cast or a move to another device in the next step() (it rebuilds "
-                f"dsopt's optimizer, a collective call); call this after that step. Nothing "
-                f"was changed.")
+                f"follows a cast in the next step() (it rebuilds dsopt's optimizer, a "
+                f"collective call); call this after that step. Nothing was changed.")
         stepped = self._has_state()
         if stepped and numel_changes:
             i = numel_changes[0]
@@ -273,14 +272,23 @@ class RebuildMixin:
         current values where a parameter became 16-bit; before any update
         there is nothing to carry. What cannot be followed raises
         RuntimeError before anything changes. ``collective`` False (other
-        ranks need not make this call at the same time): a rebuild on
-        several ranks raises instead."""
+        ranks need not make this call at the same time): on several ranks
+        a move to another device alone is left to the next collective
+        call, and a cast raises."""
         storage = self._storage
         device = check_current(self._tensors, self.param_groups)
         dtype_changes = storage.dtype_changes()
         numel_changes = storage.numel_changes()
         if not dtype_changes and not numel_changes and device == storage.device:
             self._rebind()
+            return
+        if not collective and not dtype_changes and not numel_changes and \
+                not self._handed_over and self.dsopt.communicator.size > 1:
+            # Moved to another device only: the blob and the state's copies
+            # are the same bytes on either device, so a state dict taken
+            # now (as accelerate's prepare() does right after the Trainer
+            # moved the model) comes from the optimizer as it is; the
+            # collective rebuild waits for the next step().
             return
         what = self._change_text(dtype_changes, device)
         stepped = self._check_rebuild_possible(what, dtype_changes, numel_changes, collective)
