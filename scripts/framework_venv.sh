@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the python of a virtual environment with PyPI's torch, transformers
-# (with accelerate) and lightning, for the framework integration tests
+# (with accelerate), lightning and mpi4py, for the framework integration tests
 # (`make test-frameworks`), creating it or adding what it lacks first.
 # The venv lives outside the clone so that it is reused across clones and CI
 # runs: $DSOPT_FRAMEWORK_VENV, default ~/.cache/dsopt/venv-frameworks.
@@ -10,8 +10,8 @@ set -euo pipefail
 
 venv=${DSOPT_FRAMEWORK_VENV:-$HOME/.cache/dsopt/venv-frameworks}
 python=${PYTHON:-python3}
-packages=(torch transformers accelerate lightning numpy cffi pytest scikit-learn)
-modules=(torch transformers accelerate lightning numpy cffi pytest sklearn)
+packages=(torch transformers accelerate lightning numpy cffi pytest scikit-learn mpi4py)
+modules=(torch transformers accelerate lightning numpy cffi pytest sklearn mpi4py)
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "framework venv: creating $venv" >&2

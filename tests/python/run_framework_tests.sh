@@ -5,9 +5,13 @@
 # dsopt.torch under torch.compile, with parameters moved or cast after
 # the optimizer exists, with a sparse gradient or a bad hyperparameter on one rank, and
 # with ZeRO's deferred allgather behind the forward (overlap's backward hooks need
-# torch >= 2.1, so only here do gradients go over during backward as well). The venv is scripts/framework_venv.sh's (created or
-# completed first); the cffi extension is built for it against <builddir>
-# when it cannot load the in-place one.
+# torch >= 2.1, so only here do gradients go over during backward as well,
+# tests/python/test_torch_overlap.py's hook cases among them). Then `make
+# test-gpu`'s Python suite (test_cuda_torch*.py) with the CPU standing in
+# for the GPU (DSOPT_TEST_DEVICE=cpu): its lockstep, 2-rank and overlap code
+# under the torch most GPU users run. The venv is scripts/framework_venv.sh's
+# (created or completed first); the cffi extension is built for it against
+# <builddir> when it cannot load the in-place one.
 #   tests/python/run_framework_tests.sh <builddir> [pytest args]
 set -euo pipefail
 
@@ -24,7 +28,7 @@ if [ -z "$ext" ] || [ include/dsopt.h -nt "$ext" ] ||
   DSOPT_LIBRARY_DIR=$build "$py" bindings/python/dsopt/_ffi_build.py >/dev/null
 fi
 export DSOPT_LIBRARY_DIR=$build
-exec "$py" -m pytest -q -rsx "$@" \
+"$py" -m pytest -q -rsx "$@" \
   tests/python/test_ddp_hook.py \
   tests/python/test_hf_trainer.py \
   tests/python/test_lightning_strategy.py \
@@ -32,4 +36,8 @@ exec "$py" -m pytest -q -rsx "$@" \
   tests/python/test_torch_param_moves.py \
   tests/python/test_torch_whole_checkpoint.py \
   tests/python/test_agreed_errors.py \
-  tests/python/test_torch_prefetch.py
+  tests/python/test_torch_prefetch.py \
+  tests/python/test_torch_overlap.py
+DSOPT_TEST_DEVICE=cpu "$py" -m pytest -q -rsx "$@" \
+  tests/python/test_cuda_torch.py \
+  tests/python/test_cuda_torch_dist.py
