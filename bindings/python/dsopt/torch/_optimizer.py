@@ -405,7 +405,7 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         self._hand_over(range(len(self._tensors)))
 
     def _hand_over_unseen(self):
-        """overlap=True with hooks: the ``.grad`` that no hook saw (set
+        """overlap=True: the ``.grad`` that no hook saw (set
         without a backward pass: assigned, or from ``torch.autograd.grad``)
         handed over now, as overlap=False would step with it; the hooks
         drop what they hand over, so these are the only ``.grad`` left."""
@@ -488,12 +488,11 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
                     if not self._hooked or self._defer_to_step:
                         self._hand_over_at_step()
                         self._defer_to_step = False
-                    else:
-                        self._hand_over_unseen()
                     if self._unhooked:
                         self._hand_over_unhooked()
                     if self._unusable is not None:
                         raise self._unusable
+                    self._hand_over_unseen()
                     self._hand_over_zeros()
             finally:
                 self._unusable = None
