@@ -6,7 +6,7 @@
 #                                       # Debian's .deb files and PyPI wheels into DIR
 #   eval "$(scripts/offline_deps.sh env DIR)"
 #                                       # on the GPU machine: unpacks them into
-#                                       # DIR/root and DIR/site (once) and prints the
+#                                       # DIR/root, DIR/mpi and DIR/site (once) and prints the
 #                                       # exports that make CMake, the compilers,
 #                                       # mpirun and Python find them
 #
