@@ -3,9 +3,10 @@
 // written here one element at a time: the values written, the non-finite
 // flag, and every tensor's sum of squares in the order of
 // math/sum_squares.hpp, bit for bit. Random fp32, fp16 and bf16 tensors of
-// sizes around the vector widths and the sum block, alone and many at once,
-// with Inf and NaN at odd positions, in vector tails and block tails, or
-// nowhere; and in a forked child.
+// sizes around the vector widths, the sum block and the pass's unit of
+// parallel work, alone and many at once, with Inf and NaN at odd
+// positions, in vector tails and block tails, or nowhere; and in a forked
+// child.
 //
 //   DSOPT_CPU_ISA=avx2 test_grad_pass    (prints the ISA that ran)
 #include <sys/wait.h>
@@ -157,7 +158,10 @@ int main() {
   std::printf("isa %s\n", dsopt::cpu_isa_name());
   std::mt19937_64 rng(44);
   const int64_t B = dsopt::kSumBlock;
-  const std::vector<int64_t> sizes = {1, 7, 15, 16, 17, 33, 255, 257, B - 1, B, B + 1, B + 15, 3 * B + 100, 40000, 100003};
+  // The last: more than two units of parallel work (64 blocks each), each
+  // read as 8 streams, with whole blocks and a short one left over.
+  const std::vector<int64_t> sizes = {1,     7,     15,          16,     17,     33,      255,        257,
+                                      B - 1, B,     B + 1,       B + 15, 3 * B + 100, 40000, 100003, 141 * B + 77};
   for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
     const std::string dt = dtype == DType::F32 ? "f32" : dtype == DType::F16 ? "f16" : "bf16";
     for (int64_t n : sizes) {

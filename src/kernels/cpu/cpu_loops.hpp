@@ -23,13 +23,15 @@ namespace cpu {
 // y = fl(x * mul) (dst = fl(dst + y) with `add`) over S sum blocks at
 // once, each block's sum of squares of the values written taken on the way
 // (LaneSums): the pass reads x once and writes dst only when there is one.
-// S > 1: S whole blocks from `begin`, read as S streams side by side (one
-// stream per core leaves most of the memory system's parallelism unused);
-// S == 1: one block [begin, end) of any length, its tail element by element.
-// dst[0] is element `begin`; block_sums (may be null) receives S sums.
+// S > 1: S whole blocks, block q starting `stride` blocks after block q - 1
+// (the first at `begin`), read side by side as S streams (one stream per
+// core leaves most of the memory system's parallelism unused); S == 1: one
+// block [begin, end) of any length, its tail element by element. dst[0] is
+// element `begin`; block_sums (may be null) receives block q's sum at
+// block_sums[q * stride].
 template <class V, DType T, int S>
-bool transform_blocks_t(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
-                        bool add, double* block_sums) {
+bool transform_blocks_t(const TensorRef& t, int64_t begin, int64_t end, int64_t stride, float mul,
+                        float* dst, bool add, double* block_sums) {
   using F = typename V::F;
   LaneSums sums[S];
   // x * 0 is NaN exactly when x is Inf or NaN; the sum keeps any NaN.
@@ -40,7 +42,7 @@ bool transform_blocks_t(const TensorRef& t, int64_t begin, int64_t end, float mu
   int64_t j = 0;
   for (; j + V::W <= len; j += V::W) {
     for (int q = 0; q < S; ++q) {
-      const int64_t o = q * kSumBlock + j;  // from `begin`
+      const int64_t o = q * stride * kSumBlock + j;  // from `begin`
       const F x = load<V, T>(t.data, begin + o);
       bad = V::add(bad, V::mul(x, zero));
       F y = V::mul(x, vmul);
@@ -64,33 +66,33 @@ bool transform_blocks_t(const TensorRef& t, int64_t begin, int64_t end, float mu
     }
   }
   if (block_sums)
-    for (int q = 0; q < S; ++q) block_sums[q] = sums[q].total();
+    for (int q = 0; q < S; ++q) block_sums[q * stride] = sums[q].total();
   return V::any_nan(bad) || bad_tail != bad_tail;
 }
 
-// Blocks read side by side by transform_blocks.
-constexpr int kTransformStreams = 4;
+// Streams read side by side by transform_blocks.
+constexpr int kTransformStreams = 8;
 
-// The sum blocks of [begin, end) (begin on a block boundary): kTransformStreams
-// whole blocks at a time, then the rest one by one.
+// The sum blocks of [begin, end) (begin on a block boundary): the whole
+// blocks cut into kTransformStreams runs of equal length, read as that many
+// streams (the i-th block of every run at once), then the rest one by one.
+// Long streams keep more of the memory system busy than adjacent blocks do.
 template <class V, DType T>
 bool transform_blocks_dt(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
                          bool add, double* block_sums) {
   constexpr int S = kTransformStreams;
+  const int64_t per = (end - begin) / kSumBlock / S;  // blocks per stream
   bool bad = false;
-  for (int64_t b = begin, k = 0; b < end;) {
-    float* const out = dst ? dst + (b - begin) : nullptr;
-    double* const sums = block_sums ? block_sums + k : nullptr;
-    if (end - b >= S * kSumBlock) {
-      bad |= transform_blocks_t<V, T, S>(t, b, b + S * kSumBlock, mul, out, add, sums);
-      b += S * kSumBlock;
-      k += S;
-    } else {
-      const int64_t e = std::min(end, b + kSumBlock);
-      bad |= transform_blocks_t<V, T, 1>(t, b, e, mul, out, add, sums);
-      b = e;
-      k += 1;
-    }
+  for (int64_t i = 0; i < per; ++i) {
+    const int64_t b = begin + i * kSumBlock;
+    bad |= transform_blocks_t<V, T, S>(t, b, b + kSumBlock, per, mul, dst ? dst + (b - begin) : nullptr,
+                                       add, block_sums ? block_sums + i : nullptr);
+  }
+  for (int64_t b = begin + S * per * kSumBlock, k = S * per; b < end; ++k) {
+    const int64_t e = std::min(end, b + kSumBlock);
+    bad |= transform_blocks_t<V, T, 1>(t, b, e, 1, mul, dst ? dst + (b - begin) : nullptr, add,
+                                       block_sums ? block_sums + k : nullptr);
+    b = e;
   }
   return bad;
 }
