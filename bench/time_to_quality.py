@@ -78,32 +78,56 @@ def parse_args(argv=None):
                         f"(default: {', '.join(OPTIMIZERS)})")
     p.add_argument("--lr", action="append", default=[], metavar="NAME=LR",
                    help="another peak learning rate for optimizer NAME (repeatable)")
+    p.add_argument("--wd", action="append", default=[], metavar="NAME=WD",
+                   help="another weight decay for optimizer NAME (repeatable)")
+    p.add_argument("--betas", action="append", default=[], metavar="NAME=B1,B2",
+                   help="other betas for optimizer NAME (repeatable)")
     args = p.parse_args(argv)
     args.optimizers = args.optimizers.split(",")
     if args.optimizers[0] != "AdamW" or not set(args.optimizers) <= set(CHOICES):
         p.error(f"--optimizers: AdamW first, then any of {CHOICES[1:]}")
-    args.lr = dict(parse_lr(p, text) for text in args.lr)
+    args.lr = dict(parse_override(p, "lr", text, positive, "LR (> 0)") for text in args.lr)
+    args.wd = dict(parse_override(p, "wd", text, non_negative, "WD (>= 0)") for text in args.wd)
+    args.betas = dict(parse_override(p, "betas", text, betas, "B1,B2 (each in [0, 1))") for text in args.betas)
     if args.steps % args.eval_every:
         p.error("--steps must be a multiple of --eval-every (AdamW's last step is evaluated)")
     return args
 
 
-def parse_lr(parser, text):
-    """(name, lr) of ``--lr NAME=LR``."""
-    name, _, value = text.partition("=")
+def parse_override(parser, option, text, value, what):
+    """(name, value) of ``--OPTION NAME=VALUE``; `value` parses VALUE (None: invalid)."""
+    name, _, rest = text.partition("=")
     try:
-        lr = float(value)
+        parsed = value(rest)
     except ValueError:
-        lr = None
-    if name not in CHOICES or lr is None or not lr > 0:
-        parser.error(f"--lr {text}: NAME=LR with NAME one of {CHOICES} and LR > 0")
-    return name, lr
+        parsed = None
+    if name not in CHOICES or parsed is None:
+        parser.error(f"--{option} {text}: NAME={what} with NAME one of {CHOICES}")
+    return name, parsed
 
 
-def optimizer_kwargs(name, steps, lrs=None):
+def positive(text):
+    x = float(text)
+    return x if x > 0 else None
+
+
+def non_negative(text):
+    x = float(text)
+    return x if x >= 0 else None
+
+
+def betas(text):
+    b = tuple(float(x) for x in text.split(","))
+    return b if len(b) == 2 and all(0 <= x < 1 for x in b) else None
+
+
+def optimizer_kwargs(name, steps, lrs=None, wds=None, betas_=None):
     kwargs = {"lr": (lrs or {}).get(name, LEARNING_RATES[name])}
-    if name in WEIGHT_DECAY:
-        kwargs["weight_decay"] = WEIGHT_DECAY[name]
+    if name in (betas_ or {}):
+        kwargs["betas"] = betas_[name]
+    wd = (wds or {}).get(name, WEIGHT_DECAY.get(name))
+    if wd is not None:
+        kwargs["weight_decay"] = wd
     if name in FREEZE_ARGUMENT:
         kwargs[FREEZE_ARGUMENT[name]] = max(1, round(FREEZE_FRACTION * steps))
     return kwargs
@@ -148,7 +172,7 @@ def train(name, args, config, corpus, world, target=None):
     rank, size = world.Get_rank(), world.Get_size()
     local = args.batch // size
     model = gpt.build_model(config, args.seed)
-    kwargs = optimizer_kwargs(name, args.steps, args.lr)
+    kwargs = optimizer_kwargs(name, args.steps, args.lr, args.wd, args.betas)
     opt = getattr(dsopt.torch, name)(model.parameters(), comm=world, **kwargs)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(args.steps))
     max_steps = args.steps if target is None else int(args.cap * args.steps)
