@@ -8,6 +8,10 @@ step after an untimed pause of SETTLE_S, so that it starts on idle cores):
   - a streaming probe that moves AdamW's bytes with trivial arithmetic
     (bench/stream_probe.cpp, loaded from libdsopt_bench_probe.so): what the
     memory system allows, the reference of every ratio;
+  - the same probe after a read of the gradients in a pass of its own
+    (8 streams per thread): the least that a check of the gradients before
+    the update (the default config's one extra read) can cost on this
+    machine;
   - dsopt through the C API (dsopt_step called through cffi with a
     descriptor array built once), through the numpy API
     (dsopt.Optimizer.step) and through dsopt.torch.AdamW, each with the
@@ -130,6 +134,24 @@ class Probe:
         self.step = lambda: fn(*ptrs, n)
 
     sample = None
+
+
+class ProbeAfterRead(Probe):
+    name = "streaming probe after a read pass (the default's least)"
+
+    def __init__(self, case, probe):
+        super().__init__(case, probe)
+        update = self.step
+        if case.bf16:
+            read, g = probe[1].dsopt_bench_probe_read_16, probe[0].cast("uint16_t *", self.g16.ctypes.data)
+        else:
+            read, g = probe[1].dsopt_bench_probe_read_f32, probe[0].cast("float *", self.g.ctypes.data)
+        n = case.numel
+
+        def step():
+            read(g, n)
+            update()
+        self.step = step
 
 
 # The dsopt configs timed: the default, without the skip, without any check.
@@ -276,7 +298,7 @@ class DeepSpeedAdam(TorchAdamW):
 
 
 def contenders_for(case, args, probe):
-    makers = [lambda: Probe(case, probe)]
+    makers = [lambda: Probe(case, probe), lambda: ProbeAfterRead(case, probe)]
     for checks in CHECKS:
         makers.append(lambda checks=checks: DsoptNumpy(case, args.threads, checks, direct=True))
         makers.append(lambda checks=checks: DsoptNumpy(case, args.threads, checks, direct=False))
@@ -372,7 +394,9 @@ def main():
     probe_ffi.cdef("""
         void dsopt_bench_probe_f32(float *p, const float *g, float *m, float *v, int64_t n);
         void dsopt_bench_probe_16(float *master, const uint16_t *g16, float *m, float *v,
-                                  uint16_t *p16, int64_t n);""")
+                                  uint16_t *p16, int64_t n);
+        float dsopt_bench_probe_read_f32(const float *g, int64_t n);
+        float dsopt_bench_probe_read_16(const uint16_t *g16, int64_t n);""")
     probe = (probe_ffi, probe_ffi.dlopen(args.probe_lib))
     s = args.scale
     cases = [

@@ -22,5 +22,9 @@ void probe_f32(float* p, const float* g, float* m, float* v, int64_t n);
 // 16-bit parameters with fp32 masters: reads master, g16, m, v and writes
 // master, m, v, p16 (4+2+4+4 + 4+4+4+2 = 28 bytes per element).
 void probe_16(float* master, const uint16_t* g16, float* m, float* v, uint16_t* p16, int64_t n);
+// One read of the gradients (4 or 2 bytes per element), as a pass that only
+// checks them makes: NaN when one is Inf or NaN.
+float probe_read_f32(const float* g, int64_t n);
+float probe_read_16(const uint16_t* g16, int64_t n);
 
 }  // namespace bench

@@ -14,4 +14,8 @@ void dsopt_bench_probe_16(float* master, const uint16_t* g16, float* m, float* v
                           int64_t n) {
   bench::probe_16(master, g16, m, v, p16, n);
 }
+
+float dsopt_bench_probe_read_f32(const float* g, int64_t n) { return bench::probe_read_f32(g, n); }
+
+float dsopt_bench_probe_read_16(const uint16_t* g16, int64_t n) { return bench::probe_read_16(g16, n); }
 }
