@@ -14,10 +14,12 @@ target. Each other optimizer then trains until its validation loss first
 reaches the target, N steps at least (its loss after N steps is reported
 too), ``--cap`` x N steps at most. Settings, as a user would write them:
 lr 1e-3 (1e-2 for 1-bit LAMB), ``freeze_step`` (1-bit Adam, 1-bit LAMB) and
-``var_freeze_step`` (0/1 Adam) at 15% of N; Lion as its paper advises
-against AdamW's lr 1e-3 and weight decay 0.01: lr 3e-4 (3-10x smaller) and
-weight decay 0.03 (3-10x larger: the same decay per step, lr x weight
-decay), betas (0.9, 0.99); ``--lr NAME=LR`` sets another lr. Every other
+``var_freeze_step`` (0/1 Adam) at 15% of N; Lion at the stronger end of
+its paper's advice against AdamW's lr 1e-3 and weight decay 0.01: lr 1e-4
+(3-10x smaller) and weight decay 0.1 (3-10x larger: the same decay per
+step, lr x weight decay), betas (0.9, 0.99), the best of the settings in
+docs/optimizers/lion.md; ``--lr NAME=LR``, ``--wd NAME=WD`` and
+``--betas NAME=B1,B2`` set others. Every other
 argument is at the class's default; the learning rate warms up linearly over the first 10% of
 N, then follows a cosine to 10% of its peak at step N (and stays there),
 through ``torch.optim.lr_scheduler.LambdaLR``; one torch thread per rank.
@@ -51,8 +53,8 @@ import gpt  # noqa: E402
 
 OPTIMIZERS = ["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"]  # the default
 CHOICES = OPTIMIZERS + ["Lion"]
-LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2, "Lion": 3e-4}
-WEIGHT_DECAY = {"Lion": 0.03}  # the others: the class's default
+LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2, "Lion": 1e-4}
+WEIGHT_DECAY = {"Lion": 0.1}  # the others: the class's default
 FREEZE_ARGUMENT = {"OneBitAdam": "freeze_step", "OneBitLamb": "freeze_step", "ZeroOneAdam": "var_freeze_step"}
 FREEZE_FRACTION = 0.15
 PHASES = ["full", "1-bit", "local", "sync", "skipped"]
