@@ -17,6 +17,13 @@ this machine, in well under a minute, as seconds per element
   model on the caller's communicator, less the update, give the latency
   and the bandwidth of its allreduce.
 
+Every timed step starts with cold caches: a sweep through twice the
+largest cache (the CPU's last level, or the GPU's L2) comes before it,
+untimed. In training, forward and backward sweep the caches between two
+optimizer steps, and a model whose state fit in a large last-level cache
+(hundreds of MiB on some servers) would otherwise be timed at the cache's
+speed rather than memory's.
+
 ``device="cuda"`` (a CUDA build, a GPU and torch): the same steps on the
 current GPU, parameters and gradients in device memory, the stand-in peer
 working on torch tensors, every step synchronised before its time is
@@ -68,6 +75,62 @@ def fake_peer(world=2, buffers="numpy"):
                                              allgather=allgather, alltoall=alltoall, buffers=buffers)
 
 
+# Sweep size when the cache size is unknown.
+_UNKNOWN_CACHE = 64 << 20
+# The CPU's caches, one folder each (index0, index1, ...) with their "size".
+SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def cache_bytes(device="cpu") -> int:
+    """The largest cache between the kernels and memory, in bytes: the CPU's
+    last level (from sysfs) or the current GPU's L2; 0 when unknown."""
+    if device != "cpu":
+        import torch
+
+        return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0))
+    base = SYSFS_CACHE
+    best = 0
+    try:
+        entries = os.listdir(base)
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(os.path.join(base, entry, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
+
+
+class CacheSweep:
+    """Evicts the caches: reads a buffer of twice the largest cache (64 MiB
+    of it when the size is unknown) on the CPU, or writes one on the GPU."""
+
+    def __init__(self, device="cpu"):
+        import numpy as np
+
+        self.device = device
+        nbytes = 2 * (cache_bytes(device) or _UNKNOWN_CACHE)
+        if device == "cpu":
+            self.buffer = np.ones(nbytes // 4, np.float32)
+        else:
+            import torch
+
+            self.buffer = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+
+    def __call__(self):
+        if self.device == "cpu":
+            float(self.buffer.sum())
+        else:
+            self.buffer.fill_(1.0)
+            _synchronize(self.device)
+
+
 def time_steps(config, sizes, comm, steps=5, warmup=2, device="cpu"):
     """(The shortest of `steps` optimizer steps after `warmup` ones, the
     optimizer's thread count)."""
@@ -100,8 +163,9 @@ def time_interleaved(runs, sizes, steps=5, warmup=2, device="cpu"):
     """([the shortest step of each run], threads of the first): every
     (config, communicator) of `runs` steps once per round, in turn, so the
     costs that are subtracted from each other see the same load; the
-    shortest step is the one least disturbed by other work. On "cuda" each
-    step is timed to the end of its device work."""
+    shortest step is the one least disturbed by other work. Each step
+    starts with cold caches (CacheSweep). On "cuda" each step is timed to
+    the end of its device work."""
     import contextlib
     import warnings
 
@@ -109,6 +173,7 @@ def time_interleaved(runs, sizes, steps=5, warmup=2, device="cpu"):
     import dsopt
 
     rng = np.random.default_rng(0)
+    sweep = CacheSweep(device)
     params = [_arrays(sizes, 0.1, rng, device) for _ in runs]
     grads = _arrays(sizes, 1e-2, rng, device)
     times = [[] for _ in runs]
@@ -118,6 +183,7 @@ def time_interleaved(runs, sizes, steps=5, warmup=2, device="cpu"):
         opts = [stack.enter_context(dsopt.Optimizer(cfg, p, comm=comm)) for (cfg, comm), p in zip(runs, params)]
         for k in range(warmup + steps):
             for opt, out in zip(opts, times):
+                sweep()
                 _synchronize(device)
                 t0 = time.perf_counter()
                 opt.step(grads)

@@ -2,7 +2,9 @@
 given or measured), the update (the optimizer's own work per element, from
 the profile), compression (the 1-bit path and the codecs, from the
 profile), and the communication left exposed (the network model of the
-calls `collectives.py` lists). With gradients handed over during backward
+calls `collectives.py` lists). The 1-bit compressed allreduce, where its
+communicator overlaps transfers, runs its arithmetic and its transfers as
+a pipeline over its pieces (`pipelined`). With gradients handed over during backward
 the gradient reductions run behind the backward part of the compute,
 bucket by bucket from the last; the parameter allgather follows the update
 and is never hidden."""
@@ -52,6 +54,15 @@ def _work(config, model, world, settings, profile, kind):
     raise ValueError(f"unknown configuration kind {config.kind!r}")
 
 
+def pipelined(work: float, wire: float, pieces: int) -> float:
+    """Seconds of `work` on the CPU and `wire` seconds of transfers cut into
+    `pieces` equal pieces, each piece's transfer after its work: the
+    two-stage pipeline's max(work, wire) + min(work, wire) / pieces (the
+    first piece's work and the last one's transfer cannot overlap
+    anything); one piece runs them one after the other."""
+    return max(work, wire) + min(work, wire) / pieces if pieces > 1 else work + wire
+
+
 def _car_pieces(config, model, world):
     """How many pieces MPI's compressed allreduce runs in (its arithmetic
     overlaps the transfers only with more than one)."""
@@ -84,9 +95,10 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
     comm = sum(getattr(cluster, c.op)(c.nbytes) for c in calls)
     update, compression = (x * cluster.cpu_oversubscription
                            for x in _work(config, model, world, settings, profile, kind))
-    if config.onebit and overlapping_comm and compression > 0 and _car_pieces(config, model, world) > 1:
+    pieces = _car_pieces(config, model, world) if config.onebit and overlapping_comm else 1
+    if compression > 0 and pieces > 1:
         car = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage == "grad")
-        hidden = min(car, compression)
+        hidden = car + compression - pipelined(compression, car, pieces)
         return StepTime(compute, update, compression, comm, comm - hidden)
     if config.overlap and world > 1:
         # The gradient codec's share of the coding runs with the reductions.
