@@ -37,7 +37,7 @@ void probe_16(float* master, const uint16_t* g16, float* m, float* v, uint16_t* 
   }
 }
 
-// One read of n values in kStreams streams per thread, lane by lane: the
+// One read of n values in kReadStreams streams per thread, lane by lane: the
 // least a pass that only checks them costs (x * 0 keeps any Inf or NaN, so
 // no value can be skipped). load(i) returns value i as a float.
 constexpr int kReadStreams = 8, kReadLanes = 16;

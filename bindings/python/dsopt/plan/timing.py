@@ -4,10 +4,10 @@ the profile), compression (the 1-bit path and the codecs, from the
 profile), and the communication left exposed (the network model of the
 calls `collectives.py` lists). The 1-bit compressed allreduce, where its
 communicator overlaps transfers, runs its arithmetic and its transfers as
-a pipeline over its pieces (`pipelined`). With gradients handed over during backward
-the gradient reductions run behind the backward part of the compute,
-bucket by bucket from the last; the parameter allgather follows the update
-and is never hidden."""
+a pipeline over its pieces (`pipelined`). With gradients handed over
+during backward the gradient reductions run behind the backward part of
+the compute, bucket by bucket from the last; the parameter allgather
+follows the update and is never hidden."""
 
 from dataclasses import dataclass
 
