@@ -6,6 +6,17 @@
 #include "baselines.hpp"
 
 namespace bench {
+namespace {
+
+// bfloat16 -> fp32 is a shift.
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+}  // namespace
 
 void probe_f32(float* p, const float* g, float* m, float* v, int64_t n) {
 #pragma omp parallel for simd schedule(static)
@@ -22,9 +33,7 @@ void probe_f32(float* p, const float* g, float* m, float* v, int64_t n) {
 void probe_16(float* master, const uint16_t* g16, float* m, float* v, uint16_t* p16, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t gbits = uint32_t(g16[i]) << 16;  // bfloat16 -> fp32 is a shift
-    float gi;
-    std::memcpy(&gi, &gbits, 4);
+    const float gi = bf16_to_float(g16[i]);
     const float mi = m[i] * 0.5f + gi;
     const float vi = v[i] * 0.25f + gi;
     m[i] = mi;
@@ -67,12 +76,7 @@ float probe_read_f32(const float* g, int64_t n) {
 }
 
 float probe_read_16(const uint16_t* g16, int64_t n) {
-  return probe_read(n, [g16](int64_t i) {
-    const uint32_t bits = uint32_t(g16[i]) << 16;
-    float x;
-    std::memcpy(&x, &bits, 4);
-    return x;
-  });
+  return probe_read(n, [g16](int64_t i) { return bf16_to_float(g16[i]); });
 }
 
 }  // namespace bench

@@ -88,9 +88,9 @@ def parse_args(argv=None):
     args.optimizers = args.optimizers.split(",")
     if args.optimizers[0] != "AdamW" or not set(args.optimizers) <= set(CHOICES):
         p.error(f"--optimizers: AdamW first, then any of {CHOICES[1:]}")
-    args.lr = dict(parse_override(p, "lr", text, positive, "LR (> 0)") for text in args.lr)
-    args.wd = dict(parse_override(p, "wd", text, non_negative, "WD (>= 0)") for text in args.wd)
-    args.betas = dict(parse_override(p, "betas", text, betas, "B1,B2 (each in [0, 1))") for text in args.betas)
+    args.lr = dict(parse_override(p, "lr", text, parse_positive, "LR (> 0)") for text in args.lr)
+    args.wd = dict(parse_override(p, "wd", text, parse_non_negative, "WD (>= 0)") for text in args.wd)
+    args.betas = dict(parse_override(p, "betas", text, parse_betas, "B1,B2 (each in [0, 1))") for text in args.betas)
     if args.steps % args.eval_every:
         p.error("--steps must be a multiple of --eval-every (AdamW's last step is evaluated)")
     return args
@@ -108,25 +108,25 @@ def parse_override(parser, option, text, value, what):
     return name, parsed
 
 
-def positive(text):
+def parse_positive(text):
     x = float(text)
     return x if x > 0 else None
 
 
-def non_negative(text):
+def parse_non_negative(text):
     x = float(text)
     return x if x >= 0 else None
 
 
-def betas(text):
+def parse_betas(text):
     b = tuple(float(x) for x in text.split(","))
     return b if len(b) == 2 and all(0 <= x < 1 for x in b) else None
 
 
-def optimizer_kwargs(name, steps, lrs=None, wds=None, betas_=None):
+def optimizer_kwargs(name, steps, lrs=None, wds=None, betas=None):
     kwargs = {"lr": (lrs or {}).get(name, LEARNING_RATES[name])}
-    if name in (betas_ or {}):
-        kwargs["betas"] = betas_[name]
+    if name in (betas or {}):
+        kwargs["betas"] = betas[name]
     wd = (wds or {}).get(name, WEIGHT_DECAY.get(name))
     if wd is not None:
         kwargs["weight_decay"] = wd
