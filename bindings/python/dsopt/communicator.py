@@ -191,6 +191,14 @@ class Communicator:
         return self._borrowed[0]
 
     @property
+    def mpi4py_comm(self):
+        """The mpi4py communicator of ``from_mpi4py`` (kept referenced by
+        this object); None for other kinds."""
+        if self.kind != "mpi" or not hasattr(self._borrowed, "py2f"):
+            return None
+        return self._borrowed
+
+    @property
     def callback_error(self):
         """The exception a Python collective of ``from_callbacks`` /
         ``from_torch`` raised (None when none did, or for other kinds)."""

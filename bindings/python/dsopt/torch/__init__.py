@@ -225,12 +225,12 @@ classes do.
 
 import torch as _torch
 
-from ._classes import Adam, AdamW, Lamb, Lion, OneBitAdam, OneBitLamb, ZeroOneAdam
+from . import _classes
+from ._classes import *  # noqa: F401,F403 -- every optimizer class, as _classes.__all__ lists them
 from ._ddp import ddp_comm_hook
 from ._optimizer import Optimizer
 
-__all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "Optimizer", "ZeroOneAdam", "Lamb", "Lion",
-           "ddp_comm_hook"]
+__all__ = [*_classes.__all__, "Optimizer", "ddp_comm_hook"]
 
 
 def __getattr__(name):

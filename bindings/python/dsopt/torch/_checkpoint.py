@@ -50,8 +50,8 @@ def gather_blobs(comm, blob, dst):
         torch.distributed.gather_object(blob, gathered, dst=_torch_group_rank(comm.group, dst),
                                         group=comm.group)
         return gathered
-    mpi = comm._borrowed
-    if comm.kind == "mpi" and hasattr(mpi, "gather"):
+    mpi = comm.mpi4py_comm
+    if mpi is not None:
         return mpi.gather(bytes(blob), root=dst)
     raise ValueError(
         f"state_dict_all_ranks gathers the ranks' blobs through torch.distributed or mpi4py; "
@@ -59,19 +59,10 @@ def gather_blobs(comm, blob, dst):
         f"instead (and load them with load_state_dict_shards).")
 
 
-def state_dict_all_ranks(opt, dst):
-    """``opt.state_dict_all_ranks(dst)`` (see there)."""
-    opt._follow_params()  # collective here: a cast model is followed on every rank
-    state_dict = opt.state_dict()
-    blobs = gather_blobs(opt._comm, state_dict["dsopt_state"], dst)
-    if blobs is None:
-        return None
-    state_dict[RANK_STATES] = blobs
-    return state_dict
-
-
-def own_blob_or_set(opt, blob, state_dict):
-    """(blob, blobs): what ``load_state_dict`` restores from ``state_dict``:
+def own_blob_or_set(comm, blob, state_dict):
+    """(blob, blobs): what ``load_state_dict`` restores from ``state_dict``
+    on this rank of ``comm`` (the optimizer's communicator, None for one
+    process):
     ``blob`` (this rank's own) when the dict has every rank's blobs of a
     run at this world size, else ``blobs`` (every rank's, for
     ``load_state_dict_shards``); ``(blob, None)`` for a dict of one rank."""
@@ -81,21 +72,20 @@ def own_blob_or_set(opt, blob, state_dict):
     if not isinstance(blobs, (list, tuple)) or not blobs:
         raise ValueError(f"state dict: {RANK_STATES!r} must be a non-empty list of the "
                          f"ranks' dsopt blobs, got {type(blobs).__name__}")
-    comm = opt._comm
     size = 1 if comm is None else comm.size
     if len(blobs) == size:
         return blobs[0 if comm is None else comm.rank], None
     return None, list(blobs)
 
 
-
-def load_blob(opt, blob, reset_rank_local):
-    """Loads one rank's blob into ``opt``'s dsopt optimizer; with
+def load_blob(optimizer, type_name, blob, reset_rank_local):
+    """Loads one rank's blob into ``optimizer`` (a ``dsopt.Optimizer`` of
+    the algorithm ``type_name``); with
     ``reset_rank_local`` a blob of another rank loads with the rank-local
     state reset (on every rank, so that the ranks' states still fit
     together), and a warning says so."""
     try:
-        reset = opt.dsopt.load_state_dict(blob, reset_rank_local=reset_rank_local)
+        reset = optimizer.load_state_dict(blob, reset_rank_local=reset_rank_local)
     except Mismatch as error:
         if "saved by rank" not in str(error):
             raise
@@ -104,6 +94,6 @@ def load_blob(opt, blob, reset_rank_local):
     if reset:
         warnings.warn(
             f"dsopt.torch: a state dict saved by another rank was loaded, so the rank-local "
-            f"state of {opt._type} (compression errors, local state) was reset on every rank, "
+            f"state of {type_name} (compression errors, local state) was reset on every rank, "
             f"as at a change of world size. Save state_dict_all_ranks() to resume every rank "
             f"exactly.", RuntimeWarning, stacklevel=4)

@@ -474,4 +474,5 @@ class Lion(_TorchStyle):
 for _cls in (Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, Lion):
     _cls.__doc__ += _DSOPT_SETTINGS_DOC
 
-__all__ = ["Adam", "AdamW", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Lion"]
+# dsopt.torch exports exactly these (its __init__ imports them all).
+__all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Lamb", "Lion"]

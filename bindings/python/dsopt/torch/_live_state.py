@@ -146,10 +146,19 @@ class LiveState(dict):
     other keys code stored per parameter (torch's defaultdict behaviour);
     dsopt's state is read from dsopt on each access."""
 
-    def __init__(self, owner):
+    def __init__(self, owner, sharded):
         super().__init__()
-        self.owner = owner
+        self.owner = owner  # the dsopt.torch optimizer: its ``dsopt``, read at each access
+        self._sharded = sharded  # ZeRO stage 1/2: views of this rank's shard
+        self._tensors, self._index = [], {}
         self._views = {}
+
+    def track(self, tensors, index):
+        """The parameters in dsopt's order and {parameter: its index}, set by
+        the optimizer at creation and again after each rebuild (which makes
+        the cached views stale)."""
+        self._tensors, self._index = tensors, index
+        self.invalidate()
 
     # ---- what dsopt has --------------------------------------------------
 
@@ -161,10 +170,10 @@ class LiveState(dict):
         self._views = {}
 
     def param(self, i):
-        return self.owner._tensors[i]
+        return self._tensors[i]
 
     def index_of(self, key):
-        return self.owner._index.get(key) if isinstance(key, torch.Tensor) else None
+        return self._index.get(key) if isinstance(key, torch.Tensor) else None
 
     def view_names(self, i):
         """The names of dsopt's state tensors (``dsopt.state_names()``, which
@@ -183,8 +192,7 @@ class LiveState(dict):
         other name dsopt gives no view of (a ZeRO parameter split by the
         reduce buckets) is left out too, or with ``strict`` raises
         ValueError."""
-        owner, p = self.owner, self.param(i)
-        sharded = owner._zero_stage > 0
+        owner, p, sharded = self.owner, self.param(i), self._sharded
         cache = self._views.setdefault(i, {})
         tensors, offset = {}, None
         for name in self.view_names(i):
@@ -232,8 +240,7 @@ class LiveState(dict):
 
     def _stepped(self):
         """The parameters with dsopt state, in parameter order."""
-        tensors = self.owner._tensors
-        return [tensors[i] for i in range(len(tensors)) if self.has_state(i)]
+        return [p for i, p in enumerate(self._tensors) if self.has_state(i)]
 
     def keys(self):
         stepped = self._stepped()

@@ -239,8 +239,8 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         # overlap: the hooks leave .grad to step() in this step (the
         # parameters were cast or moved: step() rebuilds, then hands over).
         self._defer_to_step = False
+        self.state = LiveState(self, sharded=self._zero_stage > 0)
         self._set_up(tensors)
-        self.state = LiveState(self)
         self._hooks = []
         self._unhooked = []  # overlap: parameters without a hook (frozen when hooks were made)
         # overlap: the first gradient of this step that a hook could not
@@ -317,8 +317,7 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         self._forward_seen = set()
         if getattr(self, "_prefetch_handle", None) is not None:  # a rebuild: again
             self._record_forward_order()
-        if isinstance(self.state, LiveState):  # not yet in __init__
-            self.state.invalidate()  # views of the rebuilt optimizer
+        self.state.track(tensors, self._index)  # after a rebuild: its own views
 
     # ---- hyperparameters ------------------------------------------------------
 

@@ -6,17 +6,17 @@ own format for Adam/AdamW, and loading each of them)."""
 import copy
 from collections.abc import Mapping
 
-import torch
+from . import _checkpoint, _groups
+from ._torch_state import TorchStateMixin, is_torch_state_dict
 
-from . import _checkpoint, _groups, _torch_state
 
-
-class StateDictMixin:
+class StateDictMixin(TorchStateMixin):
     """The state dict methods of ``dsopt.torch.Optimizer`` (which inherits
-    them). They work on the attributes ``Optimizer`` keeps (``dsopt``,
-    ``param_groups``, the algorithm's ``_type`` and ``_decoupled``) and call
-    its ``_follow_params``, ``_normalize_groups``, ``_dsopt_hyper`` and
-    ``_sync_hyperparameters``."""
+    them), torch.optim's own format from ``TorchStateMixin``. They work on
+    the attributes ``Optimizer`` keeps (``dsopt``, ``param_groups``, the
+    communicator ``_comm``, the algorithm's ``_type`` and ``_decoupled``)
+    and call its ``_follow_params``, ``_normalize_groups``, ``_dsopt_hyper``
+    and ``_sync_hyperparameters``."""
 
     def _pack_groups(self):
         """torch's ``param_groups`` of a state dict (parameters as indices)."""
@@ -57,7 +57,13 @@ class StateDictMixin:
         through torch.distributed (a torch group) or mpi4py; other
         communicators raise ValueError (save ``state_dict()`` on every
         rank). Rank ``dst`` holds every rank's blob at once."""
-        return _checkpoint.state_dict_all_ranks(self, dst)
+        self._follow_params()  # collective here: a cast model is followed on every rank
+        state_dict = self.state_dict()
+        blobs = _checkpoint.gather_blobs(self._comm, state_dict["dsopt_state"], dst)
+        if blobs is None:
+            return None
+        state_dict[_checkpoint.RANK_STATES] = blobs
+        return state_dict
 
     def torch_state_dict(self):
         """This optimizer's state as torch.optim's own ``state_dict()``
@@ -71,16 +77,7 @@ class StateDictMixin:
         1-bit optimizers (no torch counterpart) and under ZeRO stage 1/2 on
         several ranks (each rank holds part of the state)."""
         self._follow_params(collective=False)
-        return _torch_state.export_state_dict(self)
-
-    def _torch_class(self):
-        """The torch.optim class whose state dicts match this optimizer's
-        (Adam/AdamW)."""
-        if not self._decoupled:
-            return torch.optim.Adam
-        if self._type == "Adam" and "decoupled_weight_decay" in self.defaults:
-            return torch.optim.Adam  # torch >= 2.6: Adam(decoupled_weight_decay=True)
-        return torch.optim.AdamW
+        return self._export_torch_state()
 
     @staticmethod
     def _split(state_dict, what="state dict"):
@@ -160,15 +157,15 @@ class StateDictMixin:
             result = hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        if _torch_state.is_torch_state_dict(state_dict):
-            _torch_state.load_torch_state_dict(self, state_dict)
+        if is_torch_state_dict(state_dict):
+            self._load_torch_state(state_dict)
         else:
             torch_part, blob = self._split(state_dict)
-            blob, blobs = _checkpoint.own_blob_or_set(self, blob, torch_part)
+            blob, blobs = _checkpoint.own_blob_or_set(self._comm, blob, torch_part)
             torch_part.pop(_checkpoint.RANK_STATES, None)
             if blobs is None:
-                self._restore(torch_part, lambda: _checkpoint.load_blob(self, blob,
-                                                                        reset_rank_local))
+                self._restore(torch_part, lambda: _checkpoint.load_blob(
+                    self.dsopt, self._type, blob, reset_rank_local))
             else:
                 self._restore(torch_part, lambda: self.dsopt.load_state_dict_shards(blobs))
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
