@@ -6,7 +6,9 @@ refuses what needs the whole state (torch_state_dict, add_param_group once
 parameters have state, deepcopy), and trains on within fp32 rounding of
 torch.optim.AdamW (every rank the same data). The phase returns how many
 elements of the moments this rank holds; the test checks that the ranks'
-parts cover every parameter once."""
+parts cover every parameter once. Phase "whole_checkpoint":
+``state_dict_all_ranks`` gathered through mpi4py resumes every rank's
+shard bit for bit."""
 
 import copy
 import sys
@@ -69,7 +71,35 @@ def phase_zero_state(comm, rank, size):
     return held
 
 
+def phase_whole_checkpoint(comm, rank, size):
+    """``state_dict_all_ranks`` over an mpi4py communicator: rank 0 gets
+    every rank's blob; that one dict, sent to every rank, resumes each
+    rank's ZeRO-2 shard bit for bit."""
+    model = make()
+    opt = dsopt.torch.AdamW(model.parameters(), lr=0.01, zero_stage=2, comm=comm)
+    for k in range(3):
+        step(model, opt, k)
+    whole = opt.state_dict_all_ranks(0)
+    assert (whole is None) == (rank != 0), whole
+    if rank == 0:
+        assert len(whole["dsopt_rank_states"]) == size
+    weights = copy.deepcopy(model.state_dict())
+    whole = comm.mpi4py_comm.bcast(whole, root=0)
+    for k in range(3, 6):
+        step(model, opt, k)
+    resumed = make()
+    resumed.load_state_dict(weights)
+    again = dsopt.torch.AdamW(resumed.parameters(), lr=0.01, zero_stage=2, comm=comm)
+    again.load_state_dict(whole)
+    for k in range(3, 6):
+        step(resumed, again, k)
+    for p, q in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+    opt.close()
+    again.close()
+
+
 if __name__ == "__main__":
     from mpi_phases import main
 
-    sys.exit(main({"zero_state": phase_zero_state}))
+    sys.exit(main({"zero_state": phase_zero_state, "whole_checkpoint": phase_whole_checkpoint}))

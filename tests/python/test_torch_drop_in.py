@@ -1009,7 +1009,8 @@ def test_zero_shards_take_a_torch_state_dict_at_two_ranks(tmp_path):
     """mpirun -np 2 (mpi_torch_state.py): ZeRO stage 2 takes a torch.optim
     state dict into its shards, the ranks' parts of every parameter cover
     it once, what needs the whole state is refused, training goes on as
-    torch's."""
+    torch's; state_dict_all_ranks gathered through mpi4py resumes every
+    rank's shard bit for bit."""
     import shutil
     import sys
     from pathlib import Path
@@ -1023,6 +1024,9 @@ def test_zero_shards_take_a_torch_state_dict_at_two_ranks(tmp_path):
     if build_feature("mpi") == "off":
         pytest.skip("libdsopt was built without MPI")
     pytest.importorskip("mpi4py", reason=f"mpi4py is not installed for {sys.executable}")
-    mpi_runner.mpirun(Path(mpi_torch_state.__file__), 2, tmp_path, ["zero_state"], timeout=240)
-    held = [int((tmp_path / f"rank{r}.txt").read_text().split()[-1]) for r in range(2)]
+    mpi_runner.mpirun(Path(mpi_torch_state.__file__), 2, tmp_path,
+                      ["zero_state", "whole_checkpoint"], timeout=240)
+    reports = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert all("whole_checkpoint OK" in report for report in reports), reports
+    held = [int(report.split("zero_state OK")[1].split()[0]) for report in reports]
     assert sum(held) == sum(p.numel() for p in make_model().parameters()) and min(held) > 0
