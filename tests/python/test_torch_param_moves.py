@@ -304,6 +304,21 @@ def test_overlap_cast_between_backward_and_step_is_a_clear_error():
     opt.close()
 
 
+@needs_hooks
+def test_overlap_size_change_between_backward_and_step_says_what_changed():
+    model = make_model()
+    opt = make_opt("adamw", model, overlap=True)
+    train(model, opt, MID_RUN)
+    opt.zero_grad()
+    backward(model, MID_RUN)  # hands every gradient over
+    bias = model[2].bias
+    n = bias.numel()
+    bias.data = torch.zeros(n + 1)
+    assert_refused(opt, model, ["parameter 3 (", f"changed size from {n} to {n + 1} elements",
+                                "between backward and step()"])
+    opt.close()
+
+
 # ---- two ranks ---------------------------------------------------------------------
 
 def test_two_ranks(tmp_path):

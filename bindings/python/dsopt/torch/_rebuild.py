@@ -202,15 +202,21 @@ class RebuildMixin:
         """Parameter ``i``'s place, for error messages."""
         return describe_param(self._tensors[i], i, self.param_groups)
 
-    def _change_text(self, dtype_changes, device):
-        """What happened to the parameters, for error messages."""
+    def _change_text(self, dtype_changes, numel_changes, device):
+        """What happened to the parameters, for error messages: a cast, else
+        a change of size, else a move (with the move added to the others)."""
         storage = self._storage
-        if not dtype_changes:
+        changes = dtype_changes or numel_changes
+        if not changes:
             return f"the parameters moved from {storage.device} to {device}"
-        i = dtype_changes[0]
-        more = f" (and {len(dtype_changes) - 1} more)" if len(dtype_changes) > 1 else ""
-        text = f"{self._describe_param(i)}{more} was cast from {storage.dtypes[i]} to " \
-               f"{self._tensors[i].dtype}"
+        i = changes[0]
+        more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
+        if dtype_changes:
+            text = f"{self._describe_param(i)}{more} was cast from {storage.dtypes[i]} to " \
+                   f"{self._tensors[i].dtype}"
+        else:
+            text = f"{self._describe_param(i)}{more} changed size from {storage.numels[i]} " \
+                   f"to {self._tensors[i].numel()} elements"
         if device != storage.device:
             text += f" and moved from {storage.device} to {device}"
         return text
@@ -290,7 +296,7 @@ class RebuildMixin:
             # moved the model) comes from the optimizer as it is; the
             # collective rebuild waits for the next step().
             return
-        what = self._change_text(dtype_changes, device)
+        what = self._change_text(dtype_changes, numel_changes, device)
         stepped = self._check_rebuild_possible(what, dtype_changes, numel_changes, collective)
         carry = None if not stepped else "views" if dtype_changes else "blob"
         try:
