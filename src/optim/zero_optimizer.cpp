@@ -68,21 +68,19 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
       scratch_(this->kernels(),
                std::max(GradientReducer::scratch_bytes(layout_, cfg.zero.compression),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
-                                                     this->params(),
-                                                     compressed_params_ ? cfg.zero.compression.parameters
-                                                                        : ParamCodec::None,
+                                                     this->params(), cfg.zero.compression.parameters,
                                                      cfg.zero.compression.parameter_block))),
       reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, cfg.zero.compression, comm,
                this->kernels(), mem(), this->params(), agreement(), runner(),
                scratch_.get()),
-      gatherer_(layout_, cfg.zero.allgather_bucket_size, comm, this->kernels(), mem(), this->params(),
+      gatherer_(layout_, cfg.zero.allgather_bucket_size, cfg.zero.compression.parameters,
+                cfg.zero.compression.parameter_block, comm, this->kernels(), mem(), this->params(),
                 scratch_.get()) {
   if (compressed_params_) {
     // The config refuses it (src/api/config.cpp): the gatherer reads device masters.
     if (offload_) fail(DSOPT_EINTERNAL, "a compressed parameter allgather with CPU offload");
     this->kernels().fill_zero(masters_.get(), masters_.bytes());  // the padding's masters stay 0
-    gatherer_.compress(cfg.zero.compression.parameters, cfg.zero.compression.parameter_block,
-                       masters_.floats());
+    gatherer_.compress(masters_.floats());
   }
   if (rule_ == MomentRule::Lamb) {
     // The config refuses it (src/api/config.cpp): the offloaded update is elementwise.

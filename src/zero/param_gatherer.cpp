@@ -10,25 +10,31 @@ size_t ParamGatherer::wire_bytes(const ParamSet& params) {
   return 2;
 }
 
-int64_t ParamGatherer::chunk_length(const ShardLayout& layout, int64_t chunk_elems) {
-  return std::min(layout.shard_numel(), std::max<int64_t>(1, chunk_elems / layout.world()));
+int64_t ParamGatherer::chunk_length(const ShardLayout& layout, int64_t chunk_elems, ParamCodec codec,
+                                    int64_t block) {
+  int64_t len = std::max<int64_t>(1, chunk_elems / layout.world());
+  if (codec == ParamCodec::Int8) len = std::max(block, len / block * block);
+  return std::min(layout.shard_numel(), len);
 }
 
 size_t ParamGatherer::scratch_bytes(const ShardLayout& layout, int64_t chunk_elems,
                                     const ParamSet& params, ParamCodec codec, int64_t block) {
   if (layout.world() == 1) return 0;  // the update already wrote every element
-  const int64_t len = chunk_length(layout, chunk_elems);
+  const int64_t len = chunk_length(layout, chunk_elems, codec, block);
   const size_t coded = size_t(encoded_bytes(codec, block, wire_bytes(params), len)) * size_t(layout.world() + 1);
   return codec == ParamCodec::None ? coded : size_t(len) * 4 + coded;
 }
 
-ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm,
-                             Kernels& kernels, const Mem& mem, const ParamSet& params, void* scratch)
+ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, ParamCodec codec,
+                             int64_t block, Comm& comm, Kernels& kernels, const Mem& mem,
+                             const ParamSet& params, void* scratch)
     : comm_(comm), kernels_(kernels), mem_(mem), params_(params), world_(layout.world()),
       rank_(comm.rank()), wire_(wire_bytes(params)), scratch_(static_cast<uint8_t*>(scratch)) {
   if (world_ == 1) return;
+  codec_ = codec;
+  block_ = block;
   const int64_t shard = layout.shard_numel();
-  chunk_ = chunk_length(layout, chunk_elems);
+  chunk_ = chunk_length(layout, chunk_elems, codec, block);
   for (int64_t begin = 0; begin < shard; begin += chunk_) {
     Chunk c{begin, std::min(shard, begin + chunk_), {}};
     for (int r = 0; r < world_; ++r) c.by_rank.push_back(layout.fragments(r, c.begin, c.end));
@@ -55,12 +61,7 @@ void* ParamGatherer::element(const ShardFragment& f) const {
   return static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
 }
 
-void ParamGatherer::compress(ParamCodec codec, int64_t block, const float* masters) {
-  if (world_ == 1 || codec == ParamCodec::None) return;
-  codec_ = codec;
-  block_ = block;
-  masters_ = masters;
-}
+void ParamGatherer::compress(const float* masters) { masters_ = masters; }
 
 int64_t ParamGatherer::encoded_bytes(ParamCodec codec, int64_t block, size_t w, int64_t len) {
   if (codec == ParamCodec::Bf16) return 2 * len;

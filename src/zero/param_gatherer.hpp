@@ -10,6 +10,9 @@
 // scaled blocks), and every rank, the owner included, writes the decoded
 // values into its buffers: the replicas stay bit-identical. The encoded
 // chunks and a decoded one take the scratch the uncompressed form uses.
+// The int8 codec's chunks are whole blocks (but the shard's last one), so
+// its blocks start at the same shard offsets whatever the bucket size: the
+// values do not depend on it.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -24,14 +27,14 @@ namespace dsopt {
 
 class ParamGatherer {
  public:
-  // `scratch` (device memory of at least scratch_bytes(...) for the codec
-  // compress() will be given) holds a chunk during gather(); it is free
-  // between calls.
-  ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Comm& comm, Kernels& kernels,
-                const Mem& mem, const ParamSet& params, void* scratch);
-  // The compressed form: `codec` (not None) encodes the chunks of `masters`
-  // (S floats in shard order, device memory); `block` as for int8.
-  void compress(ParamCodec codec, int64_t block, const float* masters);
+  // `codec` (None: the parameters' own bytes) with `block`, its block for
+  // int8; `scratch` (device memory of at least scratch_bytes(...) for the
+  // same arguments) holds a chunk during gather(); it is free between calls.
+  ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, ParamCodec codec, int64_t block,
+                Comm& comm, Kernels& kernels, const Mem& mem, const ParamSet& params, void* scratch);
+  // With a codec: the masters whose chunks it encodes (S floats in shard
+  // order, device memory); before the first gather.
+  void compress(const float* masters);
   static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params,
                               ParamCodec codec, int64_t block);
   // Collective: every rank's shard of the parameters into every rank's
@@ -66,7 +69,10 @@ class ParamGatherer {
   // Writes fp32 values of chunk c's fragments of rank r into the buffers.
   void scatter(const Chunk& c, int r, const float* values);
   static size_t wire_bytes(const ParamSet& params);
-  static int64_t chunk_length(const ShardLayout& layout, int64_t chunk_elems);
+  // Elements of a chunk: allgather_bucket_size / P, at most the shard;
+  // with int8 a multiple of its block, at least one.
+  static int64_t chunk_length(const ShardLayout& layout, int64_t chunk_elems, ParamCodec codec,
+                              int64_t block);
 
   Comm& comm_;
   Kernels& kernels_;

@@ -64,8 +64,9 @@ static const case_t cases[] = {
      "\"gradients\": \"int8\"}",
      "", fp32_specs},
     {"compressed ZeRO-1 int8 params",
-     "\"stage\": 1, \"allgather_bucket_size\": 512, \"compression\": {\"parameters\": \"int8\"}", "",
-     bf16_specs},
+     "\"stage\": 1, \"allgather_bucket_size\": 512, \"compression\": {\"parameters\": \"int8\", "
+     "\"parameter_block_size\": 48}",
+     "", bf16_specs},
 };
 
 static char *config_of(const case_t *t, int deferred) {
@@ -224,18 +225,21 @@ static void bit_identical_with_and_without_deferral(void) {
  * a layout of one reduce bucket: the parameters end to end, padded to a
  * multiple of 2P, rank r holding the r-th slice of S elements; chunk c
  * covers shard offsets [c L, (c+1) L) on every rank, L =
- * min(S, max(1, allgather_bucket_size / P)). Then the reference of the gather
+ * min(S, max(1, allgather_bucket_size / P)), with the int8 parameter codec
+ * (block > 0) rounded down to a multiple of its block, at least one block,
+ * before the min. Then the reference of the gather
  * positions: chunks placed in the order the parameters of `order` first
  * touch them, chunks no parameter touches last; a parameter's bucket is its
  * chunks' last position. */
-static void reference_buckets(const tensor_spec *specs, int64_t bucket_elems, const int64_t *order,
-                              int64_t *bucket_of) {
+static void reference_buckets(const tensor_spec *specs, int64_t bucket_elems, int64_t block,
+                              const int64_t *order, int64_t *bucket_of) {
   const int64_t world = world_size();
   int64_t n = 0;
   for (int i = 0; i < NUM_TENSORS; ++i) n += specs[i].numel;
   const int64_t padded = (n + 2 * world - 1) / (2 * world) * (2 * world), shard = padded / world;
   int64_t len = bucket_elems / world;
   if (len < 1) len = 1;
+  if (block > 0) len = len < block ? block : len / block * block;
   if (len > shard) len = shard;
   const int64_t chunks = (shard + len - 1) / len;
   int64_t *position = (int64_t *)malloc(sizeof(int64_t) * (size_t)chunks);
@@ -261,10 +265,19 @@ static void reference_buckets(const tensor_spec *specs, int64_t bucket_elems, co
   free(position);
 }
 
-/* The number after "allgather_bucket_size" in a case's keys (0: none). */
-static int64_t allgather_bucket_of(const case_t *t) {
-  const char *at = strstr(t->zero, "\"allgather_bucket_size\": ");
-  return at ? strtoll(at + strlen("\"allgather_bucket_size\": "), NULL, 10) : 0;
+/* The number after `key` in a case's keys (0: none). */
+static int64_t zero_key_of(const case_t *t, const char *key) {
+  char quoted[64];
+  snprintf(quoted, sizeof quoted, "\"%s\": ", key);
+  const char *at = strstr(t->zero, quoted);
+  return at ? strtoll(at + strlen(quoted), NULL, 10) : 0;
+}
+
+/* The int8 parameter codec's block in a case (0: another codec). */
+static int64_t int8_block_of(const case_t *t) {
+  if (!strstr(t->zero, "\"parameters\": \"int8\"")) return 0;
+  const int64_t block = zero_key_of(t, "parameter_block_size");
+  return block ? block : 256;
 }
 
 /* With an order given, a deferred run posts the buckets in that order:
@@ -307,12 +320,12 @@ static void an_order_changes_the_schedule_only(void) {
         for (int i = 0; i < NUM_TENSORS; ++i) CHECK_EQ_INT(after[i], -1);
       } else if (!strstr(t->zero, "reduce_bucket_size")) {
         int64_t expected[NUM_TENSORS], identity[NUM_TENSORS] = {0, 1, 2, 3, 4};
-        const int64_t ag = allgather_bucket_of(t);
-        reference_buckets(t->specs, ag ? ag : (int64_t)1 << 40, order, expected);
+        const int64_t ag = zero_key_of(t, "allgather_bucket_size");
+        reference_buckets(t->specs, ag ? ag : (int64_t)1 << 40, int8_block_of(t), order, expected);
         for (int i = 0; i < NUM_TENSORS; ++i)
           CHECKF(after[i] == expected[i], "order %d: parameter %d in bucket %lld, reference %lld", o, i,
                  (long long)after[i], (long long)expected[i]);
-        reference_buckets(t->specs, ag ? ag : (int64_t)1 << 40, identity, expected);
+        reference_buckets(t->specs, ag ? ag : (int64_t)1 << 40, int8_block_of(t), identity, expected);
         for (int i = 0; i < NUM_TENSORS; ++i) CHECK_EQ_INT(before[i], expected[i]);
       }
       if (o == 2)

@@ -225,15 +225,25 @@ def as_kind(kind, values):
     return np.where(np.isnan(x), ((u >> 16) | 0x40).astype(np.uint16), bits)
 
 
+def chunk_length(shard, world, chunk_elems, codec, block):
+    """Elements per allgather chunk: allgather_bucket_size / P, at most the
+    shard; the int8 codec's a multiple of its block, at least one."""
+    per = max(1, chunk_elems // world)
+    if codec == "int8":
+        per = max(block, per // block * block)
+    return min(shard, per)
+
+
 def gathered(flat_masters, world, bucket_list, chunk_elems, codec, block):
     """Every rank's buffers after the compressed allgather: each owner's
     shard (its piece of every bucket, in bucket order) is encoded chunk by
-    chunk (allgather_bucket_size / P elements each) and decoded in place."""
+    chunk (allgather_bucket_size / P elements each, int8's rounded down to
+    whole blocks) and decoded in place."""
     out = np.array(flat_masters, F32)
     for r in range(world):
         index = shard_index(world, bucket_list, r)
         shard = out[index]
-        per = min(len(shard), max(1, chunk_elems // world))
+        per = chunk_length(len(shard), world, chunk_elems, codec, block)
         for c in range(0, len(shard), per):
             shard[c:c + per] = param_codec(codec, block, shard[c:c + per])
         out[index] = shard

@@ -430,9 +430,11 @@ def expected_memory(sc, world):
     block = c.get("gradient_block_size", 64)
     pblock = c.get("parameter_block_size", 256)
     largest = max(n for _, n in buckets)
-    chunk = min(shard, max(1, sc.zero["allgather_bucket_size"] // world))
+    p = c.get("parameters", "none")
+    chunk = ref.chunk_length(shard, world, sc.zero["allgather_bucket_size"], p, pblock)
+    plain_chunk = ref.chunk_length(shard, world, sc.zero["allgather_bucket_size"], "none", pblock)
     # MEMORY is all bf16 without padding: w = 2, every shard element already has a master.
-    old_buffer = max(4 * largest, 2 * chunk * (world + 1))
+    old_buffer = max(4 * largest, 2 * plain_chunk * (world + 1))
     buffer, extra = 4 * largest, 0
     g = c.get("gradients", "none")
     if g != "none":
@@ -442,7 +444,6 @@ def expected_memory(sc, world):
         extra += max(ref.run_bytes(g, block, largest // world), aside)
         if c.get("error_feedback", True):
             extra += 2 * sum(world * ref.run_bytes("int8", block, n // world) for _, n in buckets)
-    p = c.get("parameters", "none")
     if p == "none":
         buffer = max(buffer, 2 * chunk * (world + 1))
     else:
@@ -469,7 +470,29 @@ def memory_phase(comm, rank, world):
     return checked
 
 
+def bucket_phase(comm, rank, world):
+    """The int8 parameter codec decodes the same values at any
+    allgather_bucket_size (its chunks are whole blocks, so its blocks start
+    at the same shard offsets): the parameters of runs that differ only in
+    it are bit-identical (stage 1 and 2)."""
+    checked = 0
+    for stage in (1, 2):
+        runs = []
+        for gather in (40, 77, 200, 10**9):
+            sc = scenario(f"int8 gather {gather}", {"gradients": "int8", "parameters": "int8",
+                                                    "gradient_block_size": 32,
+                                                    "parameter_block_size": 16}, gather=gather)
+            opt = make(sc, stage, comm)
+            for k in range(4):
+                opt.step(gradients(sc, k, rank, opt.loss_scale))
+            runs.append([p.copy() for p in zr.opt_params(opt)])
+        for gather, params in zip((77, 200, 10**9), runs[1:]):
+            assert_bits(params, runs[0], f"stage {stage}: allgather_bucket_size {gather} against 40")
+            checked += 1
+    return checked
+
+
 if __name__ == "__main__":
     raise SystemExit(main({"reference": reference_phase, "accumulation": accumulation_phase,
                            "resume": resume_phase, "reshard": reshard_phase,
-                           "memory": memory_phase}))
+                           "memory": memory_phase, "bucket": bucket_phase}))

@@ -33,7 +33,9 @@ CONFIGS = {
     "zero2": zero(2),
     "zero2 default bucket": zero(2, bucket=None),
     "zero2 compressed": zero(2, compression={"parameters": "bf16", "gradients": "int8"}),
-    "zero1 compressed int8": zero(1, bucket=64, compression={"parameters": "int8"}),
+    "zero1 compressed int8": zero(1, bucket=64, compression={"parameters": "int8",
+                                                             "parameter_block_size": 16}),
+    "zero2 compressed int8 default bucket": zero(2, bucket=None, compression={"parameters": "int8"}),
 }
 
 
@@ -76,7 +78,8 @@ ORDER_CONFIGS = {
     "zero2 one reduce bucket": dict(ADAMW, zero_optimization={"stage": 2, "allgather_bucket_size": 128}),
     "zero1": zero(1),
     "zero2 compressed": zero(2, compression={"parameters": "bf16", "gradients": "int8"}),
-    "zero1 compressed int8": zero(1, bucket=64, compression={"parameters": "int8"}),
+    "zero1 compressed int8": zero(1, bucket=64, compression={"parameters": "int8",
+                                                             "parameter_block_size": 16}),
 }
 
 

@@ -2,7 +2,8 @@
 the codecs and the gradient path against dsopt at 1, 2, 3 and 4 ranks under
 mpirun (mpi_compressed_zero.py makes every check on the ranks; a test here
 fails with that run's traceback), with gradient accumulation, resume,
-resharding and the memory formula; and the config rules in one process."""
+resharding, the memory formula and the int8 parameter codec's values at any
+allgather bucket size; and the config rules in one process."""
 
 import shutil
 from pathlib import Path
@@ -15,7 +16,7 @@ import mpi_runner
 from dsopt_testing import build_feature
 
 SCRIPT = Path(__file__).with_name("mpi_compressed_zero.py")
-PHASES = ["reference", "accumulation", "resume", "reshard", "memory"]
+PHASES = ["reference", "accumulation", "resume", "reshard", "memory", "bucket"]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -32,6 +33,7 @@ def test_compressed_zero_matches_the_numpy_reference(world, tmp_path):
     # with fp32 residuals disagrees.
     assert f"reference OK {44 if world == 1 else 45}" in lines
     assert "memory OK 5" in lines
+    assert "bucket OK 6" in lines  # the int8 parameter codec at four allgather bucket sizes
 
 
 # ---- one process ------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from . import codecs
-from .layout import car_padded, zero_layout
+from .layout import car_padded, int8_block, zero_layout
 
 
 def allreduce(world: int, nbytes: int) -> int:
@@ -39,7 +39,8 @@ def compressed_allreduce(sizes, world: int) -> int:
 
 def zero_exchange(model, world: int, settings, gradients="none", parameters="none") -> int:
     """ZeRO's reduce-scatter and parameter allgather (compressed or not)."""
-    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
+    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size,
+                      int8_block(parameters, settings))
     width = 2 if model.half and parameters == "none" else 4
     total = sum((world - 1) * codecs.gradient_piece_bytes(gradients, settings.gradient_block_size, m)
                 for m in lay.pieces)

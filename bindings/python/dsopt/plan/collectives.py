@@ -5,7 +5,7 @@ traffic `bytes.py` counts, as calls the network model can time
 from dataclasses import dataclass
 
 from . import codecs
-from .layout import car_message_bytes, car_padded, zero_layout
+from .layout import car_message_bytes, car_padded, int8_block, zero_layout
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ def step_calls(config, model, world: int, settings, kind="steady") -> list:
     if config.zero:
         if config.overlap:
             calls.append(_handshake())
-        lay = zero_layout(n, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
+        lay = zero_layout(n, world, settings.reduce_bucket_size, settings.allgather_bucket_size,
+                          int8_block(config.parameters, settings))
         width = 2 if model.half and config.parameters == "none" else 4
         for i, b in enumerate(lay.buckets):
             m = b // world

@@ -4,14 +4,15 @@ ZeRO's, with its one buffer resized, plus the gradient codec's buffers and
 residuals and the parameter codec's fp32 masters."""
 
 from . import codecs
-from .layout import zero_layout
+from .layout import int8_block, zero_layout
 from .zero_memory import Memory, zero_masters, zero_memory
 
 
 def compressed_zero_memory(config, model, world: int, settings, rank: int):
     if world == 1:
         return zero_memory(model, world, settings, rank)
-    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
+    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size,
+                      int8_block(config.parameters, settings))
     g, p = config.gradients, config.parameters
     gb = settings.gradient_block_size
     masters = 4 * lay.shard if p != "none" else zero_masters(model, world, rank, lay)

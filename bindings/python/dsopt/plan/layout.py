@@ -27,7 +27,17 @@ class ZeroLayout:
         return tuple(b // self.world for b in self.buckets)
 
 
-def zero_layout(numel: int, world: int, reduce_bucket_size: int, allgather_bucket_size: int) -> ZeroLayout:
+def int8_block(parameters: str, settings):
+    """The int8 parameter codec's block (its chunks are whole blocks), or
+    None for the other parameter codecs."""
+    return settings.parameter_block_size if parameters == "int8" else None
+
+
+def zero_layout(numel: int, world: int, reduce_bucket_size: int, allgather_bucket_size: int,
+                int8_block: int = None) -> ZeroLayout:
+    """The layout for these sizes; ``int8_block``: the int8 parameter
+    codec's block, to which its allgather chunks are rounded down (at least
+    one block)."""
     unit = 2 * world
     padded = -(-numel // unit) * unit
     bucket = max(unit, reduce_bucket_size // unit * unit)
@@ -35,7 +45,10 @@ def zero_layout(numel: int, world: int, reduce_bucket_size: int, allgather_bucke
     full, rest = divmod(padded, bucket)
     buckets = (bucket,) * full + ((rest,) if rest else ())
     shard = padded // world
-    chunk = min(shard, max(1, allgather_bucket_size // world))
+    chunk = max(1, allgather_bucket_size // world)
+    if int8_block:
+        chunk = max(int8_block, chunk // int8_block * int8_block)
+    chunk = min(shard, chunk)
     cfull, crest = divmod(shard, chunk)
     chunks = (chunk,) * cfull + ((crest,) if crest else ())
     return ZeroLayout(world, padded, bucket, buckets, shard, chunk, chunks)

@@ -186,8 +186,7 @@ classes do.
   results, no overlap). ``close()`` removes the hooks.
 * ``overlap=True`` under ZeRO stage 1/2 (any torch) also defers the
   parameter allgather (``"deferred_allgather"``, buckets of 2^22 elements
-  unless the config sets ``allgather_bucket_size`` or the ``int8``
-  parameter codec): ``step()`` returns
+  unless the config sets ``allgather_bucket_size``): ``step()`` returns
   once the update is done, with the buckets' gathers in flight on dsopt's
   thread (mpi4py's MPI_THREAD_MULTIPLE, or
   ``comm=dsopt.Communicator.from_torch(group, concurrent=True)`` where no

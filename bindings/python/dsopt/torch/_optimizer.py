@@ -138,9 +138,9 @@ def _hand_over_hook(owner_ref, index):
 
 # overlap=True under ZeRO stage 1/2: the parameter allgather's bucket size
 # when the config sets none (elements), so that the gather arrives in
-# pieces behind the forward pass rather than in one at its start. Not with
-# the int8 parameter codec, whose blocks start at each bucket's chunks: the
-# bucket size changes its values there, and overlap must not.
+# pieces behind the forward pass rather than in one at its start. Every
+# codec, int8 included, decodes the same values at any bucket size
+# (src/zero/param_gatherer.hpp), so overlap changes no value.
 _PREFETCH_BUCKET = 1 << 22
 _UNSEEN = object()
 
@@ -153,8 +153,7 @@ def _with_prefetch(config, canonical):
         return config
     mine = dict(config.get("zero_optimization") or {})
     mine.setdefault("deferred_allgather", True)
-    if (zero.get("compression") or {}).get("parameters") != "int8":
-        mine.setdefault("allgather_bucket_size", _PREFETCH_BUCKET)
+    mine.setdefault("allgather_bucket_size", _PREFETCH_BUCKET)  # no codec's values depend on it
     return dict(config, zero_optimization=mine)
 
 
