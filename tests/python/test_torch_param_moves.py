@@ -291,31 +291,28 @@ def test_overlap_follows_the_parameters_as_reading_grad_does(name, micro_batches
     assert not moves.differences(got, want)
 
 
-@needs_hooks
-def test_overlap_cast_between_backward_and_step_is_a_clear_error():
-    model = make_model()
-    opt = make_opt("adamw", model, overlap=True)
-    train(model, opt, MID_RUN)
-    opt.zero_grad()
-    backward(model, MID_RUN)  # hands every gradient over
+def _cast(model):
     model.to(torch.bfloat16)
-    assert_refused(opt, model, ["was cast from torch.float32 to torch.bfloat16",
-                                "between backward and step()"])
-    opt.close()
+    return ["was cast from torch.float32 to torch.bfloat16"]
 
 
-@needs_hooks
-def test_overlap_size_change_between_backward_and_step_says_what_changed():
-    model = make_model()
-    opt = make_opt("adamw", model, overlap=True)
-    train(model, opt, MID_RUN)
-    opt.zero_grad()
-    backward(model, MID_RUN)  # hands every gradient over
+def _resize(model):
     bias = model[2].bias
     n = bias.numel()
     bias.data = torch.zeros(n + 1)
-    assert_refused(opt, model, ["parameter 3 (", f"changed size from {n} to {n + 1} elements",
-                                "between backward and step()"])
+    return ["parameter 3 (", f"changed size from {n} to {n + 1} elements"]
+
+
+@needs_hooks
+@pytest.mark.parametrize("change", [_cast, _resize], ids=["cast", "resize"])
+def test_overlap_change_between_backward_and_step_is_a_clear_error(change):
+    """The error names what changed (a cast, a size) and when to change it."""
+    model = make_model()
+    opt = make_opt("adamw", model, overlap=True)
+    train(model, opt, MID_RUN)
+    opt.zero_grad()
+    backward(model, MID_RUN)  # hands every gradient over
+    assert_refused(opt, model, change(model) + ["between backward and step()"])
     opt.close()
 
 
