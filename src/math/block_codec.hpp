@@ -145,29 +145,35 @@ DSOPT_HD void encode_values(BlockCodec c, int64_t block, const X& x, int64_t len
   uint8_t* payload = rec + 4;
   const int64_t payload_bytes = block * codec_bits(c) / 8;
   int64_t written = 0;  // payload bytes set below; the rest are zero
+  // Whole bytes first (a fixed inner loop that unrolls), then the last
+  // byte's elements: the main loops have no branch and vectorize.
   if (c == BlockCodec::Sign) {
-    for (int64_t b = 0; b * 8 < len; ++b) {
+    for (int64_t b = 0; b < len / 8; ++b) {
       unsigned bits = 0;
-      for (int64_t j = 0; j < 8 && b * 8 + j < len; ++j) bits |= unsigned(x(b * 8 + j) < 0.0f) << j;
+      for (int j = 0; j < 8; ++j) bits |= unsigned(x(b * 8 + j) < 0.0f) << j;
       payload[b] = uint8_t(bits);
-      written = b + 1;
     }
-  } else {
-    // A zero or NaN scale encodes every level as 0 (x' = 0 or NaN).
-    const bool usable = s > 0.0f && s <= 3.402823466e38f;
+    written = len / 8;
+    if (len % 8) {
+      unsigned bits = 0;
+      for (int64_t i = written * 8; i < len; ++i) bits |= unsigned(x(i) < 0.0f) << (i % 8);
+      payload[written++] = uint8_t(bits);
+    }
+  } else if (s > 0.0f && s <= 3.402823466e38f) {
+    // (A zero or NaN scale encodes every level as 0, x' = 0 or NaN: the
+    // payload stays zero.)
     const float limit = c == BlockCodec::Int8 ? 127.0f : 7.0f;
     if (c == BlockCodec::Int8) {
-      for (int64_t i = 0; i < len; ++i) payload[i] = uint8_t(int8_t(usable ? codec_level(x(i), s, limit) : 0));
+      for (int64_t i = 0; i < len; ++i) payload[i] = uint8_t(int8_t(codec_level(x(i), s, limit)));
       written = len;
     } else {
-      // Whole bytes, then a last odd element: the main loop has no branch.
       for (int64_t b = 0; b < len / 2; ++b) {
-        const int q0 = usable ? codec_level(x(2 * b), s, limit) : 0;
-        const int q1 = usable ? codec_level(x(2 * b + 1), s, limit) : 0;
+        const int q0 = codec_level(x(2 * b), s, limit);
+        const int q1 = codec_level(x(2 * b + 1), s, limit);
         payload[b] = uint8_t((q0 & 0xF) | ((q1 & 0xF) << 4));
       }
-      if (len % 2) payload[len / 2] = uint8_t((usable ? codec_level(x(len - 1), s, limit) : 0) & 0xF);
-      written = (len + 1) / 2;
+      written = len / 2;
+      if (len % 2) payload[written++] = uint8_t(codec_level(x(len - 1), s, limit) & 0xF);
     }
   }
   for (int64_t i = written; i < payload_bytes; ++i) payload[i] = 0;
@@ -237,21 +243,40 @@ DSOPT_HD void decode_block(BlockCodec c, const uint8_t* rec, int64_t len, float*
     }
     return;
   }
-  // int4 and sign: a byte at a time (2 or 8 elements).
+  // int4 and sign: whole bytes (2 or 8 elements each, a fixed inner loop
+  // that unrolls and vectorizes), then the last byte's elements.
+  // (nibble ^ 8) - 8 sign-extends a 4-bit level; a sign bit set flips the
+  // sign of s, which is what -s does.
   const int per_byte = c == BlockCodec::Int4 ? 2 : 8;
-  for (int64_t b = 0; b * per_byte < len; ++b) {
-    const unsigned byte = payload[b];
-    for (int j = 0; j < per_byte && b * per_byte + j < len; ++j) {
-      float d;
-      if (c == BlockCodec::Int4) {
-        const int nibble = int((byte >> (4 * j)) & 0xFu);
-        d = CodecOps::mul(float(nibble >= 8 ? nibble - 16 : nibble), s);
-      } else {
-        d = (byte >> j) & 1u ? -s : s;
-      }
-      float& out = dst[b * per_byte + j];
-      out = add ? CodecOps::add(out, d) : d;
+  const int64_t whole = len / per_byte;
+  uint32_t s_bits;
+  std::memcpy(&s_bits, &s, 4);
+  const auto code_value = [&](unsigned byte, int j) {
+    if (c == BlockCodec::Int4) {
+      const int nibble = int((byte >> (4 * j)) & 0xFu);
+      return CodecOps::mul(float((nibble ^ 8) - 8), s);
     }
+    const uint32_t bits = s_bits ^ (((byte >> j) & 1u) << 31);
+    float d;
+    std::memcpy(&d, &bits, 4);
+    return d;
+  };
+  if (c == BlockCodec::Int4) {
+    for (int64_t b = 0; b < whole; ++b)
+      for (int j = 0; j < 2; ++j) {
+        const float d = code_value(payload[b], j);
+        dst[2 * b + j] = add ? CodecOps::add(dst[2 * b + j], d) : d;
+      }
+  } else {
+    for (int64_t b = 0; b < whole; ++b)
+      for (int j = 0; j < 8; ++j) {
+        const float d = code_value(payload[b], j);
+        dst[8 * b + j] = add ? CodecOps::add(dst[8 * b + j], d) : d;
+      }
+  }
+  for (int64_t i = whole * per_byte; i < len; ++i) {
+    const float d = code_value(payload[i / per_byte], int(i % per_byte));
+    dst[i] = add ? CodecOps::add(dst[i], d) : d;
   }
 }
 

@@ -1,9 +1,11 @@
 /* 1-bit Adam, 1-bit LAMB and 0/1 Adam on several MPI ranks across their
  * phase boundaries (odd sizes, so every update rule runs its tails; a mask,
- * a non_freeze group); prints a checksum of the parameters and the state
- * blob per optimizer and rank. Run under each DSOPT_CPU_ISA by
- * check_isa_identity.sh: the SIMD and scalar update rules and compressed
- * allreduce kernels must give the same bits. */
+ * a non_freeze group), and compressed ZeRO with each gradient codec (error
+ * feedback on and off, blocks that leave short last blocks) and each
+ * parameter codec; prints a checksum of the parameters and the state blob
+ * per optimizer and rank. Run under each DSOPT_CPU_ISA by
+ * check_isa_identity.sh: the SIMD and scalar update rules, compressed
+ * allreduce kernels and block codecs must give the same bits. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +30,7 @@ static uint64_t fnv(uint64_t h, const void* p, size_t n) {
 static const int64_t sizes[NP] = {1, 7, 77, 4099, 70001};
 
 /* The checksum of one optimizer's run (collective). */
-static int run(const char* cfg, int rank, uint64_t* out) {
+static int run(const char* cfg, int with_mask, int rank, uint64_t* out) {
   dsopt_tensor params[NP], grads[NP];
   rng_state = 777u;
   for (int i = 0; i < NP; ++i) {
@@ -46,7 +48,7 @@ static int run(const char* cfg, int rank, uint64_t* out) {
   float* mask = malloc(sizeof(float) * sizes[3]);
   for (int64_t k = 0; k < sizes[3]; ++k) mask[k] = (k % 5) ? 1.0f : 0.0f;
   dsopt_tensor mask_tensor = {mask, sizes[3], DSOPT_FLOAT32, 0};
-  if (dsopt_set_momentum_mask(opt, 3, &mask_tensor)) {
+  if (with_mask && dsopt_set_momentum_mask(opt, 3, &mask_tensor)) {
     fprintf(stderr, "mask failed: %s\n", dsopt_last_error());
     return 1;
   }
@@ -93,10 +95,22 @@ int main(int argc, char** argv) {
       "{\"optimizer\": {\"type\": \"ZeroOneAdam\", \"params\": {\"lr\": 0.01, \"var_freeze_step\": 3, "
       "\"var_update_scaler\": 1, \"local_step_scaler\": 2, \"local_step_clipper\": 2, "
       "\"weight_decay\": 0.01}}, \"param_groups\": [{}, {}]}",
+      /* compressed ZeRO: the block codecs */
+      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}, \"param_groups\": [{}, {}], "
+      "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 6000, \"allgather_bucket_size\": 9000, "
+      "\"compression\": {\"gradients\": \"int4\", \"parameters\": \"int8\", \"gradient_block_size\": 24, "
+      "\"parameter_block_size\": 40}}}",
+      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}, \"param_groups\": [{}, {}], "
+      "\"zero_optimization\": {\"stage\": 1, \"reduce_bucket_size\": 5000, "
+      "\"compression\": {\"gradients\": \"sign\", \"parameters\": \"bf16\", \"gradient_block_size\": 56}}}",
+      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}, \"param_groups\": [{}, {}], "
+      "\"zero_optimization\": {\"stage\": 2, \"reduce_bucket_size\": 7000, "
+      "\"compression\": {\"gradients\": \"int8\", \"error_feedback\": false}}}",
   };
-  for (int c = 0; c < 3; ++c) {
+  const int nconfigs = (int)(sizeof configs / sizeof configs[0]);
+  for (int c = 0; c < nconfigs; ++c) {
     uint64_t h = 0, all[64];
-    if (run(configs[c], rank, &h)) return 1;
+    if (run(configs[c], c < 3, rank, &h)) return 1;
     /* rank 0 prints every rank's checksum, in rank order */
     MPI_Gather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     if (rank == 0)

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/kernels.hpp"
+#include "math/block_codec.hpp"
 
 namespace dsopt {
 
@@ -41,6 +42,16 @@ struct CpuIsa {
   void (*car_decode_block)(const CarTensor& t, int64_t begin, int64_t end, int world,
                            const uint8_t* gathered, int64_t msg_bytes, const float* scales,
                            int64_t count, size_t tensor);
+
+  // The block codecs over blocks [first, last) (see Kernels::codec_*;
+  // cpu_codec.cpp spreads the blocks over the threads): an encode of
+  // `runs` runs of n values, block b being block b % ceil(n / block) of
+  // run b / ceil(n / block); the decode and sum of blocks k of every run.
+  void (*codec_encode_blocks)(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in,
+                              float e_mul, uint8_t* e_out, int64_t n, uint8_t* out, int64_t first,
+                              int64_t last);
+  void (*codec_decode_blocks)(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_t n,
+                              float* dst, int64_t first, int64_t last);
 };
 
 const CpuIsa& cpu_isa_scalar();

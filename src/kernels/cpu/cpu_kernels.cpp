@@ -179,11 +179,11 @@ class CpuKernels final : public Kernels {
 
   void codec_encode(BlockCodec c, int64_t block, const float* g, const uint8_t* e_in, float e_mul,
                     uint8_t* e_out, int64_t n, int runs, uint8_t* out) override {
-    cpu_codec::encode(c, block, g, e_in, e_mul, e_out, n, runs, out, threads_);
+    cpu_codec::encode(isa(), c, block, g, e_in, e_mul, e_out, n, runs, out, threads_);
   }
   void codec_decode_sum(BlockCodec c, int64_t block, const uint8_t* in, int runs, int64_t n,
                         float* dst) override {
-    cpu_codec::decode_sum(c, block, in, runs, n, dst, threads_);
+    cpu_codec::decode_sum(isa(), c, block, in, runs, n, dst, threads_);
   }
   void car_worker_sumsq(const CarTensor* t, int64_t count, double* sumsq) override {
     cpu_car::worker_sumsq(isa(), t, count, threads_, sumsq);

@@ -2,6 +2,7 @@
 // the templates; included only by the isa_*.cpp files.
 #pragma once
 #include "kernels/cpu/cpu_car_loops.hpp"
+#include "kernels/cpu/cpu_codec_loops.hpp"
 #include "kernels/cpu/cpu_loops.hpp"
 #include "kernels/cpu/update_loop.hpp"
 
@@ -20,7 +21,9 @@ CpuIsa make_isa() {
                 &car_worker_pack_block<V>,
                 &car_server_sum_block<V>,
                 &car_server_pack_block<V>,
-                &car_decode_block<V>};
+                &car_decode_block<V>,
+                &codec_encode_blocks<V>,
+                &codec_decode_blocks<V>};
 }
 
 }  // namespace cpu
