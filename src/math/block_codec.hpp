@@ -280,6 +280,14 @@ DSOPT_HD void decode_block(BlockCodec c, const uint8_t* rec, int64_t len, float*
   }
 }
 
+// What encoding the len values x into `rec` lost, fl(x - x'), for the
+// whole block into `lost`: the record decoded once, then x + (-x'), which
+// is x - x' (LostValues gives the same element by element).
+DSOPT_HD void lost_values(BlockCodec c, const float* x, const uint8_t* rec, int64_t len, float* lost) {
+  decode_block(c, rec, len, lost, false);
+  for (int64_t i = 0; i < len; ++i) lost[i] = CodecOps::add(x[i], -lost[i]);
+}
+
 DSOPT_ISA_END
 
 }  // namespace dsopt

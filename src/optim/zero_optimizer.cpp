@@ -80,7 +80,7 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
     // The config refuses it (src/api/config.cpp): the gatherer reads device masters.
     if (offload_) fail(DSOPT_EINTERNAL, "a compressed parameter allgather with CPU offload");
     this->kernels().fill_zero(masters_.get(), masters_.bytes());  // the padding's masters stay 0
-    gatherer_.compress(masters_.floats());
+    gatherer_.set_masters(masters_.floats());
   }
   if (rule_ == MomentRule::Lamb) {
     // The config refuses it (src/api/config.cpp): the offloaded update is elementwise.

@@ -61,7 +61,7 @@ void* ParamGatherer::element(const ShardFragment& f) const {
   return static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
 }
 
-void ParamGatherer::compress(const float* masters) { masters_ = masters; }
+void ParamGatherer::set_masters(const float* masters) { masters_ = masters; }
 
 int64_t ParamGatherer::encoded_bytes(ParamCodec codec, int64_t block, size_t w, int64_t len) {
   if (codec == ParamCodec::Bf16) return 2 * len;

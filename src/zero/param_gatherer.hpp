@@ -34,7 +34,7 @@ class ParamGatherer {
                 Comm& comm, Kernels& kernels, const Mem& mem, const ParamSet& params, void* scratch);
   // With a codec: the masters whose chunks it encodes (S floats in shard
   // order, device memory); before the first gather.
-  void compress(const float* masters);
+  void set_masters(const float* masters);
   static size_t scratch_bytes(const ShardLayout& layout, int64_t chunk_elems, const ParamSet& params,
                               ParamCodec codec, int64_t block);
   // Collective: every rank's shard of the parameters into every rank's

@@ -44,10 +44,7 @@ void encode_blocks_c(Codec codec, int64_t block, const float* g, const uint8_t* 
     uint8_t* rec = out + j * run_bytes + k * record;
     encode_values(codec(), block, PlainValues{values}, len, rec);
     if (e_out) {
-      // fl(x - x') from the record decoded whole (LostValues element by
-      // element: x + (-x') is x - x').
-      decode_block(codec(), rec, len, lost.data(), false);
-      for (int64_t i = 0; i < len; ++i) lost[size_t(i)] = CodecOps::add(values[i], -lost[size_t(i)]);
+      lost_values(codec(), values, rec, len, lost.data());
       encode_values(BlockCodec::Int8, block, PlainValues{lost.data()}, len, e_out + e_at);
     }
   }
