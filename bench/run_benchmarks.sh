@@ -222,9 +222,12 @@ done
 echo
 echo "== dsopt.plan: predicted step times of the set-ups above on the emulated link, beside this run's and the recorded ones =="
 # The planner calibrated on this machine now (1 thread per rank, as the runs
-# above; docs/guides/planner.md "Accuracy").
+# above, with as many calibrations at once as the ranks keep cores busy;
+# docs/guides/planner.md "Accuracy").
+busy=$(( ranks < $(nproc) ? ranks : $(nproc) ))
 if with_build "$python" -c "import dsopt" 2>/dev/null; then
-  with_build "$python" -m dsopt.plan --calibrate --threads 1 --profile "$build/bench/plan-profile.json" >/dev/null &&
+  with_build "$python" -m dsopt.plan --calibrate --threads 1 --concurrent "$busy" \
+    --profile "$build/bench/plan-profile.json" >/dev/null &&
     with_build "$python" -m dsopt.plan.benchmarks "$build/bench/plan-profile.json" --measured "$build/bench/emulated.log"
 else
   echo "run_benchmarks: skipped ($python cannot import the dsopt binding; make python)"

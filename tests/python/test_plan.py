@@ -241,12 +241,62 @@ def test_quiet_run_is_predicted_within_15_percent_but_the_smallest_compressed_al
 
     log = (conftest.HERE / "plan_netem_quiet.log").read_text()
     rows = benchmarks.measured_rows(log, load(conftest.HERE / "plan_profile_2core.json", required=True))
-    assert len(rows) == 26
+    assert len(rows) == 34
     exempt = ("compressed_allreduce", "1-bit allreduce, 1,048,576 floats")
     assert any((r.bench, r.setup) == exempt for r in rows)
     bad = [f"{r.bench} {r.setup}: predicted {r.predicted:.4f} s, measured {r.recorded:.4f} s ({r.error:+.1%})"
            for r in rows if (r.bench, r.setup) != exempt and abs(r.error) > 0.15]
     assert not bad, "\n".join(bad)
+
+
+def test_zero_packing_at_once_hides_behind_the_previous_buckets_transfers():
+    """dsopt_step with ZeRO's gradients at once packs bucket k + 1 while
+    bucket k is reduced: every bucket's packing but the first hides behind
+    the transfers, never more than they take; stage 0 and gradients handed
+    over during backward are modelled as before."""
+    from dsopt.plan import benchmarks, timing
+    from dsopt.plan.collectives import step_calls
+    from dsopt.plan.profile import Profile
+
+    prof, link, n = Profile(), benchmarks.LINK, 2 ** 24
+    model = Model((n,))
+    for buckets in (1, 4, 16):
+        s = Settings(reduce_bucket_size=n // buckets, allgather_bucket_size=n // buckets)
+        for cfg in (Config("zero2"), Config("czero", "int4", "int8")):
+            t = timing.step_time(cfg, model, link, s, prof, 0.0)
+            pack = prof.cost("zero_pack") * n * link.cpu_oversubscription
+            wire = sum(getattr(link, c.op)(c.nbytes) for c in step_calls(cfg, model, 4, s, "steady") if c.stage == "grad")
+            assert t.exposed == pytest.approx(t.comm - min(pack, wire) * (buckets - 1) / buckets)
+    assert pack < wire  # the uncalibrated pack is fast: it hides whole but for the first bucket
+    slow = Profile(dict(prof.costs, zero_pack=1.0))  # packing far longer than the wire
+    s = Settings(reduce_bucket_size=n // 4)
+    t = timing.step_time(Config("zero2"), model, link, s, slow, 0.0)
+    wire = sum(getattr(link, c.op)(c.nbytes) for c in step_calls(Config("zero2"), model, 4, s, "steady")
+               if c.stage == "grad")
+    assert t.exposed == pytest.approx(t.comm - wire * 3 / 4)
+    for cfg in (Config("adamw"), Config("zero2", overlap=True)):
+        t = timing.step_time(cfg, model, link, Settings(reduce_bucket_size=n // 4), prof, 1.0)
+        ref = timing.step_time(cfg, model, link, Settings(reduce_bucket_size=n // 4), slow, 1.0)
+        assert t.exposed == pytest.approx(ref.exposed)
+
+
+def test_concurrent_calibration_averages_copies_run_at_once():
+    from dsopt.plan.calibrate import calibrate_concurrent
+
+    with pytest.raises(ValueError, match="copies must be >= 1"):
+        calibrate_concurrent(0)
+    lines = []
+    prof = calibrate_concurrent(2, numel=2 ** 14, threads=1, log=lines.append)
+    assert prof.calibrated and "2 copies at once" in prof.device and prof.numel >= 2 ** 14
+    assert set(prof.costs) >= {"adamw", "zero_pack", "codec:int4/int8", "onebit_adam_compress"}
+    assert all(v >= 0 for v in prof.costs.values()) and prof.cost("adamw") > 0
+    # Each line gives the mean and the copies' range around it.
+    import re
+
+    adamw = next(line for line in lines if line.split()[0] == "adamw")
+    mean, low, high = map(float, re.fullmatch(r"\s*adamw\s+([\d.]+) ns per element \(copies: ([\d.]+)-([\d.]+)\)",
+                                              adamw).groups())
+    assert low <= mean <= high and mean == pytest.approx(prof.cost("adamw") * 1e9, rel=1e-3)
 
 
 def test_compressed_allreduce_is_a_pipeline_over_its_pieces():

@@ -56,6 +56,9 @@ def parser():
     o.add_argument("--calibrate-device", default="cpu", choices=("cpu", "cuda"),
                    help="--calibrate: time the CPU kernels, or the CUDA ones on the current GPU "
                         "(a CUDA build of libdsopt and torch with CUDA)")
+    o.add_argument("--concurrent", type=int, default=1,
+                   help="--calibrate: run N calibrations at once and average them, so that the costs are "
+                        "those of a machine whose cores are all busy (give the cores your ranks share; default 1)")
     o.add_argument("--threads", type=int, default=0,
                    help="--calibrate: CPU threads per optimizer (default 0: a rank alone's default share)")
     o.add_argument("--plot", help="write the table as a PNG plot to this path")
@@ -84,11 +87,11 @@ def main(argv=None):
 
 def run(args):
     if args.calibrate:
-        from .calibrate import calibrate
+        from .calibrate import calibrate_concurrent
         if args.threads < 0:
             raise ValueError(f"threads must be >= 0, got {args.threads}")
-        prof = calibrate(numel=parse_count(args.calibrate_numel, "calibration elements"), threads=args.threads,
-                         log=print, device=args.calibrate_device)
+        prof = calibrate_concurrent(args.concurrent, parse_count(args.calibrate_numel, "calibration elements"),
+                                    threads=args.threads, log=print, device=args.calibrate_device)
         print(f"saved {save_profile(prof, args.profile)}")
         if not (args.params or args.sizes):
             return 0

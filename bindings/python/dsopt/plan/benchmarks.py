@@ -95,8 +95,8 @@ def zero_e2e(profile, link=LINK):
 
 
 COMPRESSED_ZERO = {  # gradients/parameters: (fp32 s, bf16 s), docs/guides/compressed-zero.md
-    "none/none": (3.253, 2.441), "int4/int8": (1.066, 1.106), "int8/int8": (0.981, 1.002),
-    "sign/int8": (1.075, 1.150), "int8/bf16": (1.387, 1.383), "int4/none": (2.267, 1.435),
+    "none/none": (3.248, 2.440), "int4/int8": (0.786, 0.778), "int8/int8": (0.961, 0.949),
+    "sign/int8": (0.688, 0.698), "int8/bf16": (1.356, 1.339), "int4/none": (1.992, 1.172),
 }
 
 

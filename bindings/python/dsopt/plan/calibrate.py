@@ -271,6 +271,48 @@ def calibrate(numel=2 ** 21, steps=7, threads=0, log=None, device="cpu") -> Prof
                    None, time.perf_counter() - start)
 
 
+def calibrate_concurrent(copies, numel=2 ** 21, threads=0, log=None, device="cpu") -> Profile:
+    """`calibrate` in `copies` processes at once, each cost the mean of
+    theirs: the costs with every core busy, as they are when ranks fill
+    the machine (N single-threaded ranks on N cores, or more ranks than
+    cores), where the cores share the memory bandwidth that one process
+    timed alone has to itself. 1: `calibrate` itself."""
+    import subprocess
+    import sys
+    import tempfile
+
+    import dsopt
+
+    from .profile import load
+
+    if copies < 1:
+        raise ValueError(f"concurrent copies must be >= 1, got {copies}")
+    if copies == 1:
+        return calibrate(numel, threads=threads, log=log, device=device)
+    say = log or (lambda *_: None)
+    start = time.perf_counter()
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(dsopt.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, f"copy{i}.json") for i in range(copies)]
+        procs = [subprocess.Popen([sys.executable, "-m", "dsopt.plan", "--calibrate", "--threads", str(threads),
+                                   "--calibrate-numel", str(numel), "--calibrate-device", device, "--profile", path],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+                 for path in paths]
+        errors = [proc.communicate()[1] for proc in procs]
+        failed = [f"copy {i}: {err.strip()}" for i, (proc, err) in enumerate(zip(procs, errors)) if proc.returncode]
+        if failed:
+            raise RuntimeError("concurrent calibration failed: " + "; ".join(failed))
+        profiles = [load(path, required=True) for path in paths]
+    costs = {k: sum(p.costs[k] for p in profiles) / copies for k in profiles[0].costs}
+    for k in sorted(costs):
+        spread = [p.costs[k] * 1e9 for p in profiles]
+        say(f"  {k:24s} {costs[k] * 1e9:.3f} ns per element (copies: {min(spread):.3f}-{max(spread):.3f})")
+    first = profiles[0]
+    return Profile(costs, True, f"{first.device}, {copies} copies at once", first.dtype, first.numel, None,
+                   time.perf_counter() - start)
+
+
 def _gpu_name():
     import torch
 

@@ -4,10 +4,13 @@ the profile), compression (the 1-bit path and the codecs, from the
 profile), and the communication left exposed (the network model of the
 calls `collectives.py` lists). The 1-bit compressed allreduce, where its
 communicator overlaps transfers, runs its arithmetic and its transfers as
-a pipeline over its pieces (`pipelined`). With gradients handed over
-during backward the gradient reductions run behind the backward part of
-the compute, bucket by bucket from the last; the parameter allgather
-follows the update and is never hidden."""
+a pipeline over its pieces (`pipelined`). ZeRO's gradients passed at
+once are packed bucket by bucket on the calling thread while the previous
+bucket is reduced on the communication thread, so the packing of every
+bucket but the first runs while gradients are on the wire (`_packing_hidden`).
+With gradients handed over during backward the gradient reductions run
+behind the backward part of the compute, bucket by bucket from the last;
+the parameter allgather follows the update and is never hidden."""
 
 from dataclasses import dataclass
 
@@ -70,6 +73,21 @@ def _car_pieces(config, model, world):
     return car_largest_piece(sizes, world, True)[0]
 
 
+def _packing_hidden(config, model, world, settings, profile, cluster, calls):
+    """Seconds of ZeRO's packing that run while the previous bucket's
+    gradients cross the wire (dsopt_step with the gradients at once): each
+    bucket after the first is packed while the one before it is reduced,
+    so the packing hides behind the transfers (not behind the codecs'
+    arithmetic, which needs the same cores) up to their length."""
+    if not config.zero or world < 2:
+        return 0.0
+    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
+    buckets = len(lay.buckets)
+    pack = profile.cost("zero_pack") * model.numel * cluster.cpu_oversubscription
+    wire = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage == "grad")
+    return min(pack, wire) * (buckets - 1) / buckets
+
+
 def _exposed(calls, cluster, backward, grad_work):
     """Communication not hidden behind `backward` seconds: gradient buckets
     become complete in reverse parameter order as backward runs and are
@@ -106,4 +124,5 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
         exposed, hidden_work = _exposed(calls, cluster, backward_fraction * compute, grad_work)
         # The coding done behind backward is counted in `exposed` where it shows.
         return StepTime(compute, update, compression - hidden_work, comm, exposed)
-    return StepTime(compute, update, compression, comm, comm)
+    hidden = _packing_hidden(config, model, world, settings, profile, cluster, calls)
+    return StepTime(compute, update, compression, comm, comm - hidden)
