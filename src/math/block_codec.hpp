@@ -179,17 +179,31 @@ DSOPT_HD void encode_values(BlockCodec c, int64_t block, const X& x, int64_t len
   for (int64_t i = written; i < payload_bytes; ++i) payload[i] = 0;
 }
 
+// The level of a 4-bit code (a nibble, two's complement): (n ^ 8) - 8.
+DSOPT_HD int int4_level(unsigned nibble) { return int(nibble ^ 8u) - 8; }
+
 // The code of element i of a block's payload.
 DSOPT_HD int codec_code(BlockCodec c, const uint8_t* payload, int64_t i) {
   if (c == BlockCodec::Sign) return (payload[i / 8] >> (i % 8)) & 1;
   if (c == BlockCodec::Int8) return int8_t(payload[i]);
-  const int nibble = (payload[i / 2] >> (i % 2 ? 4 : 0)) & 0xF;
-  return nibble >= 8 ? nibble - 16 : nibble;
+  return int4_level((payload[i / 2] >> (i % 2 ? 4 : 0)) & 0xFu);
 }
 
+// The value of code q under scale s: q s, or for a sign code s with its
+// sign bit flipped when q is 1 (which is -s, NaN included), a bit
+// operation that vectorizes.
 DSOPT_HD float decode_code(BlockCodec c, int q, float s) {
-  return c == BlockCodec::Sign ? (q ? -s : s) : CodecOps::mul(float(q), s);
+  if (c != BlockCodec::Sign) return CodecOps::mul(float(q), s);
+  uint32_t bits;
+  std::memcpy(&bits, &s, 4);
+  bits ^= uint32_t(q) << 31;
+  float d;
+  std::memcpy(&d, &bits, 4);
+  return d;
 }
+
+// What encoding lost at one element: fl(x - x') as x + (-x').
+DSOPT_HD float lost_value(float x, float decoded) { return CodecOps::add(x, -decoded); }
 
 // Element i of a block's record.
 DSOPT_HD float decode_element(BlockCodec c, const uint8_t* rec, int64_t i) {
@@ -206,7 +220,7 @@ struct LostValues {
   const uint8_t* rec;
   float s;
   DSOPT_HD float operator()(int64_t i) const {
-    return CodecOps::add(x(i), -decode_code(c, codec_code(c, rec + 4, i), s));
+    return lost_value(x(i), decode_code(c, codec_code(c, rec + 4, i), s));
   }
 };
 
@@ -245,21 +259,10 @@ DSOPT_HD void decode_block(BlockCodec c, const uint8_t* rec, int64_t len, float*
   }
   // int4 and sign: whole bytes (2 or 8 elements each, a fixed inner loop
   // that unrolls and vectorizes), then the last byte's elements.
-  // (nibble ^ 8) - 8 sign-extends a 4-bit level; a sign bit set flips the
-  // sign of s, which is what -s does.
   const int per_byte = c == BlockCodec::Int4 ? 2 : 8;
   const int64_t whole = len / per_byte;
-  uint32_t s_bits;
-  std::memcpy(&s_bits, &s, 4);
   const auto code_value = [&](unsigned byte, int j) {
-    if (c == BlockCodec::Int4) {
-      const int nibble = int((byte >> (4 * j)) & 0xFu);
-      return CodecOps::mul(float((nibble ^ 8) - 8), s);
-    }
-    const uint32_t bits = s_bits ^ (((byte >> j) & 1u) << 31);
-    float d;
-    std::memcpy(&d, &bits, 4);
-    return d;
+    return decode_code(c, c == BlockCodec::Int4 ? int4_level((byte >> (4 * j)) & 0xFu) : int((byte >> j) & 1u), s);
   };
   if (c == BlockCodec::Int4) {
     for (int64_t b = 0; b < whole; ++b)
@@ -280,12 +283,12 @@ DSOPT_HD void decode_block(BlockCodec c, const uint8_t* rec, int64_t len, float*
   }
 }
 
-// What encoding the len values x into `rec` lost, fl(x - x'), for the
-// whole block into `lost`: the record decoded once, then x + (-x'), which
-// is x - x' (LostValues gives the same element by element).
+// What encoding the len values x into `rec` lost, for the whole block
+// into `lost`: the record decoded once, then lost_value (LostValues gives
+// the same element by element).
 DSOPT_HD void lost_values(BlockCodec c, const float* x, const uint8_t* rec, int64_t len, float* lost) {
   decode_block(c, rec, len, lost, false);
-  for (int64_t i = 0; i < len; ++i) lost[i] = CodecOps::add(x[i], -lost[i]);
+  for (int64_t i = 0; i < len; ++i) lost[i] = lost_value(x[i], lost[i]);
 }
 
 DSOPT_ISA_END
