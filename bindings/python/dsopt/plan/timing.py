@@ -14,7 +14,7 @@ the parameter allgather follows the update and is never hidden."""
 
 from dataclasses import dataclass
 
-from .collectives import step_calls
+from .collectives import comm_time, step_calls
 from .layout import car_largest_piece, car_padded, zero_layout
 
 
@@ -31,6 +31,16 @@ class StepTime:
         return self.compute + self.update + self.compression + self.exposed
 
 
+def _grad_seconds(calls, cluster):
+    """The network time of the step's gradient reductions."""
+    return comm_time([c for c in calls if c.stage == "grad"], cluster)
+
+
+def _packing(model, world, profile):
+    """ZeRO's packing and writing back of every element (none at one rank)."""
+    return profile.cost("zero_pack") * model.numel if world > 1 else 0.0
+
+
 def _work(config, model, world, settings, profile, kind):
     """(update, compression) seconds of one step of `kind`."""
     n, c = model.numel, profile.cost
@@ -38,7 +48,7 @@ def _work(config, model, world, settings, profile, kind):
         return c("adamw") * n, 0.0
     if config.zero:
         lay = zero_layout(n, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
-        update = c("zero_update") * lay.shard + (c("zero_pack") * n if world > 1 else 0.0)
+        update = c("zero_update") * lay.shard + _packing(model, world, profile)
         comp = c(f"codec:{config.gradients}/{config.parameters}") * n if config.kind == "czero" and world > 1 else 0.0
         return update, comp
     coded = world > 1
@@ -83,8 +93,8 @@ def _packing_hidden(config, model, world, settings, profile, cluster, calls):
         return 0.0
     lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
     buckets = len(lay.buckets)
-    pack = profile.cost("zero_pack") * model.numel * cluster.cpu_oversubscription
-    wire = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage == "grad")
+    pack = _packing(model, world, profile) * cluster.cpu_oversubscription
+    wire = _grad_seconds(calls, cluster)
     return min(pack, wire) * (buckets - 1) / buckets
 
 
@@ -94,7 +104,7 @@ def _exposed(calls, cluster, backward, grad_work):
     reduced one after another (each after its share of `grad_work`, the
     encoding done on the reduction thread)."""
     grads = sorted((c for c in calls if c.stage == "grad"), key=lambda c: -c.bucket)
-    other = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage != "grad")
+    other = comm_time([c for c in calls if c.stage != "grad"], cluster)
     done, ready, t = 0.0, 0.0, 0.0
     for c in grads:
         ready += c.share * backward
@@ -110,12 +120,12 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
     arithmetic runs while its pieces are on the wire."""
     world = cluster.ranks
     calls = step_calls(config, model, world, settings, kind)
-    comm = sum(getattr(cluster, c.op)(c.nbytes) for c in calls)
+    comm = comm_time(calls, cluster)
     update, compression = (x * cluster.cpu_oversubscription
                            for x in _work(config, model, world, settings, profile, kind))
     pieces = _car_pieces(config, model, world) if config.onebit and overlapping_comm else 1
     if compression > 0 and pieces > 1:
-        car = sum(getattr(cluster, c.op)(c.nbytes) for c in calls if c.stage == "grad")
+        car = _grad_seconds(calls, cluster)
         hidden = car + compression - pipelined(compression, car, pieces)
         return StepTime(compute, update, compression, comm, comm - hidden)
     if config.overlap and world > 1:
