@@ -4,7 +4,8 @@
 // flag, and every tensor's sum of squares in the order of
 // math/sum_squares.hpp, bit for bit. Random fp32, fp16 and bf16 tensors of
 // sizes around the vector widths, the sum block and the pass's unit of
-// parallel work, alone and many at once, with Inf and NaN at odd
+// parallel work, alone and many at once (hundreds of small ones, of mixed
+// dtypes), with Inf and NaN at odd
 // positions, in vector tails and block tails, or nowhere; and in a forked
 // child.
 //
@@ -182,6 +183,20 @@ int main() {
       }
       run_case(many, 1.0f, dt + " 40 tensors bad=" + std::to_string(bad));
     }
+  }
+  // Many small tensors, a block or less each (several read side by side as
+  // streams, runs going on from one tensor into the next), more than one
+  // unit of parallel work, the dtype changing between some of them (a run
+  // stops there), one of them bad or none.
+  for (int bad = -1; bad < 2; ++bad) {
+    std::uniform_int_distribution<int64_t> len(1, B);
+    std::vector<Tensor> small;
+    for (int i = 0; i < 300; ++i) {
+      const DType dtype = i % 60 < 45 ? DType::F32 : i % 2 ? DType::BF16 : DType::F16;
+      const int64_t n = i % 9 == 0 ? B : i % 31 == 0 ? 2 * B + 5 : len(rng);
+      small.push_back(make_tensor(rng, dtype, n, i == bad * 101 + 57 ? std::vector<int64_t>{n - 1} : std::vector<int64_t>{}));
+    }
+    run_case(small, 0.81f, "300 small tensors bad=" + std::to_string(bad));
   }
   // A fork's child runs the pass on threads of its own (the parent's pool
   // threads do not exist there); a hang here ends in the test's timeout.

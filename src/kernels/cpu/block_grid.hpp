@@ -12,6 +12,13 @@
 
 namespace dsopt {
 
+// One block: elements [begin, end) of tensor `tensor`, block `block` of all.
+struct GridBlock {
+  size_t tensor;
+  int64_t begin, end;
+  int64_t block;
+};
+
 class BlockGrid {
  public:
   static constexpr int64_t kParallelBlocks = 8;
@@ -27,30 +34,47 @@ class BlockGrid {
   // tensor t's total.
   template <class Fn>
   void run(int threads, double* sums, Fn fn) const {
-    run_groups(threads, 1, sums, [&](size_t t, int64_t begin, int64_t end, int64_t b, double* s) {
-      const double v = fn(t, begin, end, b);
-      if (s) *s = v;
-    });
+    run_groups(
+        threads, 1, sums, [](size_t) { return true; },
+        [&](const GridBlock* b, int64_t, double* s) {
+          const double v = fn(b->tensor, b->begin, b->end, b->block);
+          if (s) *s = v;
+        });
   }
 
-  // The same over runs of up to `group` consecutive blocks of one tensor:
-  // fn(tensor, begin, end, first block, block_sums) covers elements
-  // [begin, end) and, when block_sums is not null, writes the runs' block
-  // sums to block_sums[0..).
-  template <class Fn>
-  void run_groups(int threads, int64_t group, double* sums, Fn fn) const {
-    std::vector<int64_t> items(first_.size(), 0);  // items[t]: tensor t's first run
-    for (size_t t = 0; t + 1 < first_.size(); ++t)
-      items[t + 1] = items[t] + (first_[t + 1] - first_[t] + group - 1) / group;
+  // The same over runs of up to `group` consecutive blocks in the tensors'
+  // order, a run going on from tensor t - 1 into tensor t only where
+  // joins(t) (many small tensors make one run): fn(blocks, count,
+  // block_sums) covers blocks[0..count) and, when block_sums is not null,
+  // writes block k's sum to block_sums[k].
+  template <class Joins, class Fn>
+  void run_groups(int threads, int64_t group, double* sums, Joins joins, Fn fn) const {
+    std::vector<int64_t> starts;  // the runs' first blocks, then blocks()
+    int64_t open = 0;             // the first block of the run being filled
+    for (size_t t = 0; t + 1 < first_.size(); ++t) {
+      if (t > 0 && first_[t] > open && !joins(t)) {
+        starts.push_back(open);
+        open = first_[t];
+      }
+      for (; first_[t + 1] - open > group; open += group) starts.push_back(open);
+    }
+    if (blocks() > open) starts.push_back(open);
+    const int64_t runs = int64_t(starts.size());
+    starts.push_back(blocks());
     std::vector<double> block_sums(sums ? size_t(blocks()) : 0);
     // A few blocks (one small gradient handed over) run on the calling
     // thread: waking helpers would cost more than the work.
-    parallel_for(blocks() >= kParallelBlocks ? threads : 1, items.back(), [&](int64_t i) {
-      const size_t t = size_t(std::upper_bound(items.begin(), items.end(), i) - items.begin()) - 1;
-      const int64_t b = first_[t] + (i - items[t]) * group;  // the run's first block
-      const int64_t begin = (b - first_[t]) * kSumBlock;
-      const int64_t end = std::min(lengths_[t], begin + group * kSumBlock);
-      fn(t, begin, end, b, sums ? block_sums.data() + b : nullptr);
+    parallel_for(blocks() >= kParallelBlocks ? threads : 1, runs, [&](int64_t r) {
+      const int64_t b0 = starts[size_t(r)], count = starts[size_t(r) + 1] - b0;
+      std::vector<GridBlock> run(static_cast<size_t>(count));
+      size_t t = size_t(std::upper_bound(first_.begin(), first_.end(), b0) - first_.begin()) - 1;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t b = b0 + i;
+        while (b >= first_[t + 1]) ++t;
+        const int64_t begin = (b - first_[t]) * kSumBlock;
+        run[size_t(i)] = GridBlock{t, begin, std::min(lengths_[t], begin + kSumBlock), b};
+      }
+      fn(run.data(), count, sums ? block_sums.data() + b0 : nullptr);
     });
     if (sums) totals(block_sums.data(), sums);
   }

@@ -10,20 +10,29 @@
 
 namespace dsopt {
 
+// One sum block of a tensor for the gradient pass: elements [begin, begin +
+// len) of src (begin a multiple of kSumBlock, 0 < len <= kSumBlock).
+struct PassBlock {
+  const void* src;  // the tensor's first element
+  int64_t begin;
+  int64_t len;
+  float* dst;   // where element `begin`'s y goes, or null
+  double* sum;  // the block's sum of squares, or null
+};
+
 struct CpuIsa {
   const char* name;
   // An update rule over elements [begin, end) of one slot; `consts` is
   // the slot's record of the rule's constants.
   void (*update_range)(UpdateRule rule, const UpdateSlot& slot, int64_t begin, int64_t end,
                        const void* consts, float mul1, float mul2);
-  // Consecutive sum blocks [begin, end) of a tensor (begin on a block
-  // boundary): y = fl(x * mul) into dst (dst[0] is element `begin`; may be
-  // null), or with `add` dst = fl(dst + y); each block's sum of the values
-  // written (y without `add`) squared into block_sums[k] for its k-th
-  // block (may be null). Returns true when some x is Inf or NaN. (A check
-  // alone is check_range.)
-  bool (*transform_blocks)(const TensorRef& src, int64_t begin, int64_t end, float mul, float* dst,
-                           bool add, double* block_sums);
+  // Sum blocks of one dtype (PassBlock): y = fl(x * mul) into each
+  // block's dst (null in every block or none), or with `add` dst = fl(dst
+  // + y); with `sums`, each block's sum of the values written (y without
+  // `add`) squared into its `sum`. Returns true when some x is Inf or NaN.
+  // (A check alone is check_range.)
+  bool (*transform_blocks)(DType dtype, const PassBlock* blocks, int64_t count, float mul, bool add,
+                           bool sums);
   // Whether elements [begin, end) of a tensor hold an Inf or NaN.
   bool (*check_range)(const TensorRef& src, int64_t begin, int64_t end);
   // dst[i] = round(src[i]) to dtype, i in [begin, end).

@@ -51,7 +51,8 @@ const CpuIsa& isa() {
 // Elements per unit of parallel work in conversions and maxima.
 constexpr int64_t kAdamChunk = 1 << 16;
 // Sum blocks per unit of parallel work in the gradient pass (1 MiB of fp32,
-// 8 streams of 8 blocks: cpu_loops.hpp transform_blocks_dt).
+// 8 streams of 8 blocks: cpu_loops.hpp transform_blocks_dt), of one tensor
+// or of many small ones of one dtype.
 constexpr int64_t kPassRun = 64;
 // Threads of the non-finite check (more are not used by it).
 constexpr int kMaxThreads = 256;
@@ -133,10 +134,18 @@ class CpuKernels final : public Kernels {
     const CpuIsa& k = isa();
     const BlockGrid grid(lengths);
     std::vector<int> nonfinite(size_t(grid.blocks()), 0);  // at each run's first block
-    grid.run_groups(threads_, kPassRun, sumsq_host,
-                    [&](size_t t, int64_t begin, int64_t end, int64_t b, double* block_sums) {
-                      float* out = dst ? dst + out_offset[t] + begin : nullptr;
-                      nonfinite[size_t(b)] = k.transform_blocks(src[t], begin, end, mul, out, add, block_sums);
+    const auto same_dtype = [src](size_t t) { return src[t].dtype == src[t - 1].dtype; };
+    grid.run_groups(threads_, kPassRun, sumsq_host, same_dtype,
+                    [&](const GridBlock* blocks, int64_t count, double* block_sums) {
+                      PassBlock run[kPassRun];
+                      for (int64_t i = 0; i < count; ++i) {
+                        const GridBlock& b = blocks[i];
+                        run[i] = PassBlock{src[b.tensor].data, b.begin, b.end - b.begin,
+                                           dst ? dst + out_offset[b.tensor] + b.begin : nullptr,
+                                           block_sums ? block_sums + i : nullptr};
+                      }
+                      nonfinite[size_t(blocks[0].block)] = k.transform_blocks(
+                          src[blocks[0].tensor].dtype, run, count, mul, add, block_sums != nullptr);
                     });
     GradStats st;
     for (int f : nonfinite) st.nonfinite |= f != 0;

@@ -20,80 +20,81 @@ namespace cpu {
 
 // ---- gradient transform -----------------------------------------------------
 
-// y = fl(x * mul) (dst = fl(dst + y) with `add`) over S sum blocks at
-// once, each block's sum of squares of the values written taken on the way
-// (LaneSums): the pass reads x once and writes dst only when there is one.
-// S > 1: S whole blocks, block q starting `stride` blocks after block q - 1
-// (the first at `begin`), read side by side as S streams (one stream per
-// core leaves most of the memory system's parallelism unused); S == 1: one
-// block [begin, end) of any length, its tail element by element. dst[0] is
-// element `begin`; block_sums (may be null) receives block q's sum at
-// block_sums[q * stride].
+// y = fl(x * mul) (dst = fl(dst + y) with `add`) over S sum blocks read
+// side by side as S streams (one stream per core leaves most of the memory
+// system's parallelism unused), block q being b[q * stride]; with `sums`,
+// each block's sum of squares of the values written taken on the way
+// (LaneSums) into its `sum`. The elements every block has are read
+// together, then each block's rest alone, its tail element by element with
+// the same math (VecScalar), so every element gets the same bits. The
+// blocks have a dst all or none.
 template <class V, DType T, int S>
-bool transform_blocks_t(const TensorRef& t, int64_t begin, int64_t end, int64_t stride, float mul,
-                        float* dst, bool add, double* block_sums) {
+bool transform_streams(const PassBlock* b, int64_t stride, float mul, bool add, bool sums) {
   using F = typename V::F;
-  LaneSums sums[S];
+  const size_t elem = dtype_size(T);
+  LaneSums lanes[S];
+  const void* x[S];
+  float* dst[S];
+  int64_t len[S];
+  int64_t common = kSumBlock;
+  for (int q = 0; q < S; ++q) {
+    const PassBlock& p = b[q * stride];
+    x[q] = static_cast<const char*>(p.src) + size_t(p.begin) * elem;
+    dst[q] = p.dst;
+    len[q] = p.len;
+    common = std::min(common, p.len);
+  }
+  const bool write = dst[0] != nullptr;
   // x * 0 is NaN exactly when x is Inf or NaN; the sum keeps any NaN.
   F bad = V::set1(0.0f);
   float bad_tail = 0.0f;
   const F zero = V::set1(0.0f), vmul = V::set1(mul);
-  const int64_t len = S == 1 ? end - begin : kSumBlock;
+  const auto vector_at = [&](int q, int64_t j) {
+    const F v = load<V, T>(x[q], j);
+    bad = V::add(bad, V::mul(v, zero));
+    F y = V::mul(v, vmul);
+    if (write) {
+      if (add) y = V::add(V::load(dst[q] + j), y);
+      V::store(dst[q] + j, y);
+    }
+    if (sums) lanes[q].template add<V>(j, y);
+  };
   int64_t j = 0;
-  for (; j + V::W <= len; j += V::W) {
-    for (int q = 0; q < S; ++q) {
-      const int64_t o = q * stride * kSumBlock + j;  // from `begin`
-      const F x = load<V, T>(t.data, begin + o);
-      bad = V::add(bad, V::mul(x, zero));
-      F y = V::mul(x, vmul);
-      if (dst) {
-        if (add) y = V::add(V::load(dst + o), y);
-        V::store(dst + o, y);
+  for (; j + V::W <= common; j += V::W)
+    for (int q = 0; q < S; ++q) vector_at(q, j);
+  for (int q = 0; q < S; ++q) {
+    int64_t k = j;
+    for (; k + V::W <= len[q]; k += V::W) vector_at(q, k);
+    for (; k < len[q]; ++k) {
+      const float v = load<VecScalar, T>(x[q], k);
+      bad_tail = bad_tail + v * 0.0f;
+      float y = v * mul;
+      if (write) {
+        if (add) y = dst[q][k] + y;
+        dst[q][k] = y;
       }
-      if (block_sums) sums[q].template add<V>(j, y);
+      if (sums) lanes[q].template add<VecScalar>(k, y);
     }
+    if (sums) *b[q * stride].sum = lanes[q].total();
   }
-  if constexpr (S == 1) {
-    for (; j < len; ++j) {
-      const float x = load<VecScalar, T>(t.data, begin + j);
-      bad_tail = bad_tail + x * 0.0f;
-      float y = x * mul;
-      if (dst) {
-        if (add) y = dst[j] + y;
-        dst[j] = y;
-      }
-      if (block_sums) sums[0].template add<VecScalar>(j, y);
-    }
-  }
-  if (block_sums)
-    for (int q = 0; q < S; ++q) block_sums[q * stride] = sums[q].total();
   return V::any_nan(bad) || bad_tail != bad_tail;
 }
 
-// Streams read side by side by transform_blocks.
+// Streams read side by side by transform_streams.
 constexpr int kTransformStreams = 8;
 
-// The sum blocks of [begin, end) (begin on a block boundary): the whole
-// blocks cut into kTransformStreams runs of equal length, read as that many
-// streams (the i-th block of every run at once), then the rest one by one.
-// Long streams keep more of the memory system busy than adjacent blocks do.
+// `count` sum blocks cut into kTransformStreams runs of equal length, read
+// as that many streams (the i-th block of every run at once), then the rest
+// one by one. The blocks of one long tensor make long streams, and so do
+// many small tensors back to back in memory, a block each; either keeps
+// more of the memory system busy than one block at a time does.
 template <class V, DType T>
-bool transform_blocks_dt(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
-                         bool add, double* block_sums) {
+bool transform_blocks_dt(const PassBlock* blocks, int64_t count, float mul, bool add, bool sums) {
   constexpr int S = kTransformStreams;
-  const int64_t per = (end - begin) / kSumBlock / S;  // blocks per stream
+  const int64_t per = count / S;  // blocks per stream
   bool bad = false;
-  for (int64_t i = 0; i < per; ++i) {
-    const int64_t b = begin + i * kSumBlock;
-    bad |= transform_blocks_t<V, T, S>(t, b, b + kSumBlock, per, mul, dst ? dst + (b - begin) : nullptr,
-                                       add, block_sums ? block_sums + i : nullptr);
-  }
-  for (int64_t b = begin + S * per * kSumBlock, k = S * per; b < end; ++k) {
-    const int64_t e = std::min(end, b + kSumBlock);
-    bad |= transform_blocks_t<V, T, 1>(t, b, e, 1, mul, dst ? dst + (b - begin) : nullptr, add,
-                                       block_sums ? block_sums + k : nullptr);
-    b = e;
-  }
+  for (int64_t i = 0; i < per; ++i) bad |= transform_streams<V, T, S>(blocks + i, per, mul, add, sums);
+  for (int64_t k = S * per; k < count; ++k) bad |= transform_streams<V, T, 1>(blocks + k, 1, mul, add, sums);
   return bad;
 }
 
@@ -140,12 +141,11 @@ bool check_range(const TensorRef& t, int64_t begin, int64_t end) {
 }
 
 template <class V>
-bool transform_blocks(const TensorRef& t, int64_t begin, int64_t end, float mul, float* dst,
-                      bool add, double* block_sums) {
-  switch (t.dtype) {
-    case DType::F32: return transform_blocks_dt<V, DType::F32>(t, begin, end, mul, dst, add, block_sums);
-    case DType::F16: return transform_blocks_dt<V, DType::F16>(t, begin, end, mul, dst, add, block_sums);
-    case DType::BF16: return transform_blocks_dt<V, DType::BF16>(t, begin, end, mul, dst, add, block_sums);
+bool transform_blocks(DType dtype, const PassBlock* blocks, int64_t count, float mul, bool add, bool sums) {
+  switch (dtype) {
+    case DType::F32: return transform_blocks_dt<V, DType::F32>(blocks, count, mul, add, sums);
+    case DType::F16: return transform_blocks_dt<V, DType::F16>(blocks, count, mul, add, sums);
+    case DType::BF16: return transform_blocks_dt<V, DType::BF16>(blocks, count, mul, add, sums);
   }
   return false;
 }
