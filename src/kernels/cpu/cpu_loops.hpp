@@ -24,10 +24,10 @@ namespace cpu {
 // side by side as S streams (one stream per core leaves most of the memory
 // system's parallelism unused), block q being b[q * stride]; with `sums`,
 // each block's sum of squares of the values written taken on the way
-// (LaneSums) into its `sum`. The elements every block has are read
-// together, then each block's rest alone, its tail element by element with
-// the same math (VecScalar), so every element gets the same bits. The
-// blocks have a dst all or none.
+// (LaneSums) into its `sum`. The whole vectors of every block are read
+// together while the blocks have them, then each block's tail element by
+// element with the same math (VecScalar), so every element gets the same
+// bits. The blocks have a dst all or none.
 template <class V, DType T, int S>
 bool transform_streams(const PassBlock* b, int64_t stride, float mul, bool add, bool sums) {
   using F = typename V::F;
@@ -62,10 +62,23 @@ bool transform_streams(const PassBlock* b, int64_t stride, float mul, bool add, 
   int64_t j = 0;
   for (; j + V::W <= common; j += V::W)
     for (int q = 0; q < S; ++q) vector_at(q, j);
+  // The whole vectors past the common part: the streams that have some
+  // still read together, up to the shortest of them, until none is left.
+  int active[S], count = 0;
+  for (int q = 0; q < S; ++q)
+    if (len[q] - j >= V::W) active[count++] = q;
+  while (count > 0) {
+    int64_t stop = kSumBlock;
+    for (int a = 0; a < count; ++a) stop = std::min(stop, len[active[a]] / V::W * V::W);
+    for (; j < stop; j += V::W)
+      for (int a = 0; a < count; ++a) vector_at(active[a], j);
+    int kept = 0;
+    for (int a = 0; a < count; ++a)
+      if (len[active[a]] - j >= V::W) active[kept++] = active[a];
+    count = kept;
+  }
   for (int q = 0; q < S; ++q) {
-    int64_t k = j;
-    for (; k + V::W <= len[q]; k += V::W) vector_at(q, k);
-    for (; k < len[q]; ++k) {
+    for (int64_t k = len[q] / V::W * V::W; k < len[q]; ++k) {
       const float v = load<VecScalar, T>(x[q], k);
       bad_tail = bad_tail + v * 0.0f;
       float y = v * mul;
