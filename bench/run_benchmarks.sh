@@ -59,6 +59,9 @@ build_targets divergence_check_cost
 echo
 echo "== divergence_check_cost: the divergence check's cost in a CPU AdamW step =="
 OMP_NUM_THREADS=$threads "$build/bench/divergence_check_cost" --threads "$threads"
+echo "-- the same on 10,000 tensors of 1,000 (the pass reads several small tensors side by side)"
+OMP_NUM_THREADS=$threads "$build/bench/divergence_check_cost" --threads "$threads" \
+  --numel 10000000 --tensors 10000 --iters 40
 
 # dsopt against torch's and DeepSpeed's CPU AdamW in one Python process.
 # DSOPT_BENCH_PYTHON names the interpreter (one with torch, and DeepSpeed if
