@@ -4,6 +4,7 @@
 // The split does not depend on the thread count, so neither do the sums.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -34,21 +35,21 @@ class BlockGrid {
   // tensor t's total.
   template <class Fn>
   void run(int threads, double* sums, Fn fn) const {
-    run_groups(
-        threads, 1, sums, [](size_t) { return true; },
+    run_groups<1>(
+        threads, sums, [](size_t) { return true; },
         [&](const GridBlock* b, int64_t, double* s) {
           const double v = fn(b->tensor, b->begin, b->end, b->block);
           if (s) *s = v;
         });
   }
 
-  // The same over runs of up to `group` consecutive blocks in the tensors'
+  // The same over runs of up to Group consecutive blocks in the tensors'
   // order, a run going on from tensor t - 1 into tensor t only where
   // joins(t) (many small tensors make one run): fn(blocks, count,
   // block_sums) covers blocks[0..count) and, when block_sums is not null,
   // writes block k's sum to block_sums[k].
-  template <class Joins, class Fn>
-  void run_groups(int threads, int64_t group, double* sums, Joins joins, Fn fn) const {
+  template <int64_t Group, class Joins, class Fn>
+  void run_groups(int threads, double* sums, Joins joins, Fn fn) const {
     std::vector<int64_t> starts;  // the runs' first blocks, then blocks()
     int64_t open = 0;             // the first block of the run being filled
     for (size_t t = 0; t + 1 < first_.size(); ++t) {
@@ -56,7 +57,7 @@ class BlockGrid {
         starts.push_back(open);
         open = first_[t];
       }
-      for (; first_[t + 1] - open > group; open += group) starts.push_back(open);
+      for (; first_[t + 1] - open > Group; open += Group) starts.push_back(open);
     }
     if (blocks() > open) starts.push_back(open);
     const int64_t runs = int64_t(starts.size());
@@ -66,15 +67,15 @@ class BlockGrid {
     // thread: waking helpers would cost more than the work.
     parallel_for(blocks() >= kParallelBlocks ? threads : 1, runs, [&](int64_t r) {
       const int64_t b0 = starts[size_t(r)], count = starts[size_t(r) + 1] - b0;
-      std::vector<GridBlock> run(static_cast<size_t>(count));
+      std::array<GridBlock, Group> list;
       size_t t = size_t(std::upper_bound(first_.begin(), first_.end(), b0) - first_.begin()) - 1;
       for (int64_t i = 0; i < count; ++i) {
         const int64_t b = b0 + i;
         while (b >= first_[t + 1]) ++t;
         const int64_t begin = (b - first_[t]) * kSumBlock;
-        run[size_t(i)] = GridBlock{t, begin, std::min(lengths_[t], begin + kSumBlock), b};
+        list[size_t(i)] = GridBlock{t, begin, std::min(lengths_[t], begin + kSumBlock), b};
       }
-      fn(run.data(), count, sums ? block_sums.data() + b0 : nullptr);
+      fn(list.data(), count, sums ? block_sums.data() + b0 : nullptr);
     });
     if (sums) totals(block_sums.data(), sums);
   }

@@ -26,13 +26,12 @@ struct CpuIsa {
   // the slot's record of the rule's constants.
   void (*update_range)(UpdateRule rule, const UpdateSlot& slot, int64_t begin, int64_t end,
                        const void* consts, float mul1, float mul2);
-  // Sum blocks of one dtype (PassBlock): y = fl(x * mul) into each
-  // block's dst (null in every block or none), or with `add` dst = fl(dst
-  // + y); with `sums`, each block's sum of the values written (y without
+  // Sum blocks of one dtype (PassBlock; dst and sum each null in every
+  // block or in none): y = fl(x * mul) into each block's dst, or with `add`
+  // dst = fl(dst + y); each block's sum of the values written (y without
   // `add`) squared into its `sum`. Returns true when some x is Inf or NaN.
   // (A check alone is check_range.)
-  bool (*transform_blocks)(DType dtype, const PassBlock* blocks, int64_t count, float mul, bool add,
-                           bool sums);
+  bool (*transform_blocks)(DType dtype, const PassBlock* blocks, int64_t count, float mul, bool add);
   // Whether elements [begin, end) of a tensor hold an Inf or NaN.
   bool (*check_range)(const TensorRef& src, int64_t begin, int64_t end);
   // dst[i] = round(src[i]) to dtype, i in [begin, end).

@@ -135,7 +135,7 @@ class CpuKernels final : public Kernels {
     const BlockGrid grid(lengths);
     std::vector<int> nonfinite(size_t(grid.blocks()), 0);  // at each run's first block
     const auto same_dtype = [src](size_t t) { return src[t].dtype == src[t - 1].dtype; };
-    grid.run_groups(threads_, kPassRun, sumsq_host, same_dtype,
+    grid.run_groups<kPassRun>(threads_, sumsq_host, same_dtype,
                     [&](const GridBlock* blocks, int64_t count, double* block_sums) {
                       PassBlock run[kPassRun];
                       for (int64_t i = 0; i < count; ++i) {
@@ -144,8 +144,8 @@ class CpuKernels final : public Kernels {
                                            dst ? dst + out_offset[b.tensor] + b.begin : nullptr,
                                            block_sums ? block_sums + i : nullptr};
                       }
-                      nonfinite[size_t(blocks[0].block)] = k.transform_blocks(
-                          src[blocks[0].tensor].dtype, run, count, mul, add, block_sums != nullptr);
+                      nonfinite[size_t(blocks[0].block)] =
+                          k.transform_blocks(src[blocks[0].tensor].dtype, run, count, mul, add);
                     });
     GradStats st;
     for (int f : nonfinite) st.nonfinite |= f != 0;

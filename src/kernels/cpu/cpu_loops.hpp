@@ -22,14 +22,14 @@ namespace cpu {
 
 // y = fl(x * mul) (dst = fl(dst + y) with `add`) over S sum blocks read
 // side by side as S streams (one stream per core leaves most of the memory
-// system's parallelism unused), block q being b[q * stride]; with `sums`,
-// each block's sum of squares of the values written taken on the way
-// (LaneSums) into its `sum`. The whole vectors of every block are read
-// together while the blocks have them, then each block's tail element by
-// element with the same math (VecScalar), so every element gets the same
-// bits. The blocks have a dst all or none.
+// system's parallelism unused), block q being b[q * stride]; each block's
+// sum of squares of the values written taken on the way (LaneSums) into its
+// `sum`. The whole vectors of every block are read together while the
+// blocks have them, then each block's tail element by element with the
+// same math (VecScalar), so every element gets the same bits. The blocks
+// have a dst all or none, and a sum all or none.
 template <class V, DType T, int S>
-bool transform_streams(const PassBlock* b, int64_t stride, float mul, bool add, bool sums) {
+bool transform_streams(const PassBlock* b, int64_t stride, float mul, bool add) {
   using F = typename V::F;
   const size_t elem = dtype_size(T);
   LaneSums lanes[S];
@@ -44,7 +44,7 @@ bool transform_streams(const PassBlock* b, int64_t stride, float mul, bool add, 
     len[q] = p.len;
     common = std::min(common, p.len);
   }
-  const bool write = dst[0] != nullptr;
+  const bool write = dst[0] != nullptr, sums = b[0].sum != nullptr;
   // x * 0 is NaN exactly when x is Inf or NaN; the sum keeps any NaN.
   F bad = V::set1(0.0f);
   float bad_tail = 0.0f;
@@ -102,12 +102,12 @@ constexpr int kTransformStreams = 8;
 // many small tensors back to back in memory, a block each; either keeps
 // more of the memory system busy than one block at a time does.
 template <class V, DType T>
-bool transform_blocks_dt(const PassBlock* blocks, int64_t count, float mul, bool add, bool sums) {
+bool transform_blocks_dt(const PassBlock* blocks, int64_t count, float mul, bool add) {
   constexpr int S = kTransformStreams;
   const int64_t per = count / S;  // blocks per stream
   bool bad = false;
-  for (int64_t i = 0; i < per; ++i) bad |= transform_streams<V, T, S>(blocks + i, per, mul, add, sums);
-  for (int64_t k = S * per; k < count; ++k) bad |= transform_streams<V, T, 1>(blocks + k, 1, mul, add, sums);
+  for (int64_t i = 0; i < per; ++i) bad |= transform_streams<V, T, S>(blocks + i, per, mul, add);
+  for (int64_t k = S * per; k < count; ++k) bad |= transform_streams<V, T, 1>(blocks + k, 1, mul, add);
   return bad;
 }
 
@@ -154,11 +154,11 @@ bool check_range(const TensorRef& t, int64_t begin, int64_t end) {
 }
 
 template <class V>
-bool transform_blocks(DType dtype, const PassBlock* blocks, int64_t count, float mul, bool add, bool sums) {
+bool transform_blocks(DType dtype, const PassBlock* blocks, int64_t count, float mul, bool add) {
   switch (dtype) {
-    case DType::F32: return transform_blocks_dt<V, DType::F32>(blocks, count, mul, add, sums);
-    case DType::F16: return transform_blocks_dt<V, DType::F16>(blocks, count, mul, add, sums);
-    case DType::BF16: return transform_blocks_dt<V, DType::BF16>(blocks, count, mul, add, sums);
+    case DType::F32: return transform_blocks_dt<V, DType::F32>(blocks, count, mul, add);
+    case DType::F16: return transform_blocks_dt<V, DType::F16>(blocks, count, mul, add);
+    case DType::BF16: return transform_blocks_dt<V, DType::BF16>(blocks, count, mul, add);
   }
   return false;
 }
