@@ -17,7 +17,7 @@ CUDA_ARCHS ?=
 CMAKE_FLAGS += $(if $(CUDA_ARCHS),-DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)")
 MPI_ENV = OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-.PHONY: all deps build python install test test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize test-docs test-gpu docs demo demo-c bench bench-gpu clean
+.PHONY: all deps build python install test test-prebuild test-c test-nocuda test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize test-docs test-gpu docs demo demo-c bench bench-gpu clean
 
 all: build
 
@@ -34,7 +34,16 @@ python: build
 
 # The C tests also run against a build without CUDA: test-sanitize's, whose
 # ASan build has CUDA off (test-nocuda does the same in Release, alone).
-test: test-docs test-c test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize
+# test-prebuild first: what the last targets need is made in the
+# background while the others run.
+test: test-prebuild test-docs test-c test-python test-torch test-frameworks test-rust test-install test-fuzz test-sanitize
+
+# The framework venv and the fuzz and sanitizer trees, built in the
+# background at idle priority on the cores the tests leave idle
+# (tests/prebuild.sh); test-frameworks, test-fuzz and test-sanitize wait for
+# them, or build what is missing themselves.
+test-prebuild: deps
+	@tests/prebuild.sh $$PPID $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
 
 test-c: build
 	cd $(BUILD) && $(MPI_ENV) ctest --output-on-failure --timeout 300
@@ -127,4 +136,4 @@ bench-gpu:
 	bench/run_gpu_benchmarks.sh $(GPU_BUILD)
 
 clean:
-	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(GPU_BUILD)
+	rm -rf $(BUILD) $(NOCUDA_BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(GPU_BUILD) build-prebuild

@@ -15,13 +15,17 @@
 #      test_car_pieces (the compressed allreduce's thread pool) and
 #      test_grad_ready (reductions on dsopt's own thread).
 #
-#   tests/sanitize/run_sanitizers.sh [asan-build [tsan-build]]
+#   tests/sanitize/run_sanitizers.sh [--build-only] [asan-build [tsan-build]]
 #   (defaults build-asan, build-tsan; JOBS = parallel compile jobs;
-#    SAN_CC / SAN_CXX = compilers, default gcc / g++)
+#    SAN_CC / SAN_CXX = compilers, default gcc / g++; --build-only builds
+#    both trees and stops, as tests/prebuild.sh does: each build holds a
+#    lock in its tree, so a second build of it waits for the first)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
+build_only=
+if [ "${1:-}" = --build-only ]; then build_only=yes; shift; fi
 asan_build=${1:-build-asan}
 tsan_build=${2:-build-tsan}
 jobs=${JOBS:-$(nproc)}
@@ -38,12 +42,16 @@ common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo
         -DBUILD_TESTING=ON -DDSOPT_BUILD_TESTS=ON -DDSOPT_BUILD_EXAMPLES=ON)
 
 configure_and_build() { # <dir> <compile flags> [cmake --build args...]
-  local dir=$1 flags=$2
+  local dir=$1 flags=$2 lock
   shift 2
+  mkdir -p "$dir"
+  exec {lock}>"$dir/.build-lock"
+  flock "$lock"
   cmake -S . -B "$dir" "${common[@]}" \
     "-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags" \
     "-DCMAKE_EXE_LINKER_FLAGS=$flags" "-DCMAKE_SHARED_LINKER_FLAGS=$flags" >/dev/null
   cmake --build "$dir" -j"$jobs" "$@"
+  exec {lock}>&-
 }
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -63,6 +71,11 @@ configure_and_build "$asan_build" "$asan_flags"
 # See keep_dlopened.c: Open MPI's plugins stay mapped until exit, so the
 # leak reports name them and lsan.supp can match Open MPI's own leaks.
 "$cc" -shared -fPIC -O1 -o "$asan_build/keep_dlopened.so" "$here/keep_dlopened.c"
+# The TSan tree: only the three tests of part 2.
+echo "== sanitize: ThreadSanitizer build in $tsan_build"
+configure_and_build "$tsan_build" "-fsanitize=thread -fno-omit-frame-pointer" \
+  --target test_threads_many_handles test_car_pieces test_grad_ready
+[ -n "$build_only" ] && exit 0
 
 # The ranks inherit this environment from mpirun (one node: Open MPI passes
 # its whole environment to the processes it starts; across nodes it would
@@ -104,8 +117,6 @@ echo "== sanitize: dsopt.torch with moved parameters over $asan_build"
 # every thread TSan watches is one the test started; no suppressions needed.
 # (The OpenMP teams themselves are covered by the normal run of the test,
 # with 2 threads per handle, and by the ASan run.)
-echo "== sanitize: ThreadSanitizer build in $tsan_build"
-configure_and_build "$tsan_build" "-fsanitize=thread -fno-omit-frame-pointer" --target test_threads_many_handles
 echo "== sanitize: test_threads_many_handles under TSan ($tsan_build)"
 (cd "$tsan_build" &&
   DSOPT_TEST_KERNEL_THREADS=1 \
@@ -115,7 +126,6 @@ echo "== sanitize: test_threads_many_handles under TSan ($tsan_build)"
 # The compressed allreduce's thread pool (cpu_car.cpp): its pieces on 1, 2
 # and 3 threads against 1, two ranks (tsan.supp as below).
 echo "== sanitize: test_car_pieces (2 ranks, the compressed allreduce's pool) under TSan ($tsan_build)"
-cmake --build "$tsan_build" -j"$jobs" --target test_car_pieces
 (cd "$tsan_build" &&
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp" \
   mpirun -np 2 --oversubscribe tests/internal/test_car_pieces)
@@ -125,7 +135,6 @@ cmake --build "$tsan_build" -j"$jobs" --target test_car_pieces
 # tsan.supp silences one lock-order report inside Open MPI's own start-up
 # (mca_btl_tcp_add_procs), which is not dsopt's.
 echo "== sanitize: test_grad_ready (2 ranks, MPI_THREAD_MULTIPLE) under TSan ($tsan_build)"
-cmake --build "$tsan_build" -j"$jobs" --target test_grad_ready
 (cd "$tsan_build" &&
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$here/tsan.supp" \
   mpirun -np 2 --oversubscribe tests/test_grad_ready multiple)
