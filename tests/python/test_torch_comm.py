@@ -236,6 +236,41 @@ def test_optimizer_without_torch_distributed_runs_on_one_process():
     opt.close()
 
 
+def test_a_closed_communicator_keeps_no_process_group_alive():
+    """After close(), neither the dsopt.Communicator of from_torch nor its
+    TorchCollectives refers to the process group, even while garbage
+    cycles keep them (an optimizer's): the group goes with
+    destroy_process_group(), not at interpreter exit."""
+    import gc
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{conftest.free_port()}",
+                            rank=0, world_size=1)
+    try:
+        group = dist.group.WORLD
+        model = worker.make_model()
+        opt = dsopt.torch.AdamW(model.parameters(), overlap=True)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()
+        comm = opt.dsopt.communicator
+        collectives = comm.torch_collectives
+        assert comm.kind == "torch" and comm.group is group and collectives.group is group
+        opt.close()
+        cycle = [opt, comm, collectives]
+        cycle.append(cycle)  # garbage that outlives the optimizer, as hooks make it
+        del opt, cycle
+        holders = [type(r).__name__ for r in gc.get_referrers(group)
+                   if isinstance(r, (dsopt.Communicator, type(collectives)))]
+        assert holders == [], f"closed dsopt objects still hold the process group: {holders}"
+        assert comm.closed and comm.group is None and comm.torch_collectives is None
+        assert collectives.group is None
+        gc.collect()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_torch_buffers_of_from_callbacks_wrap_dsopt_memory():
     """buffers="torch" on one rank: CPU tensors on dsopt's memory."""
     seen = []

@@ -147,6 +147,12 @@ class TorchCollectives:
                 f"{device}")
         self.device = device
 
+    def release(self):
+        """Drops the process group once the communicator is destroyed (no
+        collective comes after), so that this object, if it outlives the
+        communicator in a garbage cycle, does not keep the group alive."""
+        self.group = None
+
     def callbacks(self) -> dict:
         return {"allreduce": self.allreduce, "reduce_scatter": self.reduce_scatter,
                 "allgather": self.allgather, "alltoall": self.alltoall}

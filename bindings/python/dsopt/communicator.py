@@ -243,10 +243,18 @@ class Communicator:
         if self._callbacks is not None:
             # dsopt released them: drop the callables, keep what they raised
             self._callback_error, self._callbacks = self._callbacks.error, None
+            if self.kind == "torch" and self._borrowed:
+                self._borrowed[0].release()
             self._borrowed = None
+        # A closed communicator, and any garbage cycle that holds one (an
+        # optimizer's), keeps no torch process group alive: the group goes
+        # with torch.distributed.destroy_process_group(), not at interpreter
+        # exit, where tearing gloo down can abort the process.
+        self.group = None
 
     def close(self) -> None:
-        """Releases the wrapper (idempotent); deferred while optimizers use it."""
+        """Releases the wrapper (idempotent); deferred while optimizers use it.
+        A ``from_torch`` communicator lets go of its process group then."""
         self._close_requested = True
         if not self._users:
             self._destroy()
