@@ -2,9 +2,10 @@
 # `make test` runs this first: it starts, in the background and at idle
 # priority (SCHED_IDLE: it runs only on a core no other process wants), what
 # the last test targets need and no earlier one does: the framework venv
-# (scripts/framework_venv.sh, mostly a download), the fuzz targets' tree
-# (tests/fuzz/run_fuzz.sh --build-only) and the sanitizers' trees
-# (tests/sanitize/run_sanitizers.sh --build-only). The tests before them
+# (scripts/framework_venv.sh, mostly a download, beside the builds), the
+# fuzz targets' tree (tests/fuzz/run_fuzz.sh --build-only) and the
+# sanitizers' trees (tests/sanitize/run_sanitizers.sh --build-only), one
+# after the other. The tests before them
 # leave a core idle much of the time (single-process Python, mpirun ranks
 # waiting on each other), and the builds fill it, so those targets find
 # their trees built. Each of those scripts holds a lock while it builds, so
@@ -35,7 +36,9 @@ step() {
   echo "prebuild: $* ($(date +%T))"
   "$@" || echo "prebuild: $* failed; the test target that needs it builds it again"
 }
-step scripts/framework_venv.sh
+# The venv (mostly waiting on the network) beside the builds.
+step scripts/framework_venv.sh &
 step tests/fuzz/run_fuzz.sh --build-only "$fuzz_build"
 step tests/sanitize/run_sanitizers.sh --build-only "$asan_build" "$tsan_build"
+wait
 echo "prebuild: done ($(date +%T))"
