@@ -5,12 +5,12 @@
 # (scripts/framework_venv.sh, mostly a download, beside the builds), the
 # fuzz targets' tree (tests/fuzz/run_fuzz.sh --build-only) and the
 # sanitizers' trees (tests/sanitize/run_sanitizers.sh --build-only), one
-# after the other. The tests before them
-# leave a core idle much of the time (single-process Python, mpirun ranks
-# waiting on each other), and the builds fill it, so those targets find
-# their trees built. Each of those scripts holds a lock while it builds, so
-# a target that arrives first builds (or waits for the build) itself, and
-# a failed build here is only logged: the target builds again and reports.
+# after the other. The tests before them leave a core idle much of the
+# time (single-process Python, mpirun ranks waiting on each other), and
+# the builds fill it, so those targets find their trees built. Each of
+# those scripts holds a lock while it builds, so a target that arrives
+# first builds (or waits for the build) itself, and a failed build here is
+# only logged: the target builds again and reports.
 # The background job stops between steps once <owner-pid> (the make that
 # started it) has exited.
 #   tests/prebuild.sh <owner-pid> <fuzz-build> <asan-build> <tsan-build>
