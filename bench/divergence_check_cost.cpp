@@ -1,13 +1,14 @@
 // What the divergence check ("divergence_check", on by default) costs an
 // AdamW step on the CPU: it needs the global gradient norm, whose sum of
-// squares rides on the pass that already reads every gradient for the
-// non-finite check (or, with several ranks, the averaging pass). Each row
-// is timed against its baseline, the same config with
+// squares the update takes as it reads the gradients (one rank, nothing
+// else wanting the norm before the update), or rides on a pass that reads
+// every gradient anyway (clipping's, or with several ranks the averaging
+// pass). Each row is timed against its baseline, the same config with
 // "divergence_check": {"enabled": false}:
-//   - the default config (skip_nonfinite true): the check's pass adds the
-//     sum of squares;
-//   - "skip_nonfinite": false, where no pass read the gradients before: the
-//     check adds a read pass of its own;
+//   - the default config (skip_nonfinite true): the update adds the sum of
+//     squares; the non-finite check's read pass is in both;
+//   - "skip_nonfinite": false, where nothing else reads the gradients: the
+//     update adds the sum of squares;
 //   - "gradient_clipping": 1.0, which computes the norm anyway: the check
 //     adds nothing but its few scalar operations.
 // One rank (a local communicator); a baseline and its row are timed in

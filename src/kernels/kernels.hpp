@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "base/dtype.hpp"
 #include "base/error.hpp"
@@ -184,23 +185,43 @@ class Kernels {
   // tensor) constants, of the type the rule reads (its Consts: AdamConsts,
   // OneBitConsts, LambConsts or ZeroOneConsts). Each gradient element is
   // first multiplied by mul1 then by mul2 (two fp32 roundings; 1.0f is
-  // exact); rules that declare no Grad read none.
+  // exact); rules that declare no Grad read none. With sumsq_host (rules
+  // that read the gradient), sumsq_host[i] also receives the sum of squares
+  // of slot i's gradient values as read, before mul1 and mul2: what
+  // transform() with mul 1 gives for them, bit for bit.
   template <class C>
   void update(UpdateRule rule, const UpdateSlot* slots, int64_t count, const C* consts,
-              int32_t num_groups, float mul1, float mul2) {
+              int32_t num_groups, float mul1, float mul2, double* sumsq_host = nullptr) {
     if (!rule_takes_consts<C>(rule))
       fail(DSOPT_EINTERNAL, "update rule " + std::to_string(int(rule)) +
                                 " given constants of another rule's type");
+    if (sumsq_host)
+      update_records_summed(rule, slots, count, consts, num_groups, mul1, mul2, sumsq_host);
+    else
+      update_records(rule, slots, count, consts, num_groups, mul1, mul2);
+  }
+
+  // update() once the constants' type is checked: `consts` holds
+  // num_groups records of rule_consts_bytes(rule) bytes.
+  virtual void update_records(UpdateRule rule, const UpdateSlot* slots, int64_t count,
+                              const void* consts, int32_t num_groups, float mul1, float mul2) = 0;
+  // The same with sums. Whether they come at no extra pass over the
+  // gradients, taken while updating (else the default below sums in a pass
+  // of its own first).
+  virtual bool sums_while_updating() const { return false; }
+  virtual void update_records_summed(UpdateRule rule, const UpdateSlot* slots, int64_t count,
+                                     const void* consts, int32_t num_groups, float mul1,
+                                     float mul2, double* sumsq_host) {
+    std::vector<TensorRef> grads;
+    grads.reserve(size_t(count));
+    for (int64_t i = 0; i < count; ++i)
+      grads.push_back(TensorRef{slots[i].data(Operand::Grad), slots[i].numel, slots[i].grad_dtype});
+    transform(grads.data(), count, 1.0f, nullptr, sumsq_host);
     update_records(rule, slots, count, consts, num_groups, mul1, mul2);
   }
 
   // max_host[i] = the largest value of fp32 tensor i (numel > 0, no NaN);
   // a maximum does not depend on the order, so every backend agrees.
-  // update() once the constants' type is checked: `consts` holds
-  // num_groups records of rule_consts_bytes(rule) bytes.
-  virtual void update_records(UpdateRule rule, const UpdateSlot* slots, int64_t count,
-                              const void* consts, int32_t num_groups, float mul1, float mul2) = 0;
-
   virtual void max_per_tensor(const TensorRef* src, int64_t count, float* max_host) = 0;
 
   // ---- block codecs of compressed ZeRO (math/block_codec.hpp) ---------------------

@@ -22,6 +22,7 @@ void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& s
                                const std::function<int64_t(size_t)>& param_of,
                                const PreparedGrads& grads, const TensorSums& sums) {
   if (rule == MomentRule::Lamb) {
+    if (grads.norm_sumsq) fail(DSOPT_EINTERNAL, "LAMB's update does not sum the gradients");
     std::vector<UpdateSlot> per_tensor = slots;  // constants are per parameter
     for (size_t k = 0; k < per_tensor.size(); ++k) per_tensor[k].group = int32_t(param_of(k));
     LambStepConsts c = lamb_step_consts();
@@ -31,15 +32,16 @@ void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& s
   const UpdateRule update = cfg_.algorithm->update;
   const AdamStepConsts c = adam_step_consts();
   const int32_t n = int32_t(c.consts.size());
-  if (c.of_param.empty()) {
-    kernels().update(update, slots.data(), int64_t(slots.size()), c.consts.data(), n, grads.mul1,
-                     grads.mul2);
-    return;
-  }
-  // Parameters with their own step counts, or some left out.
-  const std::vector<UpdateSlot> selected = c.select(slots, param_of);
-  kernels().update(update, selected.data(), int64_t(selected.size()), c.consts.data(), n,
-                   grads.mul1, grads.mul2);
+  // Parameters with their own step counts, or some left out (their
+  // gradients are zeros: leaving their sums out changes no bit).
+  std::vector<UpdateSlot> selected;
+  if (!c.of_param.empty()) selected = c.select(slots, param_of);
+  const std::vector<UpdateSlot>& used = c.of_param.empty() ? slots : selected;
+  // The sums in the order of the step pipeline's pass: tensor by tensor.
+  std::vector<double> grad_sums(grads.norm_sumsq ? used.size() : 0);
+  kernels().update(update, used.data(), int64_t(used.size()), c.consts.data(), n, grads.mul1,
+                   grads.mul2, grads.norm_sumsq ? grad_sums.data() : nullptr);
+  for (double s : grad_sums) *grads.norm_sumsq += s;
 }
 
 }  // namespace dsopt

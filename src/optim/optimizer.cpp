@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "base/error.hpp"
 
@@ -35,7 +36,7 @@ std::vector<uint8_t> Optimizer::averaged_flags() const {
 }
 
 PreparedGrads Optimizer::prepare(const dsopt_tensor* grads, int64_t count) {
-  return pipeline_.prepare(grads, count, averaged_flags());
+  return pipeline_.prepare(grads, count, averaged_flags(), update_sums());
 }
 
 void Optimizer::open_handover(int micro_batches) {
@@ -136,17 +137,18 @@ StepResult Optimizer::step_handed_over(bool abandon) {
     h.close();
     throw;
   }
-  StepResult r = apply(prepared);
+  StepResult r = apply(std::move(prepared));
   r.grads_replicated = replicated;
   return r;
 }
 
-StepResult Optimizer::apply(const PreparedGrads& prepared) {
+StepResult Optimizer::apply(PreparedGrads prepared) {
   bool compressed = false;
   if (!prepared.skip) {
     groups_.advance(absent_.inactive());
     try {
       compressed = update(prepared);
+      pipeline_.take_norm(prepared);
     } catch (const Error& e) {
       mark_failed(e.status(), e.what());
       throw;

@@ -183,7 +183,12 @@ class Optimizer {
   // reductions have finished) the prepared gradients.
   virtual GradientHandover& handover() { return pipeline_.handover(); }
   virtual void open_handover(int micro_batches);
-  virtual PreparedGrads prepare_handed_over() { return pipeline_.prepare_handed_over(); }
+  virtual PreparedGrads prepare_handed_over() {
+    return pipeline_.prepare_handed_over(update_sums());
+  }
+  // Whether update() sums the squares of the gradients it reads when
+  // PreparedGrads::norm_sumsq asks it to (update_moments does, but for LAMB).
+  virtual bool update_sums() const { return false; }
   // Where the bucket reductions run; and stopping it, which a subclass
   // whose buffers reductions use calls first in its destructor.
   CommRunner& runner() { return runner_; }
@@ -331,7 +336,7 @@ class Optimizer {
   // (another collective call would race with the reductions).
   void refuse_while_handing_over(const char* call);
   // The update and what the step reports, once the gradients are prepared.
-  StepResult apply(const PreparedGrads& prepared);
+  StepResult apply(PreparedGrads prepared);
 
   OptimizerConfig cfg_;
   Comm& comm_;

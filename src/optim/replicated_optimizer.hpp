@@ -20,6 +20,7 @@ class ReplicatedOptimizer final : public Optimizer {
   // Adam leaves parameters without a gradient alone; LAMB steps them with
   // a zero gradient, as 1-bit LAMB does.
   bool skips_absent() const override { return rule_ != MomentRule::Lamb; }
+  bool update_sums() const override { return rule_ != MomentRule::Lamb; }
   void describe_state(StateSchema& s) override;
   std::function<void()> reshard(const Blobs& blobs) override;
 

@@ -27,19 +27,29 @@ void StepPipeline::fail_step(const std::string& local_error) {
   agreement_.fail(kStepFailure, LocalOutcome::invalid_if(local_error));
 }
 
+double StepPipeline::norm_of(double sumsq) const { return std::sqrt(sumsq) / scaler_.scale(); }
+
 void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
-  const double scale = scaler_.scale();
   double coef = 1.0;
-  if (wants_norm()) {
-    out.grad_norm = std::sqrt(sumsq) / scale;
+  if (wants_norm() && !out.norm_sumsq) {
+    out.grad_norm = norm_of(sumsq);
     if (cfg_.gradient_clipping > 0.0)
       coef = std::min(1.0, cfg_.gradient_clipping / (out.grad_norm + 1e-6));
   }
-  out.mul2 = float(coef / scale);
+  out.mul2 = float(coef / scaler_.scale());
+}
+
+bool StepPipeline::norm_after_update(bool update_sums, int micro_batches) const {
+  return update_sums && comm_.size() == 1 && micro_batches == 1 && wants_norm() &&
+         !reports_norm() && kernels_.sums_while_updating();
+}
+
+void StepPipeline::take_norm(PreparedGrads& prepared) const {
+  if (prepared.norm_sumsq) prepared.grad_norm = norm_of(*prepared.norm_sumsq);
 }
 
 PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
-                                    const std::vector<uint8_t>& averaged) {
+                                    const std::vector<uint8_t>& averaged, bool update_sums) {
   const int world = comm_.size();
   const std::string local_error = params_.check_grads(grads, count);
   if (world == 1 && !local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
@@ -59,12 +69,17 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     if (!plan.bucketed[i]) local_refs.push_back(out.grads[i]);
   bool nonfinite = false;
   double local_sumsq = 0.0, avg_sumsq = 0.0;
+  if (norm_after_update(update_sums, 1)) {
+    update_sumsq_ = 0.0;
+    out.norm_sumsq = &update_sumsq_;
+  }
+  const bool sums_here = wants_norm() && !out.norm_sumsq;
 
   // Gradients that stay local are checked (and summed) where they lie.
-  if (ok && !local_refs.empty() && (cfg_.skip_nonfinite || wants_norm())) {
+  if (ok && !local_refs.empty() && (cfg_.skip_nonfinite || sums_here)) {
     std::vector<double> sums(local_refs.size(), 0.0);
     nonfinite = kernels_.transform(local_refs.data(), int64_t(local_refs.size()), 1.0f, nullptr,
-                                   wants_norm() ? sums.data() : nullptr).nonfinite;
+                                   sums_here ? sums.data() : nullptr).nonfinite;
     for (double v : sums) local_sumsq += v;
   }
 
@@ -98,11 +113,16 @@ void StepPipeline::open_handover(const std::vector<uint8_t>& averaged, int micro
   packed_.set_status(0.0f);
 }
 
-PreparedGrads StepPipeline::prepare_handed_over() {
+PreparedGrads StepPipeline::prepare_handed_over(bool update_sums) {
   const int world = comm_.size();
   const GradientHandover::Plan& plan = packed_.plan_in_use();
   const int micro_batches = packed_.micro_batches();
   PreparedGrads out;
+  if (norm_after_update(update_sums, micro_batches)) {
+    update_sumsq_ = 0.0;
+    out.norm_sumsq = &update_sumsq_;
+  }
+  const bool sums_here = wants_norm() && !out.norm_sumsq;
   std::vector<size_t> local;
   for (size_t i = 0; i < plan.pos.size(); ++i) {
     out.grads.push_back(TensorRef{packed_.data() + plan.pos[i], plan.numel[i], DType::F32});
@@ -113,13 +133,13 @@ PreparedGrads StepPipeline::prepare_handed_over() {
   // The local part: the mean over micro-batches in place (checked again:
   // a sum of finite values can overflow), and its sums of squares, tensor
   // by tensor as dsopt_step sums them.
-  if (!local.empty() && (micro_batches > 1 || wants_norm())) {
+  if (!local.empty() && (micro_batches > 1 || sums_here)) {
     const float inv_micro = 1.0f / float(micro_batches);
     for (size_t i : local) {
       double sum = 0.0;
       float* g = packed_.data() + plan.pos[i];
       nonfinite |= kernels_.transform(&out.grads[i], 1, inv_micro, micro_batches > 1 ? g : nullptr,
-                                      wants_norm() ? &sum : nullptr).nonfinite;
+                                      sums_here ? &sum : nullptr).nonfinite;
       local_sumsq += sum;
     }
   }

@@ -23,6 +23,10 @@ struct PreparedGrads {
   double grad_norm = -1.0;        // unscaled, before clipping; -1 when not computed (wants_norm)
   bool local_norm = false;        // at P > 1 some gradient stayed local: the norm is
                                   // sqrt(mean over ranks of ||g_r||^2) of that part
+  // Not null when the norm is left to the update (StepPipeline::prepare's
+  // update_sums): the update adds the sum of squares of the gradients it
+  // reads here (Kernels::update with sums), and take_norm() sets grad_norm.
+  double* norm_sumsq = nullptr;
 };
 
 class StepPipeline {
@@ -37,14 +41,18 @@ class StepPipeline {
   // over ranks (Adam; warmup stages) or stays this rank's own (compressed
   // stages). Throws Error(DSOPT_EINVAL) on every rank when any rank's
   // gradients do not fit the parameters; nothing has changed then.
+  // update_sums: the caller's update can sum the squares of the gradients
+  // it reads (see norm_after_update).
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count,
-                        const std::vector<uint8_t>& averaged);
+                        const std::vector<uint8_t>& averaged, bool update_sums);
   // The same for gradients handed over (dsopt_grad_ready): open a window,
   // hand gradients to handover(), complete it and wait for the runner, then
   // prepare_handed_over() (collective).
   void open_handover(const std::vector<uint8_t>& averaged, int micro_batches);
   GradientHandover& handover() { return packed_; }
-  PreparedGrads prepare_handed_over();
+  PreparedGrads prepare_handed_over(bool update_sums);
+  // After the update: grad_norm from what it summed, where it was left to it.
+  void take_norm(PreparedGrads& prepared) const;
   // Updates the loss scale with the step's outcome. Returns true when the
   // step overflowed with the dynamic scale already at its minimum.
   bool finish(const PreparedGrads& prepared) { return scaler_.update(prepared.skip); }
@@ -62,8 +70,9 @@ class StepPipeline {
   bool reports_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
   // "gradient_clipping" from the next step on (0: off).
   void set_gradient_clipping(double max_norm) { cfg_.gradient_clipping = max_norm; }
-  // out.grad_norm and out.mul2 (unscale and clip) from the global sum of
-  // squares of the averaged, still scaled gradients.
+  // out.grad_norm (unless left to the update) and out.mul2 (unscale and
+  // clip) from the global sum of squares of the averaged, still scaled
+  // gradients.
   void set_multipliers(PreparedGrads& out, double sumsq) const;
   // Fails the step on every rank: DSOPT_EINVAL with its own error on a rank
   // whose arguments were bad (local_error not empty), DSOPT_EMISMATCH naming
@@ -82,6 +91,14 @@ class StepPipeline {
   // One small allreduce that agrees on status and the mean over ranks of the
   // local parts' sums of squares.
   bool agree(bool nonfinite, double* local_sumsq, const std::string& local_error);
+  // Whether the norm is left to an update that can sum (update_sums): only
+  // the divergence check wants it (after the update: no clipping, nothing
+  // reports it), the gradients the update reads are the ones summed (one
+  // rank, no mean to take first) and the kernels sum while updating. The
+  // gradients then get no pass for it, only the non-finite check if any.
+  bool norm_after_update(bool update_sums, int micro_batches) const;
+  // The unscaled norm from a sum of squares of scaled gradients.
+  double norm_of(double sumsq) const;
 
   PipelineConfig cfg_;
   Comm& comm_;
@@ -92,6 +109,7 @@ class StepPipeline {
   PackedAllreduce packed_;  // the status flag and the averaged gradients
   CommRunner& runner_;
   RankAgreement& agreement_;
+  double update_sumsq_ = 0.0;  // where an update that sums adds (PreparedGrads::norm_sumsq)
 };
 
 }  // namespace dsopt

@@ -348,6 +348,107 @@ static void the_config_tunes_or_turns_off_the_check(void) {
   model_free(&m);
 }
 
+/* ---- where the norm is taken ------------------------------------------------ */
+
+/* Tensors around the vector widths and the sum block (4096), every 16-bit
+ * kind of parameter and gradient, two groups. */
+static const tensor_spec mixed[] = {
+    {2 * 4096 + 37, DSOPT_FLOAT32, DSOPT_FLOAT32, 0}, {17, DSOPT_FLOAT32, DSOPT_FLOAT32, 1},
+    {4096, DSOPT_BFLOAT16, DSOPT_BFLOAT16, 0},        {1000, DSOPT_FLOAT16, DSOPT_FLOAT16, 1},
+    {12345, DSOPT_FLOAT32, DSOPT_BFLOAT16, 0},        {3 * 4096 + 5, DSOPT_FLOAT32, DSOPT_FLOAT16, 1},
+};
+#define NUM_MIXED (int)(sizeof mixed / sizeof mixed[0])
+#define ABSENT 3 /* this tensor has no gradient on every fifth step */
+
+/* The run of `config` (extra members appended) on the mixed tensors:
+ * EXPLODING's scales on random gradients; rec and, at the end, the
+ * divergence section and the parameters. */
+static int mixed_run(const char *config, int handed_over, run_record *rec, unsigned char **params,
+                     uint64_t *params_size, unsigned char **section, uint64_t *section_size) {
+  dsopt_optimizer *opt = NULL;
+  model m;
+  model_init(&m, mixed, NUM_MIXED, 906);
+  *params = *section = NULL;
+  int ok = all_ranks(CHECK_OK(dsopt_create(&opt, config, the_comm, m.params, NUM_MIXED)));
+  for (int k = 1; ok && k <= STEPS; ++k) {
+    rng r = rng_for(907, (uint64_t)world_rank(), (uint64_t)k);
+    model_random_grads(&m, &r, 1.0, course_scale(EXPLODING, k));
+    const int absent = k % 5 == 0;
+    dsopt_step_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (handed_over) {
+      for (int t = 0; t < NUM_MIXED; ++t)
+        if (!(absent && t == ABSENT)) ok &= CHECK_OK(dsopt_grad_ready(opt, t, &m.grads[t]));
+      ok &= CHECK_OK(dsopt_step(opt, NULL, 0, &info));
+    } else {
+      dsopt_tensor grads[NUM_MIXED];
+      memcpy(grads, m.grads, sizeof grads);
+      if (absent) grads[ABSENT].data = NULL;
+      ok &= CHECK_OK(dsopt_step(opt, grads, NUM_MIXED, &info));
+    }
+    rec->diverging[k] = info.diverging;
+    rec->skipped[k] = info.skipped;
+  }
+  if (ok) {
+    uint64_t blob_size = 0, len = 0;
+    unsigned char *blob = state_blob(opt, &blob_size);
+    const uint8_t *at = blob ? blob_section(blob, "common.divergence", &len) : NULL;
+    if (at) {
+      *section = (unsigned char *)malloc((size_t)len);
+      memcpy(*section, at, (size_t)len);
+      *section_size = len;
+    }
+    free(blob);
+    *params = model_snapshot(&m, params_size);
+  }
+  dsopt_destroy(opt);
+  model_free(&m);
+  return ok && *section && *params;
+}
+
+/* With nothing but the divergence check wanting the norm (no clipping, no
+ * report_grad_norm), the CPU update at one rank sums the gradients as it
+ * reads them instead of in a pass of their own. The same run with
+ * report_grad_norm (the norm from the pass) must report the same on every
+ * step and end with the same parameters and divergence state, bit for bit:
+ * AdamW, Adam and Lion, with and without the non-finite check, through
+ * dsopt_step and dsopt_grad_ready, on 1 and 2 threads. */
+static void the_norm_summed_by_the_update_is_the_pass_norm(void) {
+  if (world_size() > 1) return; /* both runs take the norm in the gradients' reduction */
+  static const char *const types[] = {"AdamW", "Adam", "Lion"};
+  char base[512], plain[640], reported[640], what[700];
+  for (int t = 0; t < 3; ++t)
+    for (int threads = 1; threads <= 2; ++threads)
+      for (int skip = 0; skip < 2; ++skip)
+        for (int handed_over = 0; handed_over < 2; ++handed_over) {
+          snprintf(base, sizeof base,
+                   "{\"optimizer\": {\"type\": \"%s\", \"params\": {\"lr\": 1e-3, \"weight_decay\": 0.01}},"
+                   " \"param_groups\": [{}, {\"lr\": 3e-4}], \"threads\": %d, \"skip_nonfinite\": %s",
+                   types[t], threads, skip ? "true" : "false");
+          snprintf(plain, sizeof plain, "%s}", base);
+          snprintf(reported, sizeof reported, "%s, \"report_grad_norm\": true}", base);
+          snprintf(what, sizeof what, "%s%s", plain, handed_over ? ", handed over" : "");
+          run_record a, b;
+          memset(&a, 0, sizeof a);
+          memset(&b, 0, sizeof b);
+          unsigned char *pa, *pb, *sa, *sb;
+          uint64_t pa_size = 0, pb_size = 0, sa_size = 0, sb_size = 0;
+          const int ok_a = mixed_run(plain, handed_over, &a, &pa, &pa_size, &sa, &sa_size);
+          const int ok_b = mixed_run(reported, handed_over, &b, &pb, &pb_size, &sb, &sb_size);
+          if (ok_a && ok_b) {
+            CHECKF(memcmp(a.diverging, b.diverging, sizeof a.diverging) == 0, "%s: reports differ", what);
+            CHECKF(flagged_steps(&a) > 0, "%s: the blow-up is never reported", what);
+            CHECKF(same_bytes(sa, sa_size, sb, sb_size), "%s: the divergence state differs", what);
+            CHECKF(same_bytes(pa, pa_size, pb, pb_size), "%s: the parameters differ", what);
+          }
+          free(pa);
+          free(pb);
+          free(sa);
+          free(sb);
+        }
+}
+
 /* A caller of the header before the field: struct_size ends before it. */
 static void an_older_struct_never_sees_the_field(void) {
   char config[1024];
@@ -377,6 +478,7 @@ int main(int argc, char **argv) {
   RUN_TEST(the_state_travels_in_the_blob);
   RUN_TEST(the_config_tunes_or_turns_off_the_check);
   RUN_TEST(an_older_struct_never_sees_the_field);
+  RUN_TEST(the_norm_summed_by_the_update_is_the_pass_norm);
   dsopt_comm_destroy(the_comm);
   const int status = check_finish();
   MPI_Finalize();

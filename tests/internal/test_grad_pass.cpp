@@ -7,7 +7,9 @@
 // parallel work, alone and many at once (hundreds of small ones, of mixed
 // dtypes), with Inf and NaN at odd
 // positions, in vector tails and block tails, or nowhere; and in a forked
-// child.
+// child. The same sums taken by the update as it reads the gradients
+// (Kernels::update with sums): the reference's sums, and the update's
+// results those of the update without them.
 //
 //   DSOPT_CPU_ISA=avx2 test_grad_pass    (prints the ISA that ran)
 #include <sys/wait.h>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "math/adam.hpp"
 #include "math/half.hpp"
 #include "math/sum_squares.hpp"
 
@@ -153,6 +156,71 @@ void run_case(const std::vector<Tensor>& tensors, float mul, const std::string& 
   }
 }
 
+// AdamW (two groups) over the tensors as gradients, with fp32 or 16-bit
+// parameters (masters), once plainly and once summing: the sums must be
+// the reference's (the gradients' values, before the multipliers) and
+// every parameter, master and moment the same bits.
+void run_update_case(const std::vector<Tensor>& grads, const std::string& name) {
+  struct State {
+    std::vector<std::vector<float>> p, m, v;
+    std::vector<std::vector<uint16_t>> p16;
+  };
+  std::mt19937_64 rng(grads.size() * 7 + 1);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  State start;
+  for (const Tensor& g : grads) {
+    const size_t n = size_t(g.numel());
+    std::vector<float> p(n), m(n), v(n);
+    for (size_t i = 0; i < n; ++i) {
+      p[i] = u(rng);
+      m[i] = 0.1f * u(rng);
+      v[i] = 0.01f * std::fabs(u(rng));
+    }
+    start.p.push_back(p);
+    start.m.push_back(m);
+    start.v.push_back(v);
+    start.p16.push_back(std::vector<uint16_t>(n));
+  }
+  dsopt::AdamHyper h0, h1;
+  h0.weight_decay = 0.01;
+  h1.lr = 3e-4;
+  h1.beta1 = 0.8;
+  const dsopt::AdamConsts consts[2] = {dsopt::adam_consts(h0, 3), dsopt::adam_consts(h1, 7)};
+  const auto run = [&](dsopt::Kernels& k, bool sixteen, double* sums) {
+    State s = start;
+    std::vector<dsopt::UpdateSlot> slots;
+    for (size_t t = 0; t < grads.size(); ++t) {
+      const DType p16 = t % 2 ? DType::BF16 : DType::F16;
+      slots.push_back(dsopt::moment_slot(s.p[t].data(), sixteen ? s.p16[t].data() : nullptr, p16,
+                                         grads[t].ref().data, grads[t].dtype, s.m[t].data(),
+                                         s.v[t].data(), grads[t].numel(), int32_t(t % 2)));
+    }
+    k.update(dsopt::UpdateRule::Adam, slots.data(), int64_t(slots.size()), consts, 2, 0.5f, 0.25f,
+             sums);
+    return s;
+  };
+  const auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof a[0]) == 0;
+  };
+  for (int threads : {1, 2, 3})
+    for (bool sixteen : {false, true}) {
+      const std::unique_ptr<dsopt::Kernels> k = dsopt::make_cpu_kernels(threads);
+      const std::string at = name + " threads=" + std::to_string(threads) +
+                             (sixteen ? " 16-bit params" : "") + ": update with sums";
+      std::vector<double> sums(grads.size(), -1.0);
+      const State plain = run(*k, sixteen, nullptr);
+      const State summed = run(*k, sixteen, sums.data());
+      for (size_t t = 0; t < grads.size(); ++t) {
+        std::vector<float> g(size_t(grads[t].numel()));
+        for (size_t i = 0; i < g.size(); ++i) g[i] = grads[t].at(int64_t(i));
+        check(same_bits(sums[t], reference_sum(g)), at + ": sum of tensor " + std::to_string(t));
+        check(same(plain.p[t], summed.p[t]) && same(plain.m[t], summed.m[t]) &&
+                  same(plain.v[t], summed.v[t]) && same(plain.p16[t], summed.p16[t]),
+              at + ": results of tensor " + std::to_string(t));
+      }
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -197,6 +265,17 @@ int main() {
       small.push_back(make_tensor(rng, dtype, n, i == bad * 101 + 57 ? std::vector<int64_t>{n - 1} : std::vector<int64_t>{}));
     }
     run_case(small, 0.81f, "300 small tensors bad=" + std::to_string(bad));
+    if (bad < 0) run_update_case(small, "300 small tensors");
+  }
+  // The update's sums on tensors around the block and vector sizes, and on
+  // one of several units of parallel work, one with Inf, -Inf and NaN.
+  {
+    std::vector<Tensor> mixed;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const DType dtype = i % 3 == 0 ? DType::F32 : i % 3 == 1 ? DType::BF16 : DType::F16;
+      mixed.push_back(make_tensor(rng, dtype, sizes[i], i == 9 ? std::vector<int64_t>{B - 1, 3, 100} : std::vector<int64_t>{}));
+    }
+    run_update_case(mixed, "sizes around the blocks");
   }
   // A fork's child runs the pass on threads of its own (the parent's pool
   // threads do not exist there); a hang here ends in the test's timeout.

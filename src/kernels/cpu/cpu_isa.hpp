@@ -23,9 +23,12 @@ struct PassBlock {
 struct CpuIsa {
   const char* name;
   // An update rule over elements [begin, end) of one slot; `consts` is
-  // the slot's record of the rule's constants.
+  // the slot's record of the rule's constants. With block_sums (rules that
+  // read the gradient), [begin, end) are whole sum blocks of the slot and
+  // block_sums[j] receives the j-th's sum of squares of the gradient
+  // values read (before mul1 and mul2), as transform() sums them.
   void (*update_range)(UpdateRule rule, const UpdateSlot& slot, int64_t begin, int64_t end,
-                       const void* consts, float mul1, float mul2);
+                       const void* consts, float mul1, float mul2, double* block_sums);
   // Sum blocks of one dtype (PassBlock; dst and sum each null in every
   // block or in none): y = fl(x * mul) into each block's dst, or with `add`
   // dst = fl(dst + y); each block's sum of the values written (y without

@@ -52,7 +52,7 @@ const CpuIsa& isa() {
 constexpr int64_t kAdamChunk = 1 << 16;
 // Sum blocks per unit of parallel work in the gradient pass (1 MiB of fp32,
 // 8 streams of 8 blocks: cpu_loops.hpp transform_blocks_dt), of one tensor
-// or of many small ones of one dtype.
+// or of many small ones of one dtype; and in an update that sums.
 constexpr int64_t kPassRun = 64;
 // Threads of the non-finite check (more are not used by it).
 constexpr int kMaxThreads = 256;
@@ -160,7 +160,33 @@ class CpuKernels final : public Kernels {
     const size_t bytes = rule_consts_bytes(rule);
     ElementSplit(count, [slots](int64_t i) { return slots[i].numel; })
         .run(threads_, [&](size_t t, int64_t b, int64_t e, int) {
-          k.update_range(rule, slots[t], b, e, records + size_t(slots[t].group) * bytes, mul1, mul2);
+          k.update_range(rule, slots[t], b, e, records + size_t(slots[t].group) * bytes, mul1, mul2,
+                         nullptr);
+        });
+  }
+
+  // The update cut into sum blocks instead of even ranges: runs of blocks
+  // of all slots in parallel, each slot's consecutive blocks of a run in one
+  // call that sums them as it updates.
+  bool sums_while_updating() const override { return true; }
+  void update_records_summed(UpdateRule rule, const UpdateSlot* slots, int64_t count,
+                             const void* consts, int32_t, float mul1, float mul2,
+                             double* sumsq_host) override {
+    const CpuIsa& k = isa();
+    const auto* records = static_cast<const uint8_t*>(consts);
+    const size_t bytes = rule_consts_bytes(rule);
+    std::vector<int64_t> lengths;
+    for (int64_t i = 0; i < count; ++i) lengths.push_back(slots[i].numel);
+    const BlockGrid grid(lengths);
+    const auto any = [](size_t) { return true; };
+    grid.run_groups<kPassRun>(
+        threads_, sumsq_host, any, [&](const GridBlock* blocks, int64_t n, double* block_sums) {
+          for (int64_t i = 0, j = 0; i < n; i = j) {
+            while (j < n && blocks[j].tensor == blocks[i].tensor) ++j;
+            const UpdateSlot& s = slots[blocks[i].tensor];
+            k.update_range(rule, s, blocks[i].begin, blocks[j - 1].end,
+                           records + size_t(s.group) * bytes, mul1, mul2, block_sums + i);
+          }
         });
   }
 
