@@ -31,8 +31,10 @@ constexpr bool kUses = (kRuleStreams<Rule> & kOperandBit<O>) != 0;
 // store. `when` is Rule::when for the tensor; P16 == F32 means "no 16-bit
 // parameter to write back". With Summed, the gradient values as loaded
 // (before mul1 and mul2) are added to `sums` as the elements k.. of its
-// block.
-template <class Rule, class V, DType G, DType P16, bool Summed = false>
+// block. Unit: mul1 and mul2 are 1, and the gradient is used as loaded
+// (x * 1 is x; a signaling NaN, which the product would quiet, comes out
+// of the rule's arithmetic quieted all the same).
+template <class Rule, class V, DType G, DType P16, bool Summed = false, bool Unit = false>
 inline void apply_at(void* const* s, int64_t i, const typename Rule::Consts& c, bool masked,
                      bool when, typename V::F mul1, typename V::F mul2,
                      LaneSums* sums = nullptr, int64_t k = 0) {
@@ -46,7 +48,8 @@ inline void apply_at(void* const* s, int64_t i, const typename Rule::Consts& c, 
       if constexpr (O == Operand::Grad) {
         const typename V::F g = load<V, G>(s[int(O)], i);
         if constexpr (Summed) sums->template add<V>(k, g);
-        e.g = V::mul(V::mul(g, mul1), mul2);
+        if constexpr (Unit) e.g = g;
+        else e.g = V::mul(V::mul(g, mul1), mul2);
       } else if constexpr (O == Operand::Mask) e.mask = masked ? V::load(x + i) : V::set1(1.0f);
       else e.template at<O>() = V::load(x + i);
     } else if constexpr ((Rule::kReadsWhen & kOperandBit<O>) != 0) {
@@ -123,13 +126,22 @@ void apply_tail(void* const* s, int64_t i, int64_t n, const typename Rule::Const
 // Summed, element i is element k of its sum block (k a multiple of V::W),
 // and the gradient values go to `sums`.
 template <class Rule, class V, DType G, DType P16, bool Summed>
-void rule_run(void* const* s, int64_t i, int64_t end, const typename Rule::Consts& c, float mul1,
-              float mul2, LaneSums* sums = nullptr, int64_t k = 0) {
+void rule_run(void* const* streams, int64_t i, int64_t end, const typename Rule::Consts& consts,
+              float mul1, float mul2, LaneSums* sums = nullptr, int64_t k = 0) {
+  // Local copies, which the loop's stores cannot alias: the stream pointers
+  // and constants stay in registers instead of being reloaded every vector.
+  void* s[kOperandCount];
+  for (int o = 0; o < kOperandCount; ++o) s[o] = streams[o];
+  const typename Rule::Consts c = consts;
   const bool masked = kRuleReadsMask<Rule> && s[int(Operand::Mask)] != nullptr;
   const bool when = Rule::when(c, masked);
   const typename V::F vm1 = V::set1(mul1), vm2 = V::set1(mul2);
-  for (; i + V::W <= end; i += V::W, k += V::W)
-    apply_at<Rule, V, G, P16, Summed>(s, i, c, masked, when, vm1, vm2, sums, k);
+  if (mul1 == 1.0f && mul2 == 1.0f)  // no loss scale, clipping or mean: two products fewer
+    for (; i + V::W <= end; i += V::W, k += V::W)
+      apply_at<Rule, V, G, P16, Summed, true>(s, i, c, masked, when, vm1, vm2, sums, k);
+  else
+    for (; i + V::W <= end; i += V::W, k += V::W)
+      apply_at<Rule, V, G, P16, Summed>(s, i, c, masked, when, vm1, vm2, sums, k);
   if constexpr (Summed)  // the tail's gradient values, the last of their lanes
     for (int64_t j = i; j < end; ++j)
       sums->template add<VecScalar>(k + (j - i), load<VecScalar, G>(s[int(Operand::Grad)], j));
