@@ -63,8 +63,9 @@ class StepPipeline {
   // Pieces for optimizers that prepare gradients their own way (ZeRO).
   const PipelineConfig& config() const { return cfg_; }
   // Whether the step computes the global gradient norm: for clipping,
-  // info.grad_norm or the divergence check (fused into the non-finite
-  // check's pass over the gradients).
+  // info.grad_norm or the divergence check (fused into a pass over the
+  // gradients that runs anyway: the non-finite check's, the averaging, or
+  // the update's own reading of them, norm_after_update).
   bool wants_norm() const { return reports_norm() || cfg_.divergence.enabled; }
   // Whether info.grad_norm reports it (else -1).
   bool reports_norm() const { return cfg_.gradient_clipping > 0.0 || cfg_.report_grad_norm; }
