@@ -14,7 +14,6 @@
 #include <memory>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "base/dtype.hpp"
 #include "base/error.hpp"
@@ -205,19 +204,14 @@ class Kernels {
   // num_groups records of rule_consts_bytes(rule) bytes.
   virtual void update_records(UpdateRule rule, const UpdateSlot* slots, int64_t count,
                               const void* consts, int32_t num_groups, float mul1, float mul2) = 0;
-  // The same with sums. Whether they come at no extra pass over the
-  // gradients, taken while updating (else the default below sums in a pass
-  // of its own first).
+  // The same with sums, taken while updating (no extra pass over the
+  // gradients), from kernels that say sums_while_updating(); the step
+  // pipeline asks no others (they sum in a pass over the gradients).
   virtual bool sums_while_updating() const { return false; }
-  virtual void update_records_summed(UpdateRule rule, const UpdateSlot* slots, int64_t count,
-                                     const void* consts, int32_t num_groups, float mul1,
-                                     float mul2, double* sumsq_host) {
-    std::vector<TensorRef> grads;
-    grads.reserve(size_t(count));
-    for (int64_t i = 0; i < count; ++i)
-      grads.push_back(TensorRef{slots[i].data(Operand::Grad), slots[i].numel, slots[i].grad_dtype});
-    transform(grads.data(), count, 1.0f, nullptr, sumsq_host);
-    update_records(rule, slots, count, consts, num_groups, mul1, mul2);
+  virtual void update_records_summed(UpdateRule rule, const UpdateSlot*, int64_t, const void*,
+                                     int32_t, float, float, double*) {
+    fail(DSOPT_EINTERNAL, std::string(name()) + " kernels do not sum while updating (rule " +
+                              std::to_string(int(rule)) + ")");
   }
 
   // max_host[i] = the largest value of fp32 tensor i (numel > 0, no NaN);
