@@ -18,7 +18,8 @@
  *    collective");
  *  - DSOPT_EBUFS: the size output says how many bytes are needed.
  *
- * Versioned structs (dsopt_step_info, dsopt_state_view, dsopt_comm_ops):
+ * Versioned structs (dsopt_step_info, dsopt_state_view, dsopt_comm_ops,
+ * dsopt_algorithm_info):
  * the caller sets struct_size = sizeof(the struct) as its header declares
  * it, and dsopt reads or writes only the first min(struct_size, sizeof)
  * bytes. An input struct's fields past struct_size take their defaults;
@@ -519,6 +520,66 @@ DSOPT_API int dsopt_get_config(const dsopt_optimizer *opt, char *dst, uint64_t c
  * pointers, unknown type). */
 DSOPT_API int dsopt_group_param_names(const char *optimizer_type, const char **out_names,
                                       const char **out_keys);
+
+/* ------------------------------------------------------------------------
+ * What an algorithm is
+ * ---------------------------------------------------------------------- */
+
+/* The algorithms this library has: their "optimizer.type" names,
+ * separated by single spaces ("Lamb Lion Adam AdamW SGD OneBitAdam ...").
+ * The string is static. Returns DSOPT_OK or DSOPT_EINVAL (out_names NULL). */
+DSOPT_API int dsopt_algorithm_names(const char **out_names);
+
+/* dsopt_algorithm_info.flags */
+enum {
+  /* Parameters count their own steps (dsopt_get/set_param_step, as
+   * torch.optim's state["step"]); a gradient absent on every rank leaves
+   * its parameter alone; each parameter's state stands on its own, so an
+   * optimizer rebuilt with more parameters (a parameter group added after
+   * the first step) can take it over. */
+  DSOPT_ALGORITHM_PARAM_STEPS = 1 << 0,
+  /* Runs under ZeRO stage 1/2, compressed ZeRO included. */
+  DSOPT_ALGORITHM_ZERO = 1 << 1,
+  /* Its ZeRO shard can live in host memory on a CUDA optimizer
+   * ("offload_optimizer"). */
+  DSOPT_ALGORITHM_OFFLOAD = 1 << 2,
+  /* 1-bit compressed communication after a warmup (error feedback, stages,
+   * momentum masks: dsopt_set_momentum_mask). */
+  DSOPT_ALGORITHM_COMPRESSED = 1 << 3
+};
+
+/* dsopt_algorithm_info.hyper_ranges */
+enum {
+  DSOPT_HYPER_BETA = 0,         /* in [0, 1), and below 1 in fp32 */
+  DSOPT_HYPER_NONNEGATIVE = 1,  /* finite and >= 0 */
+  DSOPT_HYPER_FLAG = 2          /* 0 or 1; true or false in a config */
+};
+
+/* What an algorithm is (dsopt_algorithm_describe). Every pointer is static
+ * and never NULL; lists are separated by single spaces ("" when empty).
+ * Versioned by struct_size (the header's rule): fields past the caller's
+ * struct_size are not written. */
+typedef struct dsopt_algorithm_info {
+  uint32_t struct_size;     /* caller sets sizeof(dsopt_algorithm_info) */
+  uint32_t flags;           /* DSOPT_ALGORITHM_* */
+  const char *type;         /* its canonical "optimizer.type" */
+  const char *aliases;      /* other accepted spellings (any case, as the type) */
+  int32_t moments;          /* fp32 moments per element its state keeps (m: 1; m and v: 2) */
+  int32_t num_hyper;        /* group hyperparameters, lr first */
+  const char *moment_names; /* their dsopt_get_state_view names ("exp_avg exp_avg_sq") */
+  const char *hyper_names;  /* as dsopt_group_param_names: "lr beta1 beta2 eps weight_decay" */
+  const char *hyper_keys;   /* the config key of each, in the same order ("lr betas betas ...") */
+  const double *hyper_defaults;  /* num_hyper defaults of optimizer.params */
+  const int32_t *hyper_ranges;   /* num_hyper DSOPT_HYPER_* */
+  const char *keys;         /* optimizer.params keys beyond the hyperparameters */
+  const char *group_keys;   /* param_groups[i] keys beyond the hyperparameters */
+} dsopt_algorithm_info;
+
+/* Describes the algorithm `optimizer_type` (any case or alias) into *out,
+ * up to out->struct_size. Not collective. Returns DSOPT_OK or DSOPT_EINVAL
+ * (NULL pointers, a struct_size below the first layout, unknown type; *out
+ * unchanged). */
+DSOPT_API int dsopt_algorithm_describe(const char *optimizer_type, dsopt_algorithm_info *out);
 
 /* The canonical JSON of a config text, without an optimizer (what
  * dsopt_get_config of an optimizer created from it returns before any

@@ -28,8 +28,7 @@ Algorithm adam(const char* type, bool always_decoupled) {
   a.keys = {"bias_correction", "adam_w_mode", "amsgrad"};
   a.rule = MomentRule::Elementwise;
   a.update = UpdateRule::Adam;
-  a.moments = 2;
-  a.moments_prefix = "adam";
+  a.moments = MomentNames("adam");
   // Adam with decoupled weight decay saves as AdamW: the same state.
   a.blob_name = [](const OptimizerConfig& c) { return std::string(c.defaults.decoupled ? "AdamW" : "Adam"); };
   a.sharded = true;

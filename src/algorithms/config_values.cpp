@@ -97,6 +97,10 @@ void read_hyper(const json& obj, const std::string& path, const std::vector<Hype
       if (p.key == key) of_key.push_back(&p);
     if (!obj.contains(key)) continue;
     const json& v = obj.at(key);
+    if (of_key.size() == 1 && of_key[0]->range == HyperRange::Flag) {
+      of_key[0]->set(h, boolean(obj, path, key, false) ? 1.0 : 0.0);
+      continue;
+    }
     if (of_key.size() == 1) {
       const double d = number(obj, path, key, 0.0);
       check_hyper(*of_key[0], d, sub(path, key), std::to_string(d), false);
@@ -116,12 +120,21 @@ void read_hyper(const json& obj, const std::string& path, const std::vector<Hype
   }
 }
 
+void check_group(const Algorithm& a, const AdamHyper& h, const std::string& path) {
+  if (!a.check_group) return;
+  const std::string why = a.check_group(h);
+  if (!why.empty()) bad(path, why);
+}
+
 json write_hyper(const std::vector<HyperParam>& params, const AdamHyper& h) {
   json out = json::object();
   for (const std::string& key : hyper_keys(params)) {
     json values = json::array();
     for (const HyperParam& p : params)
-      if (p.key == key) values.push_back(p.get(h));
+      if (p.key == key) {
+        if (p.range == HyperRange::Flag) values.push_back(p.get(h) != 0.0);
+        else values.push_back(p.get(h));
+      }
     out[key] = values.size() == 1 ? values[0] : values;
   }
   return out;

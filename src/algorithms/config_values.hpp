@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "math/adam.hpp"
+#include "optim/algorithm.hpp"
 #include "optim/hyper_params.hpp"
 
 namespace dsopt::config {
@@ -38,6 +39,9 @@ void require_fp32(double v, const std::string& path, bool nonzero);
 // `h`, each checked as its descriptor says; an absent key leaves its value.
 void read_hyper(const json& obj, const std::string& path, const std::vector<HyperParam>& params,
                 AdamHyper& h);
+// The rule the algorithm's hyperparameters of one group obey together
+// (Algorithm::check_group), checked at `path`.
+void check_group(const Algorithm& a, const AdamHyper& h, const std::string& path);
 // The hyperparameters `params` of `h` by config key: a number, or the list
 // of the values of a key several hyperparameters share.
 json write_hyper(const std::vector<HyperParam>& params, const AdamHyper& h);

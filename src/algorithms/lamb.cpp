@@ -54,8 +54,7 @@ Algorithm lamb() {
   a.type = "Lamb";
   a.keys = {"bias_correction", "max_coeff", "min_coeff", "max_grad_norm", "eps_inside_sqrt", "amsgrad"};
   a.rule = MomentRule::Lamb;
-  a.moments = 2;
-  a.moments_prefix = "lamb";
+  a.moments = MomentNames("lamb");
   a.sharded = true;
   a.read_params = read_lamb;
   a.write_params = write_lamb;

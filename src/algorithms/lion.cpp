@@ -21,8 +21,7 @@ Algorithm lion() {
   a.defaults.decoupled = true;
   a.rule = MomentRule::Elementwise;
   a.update = UpdateRule::Lion;
-  a.moments = 1;
-  a.moments_prefix = "lion";
+  a.moments = MomentNames("lion", {"exp_avg"});
   a.sharded = true;
   a.offload = true;
   a.read_params = [](const config::json&, const std::string&, OptimizerConfig&) {};

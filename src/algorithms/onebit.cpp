@@ -63,16 +63,18 @@ std::unique_ptr<Optimizer> make(const OptimizerConfig& cfg, Comm& comm, std::uni
   return std::make_unique<Impl>(cfg, comm, std::move(kernels), params, count);
 }
 
-Algorithm onebit(const char* type) {
+Algorithm onebit(const char* type, const char* moments) {
   Algorithm a;
   a.type = type;
+  a.moments = MomentNames(moments);
+  a.compresses = true;
   a.keys = {"freeze_step", "bias_correction", "eps_inside_sqrt", "amsgrad", "max_grad_norm",
             "stabilize", "stabilize_limit"};
   return a;
 }
 
 Algorithm onebit_adam() {
-  Algorithm a = onebit("OneBitAdam");
+  Algorithm a = onebit("OneBitAdam", "onebit");
   a.group_keys = {"non_freeze"};
   a.read_params = [](const json& p, const std::string& path, OptimizerConfig& c) { read_onebit(p, path, c, true); };
   a.write_params = [](const OptimizerConfig& c, json& p) {
@@ -85,7 +87,7 @@ Algorithm onebit_adam() {
 }
 
 Algorithm onebit_lamb() {
-  Algorithm a = onebit("OneBitLamb");
+  Algorithm a = onebit("OneBitLamb", "lamb");
   a.keys.insert(a.keys.end(), {"max_coeff", "min_coeff", "coeff_beta", "factor_max", "factor_min",
                                "factor_threshold"});
   a.read_params = [](const json& p, const std::string& path, OptimizerConfig& c) {
@@ -102,7 +104,7 @@ Algorithm onebit_lamb() {
 }
 
 Algorithm zero_one_adam() {
-  Algorithm a = onebit("ZeroOneAdam");
+  Algorithm a = onebit("ZeroOneAdam", "zoadam");
   a.keys.erase(a.keys.begin());  // freeze_step: its schedules replace it
   a.keys.insert(a.keys.end(), {"var_freeze_step", "var_update_scaler", "local_step_scaler",
                                "local_step_clipper", "decoupled_sync_weight_decay"});

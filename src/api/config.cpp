@@ -42,6 +42,7 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   keys.insert(alg->keys.begin(), alg->keys.end());
   check_keys(params, path, keys, {"comm_backend_name", "cuda_aware"});
   read_hyper(params, path, alg->hyper, cfg.defaults);
+  check_group(*alg, cfg.defaults, path);
   alg->read_params(params, path, cfg);
   if (boolean(params, path, "amsgrad", false)) bad(sub(path, "amsgrad"), "AMSGrad is not supported");
   if (boolean(params, path, "cuda_aware", false)) cfg.cuda_aware = true;
@@ -63,6 +64,7 @@ void read_groups(const json& root, OptimizerConfig& cfg) {
     check_keys(groups[i], path, keys);
     AdamHyper h = cfg.defaults;
     read_hyper(groups[i], path, cfg.algorithm->hyper, h);
+    check_group(*cfg.algorithm, h, path);
     cfg.groups.push_back(h);
     cfg.non_freeze.push_back(boolean(groups[i], path, "non_freeze", false));
   }

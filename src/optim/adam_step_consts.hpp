@@ -36,13 +36,19 @@ struct AdamStepConsts {
   }
 };
 
+// The constants of a group at step t (adam_consts, or an elementwise
+// rule's own: Algorithm::step_consts).
+using StepConstsFn = AdamConsts (*)(const AdamHyper& h, long long t);
+
 // One AdamConsts per group when every parameter's step equals its group's
 // step and none is left out; else one per distinct (group, step).
-// `inactive` is empty or has 1 for each parameter not updated.
+// `inactive` is empty or has 1 for each parameter not updated; `consts`
+// forms them (nullptr: adam_consts).
 AdamStepConsts adam_step_consts(const std::vector<AdamHyper>& groups,
                                 const std::vector<int64_t>& group_steps,
                                 const std::vector<int32_t>& param_groups,
                                 const std::vector<int64_t>& param_steps,
-                                const std::vector<uint8_t>& inactive);
+                                const std::vector<uint8_t>& inactive,
+                                StepConstsFn consts = nullptr);
 
 }  // namespace dsopt

@@ -14,6 +14,7 @@
 #include "kernels/kernels.hpp"
 #include "math/adam.hpp"
 #include "optim/hyper_params.hpp"
+#include "state/section_names.hpp"
 
 namespace dsopt {
 
@@ -42,12 +43,27 @@ struct Algorithm {
   std::vector<std::string> group_keys;
   MomentRule rule = MomentRule::None;
   UpdateRule update = UpdateRule::Adam;  // an elementwise rule's update (math/update_rules.hpp)
-  int moments = 0;              // fp32 moments per element kept by a moment rule (m; m and v)
-  std::string moments_prefix;   // a moment rule's blob sections: <prefix>.exp_avg, <prefix>.exp_avg_sq
+  // An elementwise rule's constants of one group at its step t >= 1 (the
+  // rule reads them as AdamConsts); nullptr: Adam's, adam_consts.
+  AdamConsts (*step_consts)(const AdamHyper& h, long long t) = nullptr;
+  // What the values of one group's hyperparameters must satisfy together
+  // beyond each one's range ("" when they do; else why not, e.g. SGD's
+  // "nesterov needs momentum > 0 and dampening 0"); nullptr: nothing.
+  std::string (*check_group)(const AdamHyper& h) = nullptr;
+  // The fp32 moments per element it keeps: their state view names and
+  // blob sections (none: a moment rule must name them).
+  MomentNames moments{"", {}};
   // The algorithm's name in blobs (nullptr: its type).
   std::string (*blob_name)(const OptimizerConfig& cfg) = nullptr;
   bool sharded = false;         // runs under ZeRO stage 1/2 (and compressed ZeRO)
   bool offload = false;         // its ZeRO shard can live in host memory (CUDA)
+  bool compresses = false;      // 1-bit compressed communication after a warmup (momentum masks)
+
+  // Parameters count their own steps (torch.optim's state["step"]): a
+  // gradient absent on every rank leaves its parameter alone, and the
+  // state of each parameter stands on its own, so it can be carried over
+  // into an optimizer with more parameter groups.
+  bool param_steps() const { return rule == MomentRule::Elementwise; }
   // Reads optimizer.params (keys already checked) into cfg.defaults and the
   // algorithm's own fields; throws Error(DSOPT_EINVAL) naming the key.
   void (*read_params)(const nlohmann::json& params, const std::string& path,

@@ -38,7 +38,13 @@ void HyperGroups::set_group_param(int32_t group, const std::string& name, double
   const std::string why = hyper_value_error(p, value);
   if (!why.empty())
     fail(DSOPT_EINVAL, name + " of group " + std::to_string(group) + " " + why + " (nothing was changed)");
-  p.set(groups_[size_t(group)], value);
+  AdamHyper changed = groups_[size_t(group)];
+  p.set(changed, value);
+  const std::string conflict = config_.algorithm->check_group ? config_.algorithm->check_group(changed) : "";
+  if (!conflict.empty())
+    fail(DSOPT_EINVAL, name + " of group " + std::to_string(group) + " cannot be " + show_number(value) +
+                           ": " + conflict + " (nothing was changed)");
+  groups_[size_t(group)] = changed;
 }
 
 uint64_t HyperGroups::hyper_bytes(const BlobReader* r) const {

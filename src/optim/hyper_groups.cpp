@@ -37,7 +37,8 @@ void HyperGroups::advance(const std::vector<uint8_t>& inactive) {
 }
 
 AdamStepConsts HyperGroups::adam_step_consts(const std::vector<uint8_t>& inactive) const {
-  return dsopt::adam_step_consts(groups_, steps_, param_groups_, param_steps_, inactive);
+  return dsopt::adam_step_consts(groups_, steps_, param_groups_, param_steps_, inactive,
+                                 config_.algorithm->step_consts);
 }
 
 LambStepConsts HyperGroups::lamb_step_consts() const {

@@ -98,6 +98,8 @@ std::string hyper_value_error(const HyperParam& p, double v) {
              "0.99999994";
     return "";
   }
+  if (p.range == HyperRange::Flag)
+    return v == 0.0 || v == 1.0 ? "" : "must be 0 or 1 (false or true), got " + show_number(v);
   if (!(std::isfinite(v) && v >= 0.0)) return "must be a finite number >= 0, got " + show_number(v);
   return "";
 }

@@ -17,6 +17,7 @@ namespace dsopt {
 enum class HyperRange {
   Beta,         // in [0, 1), and below 1 in fp32 (the update's precision)
   NonNegative,  // finite and >= 0
+  Flag,         // 0 or 1: true or false in a config (SGD's nesterov)
 };
 
 struct HyperParam {

@@ -1,25 +1,21 @@
 #include "optim/moments.hpp"
 
-#include "state/section_names.hpp"
+#include <string>
+
+#include "base/error.hpp"
 
 namespace dsopt {
 
-Moments::Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail,
-                 int count)
-    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(params.total_numel()) * 4),
-      count_(count) {
+Moments::Moments(const ParamSet& params, Kernels& kernels, MomentNames names, int64_t momentum_tail)
+    : Moments(params.total_numel(), kernels, std::move(names), momentum_tail) {}
+
+Moments::Moments(int64_t numel, Kernels& kernels, MomentNames names, int64_t momentum_tail)
+    : kernels_(kernels), names_(std::move(names)), bytes_(size_t(numel) * 4) {
+  if (names_.count() < 1 || names_.count() > 2)
+    fail(DSOPT_EINTERNAL, "Moments: one or two moments, got " + std::to_string(names_.count()));
   m_ = DeviceBuffer(kernels_, bytes_ + size_t(momentum_tail) * 4);
   kernels_.fill_zero(m_.get(), m_.bytes());
-  if (count_ < 2) return;
-  v_ = DeviceBuffer(kernels_, bytes_);
-  kernels_.fill_zero(v_.get(), bytes_);
-}
-
-Moments::Moments(int64_t numel, Kernels& kernels, std::string prefix, int count)
-    : kernels_(kernels), prefix_(std::move(prefix)), bytes_(size_t(numel) * 4), count_(count) {
-  m_ = DeviceBuffer(kernels_, bytes_);
-  kernels_.fill_zero(m_.get(), bytes_);
-  if (count_ < 2) return;
+  if (names_.count() < 2) return;
   v_ = DeviceBuffer(kernels_, bytes_);
   kernels_.fill_zero(v_.get(), bytes_);
 }
@@ -35,7 +31,7 @@ std::vector<UpdateSlot> Moments::slots(const ParamSet& params, const PreparedGra
     const size_t i = all ? k : size_t(indices[k]);
     const Param& p = params.params()[i];
     const TensorRef g = grads ? grads->grads[i] : TensorRef{nullptr, 0, DType::F32};
-    float* v = count_ > 1 ? v_.floats() + p.offset : nullptr;
+    float* v = names_.count() > 1 ? v_.floats() + p.offset : nullptr;
     UpdateSlot s = moment_slot(p.master, p.dtype == DType::F32 ? nullptr : p.data, p.dtype, g.data,
                                g.dtype, m_.floats() + p.offset, v, p.numel, p.group);
     if (i < masks.size()) s.set(Operand::Mask, masks[i]);
@@ -58,10 +54,10 @@ const std::vector<UpdateSlot>& Moments::all_slots(const ParamSet& params,
 }
 
 void Moments::describe(StateSchema& s, const StateSchema::Slicer& slice) {
-  s.array(exp_avg_section(prefix_), kernels_, [this] { return m_.get(); }, bytes_).view("exp_avg", slice);
-  if (count_ > 1)
-    s.array(exp_avg_sq_section(prefix_), kernels_, [this] { return v_.get(); }, bytes_)
-        .view("exp_avg_sq", slice);
+  s.array(names_.section(0), kernels_, [this] { return m_.get(); }, bytes_).view(names_.views[0], slice);
+  if (names_.count() > 1)
+    s.array(names_.section(1), kernels_, [this] { return v_.get(); }, bytes_)
+        .view(names_.views[1], slice);
 }
 
 }  // namespace dsopt

@@ -8,21 +8,21 @@
 #include "kernels/device_buffer.hpp"
 #include "params/param_set.hpp"
 #include "optim/step_pipeline.hpp"
+#include "state/section_names.hpp"
 #include "state/state_schema.hpp"
 
 namespace dsopt {
 
 class Moments {
  public:
-  // Zero moments for every parameter (`count`: 2, m and v; 1, m alone);
-  // blob sections named <prefix>.exp_avg and <prefix>.exp_avg_sq.
+  // Zero moments for every parameter, as `names` lists them (2: m and v;
+  // 1: m alone), each saved as the blob section names.section(k).
   // `momentum_tail` extra zero floats follow the momenta in the same buffer
   // (1-bit LAMB's padding, docs/design/decisions.md L4); they are not part
   // of these sections.
-  Moments(const ParamSet& params, Kernels& kernels, std::string prefix, int64_t momentum_tail = 0,
-          int count = 2);
+  Moments(const ParamSet& params, Kernels& kernels, MomentNames names, int64_t momentum_tail = 0);
   // Zero moments of `numel` elements (a ZeRO shard).
-  Moments(int64_t numel, Kernels& kernels, std::string prefix, int count = 2);
+  Moments(int64_t numel, Kernels& kernels, MomentNames names, int64_t momentum_tail = 0);
   int64_t numel() const { return int64_t(bytes_ / 4); }
 
   float* exp_avg() const { return m_.floats(); }
@@ -40,16 +40,13 @@ class Moments {
   // does no per-tensor allocation.
   const std::vector<UpdateSlot>& all_slots(const ParamSet& params, const PreparedGrads& grads);
 
-  // The sections <prefix>.exp_avg and (with two moments)
-  // <prefix>.exp_avg_sq, shown as the views "exp_avg" and "exp_avg_sq"
-  // through `slice`.
+  // Their sections, shown as the views the names give through `slice`.
   void describe(StateSchema& s, const StateSchema::Slicer& slice);
 
  private:
   Kernels& kernels_;
-  std::string prefix_;
+  MomentNames names_;
   size_t bytes_;  // of each moment over the parameters
-  int count_;     // 2: m and v; 1: m alone
   DeviceBuffer m_, v_;
   std::vector<UpdateSlot> all_slots_;
   uint64_t all_slots_generation_ = 0;  // params.generation() they were built at

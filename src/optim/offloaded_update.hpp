@@ -13,7 +13,7 @@
 #include "kernels/device_buffer.hpp"
 #include "optim/adam_step_consts.hpp"
 #include "params/param_set.hpp"
-#include "zero/adam_shards.hpp"
+#include "zero/moment_shards.hpp"
 
 namespace dsopt {
 

@@ -228,7 +228,8 @@ void Optimizer::set_param_step(int64_t param_index, int64_t step) {
   if (!skips_absent())
     fail(DSOPT_EUNSUPPORTED, "dsopt_set_param_step: " + algorithm() +
                                  "'s parameters all follow its steps applied (only the elementwise "
-                                 "rules, Adam, AdamW and Lion, count steps per parameter); nothing was changed");
+                                 "rules count steps per parameter: DSOPT_ALGORITHM_PARAM_STEPS of "
+                                 "dsopt_algorithm_describe); nothing was changed");
   param_numel(param_index, nullptr);
   if (step < 0)
     fail(DSOPT_EINVAL, "dsopt_set_param_step: step must be >= 0, got " + std::to_string(step));

@@ -1,7 +1,7 @@
 #include "optim/replicated_optimizer.hpp"
 
 #include "base/error.hpp"
-#include "zero/adam_shards.hpp"
+#include "zero/moment_shards.hpp"
 
 namespace dsopt {
 
@@ -10,8 +10,7 @@ ReplicatedOptimizer::ReplicatedOptimizer(const OptimizerConfig& cfg, Comm& comm,
                                          const dsopt_tensor* params, int64_t count)
     : Optimizer(cfg, comm, std::move(kernels), params, count),
       rule_(moment_rule(cfg)),
-      moments_(this->params(), this->kernels(), cfg.algorithm->moments_prefix, 0,
-               cfg.algorithm->moments) {
+      moments_(this->params(), this->kernels(), cfg.algorithm->moments) {
   if (rule_ == MomentRule::Lamb) u_ = DeviceBuffer(this->kernels(), size_t(this->params().total_numel()) * 4);
 }
 
@@ -39,9 +38,8 @@ void ReplicatedOptimizer::describe_state(StateSchema& s) {
 }
 
 std::function<void()> ReplicatedOptimizer::reshard(const Blobs& blobs) {
-  auto state = std::make_shared<HostAdamState>(assemble_adam_state(
+  auto state = std::make_shared<HostMomentState>(assemble_moment_state(
       blobs, params().shapes(), replicated_state_layout(params().shapes()),
-      config().algorithm->moments_prefix, nullptr,
       config().algorithm->moments));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {

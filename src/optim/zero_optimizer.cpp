@@ -63,8 +63,7 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
       compressed_params_(comm.size() > 1 && cfg.zero.compression.parameters != ParamCodec::None),
       state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes(), compressed_params_)),
       masters_(state_kernels(), size_t(state_.master_numel) * 4),
-      moments_(layout_.shard_numel(), state_kernels(), cfg.algorithm->moments_prefix,
-               cfg.algorithm->moments),
+      moments_(layout_.shard_numel(), state_kernels(), cfg.algorithm->moments),
       scratch_(this->kernels(),
                std::max(GradientReducer::scratch_bytes(layout_, cfg.zero.compression),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
@@ -263,9 +262,9 @@ std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
     const auto* data = static_cast<const float*>(params().params()[size_t(param)].data);
     kernels().copy_to_host(out, data + offset, size_t(n) * 4);
   };
-  auto state = std::make_shared<HostAdamState>(
-      assemble_adam_state(blobs, params().shapes(), state_, config().algorithm->moments_prefix,
-                          read_param, config().algorithm->moments));
+  auto state = std::make_shared<HostMomentState>(
+      assemble_moment_state(blobs, params().shapes(), state_, config().algorithm->moments,
+                          read_param));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {
     restore_common(*first);

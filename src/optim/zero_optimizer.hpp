@@ -13,7 +13,7 @@
 #include "optim/moment_rule.hpp"
 #include "optim/moments.hpp"
 #include "optim/optimizer.hpp"
-#include "zero/adam_shards.hpp"
+#include "zero/moment_shards.hpp"
 #include "optim/offloaded_update.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/param_gatherer.hpp"

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dsopt {
 
@@ -31,5 +33,20 @@ constexpr uint32_t kCommonSectionCount = uint32_t(sizeof kCommonSections / sizeo
 // <prefix>.exp_avg_sq.
 inline std::string exp_avg_section(const std::string& prefix) { return prefix + ".exp_avg"; }
 inline std::string exp_avg_sq_section(const std::string& prefix) { return prefix + ".exp_avg_sq"; }
+
+// The fp32 moments an algorithm keeps per element: their state view
+// names, in order (Adam's "exp_avg" and "exp_avg_sq"; SGD's
+// "momentum_buffer"), each saved as the section <prefix>.<view>.
+struct MomentNames {
+  std::string prefix;
+  std::vector<std::string> views;
+
+  MomentNames(std::string prefix_ = "", std::vector<std::string> views_ = {"exp_avg", "exp_avg_sq"})
+      : prefix(std::move(prefix_)), views(std::move(views_)) {}
+  MomentNames(const char* prefix_) : MomentNames(std::string(prefix_)) {}
+
+  int count() const { return int(views.size()); }
+  std::string section(int k) const { return prefix + "." + views[size_t(k)]; }
+};
 
 }  // namespace dsopt

@@ -44,7 +44,7 @@
 #include "fuzz_seeds.hpp"
 #include "math/half.hpp"
 #include "state/blob.hpp"
-#include "zero/adam_shards.hpp"
+#include "zero/moment_shards.hpp"
 #include "zero/shard_layout.hpp"
 
 namespace {
@@ -433,7 +433,7 @@ std::vector<Bytes> zero_shards(const Bytes& blob, const std::vector<BlobParam>& 
   std::vector<Bytes> out;
   for (int rank = 0; rank < 2; ++rank) {
     const dsopt::StateLayout target = dsopt::sharded_state_layout(layout, rank, shapes);
-    const dsopt::HostAdamState s = dsopt::assemble_adam_state({reader}, shapes, target, prefix);
+    const dsopt::HostMomentState s = dsopt::assemble_moment_state({reader}, shapes, target, prefix);
     RawBlob r = parse(blob);
     r.world = 2;
     r.rank = uint32_t(rank);

@@ -1,4 +1,4 @@
-#include "zero/adam_shards.hpp"
+#include "zero/moment_shards.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -22,7 +22,7 @@ struct SourceBlob {
 };
 
 SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_t index,
-                const std::string& prefix, bool second) {
+                const MomentNames& moments) {
   const std::string who = "blobs[" + std::to_string(index) + "]";
   SourceBlob s;
   const char* masters_section;
@@ -48,12 +48,13 @@ SourceBlob view(const BlobReader& r, const std::vector<BlobParam>& params, size_
     s.layout = replicated_state_layout(params);
     masters_section = kMastersSection;
   }
-  if (!r.has(exp_avg_section(prefix)))
-    fail(DSOPT_EMISMATCH, who + " holds no moments named " + exp_avg_section(prefix));
+  if (!r.has(moments.section(0)))
+    fail(DSOPT_EMISMATCH, who + " holds no moments named " + moments.section(0));
   const uint64_t state_bytes = uint64_t(s.layout.state_numel) * 4;
-  s.m = reinterpret_cast<const float*>(r.section(exp_avg_section(prefix), state_bytes));
-  s.v = second ? reinterpret_cast<const float*>(r.section(exp_avg_sq_section(prefix), state_bytes))
-             : nullptr;
+  s.m = reinterpret_cast<const float*>(r.section(moments.section(0), state_bytes));
+  s.v = moments.count() > 1
+            ? reinterpret_cast<const float*>(r.section(moments.section(1), state_bytes))
+            : nullptr;
   s.masters = reinterpret_cast<const float*>(
       r.section(masters_section, uint64_t(s.layout.master_numel) * 4));
   return s;
@@ -123,10 +124,9 @@ StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
   return s;
 }
 
-HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
+HostMomentState assemble_moment_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
                                   const std::vector<BlobParam>& params, const StateLayout& target,
-                                  const std::string& prefix, const ReadParam& read_param,
-                                  int moments) {
+                                  const MomentNames& moments, const ReadParam& read_param) {
   const bool sharded = blobs[0]->has(kZeroLayoutSection);
   for (size_t i = 1; i < blobs.size(); ++i)
     if (blobs[i]->has(kZeroLayoutSection) != sharded)
@@ -135,8 +135,8 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
   // Replicated state: every blob holds all of it; the first one suffices.
   const size_t used = sharded ? blobs.size() : 1;
   std::vector<SourceBlob> sources;
-  const bool second = moments > 1;
-  for (size_t i = 0; i < used; ++i) sources.push_back(view(*blobs[i], params, i, prefix, second));
+  const bool second = moments.count() > 1;
+  for (size_t i = 0; i < used; ++i) sources.push_back(view(*blobs[i], params, i, moments));
 
   // Every parameter's pieces, sorted; they must tile it exactly.
   std::vector<std::vector<Located>> by_param(params.size());
@@ -159,7 +159,7 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
       fail(DSOPT_EMISMATCH, "the blobs do not hold all of parameter " + std::to_string(i));
   }
 
-  HostAdamState out;
+  HostMomentState out;
   out.m.assign(size_t(target.state_numel), 0.0f);
   if (second) out.v.assign(size_t(target.state_numel), 0.0f);
   out.masters.assign(size_t(target.master_numel), 0.0f);
@@ -190,7 +190,7 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
         else
           fail(DSOPT_EINTERNAL, "a master of an fp32 parameter is needed but none is readable");
       } else if (source_master) {
-        out.fp32_params.push_back(HostAdamState::ParamValues{
+        out.fp32_params.push_back(HostMomentState::ParamValues{
             t.param, lo, std::vector<float>(source_master, source_master + n)});
       }
     }
@@ -198,8 +198,8 @@ HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobRe
   return out;
 }
 
-void write_param_values(const HostAdamState& state, const ParamSet& params, Kernels& kernels) {
-  for (const HostAdamState::ParamValues& p : state.fp32_params) {
+void write_param_values(const HostMomentState& state, const ParamSet& params, Kernels& kernels) {
+  for (const HostMomentState::ParamValues& p : state.fp32_params) {
     auto* data = static_cast<float*>(params.params()[size_t(p.param)].data);
     kernels.copy_from_host(data + p.param_offset, p.values.data(), p.values.size() * 4);
   }

@@ -1,4 +1,4 @@
-// Moment state (Adam/AdamW, LAMB) as pieces of parameters, whatever layout saved it
+// Moment state (the moment rules: Adam/AdamW, LAMB, Lion, SGD) as pieces of parameters, whatever layout saved it
 // (docs/design/zero.md section 11.6): a stage-0 blob holds every parameter's
 // moments (and the fp32 masters of 16-bit parameters); a ZeRO blob holds
 // its shard of them, described by its zero.layout section. Resharding
@@ -13,13 +13,13 @@
 
 #include "params/param_set.hpp"
 #include "state/blob.hpp"
+#include "state/section_names.hpp"
 #include "zero/shard_layout.hpp"
 
 namespace dsopt {
 
-// Blob section names of ZeRO (the moments' are <prefix>.exp_avg and
-// <prefix>.exp_avg_sq, state/section_names.hpp, with the prefix of the
-// algorithm's descriptor).
+// Blob section names of ZeRO (the moments' are the algorithm's
+// MomentNames, state/section_names.hpp).
 constexpr const char* kZeroLayoutSection = "zero.layout";
 constexpr const char* kZeroMastersSection = "zero.masters";
 constexpr const char* kZeroFeedbackSection = "zero.feedback";  // a rank's gradient residual
@@ -65,7 +65,7 @@ StateLayout sharded_state_layout(const ShardLayout& layout, int rank,
 
 // Host copies of resharded state, laid out as a StateLayout says (v empty
 // for a rule with one moment).
-struct HostAdamState {
+struct HostMomentState {
   std::vector<float> m, v, masters;
   // fp32 values of the target's fp32 pieces without a master that a
   // source kept a master of (a run with a compressed parameter allgather):
@@ -81,16 +81,14 @@ struct HostAdamState {
 using ReadParam = std::function<void(int64_t param, int64_t offset, int64_t n, float* out)>;
 
 // Validates that `blobs` (already checked to be one save of one run, in
-// rank order) hold moments named <prefix>.* of one kind (exp_avg, and
-// with `moments` 2 exp_avg_sq), all stage 0 or one
+// rank order) hold the moments `moments` names, all stage 0 or one
 // complete set of ZeRO shards, and assembles `target` from them. Throws,
 // changing nothing, otherwise.
-HostAdamState assemble_adam_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
+HostMomentState assemble_moment_state(const std::vector<std::shared_ptr<const BlobReader>>& blobs,
                                   const std::vector<BlobParam>& params, const StateLayout& target,
-                                  const std::string& prefix, const ReadParam& read_param = nullptr,
-                                  int moments = 2);
+                                  const MomentNames& moments, const ReadParam& read_param = nullptr);
 
 // Writes state.fp32_params into the caller's fp32 parameters.
-void write_param_values(const HostAdamState& state, const ParamSet& params, Kernels& kernels);
+void write_param_values(const HostMomentState& state, const ParamSet& params, Kernels& kernels);
 
 }  // namespace dsopt
