@@ -1,12 +1,10 @@
 #include "optim/zero_one_adam.hpp"
 
-#include <algorithm>
 #include <cstring>
 
 #include "base/error.hpp"
-#include "onebit/divergence_hint.hpp"
 #include "math/onebit_adam.hpp"
-#include "onebit/rule_flag.hpp"
+#include "onebit/divergence_hint.hpp"
 
 namespace dsopt {
 namespace {
@@ -14,8 +12,6 @@ const char* kSchedule = "zoadam.schedule";
 const char* kInterval = "zoadam.interval";  // per group: lrs and decay since the last sync
 const char* kAccumulator = "zoadam.accumulator";
 const char* kAnchor = "zoadam.anchor";
-const char* kRule = "zoadam.rule";    // bias_correction (onebit/rule_flag.hpp)
-const char* kUnits = "zoadam.units";  // compression in the update's units
 constexpr uint64_t kScheduleBytes = 4 + 5 * 8 + 4;  // Schedule, world of the errors
 // No schedule value exceeds the largest step count (configs cap
 // var_freeze_step and local_step_clipper at 2^62); blobs beyond it are corrupt.
@@ -55,31 +51,27 @@ void check_schedule(FieldReader& f) {
     fail(DSOPT_ECORRUPT, "state blob: invalid 0/1 Adam schedule");
   CarErrors::check_world(world);
 }
-
-std::vector<int64_t> all_sizes(const dsopt_tensor* params, int64_t count) {
-  std::vector<int64_t> sizes;
-  for (int64_t i = 0; i < count; ++i) sizes.push_back(params[i].numel);
-  return sizes;
-}
 }  // namespace
 
 ZeroOneAdam::ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
                          const dsopt_tensor* params, int64_t count)
-    : Optimizer(cfg, comm, std::move(kernels), params, count),
-      moments_(this->params(), this->kernels(), "zoadam"),
-      masks_(count),
-      errors_("zoadam", all_sizes(params, count), error_world,
-              "its compression errors and accumulator (0/1 Adam's rank-local state)"),
-      bias_correction_(cfg.defaults.bias_correction),
-      update_units_(cfg.stabilize) {
+    : OneBitOptimizer(cfg, comm, std::move(kernels), params, count,
+                      Sections{"zoadam", nullptr, false, "zoadam.rule", "zoadam.units",
+                               "its compression errors and accumulator (0/1 Adam's rank-local state)",
+                               error_world}),
+      moments_(this->params(), this->kernels(), "zoadam") {
   const size_t bytes = size_t(this->params().total_numel()) * 4;
   acc_ = DeviceBuffer(this->kernels(), bytes);
   anchor_ = DeviceBuffer(this->kernels(), bytes);
   this->kernels().fill_zero(acc_.get(), bytes);
   this->kernels().fill_zero(anchor_.get(), bytes);
   reset_interval();
-  if (comm.size() > 1)
-    car_ = std::make_unique<CompressedAllreduce>(comm, this->kernels(), mem(), all_sizes(params, count));
+  // The compressed allreduce runs over every parameter, in order, for the
+  // whole run.
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < count; ++i) all.push_back(i);
+  compress_params(all);
+  start_compressed_allreduce();
 }
 
 void ZeroOneAdam::reset_interval() {
@@ -99,16 +91,16 @@ std::vector<ZeroOneConsts> ZeroOneAdam::consts(bool clamp) const {
   for (int32_t g = 0; g < num_groups(); ++g) {
     c.emplace_back();
     static_cast<OneBitConsts&>(c.back()) =
-        onebit_consts(group(g), bias_correction_, group_step(g), sched_.variance_updates);
+        onebit_consts(group(g), bias_correction(), group_step(g), sched_.variance_updates);
     c.back().decoupled_sync = config().decoupled_sync_weight_decay;
     if (clamp) c.back().momentum_limit = config().momentum_limit(group(g).beta2, sched_.variance_updates);
-    c.back().update_units = update_units_ && car_ != nullptr;
+    c.back().update_units = compresses_update_units();
   }
   return c;
 }
 
 std::vector<UpdateSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
-  std::vector<UpdateSlot> s = moments_.slots(params(), grads, {}, masks_.pointers());
+  std::vector<UpdateSlot> s = moments_.slots(params(), grads, {}, mask_pointers());
   for (size_t i = 0; i < s.size(); ++i) {
     const int64_t offset = params().params()[i].offset;
     s[i].set(Operand::Acc, acc_.floats() + offset);
@@ -154,22 +146,20 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     const std::vector<ZeroOneConsts> c = consts(true);
     std::vector<UpdateSlot> s = slots(&grads);
     float mul1 = grads.mul1, mul2 = grads.mul2;
-    if (car_) {
+    if (car()) {
       kernels().transform(grads.grads.data(), int64_t(grads.grads.size()), mul1, acc_.floats(), nullptr);
       if (mul2 != 1.0f) {
         const TensorRef whole{acc_.floats(), params().total_numel(), DType::F32};
         kernels().transform(&whole, 1, mul2, acc_.floats(), nullptr);
       }
-      if (update_units_)
+      if (update_units())
         kernels().update(UpdateRule::ZeroOneGradientPrepare, s.data(), int64_t(s.size()), c.data(),
                          num_groups(), 1.0f, 1.0f);
-      std::vector<float*> x;
+      run_compressed(s, Operand::Acc);
       for (UpdateSlot& slot : s) {
-        x.push_back(slot.floats(Operand::Acc));
         slot.set(Operand::Grad, slot.data(Operand::Acc));
         slot.grad_dtype = DType::F32;
       }
-      car_->run(x.data());
       mul1 = mul2 = 1.0f;
     }
     kernels().update(UpdateRule::ZeroOneGradient, s.data(), int64_t(s.size()), c.data(), num_groups(),
@@ -183,7 +173,7 @@ void ZeroOneAdam::freeze() {
   // The errors carried gradient errors; from now on they carry accumulator
   // errors (docs/design/zero-one-adam.md section 3). Phase 2 starts from the current parameters.
   sched_.frozen = 1;
-  if (car_) car_->reset_errors();
+  reset_compression_errors();
   restart_interval();
 }
 
@@ -199,7 +189,7 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
     // The sync turns the accumulator back into a momentum by dividing by
     // the interval's lr, each weighted by the bias correction its step
     // applied to the momentum.
-    lrs_[size_t(g)] += group(g).lr * onebit_momentum_scale(group(g), bias_correction_, group_step(g));
+    lrs_[size_t(g)] += group(g).lr * onebit_momentum_scale(group(g), bias_correction(), group_step(g));
     decay_[size_t(g)] *= 1.0 - group(g).lr * group(g).weight_decay;
   }
   const std::vector<ZeroOneConsts> c = consts(true);
@@ -222,11 +212,7 @@ void ZeroOneAdam::sync(const std::vector<UpdateSlot>& s) {
   if (!c.front().update_units)
     kernels().update(UpdateRule::ZeroOneSyncPrepare, s.data(), int64_t(s.size()), c.data(),
                      num_groups(), 1.0f, 1.0f);
-  if (car_) {
-    std::vector<float*> x;
-    for (const UpdateSlot& slot : s) x.push_back(slot.floats(Operand::Acc));
-    car_->run(x.data());
-  }
+  run_compressed(s, Operand::Acc);
   for (int32_t g = 0; g < num_groups(); ++g) {
     ZeroOneConsts& cg = c[size_t(g)];
     cg.lrs = float(lrs_[size_t(g)]);
@@ -240,24 +226,18 @@ void ZeroOneAdam::sync(const std::vector<UpdateSlot>& s) {
   reset_interval();
 }
 
-void ZeroOneAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
-  masks_.set(kernels(), params(), i, mask);
-}
-
 void ZeroOneAdam::describe_state(StateSchema& s) {
   const uint64_t interval_bytes = uint64_t(num_groups()) * 16;
   // The rank-local state (K1/K2) is restored at the world size that saved
   // it; elsewhere it starts over (the list's last step, below).
-  const auto same_world = [this](const BlobReader& r) {
-    return rank_local_world(errors_.saved_world(r)) == CarErrors::world_of(car_.get());
-  };
+  const auto at_same_world = [this](const BlobReader& r) { return same_world(r); };
   moments_.describe(s, flat_slices());
   s.record(
        kSchedule, kScheduleBytes,
        [this](FieldWriter& f) {
          f.add(sched_.frozen).add(sched_.var_interval).add(sched_.var_counter)
              .add(sched_.local_interval).add(sched_.local_counter).add(sched_.variance_updates)
-             .add(CarErrors::world_of(car_.get()));
+             .add(CarErrors::world_of(car()));
        },
        check_schedule,
        [this](FieldReader& f) {
@@ -272,40 +252,24 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
           },
           nullptr, nullptr)
       .array(kAccumulator, kernels(), [this] { return acc_.get(); },
-             [this](const BlobReader*) { return uint64_t(acc_.bytes()); }, same_world)
+             [this](const BlobReader*) { return uint64_t(acc_.bytes()); }, at_same_world)
       .array(kAnchor, kernels(), [this] { return anchor_.get(); },
-             [this](const BlobReader*) { return uint64_t(anchor_.bytes()); }, same_world)
-      .then([this](const BlobReader&) {
-        if (car_) car_->reset_errors();
-      });
+             [this](const BlobReader*) { return uint64_t(anchor_.bytes()); }, at_same_world)
+      .then([this](const BlobReader&) { reset_compression_errors(); });
   // The compressed allreduce runs over every parameter, in order.
-  errors_.describe(
-      s, kernels(), [this] { return car_.get(); },
-      [this](const BlobReader& r) {
-        return car_ && rank_local_world(errors_.saved_world(r)) == car_->world();
-      },
-      [this](int64_t i, float* errors) { return errors_.tensor_slice(errors, size_t(i), comm().size()); },
-      [this] { return car_ != nullptr; });
-  s.flag(kRule, kBiasCorrectionRule, [this] { return bias_correction_; },
-         [this](bool on) { bias_correction_ = on; })
-      .flag(kUnits, kUnitsRule, [this] { return update_units_; },
-            [this](bool on) { update_units_ = on; })
-      .then([this, same_world, interval_bytes](const BlobReader& r) {
-        if (same_world(r)) {
-          const uint8_t* interval = r.section(kInterval, interval_bytes);
-          std::memcpy(lrs_.data(), interval, lrs_.size() * 8);
-          std::memcpy(decay_.data(), interval + lrs_.size() * 8, decay_.size() * 8);
-          return;
-        }
-        // Another world size (K2): the rank-local accumulator starts over from
-        // the saved parameters, as if a sync had just happened there; m, v and
-        // the schedules stay.
-        restart_interval();
-      });
-}
-
-std::string ZeroOneAdam::rank_local_state(const BlobReader& r) const {
-  return errors_.rank_local_state(r);
+  describe_errors(s);
+  describe_rules(s).then([this, interval_bytes](const BlobReader& r) {
+    if (same_world(r)) {
+      const uint8_t* interval = r.section(kInterval, interval_bytes);
+      std::memcpy(lrs_.data(), interval, lrs_.size() * 8);
+      std::memcpy(decay_.data(), interval + lrs_.size() * 8, decay_.size() * 8);
+      return;
+    }
+    // Another world size (K2): the rank-local accumulator starts over from
+    // the saved parameters, as if a sync had just happened there; m, v and
+    // the schedules stay.
+    restart_interval();
+  });
 }
 
 }  // namespace dsopt

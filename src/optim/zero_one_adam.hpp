@@ -6,19 +6,15 @@
 #include <memory>
 #include <vector>
 
-#include "comm/compressed_allreduce.hpp"
-#include "onebit/car_errors.hpp"
 #include "optim/moments.hpp"
-#include "onebit/momentum_masks.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/onebit_base.hpp"
 
 namespace dsopt {
 
-class ZeroOneAdam final : public Optimizer {
+class ZeroOneAdam final : public OneBitOptimizer {
  public:
   ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
               const dsopt_tensor* params, int64_t count);
-  void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask) override;
 
   // The schedules of docs/design/zero-one-adam.md section 3, on DeepSpeed's counter k (G2).
   struct Schedule {
@@ -37,7 +33,6 @@ class ZeroOneAdam final : public Optimizer {
   int32_t step_phase(bool compressed) const override { (void)compressed; return phase_; }
   std::string divergence_hint() const override;
   void describe_state(StateSchema& s) override;
-  std::string rank_local_state(const BlobReader& r) const override;
 
  private:
   std::vector<ZeroOneConsts> consts(bool clamp) const;
@@ -58,14 +53,8 @@ class ZeroOneAdam final : public Optimizer {
   DeviceBuffer anchor_;  // parameters at the last sync (phase 2)
   std::vector<double> lrs_;    // per group: sum of lr since the last sync
   std::vector<double> decay_;  // per group: prod (1 - lr wd) since it (decoupled_sync_weight_decay)
-  MomentumMasks masks_;
-  CarErrors errors_;
-  std::unique_ptr<CompressedAllreduce> car_;  // P > 1: gradients (phase 1), accumulators (phase 2)
-  // Both moments bias-corrected, and gradients and accumulators compressed
-  // in the update's units (the stabilized rule): the config's choice, or a
-  // loaded blob's.
-  bool bias_correction_;
-  bool update_units_;
+  // The compressed allreduce (P > 1) averages gradients (phase 1) and
+  // accumulators (phase 2), in the update's units with update_units().
 };
 
 }  // namespace dsopt

@@ -1,0 +1,120 @@
+#include "optim/onebit_base.hpp"
+
+#include "onebit/divergence_hint.hpp"
+#include "onebit/rule_flag.hpp"
+
+namespace dsopt {
+
+OneBitOptimizer::OneBitOptimizer(const OptimizerConfig& cfg, Comm& comm,
+                                 std::unique_ptr<Kernels> kernels, const dsopt_tensor* params,
+                                 int64_t count, Sections sections)
+    : Optimizer(cfg, comm, std::move(kernels), params, count),
+      sections_(std::move(sections)),
+      masks_(count),
+      errors_(sections_.errors, {}, nullptr, ""),
+      bias_correction_(cfg.defaults.bias_correction),
+      update_units_(cfg.stabilize) {
+  if (!sections_.saved_world)
+    sections_.saved_world = StageRecord::world_in(sections_.stage, sections_.stage_holds_frozen_after);
+}
+
+void OneBitOptimizer::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
+  masks_.set(kernels(), params(), i, mask);
+}
+
+void OneBitOptimizer::compress_params(const std::vector<int64_t>& indices) {
+  tensor_of_.assign(size_t(params().count()), -1);
+  car_sizes_.clear();
+  for (int64_t i : indices) {
+    tensor_of_[size_t(i)] = int64_t(car_sizes_.size());
+    car_sizes_.push_back(params().params()[size_t(i)].numel);
+  }
+  errors_ = CarErrors(sections_.errors, car_sizes_, sections_.saved_world, sections_.rank_local);
+}
+
+void OneBitOptimizer::compress_fused(int64_t padded) {
+  tensor_of_.clear();
+  car_sizes_ = {padded};
+  errors_ = CarErrors(sections_.errors, {params().total_numel()}, sections_.saved_world,
+                      sections_.rank_local);
+}
+
+void OneBitOptimizer::start_compressed_allreduce() {
+  if (comm().size() > 1 && !car_sizes_.empty())
+    car_ = std::make_unique<CompressedAllreduce>(comm(), kernels(), mem(), car_sizes_);
+}
+
+void OneBitOptimizer::run_compressed(std::vector<float*> tensors) {
+  if (car_) car_->run(tensors.data());
+}
+
+void OneBitOptimizer::run_compressed(const std::vector<UpdateSlot>& slots, Operand operand) {
+  std::vector<float*> tensors;
+  for (const UpdateSlot& s : slots) tensors.push_back(s.floats(operand));
+  run_compressed(std::move(tensors));
+}
+
+void OneBitOptimizer::freeze_if_due() {
+  // DeepSpeed's counter k = updates + 1 (docs/design/decisions.md G2).
+  if (FreezeStage::due(group_step(0), config().freeze_step)) enter_compression(group_step(0));
+}
+
+void OneBitOptimizer::enter_compression(int64_t warmup_updates) {
+  stage_ = FreezeStage{true, warmup_updates};
+  freeze_state();
+  start_compressed_allreduce();
+}
+
+std::string OneBitOptimizer::stage_divergence_hint(const std::string& lr) const {
+  return onebit_divergence_hint(config().stabilize,
+                                "compression stage diverges where the frozen variance", lr,
+                                "freeze_step");
+}
+
+StateSchema& OneBitOptimizer::describe_stage(StateSchema& s) {
+  return StageRecord::describe(s, sections_.stage, sections_.stage_holds_frozen_after, [this] {
+    return StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())};
+  });
+}
+
+void OneBitOptimizer::resume_stage(const StageRecord& record) {
+  car_.reset();
+  stage_ = FreezeStage{};
+  const FreezeStage resumed = record.resumed(config().freeze_step, group_step(0));
+  if (!resumed.compressing) return;
+  if (!record.stage.compressing) {
+    enter_compression(resumed.frozen_after);  // frozen now by a changed freeze_step
+    return;
+  }
+  stage_ = resumed;  // what froze with v was restored from the blob
+  start_compressed_allreduce();
+}
+
+StateSchema& OneBitOptimizer::describe_rules(StateSchema& s) {
+  if (sections_.rule)
+    s.flag(sections_.rule, kBiasCorrectionRule, [this] { return bias_correction_; },
+           [this](bool on) { bias_correction_ = on; });
+  return s.flag(sections_.units, kUnitsRule, [this] { return update_units_; },
+                [this](bool on) { update_units_ = on; });
+}
+
+void OneBitOptimizer::describe_errors(StateSchema& s,
+                                      std::function<bool(const BlobReader&)> restore_if) {
+  if (!restore_if) restore_if = [this](const BlobReader& r) { return car_ && same_world(r); };
+  StateSchema::Slicer slice;
+  if (tensor_of_.empty()) {
+    const StateSchema::Slicer flat = flat_slices();
+    slice = [flat](int64_t i, float* errors) { return errors ? flat(i, errors) : StateSchema::Slice{}; };
+  } else {
+    slice = [this](int64_t i, float* errors) {
+      const int64_t t = i >= 0 && size_t(i) < tensor_of_.size() ? tensor_of_[size_t(i)] : -1;
+      if (t < 0) return StateSchema::Slice{};  // a parameter the allreduce does not compress
+      return errors_.tensor_slice(errors, size_t(t), comm().size());
+    };
+  }
+  errors_.describe(
+      s, kernels(), [this] { return car_.get(); }, std::move(restore_if), std::move(slice),
+      [this] { return comm().size() > 1 && !car_sizes_.empty(); });
+}
+
+}  // namespace dsopt
