@@ -1,5 +1,6 @@
 """Worker of test_plan.py, under ``mpirun -np P`` (P = 1..4): runs every
-configuration the planner knows for a few steps on small models of odd
+configuration of the planner's default table (every registered algorithm)
+and a few more of other algorithms for a few steps on small models of odd
 tensor sizes and compares, on every rank, ``info.bytes_sent`` of every step
 and ``memory_usage()`` / ``state_memory_usage()`` to dsopt.plan's
 prediction, exactly. Writes ``rank<r>.json`` into $DSOPT_TEST_RESULTS:
@@ -16,14 +17,19 @@ from mpi4py import MPI
 import dsopt
 from halfprec import to_bf16_bits
 from dsopt.plan import bytes as pbytes
-from dsopt.plan.configs import Settings, all_configs
+from dsopt.plan.configs import Config, Settings, all_configs
 from dsopt.plan.memory import memory
 from dsopt.plan.model import Model
 
 W = MPI.COMM_WORLD
 P, RANK = W.size, W.rank
 
-# (model, settings, steps, which configurations)
+# Beyond the default table: other algorithms on compressed ZeRO and with
+# gradients handed over.
+EXTRA = [Config("Lion", "int4", "int8", path="czero"), Config("Lamb", "sign", "bf16", path="czero"),
+         Config("Lamb", overlap=True, path="zero2"), Config("Lion", overlap=True)]
+
+# (model, settings, steps, which configurations: None for all)
 SETTINGS = Settings(reduce_bucket_size=400, allgather_bucket_size=300, freeze_step=3, var_freeze_step=4,
                     var_update_scaler=2, local_step_scaler=2, local_step_clipper=4,
                     gradient_block_size=32, parameter_block_size=16)
@@ -34,7 +40,7 @@ CASES = [
     (Model((1001, 437, 2, 77), "fp16"), dataclasses.replace(SETTINGS, reduce_bucket_size=96,
                                                            gradient_block_size=64), 5, None),
     # Large enough that MPI's compressed allreduce runs in several pieces.
-    (Model((1_100_003, 70_001), "fp32"), SETTINGS, 5, ("onebit_adam", "onebit_lamb", "zoadam")),
+    (Model((1_100_003, 70_001), "fp32"), SETTINGS, 5, lambda cfg: cfg.onebit),
 ]
 
 
@@ -74,8 +80,8 @@ def sequential_comm():
 
 def run_case(comms, model, settings, steps, kinds, mismatches):
     checks = 0
-    for cfg, (comm, concurrent) in [(c, x) for c in all_configs() for x in comms]:
-        if kinds and cfg.kind not in kinds:
+    for cfg, (comm, concurrent) in [(c, x) for c in all_configs() + EXTRA for x in comms]:
+        if kinds and not kinds(cfg):
             continue
         params = as_params(model, np.random.default_rng(7))
         name = f"{cfg.name} {model.dtype} {model.sizes} P={P} rank {RANK} {'mpi' if concurrent else 'callbacks'}"
@@ -102,7 +108,7 @@ def run_case(comms, model, settings, steps, kinds, mismatches):
                     mismatches.append(f"{name}: step {k} (phase {info.phase}) bytes_sent {info.bytes_sent}, "
                                       f"planner {want}")
                 got = opt.memory_usage()["host"], opt.state_memory_usage()["host"]
-                warm = cfg.kind in ("onebit_adam", "onebit_lamb") and k < settings.freeze_step - 1
+                warm = cfg.info.schedule == "freeze" and k < settings.freeze_step - 1
                 exp = (want_mem.warmup if warm else want_mem.total), want_mem.state if not warm else None
                 checks += 1
                 if concurrent and cfg.overlap and cfg.zero and least.total <= got[0] <= exp[0]:

@@ -366,3 +366,110 @@ def test_benchmark_log_is_read_beside_the_predictions():
     assert len(plain) >= 18
     bad = [f"{r.bench} {r.setup}: {r.error:+.1%}" for r in plain if abs(r.error) > 0.25]
     assert not bad, bad
+
+
+# ---- the algorithms come from the library ------------------------------------
+
+def test_every_registered_algorithm_is_plannable():
+    """Every type dsopt_algorithm_names lists gives rows on every path its
+    description allows, at one rank and at several."""
+    from dsopt.plan import Cluster, plan
+    from dsopt.plan.algorithms import names
+    from dsopt.plan.configs import all_configs, configs_of
+    from dsopt.plan.profile import Profile
+
+    model = Model((1001, 437, 2, 77), "bf16")
+    for t in names():
+        configs = configs_of(t)
+        assert configs and all(c.algorithm == t for c in configs)
+        for ranks in (1, 8):
+            records = plan(model, Cluster.parse(ranks, min(ranks, 4)), 0.01, Profile(), Settings(steps=200),
+                           configs)
+            assert len(records) == len(configs)
+            assert all(r.memory.total > 0 and r.average_time > 0 for r in records)
+        assert {c.algorithm for c in all_configs(algorithms=[t.lower()])} == {t}
+    assert {"Lion", "Lamb", "AdamW", "OneBitAdam"} <= set(names())
+
+
+def test_default_table_has_each_algorithm_once():
+    from dsopt.plan.algorithms import describe, names, same_but_name
+    from dsopt.plan.configs import all_configs
+
+    shown = {c.algorithm for c in all_configs()}
+    # A type alike to an earlier one but for its name (Adam: AdamW) is left out.
+    assert "Adam" not in shown and "AdamW" in shown and {"Lion", "Lamb"} <= shown
+    assert len({same_but_name(describe(t)) for t in names()}) == len(shown)
+    assert [c.name for c in all_configs() if c.algorithm == "Lion"] == ["Lion", "Lion ZeRO-1", "Lion ZeRO-2"]
+
+
+def test_one_moment_keeps_half_of_adamws_moments():
+    """A moment rule keeps `moments` fp32 arrays per element (sharded under
+    ZeRO): one moment (Lion, SGD) 4 bytes per element less than AdamW's two."""
+    from dsopt.plan.algorithms import describe, names
+    from dsopt.plan.layout import zero_layout
+
+    one = [t for t in names() if describe(t).moments == 1]
+    assert "Lion" in one
+    model = Model((1001, 437, 2, 77), "bf16")
+    n, s = model.numel, Settings(reduce_bucket_size=400, allgather_bucket_size=300)
+    for world in (1, 3, 4):
+        shard = zero_layout(n, world, 400, 300).shard
+        for t in one:
+            for path, per in (("replicated", n), ("zero1", shard), ("zero2", shard)):
+                adamw, mine = (memory(Config(a, path=path), model, world, s) for a in ("AdamW", t))
+                assert adamw.state - mine.state == 4 * per
+                assert adamw.total - mine.total == 4 * per
+                assert mine.state == (4 * n if path == "replicated" else adamw.state - 8 * shard) + 4 * per
+            adamw, mine = (memory(Config(a, "int8", "int8", path="czero"), model, world, s) for a in ("AdamW", t))
+            assert adamw.total - mine.total == 4 * shard
+
+
+def test_a_moment_rule_sends_adamws_bytes():
+    """The gradient path, not the update rule, sets the bytes: every moment
+    rule sends AdamW's bytes on each path; LAMB under ZeRO adds its
+    whole-tensor norms' allreduces."""
+    from dsopt.plan.algorithms import describe, names
+    from dsopt.plan.configs import configs_of
+
+    model = Model((1001, 437, 2, 77), "fp16")
+    s = Settings(reduce_bucket_size=400, allgather_bucket_size=300)
+    adamw = {(c.path, c.gradients, c.parameters, c.overlap): c for c in configs_of("AdamW")}
+    for t in names():
+        if describe(t).compressed:
+            continue
+        for cfg in configs_of(t):
+            ref = adamw[(cfg.path, cfg.gradients, cfg.parameters, cfg.overlap)]
+            for world in (2, 4):
+                got, want = (pbytes.step_bytes(c, model, world, s).steady for c in (cfg, ref))
+                if describe(t).trust_ratio and cfg.zero:
+                    assert got == want + pbytes.sums_exchange(cfg, model, world, s) and got > want
+                else:
+                    assert got == want, (cfg.name, world)
+
+
+def test_configurations_read_the_description():
+    from dsopt.plan.configs import by_name
+
+    assert Config("zoadam") == Config("ZeroOneAdam") and Config("zero2").algorithm == "AdamW"
+    assert Config("lion", path="zero2").name == "Lion ZeRO-2"
+    assert Config("Lamb", "int4", "int8", True, "czero").name == "LAMB ZeRO-2 int4/int8 +overlap"
+    assert by_name("lion zero-2 sign/bf16") == Config("Lion", "sign", "bf16", path="czero")
+    with pytest.raises(ValueError, match="ZeRO"):
+        Config("OneBitAdam", path="zero2")
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        Config("Adagrad")
+    cfg = Config("OneBitLamb").dsopt_config(Model((10,)), Settings(freeze_step=7))
+    assert cfg["optimizer"] == {"type": "OneBitLamb", "params": {"lr": 1e-3, "freeze_step": 7}}
+
+
+def test_command_shows_the_algorithms_asked_for(tmp_path):
+    out = run_cli("--params", "1e8", "--ranks", "16", "--ranks-per-node", "8", "--compute", "100ms",
+                  "--algorithms", "lion,onebitadam", "--profile", str(tmp_path / "none.json"))
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("  ")[0] for line in out.stdout.split("-\n", 1)[1].split("\n\n")[0].splitlines()]
+    assert "Lion ZeRO-2 int4/int8 +overlap" in rows and "1-bit Adam" in rows
+    assert not any(r.startswith(("AdamW", "ZeRO-", "LAMB")) for r in rows)
+    choice = out.stdout.split("\nchoice: ")[1]
+    assert choice.startswith(("Lion", "1-bit Adam"))
+    out = run_cli("--params", "1e8", "--algorithms", "Adagrad", "--profile", str(tmp_path / "none.json"))
+    assert out.returncode == 2 and "unknown algorithm" in out.stderr

@@ -1,5 +1,6 @@
 """dsopt.plan: will it help on my cluster? Predicts, for every dsopt
-configuration, the bytes each rank sends per step and the memory it holds
+configuration (every algorithm the library registers, on each gradient
+path its description allows), the bytes each rank sends per step and the memory it holds
 (exactly as the library counts them), and the step time split into
 compute, update, compression and exposed communication, from a profile
 calibrated on this machine and an alpha-beta model of the network.
@@ -12,11 +13,12 @@ calibrated on this machine and an alpha-beta model of the network.
 ``python -m dsopt.plan --help`` is the command; docs/guides/planner.md the guide."""
 
 from .calibrate import measure_compute, measure_network
-from .configs import Config, Settings, all_configs, by_name
+from .algorithms import describe as describe_algorithm, names as algorithm_names
+from .configs import Config, Settings, all_configs, by_name, configs_of
 from .model import Model
 from .network import Cluster
 from .planner import Record, choose, plan
 from .profile import Profile, load as load_profile, save as save_profile
 
-__all__ = ["Config", "Settings", "all_configs", "by_name", "Model", "Cluster", "Record", "choose", "plan",
-           "Profile", "load_profile", "save_profile", "measure_compute", "measure_network"]
+__all__ = ["Config", "Settings", "all_configs", "by_name", "configs_of", "algorithm_names", "describe_algorithm",
+           "Model", "Cluster", "Record", "choose", "plan", "Profile", "load_profile", "save_profile", "measure_compute", "measure_network"]

@@ -4,6 +4,7 @@ import argparse
 import re
 import sys
 
+from .algorithms import names as algorithm_names
 from .configs import Settings, all_configs, by_name
 from .model import Model
 from .network import Cluster
@@ -47,7 +48,12 @@ def parser():
     s.add_argument("--local-step-clipper", default="16")
     s.add_argument("--reduce-bucket-size", default="5e8")
     s.add_argument("--allgather-bucket-size", default="5e8")
-    s.add_argument("--configs", help="comma-separated configuration names (default: all)")
+    s.add_argument("--algorithms", help="comma-separated optimizer types the library registers (AdamW, Lion, Lamb, "
+                   "SGD, OneBitAdam, ...; any case) or 'all': every configuration of each (every gradient path "
+                   "it runs on, each codec pair, +overlap), and the choice among them (default: AdamW's, the "
+                   "other algorithms on the replicated path and ZeRO-1/2, the 1-bit family; the choice among "
+                   "AdamW's and the 1-bit family's)")
+    s.add_argument("--configs", help="comma-separated configuration names (default: all of --algorithms)")
     s.add_argument("--memory-limit", help="bytes of dsopt memory per rank the choice must fit (e.g. 8GiB)")
     o = p.add_argument_group("profile and output")
     o.add_argument("--profile", help="profile JSON (default ~/.cache/dsopt/plan-profile.json)")
@@ -119,7 +125,13 @@ def run(args):
                         local_step_scaler=parse_count(args.local_step_scaler, "local step scaler"),
                         local_step_clipper=parse_count(args.local_step_clipper, "local step clipper"))
     compute = parse_time(args.compute, "compute time")
-    configs = [by_name(n.strip()) for n in args.configs.split(",")] if args.configs else all_configs()
+    algorithms = None
+    if args.algorithms:
+        algorithms = (list(algorithm_names()) if args.algorithms.strip().lower() == "all"
+                      else [a.strip() for a in args.algorithms.split(",") if a.strip()])
+    shown = all_configs(algorithms=algorithms)
+    configs = ([by_name(n.strip(), shown if algorithms else None) for n in args.configs.split(",")]
+               if args.configs else shown)
     records = plan(model, cluster, compute, prof, settings, configs, args.backward_fraction)
     print(f"model: {model.numel:,} parameters ({model.dtype}) in {model.tensors} tensor(s)")
     print(f"cluster: {cluster.describe()}")
@@ -132,7 +144,9 @@ def run(args):
     print(table(records))
     print()
     print(NOTES)
-    best, why = choose(records, _memory_limit(args.memory_limit))
+    # The choice: among the rows --configs names, else those of --algorithms.
+    among = [c.algorithm for c in configs] if args.configs else algorithms
+    best, why = choose(records, _memory_limit(args.memory_limit), algorithms=among)
     print()
     print(f"choice: {best.name}: {why}")
     if args.plot:

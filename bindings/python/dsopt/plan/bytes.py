@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from . import codecs
-from .layout import car_padded, int8_block, zero_layout
+from .layout import car_padded, int8_block, shard_sums, zero_layout
 
 
 def allreduce(world: int, nbytes: int) -> int:
@@ -58,6 +58,26 @@ class StepBytes:
     local: int = None         # 0/1 Adam: a local step
 
 
+def car_sizes(config, model, world: int):
+    """The tensors the 1-bit compressed allreduce runs over: the model's
+    tensors, or for a trust-ratio rule (1-bit LAMB) one fused tensor of
+    every element, padded as the allreduce pads."""
+    if config.info.trust_ratio:
+        return [car_padded(model.numel, world)]
+    return list(model.sizes)
+
+
+def sums_exchange(config, model, world: int, settings) -> int:
+    """A trust-ratio rule under ZeRO (LAMB): the allreduces of its
+    whole-tensor norms over ||p|| and ||u|| (`layout.shard_sums`)."""
+    if not (config.zero and config.info.trust_ratio) or world == 1:
+        return 0
+    s = shard_sums(model.sizes, zero_layout(model.numel, world, settings.reduce_bucket_size,
+                                            settings.allgather_bucket_size,
+                                            int8_block(config.parameters, settings)))
+    return (allreduce(world, 2 * 4 * s.cut) if s.cut else 0) + allreduce(world, 2 * 8 * s.blocks)
+
+
 def step_bytes(config, model, world: int, settings) -> StepBytes:
     """Bytes per rank of the steps after the third (the first three add a
     16-byte check of the gradients' hashes, `check_bytes`)."""
@@ -65,23 +85,16 @@ def step_bytes(config, model, world: int, settings) -> StepBytes:
         return StepBytes(0, *((0, 0, 0) if config.onebit else ()))
     h = handshake(world)
     overlap = h if config.overlap else 0
-    if config.kind == "adamw":
-        return StepBytes(h + full_allreduce(model.numel, world) + overlap)
     if config.zero:
         return StepBytes(2 * h + zero_exchange(model, world, settings, config.gradients, config.parameters)
-                         + overlap)
+                         + sums_exchange(config, model, world, settings) + overlap)
+    if not config.onebit:
+        return StepBytes(h + full_allreduce(model.numel, world) + overlap)
     warm = h + full_allreduce(model.numel, world)
-    if config.kind == "onebit_adam":
-        comp = 2 * h + compressed_allreduce(model.sizes, world)
-        return StepBytes(comp, warm, comp)
-    if config.kind == "onebit_lamb":
-        # One fused tensor of every element, padded as the allreduce pads.
-        comp = 2 * h + compressed_allreduce([car_padded(model.numel, world)], world)
-        return StepBytes(comp, warm, comp)
-    if config.kind == "zoadam":
-        comp = 2 * h + compressed_allreduce(model.sizes, world)
+    comp = 2 * h + compressed_allreduce(car_sizes(config, model, world), world)
+    if config.info.schedule == "zero_one":
         return StepBytes(2 * h, warm, comp, 2 * h)
-    raise ValueError(f"unknown configuration kind {config.kind!r}")
+    return StepBytes(comp, warm, comp)
 
 
 def check_bytes(world: int) -> int:
@@ -139,20 +152,35 @@ def zoadam_counts(settings, steps=None) -> dict:
     return counts
 
 
+def phase_kinds(config) -> tuple:
+    """The kinds of step of a configuration's schedule, as `phases` names them."""
+    return {"freeze": ("warmup", "compressed"), "zero_one": ("warmup", "compressed", "local")}.get(
+        config.info.schedule, ("steady",))
+
+
+def phases(config, settings, steps=None) -> list:
+    """(step kind, updates of that kind) over a run of `steps` updates
+    (default settings.steps): "steady" for every uncompressed
+    configuration; the 1-bit family's "warmup" and "compressed" steps, and
+    0/1 Adam's "local" ones, by its schedule."""
+    steps = settings.steps if steps is None else steps
+    schedule = config.info.schedule
+    if schedule == "freeze":
+        warm, comp = onebit_phases(settings, steps)
+        return [("warmup", warm), ("compressed", comp)]
+    if schedule == "zero_one":
+        c = zoadam_counts(settings, steps)
+        return [("warmup", c["full"]), ("compressed", c["1bit"] + c["sync"]), ("local", c["local"])]
+    return [("steady", steps)]
+
+
 def run_bytes(config, model, world: int, settings, steps=None) -> int:
     """Bytes one rank sends over `steps` updates (default settings.steps),
     the first three updates' checks included."""
     steps = settings.steps if steps is None else steps
     sb = step_bytes(config, model, world, settings)
     checks = min(3, steps) * check_bytes(world) if world > 1 else 0
-    if config.kind in ("onebit_adam", "onebit_lamb"):
-        warm, comp = onebit_phases(settings, steps)
-        return warm * sb.warmup + comp * sb.compressed + checks
-    if config.kind == "zoadam":
-        c = zoadam_counts(settings, steps)
-        return (c["full"] * sb.warmup + (c["1bit"] + c["sync"]) * sb.compressed
-                + c["local"] * sb.local + checks)
-    return steps * sb.steady + checks
+    return sum(count * getattr(sb, kind) for kind, count in phases(config, settings, steps)) + checks
 
 
 def per_step_bytes(config, model, world: int, settings, update: int, kind=None) -> int:
@@ -160,10 +188,11 @@ def per_step_bytes(config, model, world: int, settings, update: int, kind=None) 
     steps; `kind` is 0/1 Adam's step kind when known (else simulated)."""
     sb = step_bytes(config, model, world, settings)
     extra = check_bytes(world) if world > 1 and update <= 3 else 0
-    if config.kind in ("onebit_adam", "onebit_lamb"):
+    schedule = config.info.schedule
+    if schedule == "freeze":
         warm, _ = onebit_phases(settings, update)
         return (sb.warmup if update <= warm else sb.compressed) + extra
-    if config.kind == "zoadam":
+    if schedule == "zero_one":
         kind = kind or zoadam_phases(settings, update)[-1]
         return {"full": sb.warmup, "1bit": sb.compressed, "sync": sb.compressed,
                 "local": sb.local}[kind] + extra

@@ -194,6 +194,21 @@ def time_interleaved(runs, sizes, steps=5, warmup=2, device="cpu"):
     return [min(t) for t in times], threads
 
 
+def other_update_rules() -> list:
+    """The registered algorithms without compressed communication, each
+    description once, but the baseline (AdamW, whose costs are "adamw" and
+    "zero_update")."""
+    from .algorithms import BASELINE, describe, names, same_but_name
+
+    seen, out = {same_but_name(describe(BASELINE))}, []
+    for t in names():
+        a = describe(t)
+        if not a.compressed and same_but_name(a) not in seen:
+            seen.add(same_but_name(a))
+            out.append(a)
+    return out
+
+
 def _cfg(kind, zero=None, threads=0, **params):
     cfg = {"optimizer": {"type": kind, "params": {"lr": 1e-4, **params}}, "threads": threads}
     if zero:
@@ -241,6 +256,21 @@ def calibrate(numel=2 ** 21, steps=7, threads=0, log=None, device="cpu") -> Prof
     say(f"calibrating on {n:,} fp32 elements ({len(sizes)} tensors), {threads} thread(s), "
         f"{steps} timed steps each, related ones interleaved")
     cost("adamw", group(("adamw", _cfg("AdamW"), local))["adamw"], n)
+    # The other update rules the library registers (one of each description
+    # alike but for its name), at stage 0 and under ZeRO-2 where they run
+    # there; the planner scales AdamW's costs for any the profile lacks.
+    for a in other_update_rules():
+        runs = [(f"update:{a.type}", _cfg(a.type), local)]
+        if a.zero:
+            runs.append((f"zero_update:{a.type}", _cfg(a.type, big), local))
+        try:
+            t = group(*runs)
+        except (dsopt.Unsupported, dsopt.InvalidArgument) as exc:  # e.g. no kernel on this device
+            say(f"  {a.type}: not timed here ({exc}); the planner scales AdamW's costs")
+            continue
+        cost(f"update:{a.type}", t[f"update:{a.type}"], n)
+        if a.zero:
+            cost(f"zero_update:{a.type}", t[f"zero_update:{a.type}"], -(-n // 2) * 2)
     pairs = [(g, p) for g in GRADIENT_CODECS for p in PARAMETER_CODECS if (g, p) != ("none", "none")]
     t = group(("zero_update", _cfg("AdamW", big), local), ("zero_pack", _cfg("AdamW", big), peer),
               *((f"codec:{g}/{p}", _cfg("AdamW", dict(big, compression={"gradients": g, "parameters": p})), peer)

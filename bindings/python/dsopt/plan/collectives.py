@@ -5,7 +5,8 @@ traffic `bytes.py` counts, as calls the network model can time
 from dataclasses import dataclass
 
 from . import codecs
-from .layout import car_message_bytes, car_padded, int8_block, zero_layout
+from .bytes import car_sizes
+from .layout import car_message_bytes, int8_block, shard_sums, zero_layout
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def step_calls(config, model, world: int, settings, kind="steady") -> list:
         return []
     n = model.numel
     calls = [_handshake()]
-    if config.kind == "adamw" or kind == "warmup":
+    if not (config.zero or config.onebit) or kind == "warmup":
         if config.overlap:
             calls.append(_handshake())
             bs = _buckets(n, world, settings)
@@ -70,6 +71,12 @@ def step_calls(config, model, world: int, settings, kind="steady") -> list:
                 piece = codecs.gradient_piece_bytes(config.gradients, settings.gradient_block_size, m)
                 calls.append(Call("alltoall", world * piece, "grad", i, b / lay.padded))
         calls.append(Call("allreduce", 16, "control"))
+        if config.info.trust_ratio:
+            # LAMB's whole-tensor norms of p and u (bytes.sums_exchange).
+            sums = shard_sums(model.sizes, lay)
+            if sums.cut:
+                calls.append(Call("allreduce", 2 * 4 * sums.cut, "post"))
+            calls.append(Call("allreduce", 2 * 8 * sums.blocks, "post"))
         for c in lay.chunks:
             size = codecs.parameter_chunk_bytes(config.parameters, settings.parameter_block_size, c, width)
             calls.append(Call("allgather", world * size, "post"))
@@ -77,8 +84,7 @@ def step_calls(config, model, world: int, settings, kind="steady") -> list:
     calls.append(Call("allreduce", 16, "control"))
     if kind == "local":
         return calls
-    sizes = [car_padded(n, world)] if config.kind == "onebit_lamb" else list(model.sizes)
-    return calls + _car(sizes, world)
+    return calls + _car(car_sizes(config, model, world), world)
 
 
 def comm_time(calls, cluster) -> float:

@@ -9,14 +9,15 @@ from .zero_memory import Memory, zero_masters, zero_memory
 
 
 def compressed_zero_memory(config, model, world: int, settings, rank: int):
+    moments = config.info.moments
     if world == 1:
-        return zero_memory(model, world, settings, rank)
+        return zero_memory(model, world, settings, rank, moments)
     lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size,
                       int8_block(config.parameters, settings))
     g, p = config.gradients, config.parameters
     gb = settings.gradient_block_size
     masters = 4 * lay.shard if p != "none" else zero_masters(model, world, rank, lay)
-    state = masters + 8 * lay.shard
+    state = masters + 4 * moments * lay.shard
     buffer, extra = compressed_zero_buffer(config, model, world, settings, lay), 0
     if g != "none":
         aside = aside_bytes(g, gb, world, lay)
@@ -25,7 +26,7 @@ def compressed_zero_memory(config, model, world: int, settings, rank: int):
             residual = sum(world * codecs.run_bytes("int8", gb, m) for m in lay.pieces)
             extra += 2 * residual
             state += residual
-    total = masters + 12 * lay.shard + buffer + extra
+    total = masters + 4 * (moments + 1) * lay.shard + buffer + extra
     return Memory(total, state)
 
 

@@ -1,11 +1,21 @@
 """Every configuration the planner compares, and the dsopt config of each
-(the one the exactness test runs)."""
+(the one the exactness test runs). A configuration is an algorithm the
+library registers (`algorithms.py`), a gradient path and, on compressed
+ZeRO, its codecs."""
 
 from dataclasses import dataclass
 
+from .algorithms import BASELINE, describe, names, same_but_name
+
 GRADIENT_CODECS = ("none", "int8", "int4", "sign")
 PARAMETER_CODECS = ("none", "bf16", "int8")
-KINDS = ("adamw", "zero1", "zero2", "czero", "onebit_adam", "onebit_lamb", "zoadam")
+# Gradient paths: the replicated allreduce (the 1-bit family: its own
+# compressed allreduce), ZeRO-1, ZeRO-2, compressed ZeRO-2.
+PATHS = ("replicated", "zero1", "zero2", "czero")
+_PATH_NAMES = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "czero": "ZeRO-2"}
+# The spellings of the planner's earlier Config(kind): the paths with the
+# baseline algorithm, and these three.
+_EARLIER = {"onebit_adam": "OneBitAdam", "onebit_lamb": "OneBitLamb", "zoadam": "ZeroOneAdam"}
 
 
 @dataclass(frozen=True)
@@ -38,51 +48,92 @@ class Settings:
                 raise ValueError(f"{name} must be a multiple of 8 in [8, 65536], got {v}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Config:
-    kind: str
-    gradients: str = "none"     # compressed ZeRO's codecs
-    parameters: str = "none"
-    overlap: bool = False       # gradients handed over during backward
+    """`algorithm`: a registered type (or alias); `path`: one of PATHS
+    (default "replicated"); `gradients`, `parameters`: compressed ZeRO's
+    codecs; `overlap`: gradients handed over during backward. The earlier
+    spelling Config(kind) still reads: "adamw", "zero1", "zero2", "czero"
+    (AdamW on that path), "onebit_adam", "onebit_lamb", "zoadam"."""
+    algorithm: str
+    path: str
+    gradients: str
+    parameters: str
+    overlap: bool
+
+    def __init__(self, algorithm: str = BASELINE, gradients: str = "none", parameters: str = "none",
+                 overlap: bool = False, path: str = None):
+        if path is None and algorithm in PATHS:
+            algorithm, path = BASELINE, algorithm
+        alg = describe(_EARLIER.get(algorithm, algorithm))
+        path = path or "replicated"
+        if path not in PATHS:
+            raise ValueError(f"unknown gradient path {path!r}; known: " + ", ".join(PATHS))
+        if path != "replicated" and not alg.zero:
+            raise ValueError(f"{alg.type} does not run under ZeRO (dsopt_algorithm_describe)")
+        if overlap and alg.compressed:
+            raise ValueError(f"{alg.type} takes no gradients handed over during backward in the planner")
+        if gradients not in GRADIENT_CODECS or parameters not in PARAMETER_CODECS:
+            raise ValueError(f"unknown codecs {gradients}/{parameters}")
+        for field, value in (("algorithm", alg.type), ("path", path), ("gradients", gradients),
+                             ("parameters", parameters), ("overlap", bool(overlap))):
+            object.__setattr__(self, field, value)
+
+    @property
+    def info(self):
+        """The algorithm's description (algorithms.Algorithm)."""
+        return describe(self.algorithm)
 
     @property
     def name(self) -> str:
-        base = {"adamw": "AdamW", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "onebit_adam": "1-bit Adam",
-                "onebit_lamb": "1-bit LAMB", "zoadam": "0/1 Adam"}.get(self.kind)
-        if self.kind == "czero":
-            base = f"ZeRO-2 {self.gradients}/{self.parameters}"
+        base = _PATH_NAMES.get(self.path)
+        if self.path == "czero":
+            base = f"{base} {self.gradients}/{self.parameters}"
+        if self.algorithm != BASELINE or base is None:
+            base = self.info.label + (f" {base}" if base else "")
         return base + (" +overlap" if self.overlap else "")
 
     @property
     def zero(self) -> bool:
-        return self.kind in ("zero1", "zero2", "czero")
+        return self.path != "replicated"
+
+    @property
+    def codecs(self) -> bool:
+        """Compressed ZeRO (its codecs)."""
+        return self.path == "czero"
 
     @property
     def onebit(self) -> bool:
-        return self.kind in ("onebit_adam", "onebit_lamb", "zoadam")
+        """The 1-bit family (COMPRESSED): its own compressed allreduce."""
+        return self.info.compressed
+
+    @property
+    def exact(self) -> bool:
+        """Gives its algorithm's uncompressed results (no codec, no 1-bit
+        compression)."""
+        return not self.onebit and not self.codecs
 
     def dsopt_config(self, model, settings: Settings) -> dict:
         """The dsopt config dict of this configuration."""
-        opt = {"adamw": "AdamW", "zero1": "AdamW", "zero2": "AdamW", "czero": "AdamW",
-               "onebit_adam": "OneBitAdam", "onebit_lamb": "OneBitLamb", "zoadam": "ZeroOneAdam"}[self.kind]
+        keys = self.info.keys
         params = {"lr": 1e-3}
-        if self.kind in ("onebit_adam", "onebit_lamb"):
+        if "freeze_step" in keys:
             params["freeze_step"] = settings.freeze_step
-        if self.kind == "zoadam":
+        if "var_freeze_step" in keys:
             params.update(var_freeze_step=settings.var_freeze_step,
                           var_update_scaler=settings.var_update_scaler,
                           local_step_scaler=settings.local_step_scaler,
                           local_step_clipper=settings.local_step_clipper)
-        cfg = {"optimizer": {"type": opt, "params": params}}
+        cfg = {"optimizer": {"type": self.algorithm, "params": params}}
         if model.dtype == "bf16":
             cfg["bf16"] = {"enabled": True}
         elif model.dtype == "fp16":
             cfg["fp16"] = {"enabled": True}
         if self.zero:
-            z = {"stage": 1 if self.kind == "zero1" else 2,
+            z = {"stage": 1 if self.path == "zero1" else 2,
                  "reduce_bucket_size": settings.reduce_bucket_size,
                  "allgather_bucket_size": settings.allgather_bucket_size}
-            if self.kind == "czero":
+            if self.codecs:
                 z["compression"] = {"gradients": self.gradients, "parameters": self.parameters,
                                     "error_feedback": settings.error_feedback,
                                     "gradient_block_size": settings.gradient_block_size,
@@ -91,21 +142,63 @@ class Config:
         return cfg
 
 
-def all_configs(overlap=True) -> list:
-    """AdamW, ZeRO-1/2, compressed ZeRO-2 with each codec pair, 1-bit Adam,
-    1-bit LAMB, 0/1 Adam; the AdamW and ZeRO ones also with overlap."""
-    out = [Config("adamw"), Config("zero1"), Config("zero2")]
-    out += [Config("czero", g, p) for g in GRADIENT_CODECS for p in PARAMETER_CODECS
-            if (g, p) != ("none", "none")]
-    out += [Config("onebit_adam"), Config("onebit_lamb"), Config("zoadam")]
-    if overlap:
-        out += [Config(c.kind, c.gradients, c.parameters, True) for c in out if c.kind in
-                ("adamw", "zero1", "zero2", "czero")]
+def _codec_pairs():
+    return [(g, p) for g in GRADIENT_CODECS for p in PARAMETER_CODECS if (g, p) != ("none", "none")]
+
+
+def configs_of(algorithm: str, overlap=True, codecs=True) -> list:
+    """Every configuration of one algorithm: the replicated path, and where
+    it runs under ZeRO, ZeRO-1, ZeRO-2 and (`codecs`) compressed ZeRO-2
+    with each codec pair; (`overlap`) the uncompressed ones again with
+    gradients handed over during backward."""
+    alg = describe(algorithm)
+    out = [Config(alg.type)]
+    if alg.zero:
+        out += [Config(alg.type, path="zero1"), Config(alg.type, path="zero2")]
+        if codecs:
+            out += [Config(alg.type, g, p, path="czero") for g, p in _codec_pairs()]
+    if overlap and not alg.compressed:
+        out += [Config(c.algorithm, c.gradients, c.parameters, True, c.path) for c in out]
     return out
 
 
-def by_name(name: str) -> Config:
-    for c in all_configs():
+def all_configs(overlap=True, algorithms=None) -> list:
+    """`algorithms` None: the default table, AdamW on every path (compressed
+    ZeRO-2 with each codec pair), each other registered algorithm on the
+    replicated path and ZeRO-1/2 (but one whose description is another's
+    but for its name: Adam, AdamW's), the 1-bit family, and
+    (`overlap`) AdamW's rows again with gradients handed over during
+    backward. A list of types: every configuration of each (`configs_of`)."""
+    if algorithms is not None:
+        types = [describe(a).type for a in algorithms]
+        out = []
+        for t in dict.fromkeys(types):
+            out += configs_of(t, overlap=False)
+        if overlap:
+            out += [Config(c.algorithm, c.gradients, c.parameters, True, c.path) for c in out
+                    if not c.onebit]
+        return out
+    base = configs_of(BASELINE, overlap=False)
+    seen = {same_but_name(describe(BASELINE))}
+    others, onebit = [], []
+    for t in names():
+        alg = describe(t)
+        if same_but_name(alg) in seen:
+            continue
+        seen.add(same_but_name(alg))
+        if alg.compressed:
+            onebit += configs_of(t, overlap=False)
+        else:
+            others += configs_of(t, overlap=False, codecs=False)
+    out = base + others + onebit
+    if overlap:
+        out += [Config(c.algorithm, c.gradients, c.parameters, True, c.path) for c in base]
+    return out
+
+
+def by_name(name: str, configs=None) -> Config:
+    pool = configs if configs is not None else all_configs(algorithms=names())
+    for c in pool:
         if c.name.lower() == name.lower():
             return c
     raise ValueError(f"unknown configuration {name!r}; known: " + ", ".join(c.name for c in all_configs()))

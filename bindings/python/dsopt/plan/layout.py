@@ -4,6 +4,7 @@ pieces of the 1-bit compressed allreduce (docs/optimizers/onebit-adam.md)."""
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 from math import gcd
 
 SUM_BLOCK = 4096        # elements per sum block of the compressed allreduce
@@ -101,3 +102,42 @@ def car_largest_piece(sizes, world: int, overlapping: bool) -> tuple:
     largest = max(bytes_of_first(min(blocks, (i + 1) * per_piece)) - bytes_of_first(i * per_piece)
                   for i in range(pieces))
     return pieces, largest
+
+
+@dataclass(frozen=True)
+class ShardSums:
+    """LAMB's whole-tensor norms under ZeRO (src/zero/shard_tensor_sums.cpp):
+    every tensor is cut into sum blocks of SUM_BLOCK elements from its
+    start; a block some rank holds whole is summed there, one the shards
+    cut (a bucket's piece boundary falls inside it) is rebuilt on every
+    rank by an allreduce of `cut` fp32 elements per stream, and one
+    allreduce of `blocks` fp64 sums per stream gives every rank all sums."""
+    blocks: int
+    cut: int
+
+
+def shard_sums(sizes, layout) -> ShardSums:
+    return _shard_sums(tuple(sizes), layout.world, layout.buckets)
+
+
+@lru_cache(maxsize=256)
+def _shard_sums(sizes, world, buckets) -> ShardSums:
+    starts, flat = [], 0
+    for n in sizes:
+        starts.append(flat)
+        flat += n
+    blocks = sum(-(-n // SUM_BLOCK) for n in sizes)
+    cut_blocks = set()
+    at = 0
+    for b in buckets:
+        piece = b // world
+        for k in range(world + 1):
+            c = at + k * piece
+            if 0 < c < flat:
+                t = bisect_right(starts, c) - 1
+                off = c - starts[t]
+                if off % SUM_BLOCK:
+                    cut_blocks.add((t, off // SUM_BLOCK))
+        at += b
+    cut = sum(min(SUM_BLOCK, sizes[t] - k * SUM_BLOCK) for t, k in cut_blocks)
+    return ShardSums(blocks, cut)

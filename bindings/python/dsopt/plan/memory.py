@@ -7,7 +7,7 @@ counted. Uncompressed ZeRO's accounting is `zero_memory.py`, compressed
 ZeRO's `compressed_memory.py`."""
 
 from .compressed_memory import aside_bytes, compressed_zero_memory
-from .layout import car_largest_piece, car_message_bytes, car_padded, zero_layout
+from .layout import car_largest_piece, car_message_bytes, car_padded, int8_block, shard_sums, zero_layout
 from .zero_memory import Memory, zero_memory
 
 
@@ -84,9 +84,20 @@ def overlap_buffers(config, model, world: int, settings, concurrent_comm: bool) 
         return 0
     lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
     buffer = 4 * lay.bucket
-    if config.kind == "czero" and config.gradients != "none":
+    if config.codecs and config.gradients != "none":
         buffer = max(buffer, aside_bytes(config.gradients, settings.gradient_block_size, world, lay))
     return (handover_buffers(model.sizes, lay, concurrent_comm) - 1) * buffer
+
+
+def trust_ratio_buffers(config, model, world: int, settings) -> int:
+    """A trust-ratio rule under ZeRO (LAMB): its update u over the shard,
+    and the cut sum blocks of p and u rebuilt for the whole-tensor norms
+    (`layout.shard_sums`, made at the first step)."""
+    if not config.info.trust_ratio:
+        return 0
+    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size,
+                      int8_block(config.parameters, settings))
+    return 4 * lay.shard + 2 * 4 * shard_sums(model.sizes, lay).cut
 
 
 def memory(config, model, world: int, settings, rank: int = None, overlapping_comm: bool = True,
@@ -102,24 +113,28 @@ def memory(config, model, world: int, settings, rank: int = None, overlapping_co
     n = model.numel
     masters = 4 * n if model.half else 0
     averaged = 4 * (n + 1) if world > 1 else 0
-    if config.kind == "adamw":
-        # Handed-over gradients are packed into the averaged gradient's
-        # buffer, which one rank holds then too.
-        state = masters + 8 * n
-        return Memory(state + (4 * (n + 1) if config.overlap else averaged), state)
-    if config.kind in ("zero1", "zero2"):
-        m = zero_memory(model, world, settings, rank)
-    elif config.kind == "czero":
-        m = compressed_zero_memory(config, model, world, settings, rank)
-    elif config.kind == "onebit_adam":
-        state = masters + 8 * n
-        comp = car_errors(model.sizes, world)
-        m = Memory(state + comp + averaged + car_buffers(model.sizes, world, overlapping_comm), state + comp,
-                   state + averaged)
-    elif config.kind == "onebit_lamb":
-        # m over the fused, padded buffer; v, the fresh variance, u, the
-        # auxiliary and ratio buffers over n (the state: m, v and fresh v;
-        # m's padding tail joins it in the compression stage).
+    alg = config.info
+    if not config.zero and not alg.compressed:
+        # A moment rule keeps `moments` fp32 arrays per element. Handed-over
+        # gradients are packed into the averaged gradient's buffer, which
+        # one rank holds then too. A trust-ratio rule (LAMB) holds its
+        # update u besides.
+        state = masters + 4 * alg.moments * n
+        u = 4 * n if alg.trust_ratio else 0
+        return Memory(state + u + (4 * (n + 1) if config.overlap else averaged), state)
+    if config.zero:
+        m = (compressed_zero_memory(config, model, world, settings, rank) if config.codecs
+             else zero_memory(model, world, settings, rank, alg.moments))
+        m = Memory(m.total + trust_ratio_buffers(config, model, world, settings), m.state)
+    elif alg.schedule == "zero_one":
+        # m, v, the accumulator and the last sync's parameters; the
+        # compressed allreduce exists from creation.
+        state = masters + 16 * n + car_errors(model.sizes, world)
+        m = Memory(state + averaged + car_buffers(model.sizes, world, overlapping_comm), state)
+    elif alg.trust_ratio:
+        # 1-bit LAMB: m over the fused, padded buffer; v, the fresh
+        # variance, u, the auxiliary and ratio buffers over n (the state:
+        # m, v and fresh v; m's padding tail joins it in the compression stage).
         padded = car_padded(n, world) if world > 1 else n
         fused = [padded]
         held = masters + 4 * padded + 20 * n + averaged
@@ -127,12 +142,12 @@ def memory(config, model, world: int, settings, rank: int = None, overlapping_co
         comp = car_errors(fused, world) + (4 * (padded - n) if world > 1 else 0)
         m = Memory(held + car_errors(fused, world) + car_buffers(fused, world, overlapping_comm),
                    state + comp, held)
-    elif config.kind == "zoadam":
-        # m, v, the accumulator and the last sync's parameters; the
-        # compressed allreduce exists from creation.
-        state = masters + 16 * n + car_errors(model.sizes, world)
-        m = Memory(state + averaged + car_buffers(model.sizes, world, overlapping_comm), state)
     else:
-        raise ValueError(f"unknown configuration kind {config.kind!r}")
+        # 1-bit Adam: its moments, and the compressed allreduce's errors
+        # and buffers from the compression stage on.
+        state = masters + 4 * alg.moments * n
+        comp = car_errors(model.sizes, world)
+        m = Memory(state + comp + averaged + car_buffers(model.sizes, world, overlapping_comm), state + comp,
+                   state + averaged)
     extra = overlap_buffers(config, model, world, settings, concurrent_comm)
     return Memory(m.total + extra, m.state, m.warmup + extra)

@@ -38,9 +38,8 @@ def onebit_adam(profile, inter="40gbit"):
     # sequences/s on a V100 in fp16 (NVIDIA's BERT-Large phase-1 figure).
     compute = 64 / 220
     s = Settings(steps=152_000, freeze_step=23_000)
-    recs = {r.config.kind: r for r in plan(model, cluster, compute, profile, s,
-                                           [Config("adamw"), Config("onebit_adam")])}
-    ratio = recs["adamw"].average_time / recs["onebit_adam"].average_time
+    adam, onebit = plan(model, cluster, compute, profile, s, [Config("AdamW"), Config("OneBitAdam")])
+    ratio = adam.average_time / onebit.average_time
     inputs = (f"340M parameters (fp16), 64 ranks, 4 per node, {inter} per node, compute 0.29 s per step "
               "(estimate: 64 sequences per GPU at 220 sequences/s), 152,000 steps, freeze_step 23,000 (15%)")
     if inter == "40gbit":

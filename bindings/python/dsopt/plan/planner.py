@@ -4,7 +4,8 @@ cluster, and the choice among them."""
 from dataclasses import dataclass
 
 from . import bytes as pbytes
-from .configs import Settings, all_configs
+from .algorithms import BASELINE
+from .configs import Config, Settings, all_configs
 from .memory import memory
 from .timing import step_time
 
@@ -25,15 +26,7 @@ class Record:
         return self.config.name
 
 
-def _kinds(config, settings):
-    """(step kind, updates of that kind) over the run."""
-    if config.kind in ("onebit_adam", "onebit_lamb"):
-        warm, comp = pbytes.onebit_phases(settings)
-        return [("warmup", warm), ("compressed", comp)]
-    if config.kind == "zoadam":
-        c = pbytes.zoadam_counts(settings)
-        return [("warmup", c["full"]), ("compressed", c["1bit"] + c["sync"]), ("local", c["local"])]
-    return [("steady", settings.steps)]
+BASE = Config(BASELINE)
 
 
 def plan(model, cluster, compute: float, profile, settings: Settings = None, configs=None,
@@ -49,7 +42,7 @@ def plan(model, cluster, compute: float, profile, settings: Settings = None, con
     records = []
     for cfg in configs:
         sb = pbytes.step_bytes(cfg, model, P, settings)
-        kinds = _kinds(cfg, settings)
+        kinds = pbytes.phases(cfg, settings)
         times = {k: step_time(cfg, model, cluster, settings, profile, compute, backward_fraction, k,
                               overlapping_comm) for k, count in kinds}
         total = sum(times[k].total * count for k, count in kinds)
@@ -58,25 +51,33 @@ def plan(model, cluster, compute: float, profile, settings: Settings = None, con
                               memory(cfg, model, P, settings, overlapping_comm=overlapping_comm,
                                      concurrent_comm=concurrent_comm),
                               steady, times, total / settings.steps))
-    base = next((r.average_time for r in records if r.config.kind == "adamw" and not r.config.overlap), None)
+    base = next((r.average_time for r in records if r.config == BASE), None)
     if base is None:
-        from .configs import Config
-        base = plan(model, cluster, compute, profile, settings, [Config("adamw")], backward_fraction)[0].average_time
+        base = plan(model, cluster, compute, profile, settings, [BASE], backward_fraction)[0].average_time
     return [Record(r.config, r.bytes, r.run_bytes_per_step, r.memory, r.time, r.phase_times, r.average_time,
                    base / r.average_time if r.average_time > 0 else float("inf")) for r in records]
 
 
-def choose(records, memory_limit=None, exact_numerics=False):
+def choose(records, memory_limit=None, exact_numerics=False, algorithms=None):
     """(record, reason): the fastest configuration over the run that fits
-    `memory_limit` bytes per rank (dsopt's own memory); `exact_numerics`
-    keeps to AdamW and uncompressed ZeRO, which give AdamW's results."""
-    pool = [r for r in records if memory_limit is None or r.memory.total <= memory_limit]
+    `memory_limit` bytes per rank (dsopt's own memory), among those of
+    `algorithms` (types; default: AdamW and the 1-bit family, the
+    algorithms that replace AdamW's communication: another update rule is
+    the user's choice, not the planner's); `exact_numerics` keeps to the
+    configurations without compressed traffic (the replicated path and
+    uncompressed ZeRO, which give their algorithm's results)."""
+    if algorithms is None:
+        pool = [r for r in records if r.config.algorithm == BASELINE or r.config.onebit]
+    else:
+        wanted = {Config(a).algorithm for a in algorithms}
+        pool = [r for r in records if r.config.algorithm in wanted]
+    pool = [r for r in pool if memory_limit is None or r.memory.total <= memory_limit]
     if exact_numerics:
-        pool = [r for r in pool if r.config.kind in ("adamw", "zero1", "zero2")]
+        pool = [r for r in pool if r.config.exact]
     if not pool:
         raise ValueError("no configuration fits the memory limit")
     best = min(pool, key=lambda r: (round(r.average_time, 12), r.memory.total))
-    base = next((r for r in records if r.config.kind == "adamw" and not r.config.overlap), None)
+    base = next((r for r in records if r.config == BASE), None)
     t = best.time
     parts = {"compute": t.compute, "update": t.update, "compression": t.compression, "communication": t.exposed}
     bound = max(parts, key=parts.get)
@@ -84,6 +85,6 @@ def choose(records, memory_limit=None, exact_numerics=False):
     if base is not None and best is not base:
         reason += f", {best.speedup:.2f}x AdamW's {base.average_time * 1e3:.1f} ms"
     reason += f"; {bound} dominates its step ({parts[bound] / t.total:.0%})"
-    if best.config.onebit or best.config.kind == "czero":
+    if not best.config.exact:
         reason += "; compressed traffic changes the numerics: check the loss (docs/guides/planner.md)"
     return best, reason

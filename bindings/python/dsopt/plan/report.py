@@ -1,6 +1,7 @@
 """The planner's tables as text, and as a plot (matplotlib, imported only
 when a plot is asked for)."""
 
+from .bytes import phase_kinds
 from .units import format_bytes
 
 
@@ -9,12 +10,9 @@ def _ms(seconds):
 
 
 def bytes_cell(r) -> str:
-    b = r.bytes
-    if r.config.kind in ("onebit_adam", "onebit_lamb"):
-        return f"{b.warmup:,} / {b.compressed:,}"
-    if r.config.kind == "zoadam":
-        return f"{b.warmup:,} / {b.compressed:,} / {b.local:,}"
-    return f"{b.steady:,}"
+    """The bytes of each kind of step of the configuration's schedule
+    (bytes.phase_kinds): one number, or warmup / compressed (/ local)."""
+    return " / ".join(f"{getattr(r.bytes, kind):,}" for kind in phase_kinds(r.config))
 
 
 def table(records) -> str:

@@ -14,8 +14,10 @@ the parameter allgather follows the update and is never hidden."""
 
 from dataclasses import dataclass
 
+from .algorithms import BASELINE, describe
 from .collectives import comm_time, step_calls
-from .layout import car_largest_piece, car_padded, zero_layout
+from .bytes import car_sizes
+from .layout import car_largest_piece, zero_layout
 
 
 @dataclass(frozen=True)
@@ -41,30 +43,48 @@ def _packing(model, world, profile):
     return profile.cost("zero_pack") * model.numel if world > 1 else 0.0
 
 
+# Bytes a moment rule's update reads and writes per element: the gradient,
+# the parameter (read and written) and each moment (read and written); a
+# trust-ratio rule (LAMB) writes its update u, reads it again, and reads
+# the parameter once more for its norm.
+def update_traffic(alg) -> int:
+    return 12 + 8 * alg.moments + (12 if alg.trust_ratio else 0)
+
+
+def update_cost(config, profile, zero: bool) -> float:
+    """Seconds per element of a moment rule's update: the profile's own
+    cost of the algorithm where it has one ("update:TYPE",
+    "zero_update:TYPE", `calibrate.py`), else AdamW's ("adamw",
+    "zero_update") scaled by the bytes each update moves (`update_traffic`)."""
+    base = "zero_update" if zero else "adamw"
+    if config.algorithm == BASELINE:
+        return profile.cost(base)
+    own = f"{'zero_update' if zero else 'update'}:{config.algorithm}"
+    if own in profile.costs:
+        return profile.cost(own)
+    return profile.cost(base) * update_traffic(config.info) / update_traffic(describe(BASELINE))
+
+
 def _work(config, model, world, settings, profile, kind):
     """(update, compression) seconds of one step of `kind`."""
     n, c = model.numel, profile.cost
-    if config.kind == "adamw":
-        return c("adamw") * n, 0.0
     if config.zero:
         lay = zero_layout(n, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
-        update = c("zero_update") * lay.shard + _packing(model, world, profile)
-        comp = c(f"codec:{config.gradients}/{config.parameters}") * n if config.kind == "czero" and world > 1 else 0.0
+        update = update_cost(config, profile, True) * lay.shard + _packing(model, world, profile)
+        comp = c(f"codec:{config.gradients}/{config.parameters}") * n if config.codecs and world > 1 else 0.0
         return update, comp
+    if not config.onebit:
+        return update_cost(config, profile, False) * n, 0.0
     coded = world > 1
-    if config.kind == "onebit_adam":
+    prefix = config.info.cost_prefix
+    if config.info.schedule == "zero_one":
         if kind == "warmup":
-            return c("adamw") * n, 0.0
-        return c("onebit_adam_update") * n, c("onebit_adam_compress") * n if coded else 0.0
-    if config.kind == "onebit_lamb":
-        if kind == "warmup":
-            return c("onebit_lamb_warmup") * n, 0.0
-        return c("onebit_lamb_update") * n, c("onebit_lamb_compress") * n if coded else 0.0
-    if config.kind == "zoadam":
-        if kind == "warmup":
-            return c("zoadam_full") * n, 0.0
-        return c("zoadam_local") * n, (c("zoadam_compress") * n if coded and kind == "compressed" else 0.0)
-    raise ValueError(f"unknown configuration kind {config.kind!r}")
+            return c(f"{prefix}_full") * n, 0.0
+        return c(f"{prefix}_local") * n, (c(f"{prefix}_compress") * n if coded and kind == "compressed" else 0.0)
+    if kind == "warmup":
+        # 1-bit LAMB's warmup is its own (LAMB's) step; 1-bit Adam's AdamW's.
+        return (c(f"{prefix}_warmup") if config.info.trust_ratio else c("adamw")) * n, 0.0
+    return c(f"{prefix}_update") * n, c(f"{prefix}_compress") * n if coded else 0.0
 
 
 def pipelined(work: float, wire: float, pieces: int) -> float:
@@ -79,8 +99,7 @@ def pipelined(work: float, wire: float, pieces: int) -> float:
 def _car_pieces(config, model, world):
     """How many pieces MPI's compressed allreduce runs in (its arithmetic
     overlaps the transfers only with more than one)."""
-    sizes = [car_padded(model.numel, world)] if config.kind == "onebit_lamb" else list(model.sizes)
-    return car_largest_piece(sizes, world, True)[0]
+    return car_largest_piece(car_sizes(config, model, world), world, True)[0]
 
 
 def _packing_hidden(config, model, world, settings, profile, cluster, calls):
@@ -130,7 +149,7 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
         return StepTime(compute, update, compression, comm, comm - hidden)
     if config.overlap and world > 1:
         # The gradient codec's share of the coding runs with the reductions.
-        grad_work = compression * (0.5 if config.kind == "czero" and config.parameters != "none" else 1.0)
+        grad_work = compression * (0.5 if config.codecs and config.parameters != "none" else 1.0)
         exposed, hidden_work = _exposed(calls, cluster, backward_fraction * compute, grad_work)
         # The coding done behind backward is counted in `exposed` where it shows.
         return StepTime(compute, update, compression - hidden_work, comm, exposed)

@@ -34,10 +34,11 @@ def zero_masters(model, world, rank, layout):
     return 4 * shard_real_elements(model.numel, world, rank, layout) if model.half else 0
 
 
-def zero_memory(model, world: int, settings, rank: int) -> Memory:
-    """Uncompressed ZeRO-1/2 (docs/guides/zero.md "Memory per rank")."""
+def zero_memory(model, world: int, settings, rank: int, moments: int = 2) -> Memory:
+    """Uncompressed ZeRO-1/2 (docs/guides/zero.md "Memory per rank") of a
+    moment rule keeping `moments` fp32 arrays per shard element."""
     lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
-    state = zero_masters(model, world, rank, lay) + 8 * lay.shard
+    state = zero_masters(model, world, rank, lay) + 4 * moments * lay.shard
     if world == 1:
         return Memory(state + 4 * lay.shard, state)
     return Memory(state + 4 * lay.shard + zero_buffer(model, world, lay), state)
