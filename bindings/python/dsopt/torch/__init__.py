@@ -233,7 +233,7 @@ __all__ = [*_classes.__all__, "Optimizer", "ddp_comm_hook"]
 
 
 def __getattr__(name):
-    """``dsopt.torch.SGD`` and other names that do not exist: an
+    """``dsopt.torch.Adagrad`` and other names that do not exist: an
     AttributeError that says what does."""
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
