@@ -118,7 +118,7 @@ class Recorder(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         opt = dsopt.hf.dsopt_optimizer(optimizer)
-        if opt is not None and opt._type in ("Adam", "AdamW") and state.global_step > 0:
+        if opt is not None and opt._facts.type in ("Adam", "AdamW") and state.global_step > 0:
             self.start_state = optimizer_state(opt, model)
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -136,7 +136,7 @@ class Recorder(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         opt = dsopt.hf.dsopt_optimizer(optimizer)
-        if state.global_step == SAVE_AT and opt is not None and opt._type in ("Adam", "AdamW"):
+        if state.global_step == SAVE_AT and opt is not None and opt._facts.type in ("Adam", "AdamW"):
             self.saved_state = optimizer_state(opt, model)
 
 

@@ -131,3 +131,67 @@ def test_zero_stage_equals_stage_0(stage):
     train(dsopt.torch.Lion(sharded, lr=1e-3, zero_stage=stage), sharded, 5)
     for x, y in zip(plain, sharded):
         assert torch.equal(x, y)
+
+
+# ---- add_param_group after the first step (Lion counts steps per parameter) ----------
+
+def test_add_param_group_after_the_first_step_continues_as_if_the_group_had_been_there():
+    """Lion leaves a parameter without a gradient alone and counts steps
+    per parameter (dsopt.describe("Lion").param_steps), so a group added
+    after the first step gives the same bits as one present from the start
+    whose .grad stayed None until then; the old parameters' moments, steps
+    and changed hyperparameters carry over."""
+    assert dsopt.describe("Lion").param_steps
+
+    def run(add_later):
+        params = model()
+        body, head = params[:2], params[2:]
+        if add_later:
+            opt = dsopt.torch.Lion(body, lr=0.01)
+        else:
+            opt = dsopt.torch.Lion([{"params": body}, {"params": head, "lr": 0.03,
+                                                       "betas": (0.8, 0.9)}], lr=0.01)
+        carried = None
+        for step in range(8):
+            if step == 4:
+                opt.param_groups[0]["lr"] = 0.02
+                if add_later:
+                    before = [opt.state[p]["exp_avg"].clone() for p in body]
+                    opt.add_param_group({"params": head, "lr": 0.03, "betas": (0.8, 0.9)})
+                    carried = [opt.state[p]["exp_avg"] for p in body]
+                    assert all(torch.equal(a, b) for a, b in zip(before, carried))
+                    assert head[0] not in opt.state  # the new parameter starts fresh
+            for i, (p, g) in enumerate(zip(params, grads_for(params, step))):
+                p.grad = None if (p is head[0] and step < 4) else g
+            opt.step()
+        return params, opt
+
+    got, opt = run(True)
+    want, ref = run(False)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert [opt.dsopt.param_step(i) for i in range(3)] == [8, 8, 4]
+    assert opt.param_groups[1]["betas"] == (0.8, 0.9) and "eps" not in opt.param_groups[1]
+    assert opt.dsopt.get_group_param(0, "lr") == pytest.approx(0.02)
+    saved = opt.state_dict()
+    ref.load_state_dict(saved)
+    assert ref.state_dict()["dsopt_state"] == saved["dsopt_state"]
+
+
+def test_add_param_group_carries_fp32_masters_of_16_bit_parameters():
+    def run(add_later):
+        gen = torch.Generator().manual_seed(0)
+        a = torch.nn.Parameter(torch.randn(20, generator=gen).to(torch.bfloat16))
+        b = torch.nn.Parameter(torch.randn(5, generator=gen).to(torch.bfloat16))
+        opt = dsopt.torch.Lion([a] if add_later else [a, b], lr=0.01, weight_decay=0.1)
+        for step in range(6):
+            if step == 3 and add_later:
+                opt.add_param_group({"params": [b]})
+            gen = torch.Generator().manual_seed(10 + step)
+            a.grad = torch.randn(20, generator=gen).to(torch.bfloat16)
+            b.grad = torch.randn(5, generator=gen).to(torch.bfloat16) if step >= 3 else None
+            opt.step()
+        return [a, b]
+
+    for got, want in zip(run(True), run(False)):
+        assert torch.equal(got, want)

@@ -34,6 +34,7 @@ from .errors import (
     check,
 )
 from . import config as _config
+from .algorithms import Algorithm, Hyperparameter, algorithm_names, describe
 from .optimizer import DivergenceWarning, Optimizer, SkippedStepWarning, StateView, StepInfo
 from .tensors import bf16
 
@@ -93,10 +94,10 @@ HEADER_VERSION = (lib.DSOPT_VERSION_MAJOR, lib.DSOPT_VERSION_MINOR, lib.DSOPT_VE
 __version__ = ".".join(map(str, HEADER_VERSION))
 
 __all__ = [
-    "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
-    "DivergenceWarning", "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "InternalError", "InvalidArgument",
+    "Algorithm", "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
+    "DivergenceWarning", "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "Hyperparameter", "InternalError", "InvalidArgument",
     "InvalidArgumentType", "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory",
     "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",
     "Unsupported",
-    "bf16", "build_info", "canonical_config", "check", "group_params", "library_path", "version",
+    "algorithm_names", "bf16", "build_info", "canonical_config", "check", "describe", "group_params", "library_path", "version",
 ]

@@ -32,6 +32,7 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        comm_rank, comm_size,
        step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, threads, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, group_param_names, param_step, set_param_step!,
+       algorithm_names, describe, Algorithm, param_steps, supports_zero, offload, compressed,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage, state_memory_usage,
        set_momentum_mask!, rebind_params!, config, canonical_config,
        gather_buckets, gather_bucket_of, gathers_pending, wait_gather!, wait_gather_bucket!,
@@ -839,6 +840,103 @@ function group_param_names(optimizer_type::AbstractString)
                  (Cstring, Ref{Cstring}, Ref{Cstring}), optimizer_type, names, keys)
     return [(String(n), String(k))
             for (n, k) in zip(split(unsafe_string(names[])), split(unsafe_string(keys[])))]
+end
+
+# ---- what an algorithm is -------------------------------------------------------
+
+# dsopt_algorithm_info.flags and .hyper_ranges (include/dsopt.h)
+const DSOPT_ALGORITHM_PARAM_STEPS = UInt32(1)
+const DSOPT_ALGORITHM_ZERO        = UInt32(2)
+const DSOPT_ALGORITHM_OFFLOAD     = UInt32(4)
+const DSOPT_ALGORITHM_COMPRESSED  = UInt32(8)
+const HYPER_RANGES = Dict(Int32(0) => :beta, Int32(1) => :nonnegative, Int32(2) => :flag)
+
+# The C dsopt_algorithm_info (88 bytes on 64-bit targets); every pointer is
+# static (the strings NUL-terminated). struct_size tells dsopt which fields exist.
+struct CAlgorithmInfo
+    struct_size::UInt32
+    flags::UInt32
+    type::Ptr{UInt8}
+    aliases::Ptr{UInt8}
+    moments::Int32
+    num_hyper::Int32
+    moment_names::Ptr{UInt8}
+    hyper_names::Ptr{UInt8}
+    hyper_keys::Ptr{UInt8}
+    hyper_defaults::Ptr{Cdouble}
+    hyper_ranges::Ptr{Int32}
+    keys::Ptr{UInt8}
+    group_keys::Ptr{UInt8}
+end
+
+# A static, NUL-terminated, space-separated list of words.
+words(list) = String.(split(unsafe_string(list)))
+
+"""
+    algorithm_names() -> Vector{String}
+
+The types of the algorithms the loaded library has, in the registry's order
+(`dsopt_algorithm_names`).
+"""
+function algorithm_names()
+    names = Ref{Cstring}(C_NULL)
+    @check ccall((:dsopt_algorithm_names, libdsopt), Cint, (Ref{Cstring},), names)
+    return words(names[])
+end
+
+"""
+What an algorithm is, as the library's registry describes it
+([`describe`](@ref)): its canonical `type`, `aliases`, the state view names
+of its fp32 moments (`moment_names`), its group `hyperparameters` (lr
+first) as named tuples `(name, key, default, range)` (`range` `:beta`,
+`:nonnegative` or `:flag`; a key of several hyperparameters, as "betas", is
+a list of their values), the other `keys` of `optimizer.params` and
+`group_keys` of `param_groups[i]`, and its `flags`:
+[`param_steps`](@ref), [`supports_zero`](@ref), [`offload`](@ref),
+[`compressed`](@ref).
+"""
+struct Algorithm
+    type::String
+    aliases::Vector{String}
+    moment_names::Vector{String}
+    hyperparameters::Vector{NamedTuple{(:name, :key, :default, :range),
+                                       Tuple{String,String,Float64,Symbol}}}
+    keys::Vector{String}
+    group_keys::Vector{String}
+    flags::UInt32
+end
+
+Base.:(==)(a::Algorithm, b::Algorithm) =
+    all(getfield(a, f) == getfield(b, f) for f in fieldnames(Algorithm))
+
+"Parameters count their own steps (`param_step`); each parameter's state stands alone."
+param_steps(a::Algorithm) = a.flags & DSOPT_ALGORITHM_PARAM_STEPS != 0
+"Runs under ZeRO stage 1/2, compressed ZeRO included."
+supports_zero(a::Algorithm) = a.flags & DSOPT_ALGORITHM_ZERO != 0
+"Its ZeRO shard can live in host memory (\"offload_optimizer\")."
+offload(a::Algorithm) = a.flags & DSOPT_ALGORITHM_OFFLOAD != 0
+"1-bit compressed communication after a warmup (error feedback, stages, momentum masks)."
+compressed(a::Algorithm) = a.flags & DSOPT_ALGORITHM_COMPRESSED != 0
+
+"""
+    describe(optimizer_type) -> Algorithm
+
+What the algorithm `optimizer_type` (a config's "optimizer.type", any case
+or alias) is (`dsopt_algorithm_describe`). An unknown type is a
+`DsoptError` (`DSOPT_EINVAL`).
+"""
+function describe(optimizer_type::AbstractString)
+    blank = CAlgorithmInfo(UInt32(sizeof(CAlgorithmInfo)), 0, C_NULL, C_NULL, 0, 0, C_NULL,
+                           C_NULL, C_NULL, C_NULL, C_NULL, C_NULL, C_NULL)
+    info = Ref(blank)
+    @check ccall((:dsopt_algorithm_describe, libdsopt), Cint, (Cstring, Ref{CAlgorithmInfo}),
+                 optimizer_type, info)
+    c = info[]
+    names, keys = words(c.hyper_names), words(c.hyper_keys)
+    hyper = [(name = names[i], key = keys[i], default = unsafe_load(c.hyper_defaults, i),
+              range = HYPER_RANGES[unsafe_load(c.hyper_ranges, i)]) for i in 1:c.num_hyper]
+    return Algorithm(unsafe_string(c.type), words(c.aliases), words(c.moment_names), hyper,
+                     words(c.keys), words(c.group_keys), c.flags)
 end
 
 """

@@ -29,8 +29,9 @@ What behaves as in torch.optim:
   ``add_param_group`` works after creation (see there for what is carried
   over). A group key dsopt does not know (``momentum``) is an error.
 * ``.grad`` None: no gradient for that parameter (dsopt gets an absent,
-  NULL-data gradient): with Adam/AdamW the parameter, its moments and its
-  step count stay as they are, as torch.optim does: frozen parameters
+  NULL-data gradient): with an algorithm whose parameters count their own
+  steps (``dsopt.describe(type).param_steps``: Adam, AdamW, Lion, SGD) the
+  parameter, its moments and its step count stay as they are, as torch.optim does: frozen parameters
   (``requires_grad=False``, from the start or frozen and unfrozen
   mid-run) and unused branches are left exactly as torch leaves them,
   and each parameter's bias correction uses its own step count, as
@@ -98,10 +99,11 @@ What behaves as in torch.optim:
 * ``state_dict()`` is torch's (the groups' settings, ``"state"`` empty)
   plus this rank's dsopt state blob under ``"dsopt_state"``;
   ``load_state_dict`` restores both and hands the groups' hyperparameters
-  to dsopt. For Adam/AdamW, ``load_state_dict`` also takes a
-  ``torch.optim.Adam``/``AdamW`` state dict (moments and steps written
-  into dsopt), and ``torch_state_dict()`` returns one that torch's
-  optimizer loads: a run moves between torch.optim and dsopt both ways.
+  to dsopt. Where parameters count their own steps, ``load_state_dict``
+  also takes a torch.optim state dict (``torch.optim.Adam``/``AdamW``/
+  ``SGD``: the moments by their names, and steps, written into dsopt),
+  and ``torch_state_dict()`` returns one that torch's optimizer loads: a
+  run moves between torch.optim and dsopt both ways.
 
 What differs from torch.optim:
 
@@ -233,7 +235,7 @@ __all__ = [*_classes.__all__, "Optimizer", "ddp_comm_hook"]
 
 
 def __getattr__(name):
-    """``dsopt.torch.SGD`` and other names that do not exist: an
+    """``dsopt.torch.Adagrad`` and other names that do not exist: an
     AttributeError that says what does."""
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,15 +1,19 @@
-"""The torch-style classes of dsopt.torch: ``Adam`` and ``AdamW`` with
-torch.optim's signatures and defaults, and the 1-bit optimizers with
-torch-style hyperparameters plus their own settings as keyword arguments.
-Each builds a dsopt config and is a ``dsopt.torch.Optimizer``."""
+"""The torch-style classes of dsopt.torch, one per algorithm of the
+library: ``Adam`` and ``AdamW`` with torch.optim's signatures and defaults,
+and the others with torch-style hyperparameters plus their own settings as
+keyword arguments, written here where they carry documentation or settings
+of their own; every other algorithm of the registry gets a class made from
+its description at import time (``_generated``). Each builds a dsopt
+config and is a ``dsopt.torch.Optimizer``."""
 
 import inspect
 import math
 
 import torch
 
-from . import _groups
-from ._optimizer import ONE_BIT, Optimizer
+from ..algorithms import algorithm_names, describe
+from . import _generated, _groups
+from ._optimizer import Optimizer
 
 _DSOPT_SETTINGS_DOC = """
     Keyword-only, for every class: ``comm`` (None: torch.distributed's
@@ -115,7 +119,7 @@ def _device(device, tensors):
     return kind
 
 
-def _settings_config(tensors, one_bit, *, gradient_clipping, fp16, bf16, skip_nonfinite,
+def _settings_config(tensors, algorithm, *, gradient_clipping, fp16, bf16, skip_nonfinite,
                      max_consecutive_skips, gradient_accumulation_steps, zero_optimization,
                      zero_stage, device, threads, divergence_check=None):
     """The top-level config keys of dsopt's settings."""
@@ -171,9 +175,10 @@ def _settings_config(tensors, one_bit, *, gradient_clipping, fp16, bf16, skip_no
         zero = dict(zero or {}, stage=zero_stage)
     if zero is not None:
         stage = zero.get("stage", 0)
-        if one_bit and stage not in (0, None):
+        if not algorithm.zero and stage not in (0, None):
+            sharded = [name for name in algorithm_names() if describe(name).zero]
             raise ValueError(f"zero_stage / zero_optimization stage {stage!r}: ZeRO stage 1/2 "
-                             f"exist for Adam, AdamW and Lamb (the 1-bit optimizers run with "
+                             f"exist for {', '.join(sharded)} ({algorithm.type} runs with "
                              f"stage 0)")
         config["zero_optimization"] = zero
     return config
@@ -201,22 +206,29 @@ class _TorchStyle(Optimizer):
     """What the torch-style classes share: the config from the arguments."""
 
     _CONFIG_TYPE = None
+    # torch's flags the groups carry, with their defaults (None: every one
+    # of _groups.TORCH_FLAGS)
+    _GROUP_FLAGS = None
 
-    def _build(self, params, lr, betas, eps, weight_decay, algorithm, group_defaults, comm,
-               overlap, settings):
+    def _build(self, params, hyper, algorithm, group_defaults, comm, overlap, settings):
+        """``hyper``: the hyperparameters by config key (``lr``,
+        ``betas``, ...: the algorithm's, as its description lists them);
+        ``algorithm``: its other ``optimizer.params``; ``group_defaults``:
+        torch's flags as given."""
         groups, tensors = _materialize(params)
-        # eps None: an algorithm without it (Lion), whose groups have none.
-        hyper = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        if eps is None:
-            del hyper["eps"]
         spec = _groups.hyper(self._CONFIG_TYPE)
         params = spec.by_key(spec.values(hyper), as_list=True)
         config = {"optimizer": {"type": self._CONFIG_TYPE, "params": dict(params, **algorithm)}}
-        config.update(_settings_config(tensors, self._CONFIG_TYPE in ONE_BIT, **settings))
-        defaults = dict(hyper, betas=tuple(betas))
-        defaults.update(_groups.TORCH_FLAGS)
+        config.update(_settings_config(tensors, describe(self._CONFIG_TYPE), **settings))
+        defaults = {key: tuple(value) if len(spec.keys[key]) > 1 else value
+                    for key, value in hyper.items()}
+        defaults.update(_groups.TORCH_FLAGS if self._GROUP_FLAGS is None else self._GROUP_FLAGS)
         defaults.update(group_defaults)
         super().__init__(groups, config, comm, overlap=overlap, _defaults=defaults)
+
+
+def _adam_hyper(lr, betas, eps, weight_decay):
+    return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
 
 
 def _settings(gradient_clipping, fp16, bf16, skip_nonfinite, max_consecutive_skips,
@@ -260,7 +272,7 @@ class Adam(_TorchStyle):
         group_defaults = {"foreach": foreach, "fused": fused}
         if _groups.torch_adam_has_decoupled_weight_decay():
             group_defaults["decoupled_weight_decay"] = decoupled
-        self._build(params, lr, betas, eps, weight_decay, {"adam_w_mode": decoupled},
+        self._build(params, _adam_hyper(lr, betas, eps, weight_decay), {"adam_w_mode": decoupled},
                     group_defaults, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
@@ -294,7 +306,7 @@ class AdamW(_TorchStyle):
         group_defaults = {"foreach": foreach, "fused": fused}
         if _groups.torch_adam_has_decoupled_weight_decay():
             group_defaults["decoupled_weight_decay"] = True
-        self._build(params, lr, betas, eps, weight_decay, {}, group_defaults, comm, overlap,
+        self._build(params, _adam_hyper(lr, betas, eps, weight_decay), {}, group_defaults, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
                               zero_optimization, zero_stage, device, threads,
@@ -332,7 +344,7 @@ class OneBitAdam(_TorchStyle):
         algorithm = {"freeze_step": _check_int("freeze_step", freeze_step, 1),
                      "bias_correction": _check_bool("bias_correction", bias_correction)}
         algorithm.update(_stabilize(stabilize, stabilize_limit))
-        self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
+        self._build(params, _adam_hyper(lr, betas, eps, weight_decay), algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
                               zero_optimization, zero_stage, device, threads,
@@ -368,7 +380,7 @@ class OneBitLamb(_TorchStyle):
                      "factor_min": _check_number("factor_min", factor_min, positive=True),
                      "factor_threshold": _check_number("factor_threshold", factor_threshold, 0)}
         algorithm.update(_stabilize(stabilize, stabilize_limit))
-        self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
+        self._build(params, _adam_hyper(lr, betas, eps, weight_decay), algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
                               zero_optimization, zero_stage, device, threads,
@@ -399,7 +411,7 @@ class Lamb(_TorchStyle):
         algorithm = {"bias_correction": _check_bool("bias_correction", bias_correction),
                      "max_coeff": _check_number("max_coeff", max_coeff, positive=True),
                      "min_coeff": _check_number("min_coeff", min_coeff, positive=True)}
-        self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
+        self._build(params, _adam_hyper(lr, betas, eps, weight_decay), algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
                               zero_optimization, zero_stage, device, threads,
@@ -437,7 +449,7 @@ class ZeroOneAdam(_TorchStyle):
             "decoupled_sync_weight_decay": _check_bool("decoupled_sync_weight_decay",
                                                        decoupled_sync_weight_decay)}
         algorithm.update(_stabilize(stabilize, stabilize_limit))
-        self._build(params, lr, betas, eps, weight_decay, algorithm, {}, comm, overlap,
+        self._build(params, _adam_hyper(lr, betas, eps, weight_decay), algorithm, {}, comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
                               zero_optimization, zero_stage, device, threads,
@@ -464,15 +476,27 @@ class Lion(_TorchStyle):
                  max_consecutive_skips=None, gradient_accumulation_steps=None,
                  zero_optimization=None, zero_stage=None, device=None, threads=None,
                  divergence_check=None):
-        self._build(params, lr, betas, None, weight_decay, {}, {}, comm, overlap,
+        self._build(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay}, {}, {},
+                    comm, overlap,
                     _settings(gradient_clipping, fp16, bf16, skip_nonfinite,
                               max_consecutive_skips, gradient_accumulation_steps,
                               zero_optimization, zero_stage, device, threads,
                               divergence_check))
 
 
-for _cls in (Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, Lion):
+_WRITTEN = (Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, ZeroOneAdam, Lion)
+for _cls in _WRITTEN:
     _cls.__doc__ += _DSOPT_SETTINGS_DOC
 
-# dsopt.torch exports exactly these (its __init__ imports them all).
-__all__ = ["Adam", "AdamW", "OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Lamb", "Lion"]
+# Every algorithm of the registry without a class above gets one made from
+# its description, named after its type (``dsopt.torch.SGD``).
+_CLASSES = {describe(cls._CONFIG_TYPE).type: cls for cls in _WRITTEN}
+for _name in algorithm_names():
+    if _name not in _CLASSES:
+        _CLASSES[_name] = _generated.torch_style_class(describe(_name), _TorchStyle, _settings,
+                                                       _DSOPT_SETTINGS_DOC)
+        globals()[_CLASSES[_name].__name__] = _CLASSES[_name]
+
+# dsopt.torch exports exactly these (its __init__ imports them all): one
+# class per algorithm, in the registry's order.
+__all__ = [_CLASSES[name].__name__ for name in algorithm_names()]

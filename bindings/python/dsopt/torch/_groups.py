@@ -1,6 +1,7 @@
-"""Parameter groups of dsopt.torch: the keys torch's Adam groups carry,
-their validation (as torch validates, ValueError), and what of a group
-goes to dsopt."""
+"""Parameter groups of dsopt.torch: the keys torch's groups carry, their
+validation (as torch validates, ValueError), and what of a group goes to
+dsopt. What an algorithm's groups hold comes from its description
+(``dsopt.describe``)."""
 
 import functools
 import inspect
@@ -8,11 +9,7 @@ import math
 
 import torch
 
-from ..config import group_params
-
-# The types that count steps per parameter (torch.optim's bookkeeping),
-# load torch.optim state dicts and carry state over a rebuild.
-ADAM = ("Adam", "AdamW")
+from ..algorithms import BETA, FLAG, NONNEGATIVE, describe
 
 # torch.optim.Adam's flags: accepted in groups so torch code reading them
 # works; the ones dsopt cannot honour must stay False.
@@ -67,35 +64,39 @@ def _number(value, what):
     return value
 
 
-# torch.optim.Adam's checks of the hyperparameters it has, in its order:
-# (key, the values accepted, its message for value v at index i).
-_TORCH_CHECKS = (
-    ("lr", lambda v: 0.0 <= v < math.inf, lambda v, i: f"Invalid learning rate: {v}"),
-    ("eps", lambda v: 0.0 <= v < math.inf, lambda v, i: f"Invalid epsilon value: {v}"),
-    ("betas", lambda v: 0.0 <= v < 1.0, lambda v, i: f"Invalid beta parameter at index {i}: {v}"),
-    ("weight_decay", lambda v: 0.0 <= v < math.inf,
-     lambda v, i: f"Invalid weight_decay value: {v}"),
-)
+# torch.optim's checks of a hyperparameter, by its range: the values
+# accepted, and torch's message for value v at index i of config key
+# ``key`` ("Invalid momentum value: -1", "Invalid beta parameter at index
+# 1: 1.0"); torch words two keys its own way.
+_TORCH_WORDS = {"lr": "learning rate", "eps": "epsilon value"}
+_TORCH_CHECKS = {
+    NONNEGATIVE: (lambda v: 0.0 <= v < math.inf,
+                  lambda key, v, i: f"Invalid {_TORCH_WORDS.get(key, key + ' value')}: {v}"),
+    BETA: (lambda v: 0.0 <= v < 1.0,
+           lambda key, v, i: f"Invalid beta parameter at index {i}: {v}"),
+    FLAG: (lambda v: v in (0.0, 1.0), lambda key, v, i: f"{key} must be True or False, got {v}"),
+}
 
 
 class Hyper:
-    """An algorithm's group hyperparameters as dsopt lists them
-    (``dsopt.group_params``): ``names``, dsopt_get/set_group_param's, in
-    order, and ``keys``, each config key (a torch group's key) with the
-    names it holds: one (a number) or several (a tuple, as ``betas``)."""
+    """An algorithm's group hyperparameters as its description lists them
+    (``dsopt.describe``): ``names``, dsopt_get/set_group_param's, in
+    order, ``keys``, each config key (a torch group's key) with the names
+    it holds: one (a number, or a bool for a flag) or several (a tuple, as
+    ``betas``), and ``flags``, the keys that are True or False."""
 
     def __init__(self, optimizer_type):
-        pairs = group_params(optimizer_type)
-        self.names = tuple(name for name, _ in pairs)
-        keys = {}
-        for name, key in pairs:
-            keys.setdefault(key, []).append(name)
-        self.keys = {key: tuple(names) for key, names in keys.items()}
+        info = describe(optimizer_type)
+        self.names = tuple(h.name for h in info.hyperparameters)
+        self.keys = info.hyperparameter_keys
+        self.flags = frozenset(h.key for h in info.hyperparameters if h.range == FLAG)
+        self._ranges = {h.key: h.range for h in info.hyperparameters}
 
     def values(self, group, where=""):
         """The group's hyperparameters as floats, in the order of
-        ``names``, validated as torch.optim.Adam validates its arguments
-        (ValueError); dsopt checks the rest when it gets them."""
+        ``names``, validated as torch.optim validates its arguments
+        (ValueError, by each one's range); dsopt checks the rest when it
+        gets them."""
         by_key = {}
         for key, names in self.keys.items():
             value = group[key]
@@ -111,22 +112,24 @@ class Hyper:
                 raise ValueError(f"{where}{key} must be {kind} ({', '.join(names)}), "
                                  f"got {value!r}")
             by_key[key] = tuple(_number(v, f"{where}{key}[{i}]") for i, v in enumerate(items))
-        for key, ok, message in _TORCH_CHECKS:
-            for i, v in enumerate(by_key.get(key, ())):
+        for key, values in by_key.items():
+            ok, message = _TORCH_CHECKS[self._ranges[key]]
+            for i, v in enumerate(values):
                 if not ok(v):
-                    raise ValueError(f"{where}{message(v, i)}")
+                    raise ValueError(f"{where}{message(key, v, i)}")
         out = {}
         for key, names in self.keys.items():
             out.update(zip(names, by_key[key]))
         return tuple(out[name] for name in self.names)
 
     def by_key(self, values, as_list=False):
-        """``values`` (in the order of ``names``) by config key: a number,
-        or a tuple (``as_list``: a list, as dsopt's config has it)."""
+        """``values`` (in the order of ``names``) by config key: a number
+        (a bool for a flag), or a tuple (``as_list``: a list, as dsopt's
+        config has it)."""
         of = dict(zip(self.names, values))
         out = {}
         for key, names in self.keys.items():
-            items = [of[name] for name in names]
+            items = [bool(of[name]) if key in self.flags else of[name] for name in names]
             out[key] = items[0] if len(names) == 1 else (items if as_list else tuple(items))
         return out
 

@@ -18,7 +18,8 @@ part of the parameter in this rank's shard, elements ``"offset"`` ..
 ``"offset" + numel - 1`` of the flattened parameter (``"offset"`` is in the
 dict). In-place writes (``state["exp_avg"].zero_()``, ``[mask] = 0``)
 change dsopt's state; so does assigning a tensor to such a key (copied in);
-assigning ``"step"`` sets the parameter's step count (Adam/AdamW). Do it
+assigning ``"step"`` sets the parameter's step count (where parameters
+count their own steps: ``dsopt.describe(type).param_steps``). Do it
 between steps. Other keys are kept here for the parameter, as torch keeps
 what code stores in ``state[p]``. A parameter never updated has no entry
 (``p in opt.state`` is False), as in torch; reading ``opt.state[p]`` then

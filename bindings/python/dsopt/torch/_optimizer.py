@@ -21,6 +21,7 @@ from ..optimizer import Optimizer as _DsoptOptimizer
 from ..tensors import tensor_records
 from . import _device, _groups
 from ._communicator import as_communicator
+from ._core import Facts, OptimizerCore
 from ._live_state import LiveState
 from ._rebuild import RebuildMixin
 from ._state_dicts import StateDictMixin
@@ -40,27 +41,18 @@ def _config_dict(config) -> dict:
     return copy.deepcopy(config)
 
 
-ONE_BIT = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
-
-
-def _group_defaults(canonical) -> dict:
+def _group_defaults(canonical, hyper, torch_flags) -> dict:
     """torch-style defaults of the groups: the algorithm's hyperparameters
-    of the canonical config's optimizer.params (defaults filled in by
-    dsopt), a key of several values as a tuple."""
+    (``hyper``) of the canonical config's optimizer.params (defaults filled
+    in by dsopt), a key of several values as a tuple, a flag as a bool;
+    with ``torch_flags`` torch's flags too."""
     params = canonical["optimizer"]["params"]
-    hyper = _groups.hyper(canonical["optimizer"]["type"])
-    defaults = {key: tuple(params[key]) if len(names) > 1 else params[key]
+    defaults = {key: tuple(params[key]) if len(names) > 1 else
+                bool(params[key]) if key in hyper.flags else params[key]
                 for key, names in hyper.keys.items()}
-    defaults.update(_groups.TORCH_FLAGS)
+    if torch_flags:
+        defaults.update(_groups.TORCH_FLAGS)
     return defaults
-
-
-def _algorithm(canonical):
-    """(type, decoupled weight decay, ZeRO stage) of a canonical config
-    (the 1-bit optimizers have no adam_w_mode: they always decouple)."""
-    optimizer = canonical["optimizer"]
-    decoupled = bool(optimizer["params"].get("adam_w_mode", True))
-    return optimizer["type"], decoupled, int(canonical["zero_optimization"]["stage"])
 
 
 def _immutable(value) -> bool:
@@ -183,12 +175,15 @@ def _state_dict_wait_hook(owner_ref):
     return hook
 
 
-class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
+class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimizer):
     """``Optimizer(params, config, comm=None, *, overlap=False)``: a
     ``torch.optim.Optimizer`` running the dsopt optimizer the JSON
     ``config`` describes (see the dsopt.torch module doc). The classes
-    ``dsopt.torch.Adam``, ``AdamW``, ``OneBitAdam``, ``OneBitLamb`` and
-    ``ZeroOneAdam`` build the config from torch-style arguments."""
+    ``dsopt.torch.Adam``, ``AdamW``, ..., one per algorithm of the
+    library, build the config from torch-style arguments. What it can do
+    comes from the algorithm's description (``dsopt.describe``).
+    ``_defaults`` (the classes'): the groups' defaults beyond the
+    hyperparameters, torch's flags included."""
 
     def __init__(self, params, config, comm=None, *, overlap=False, _defaults=None,
                  _known_keys_only=False):
@@ -196,17 +191,17 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         canonical = canonical_config(config)  # dsopt's defaults, aliases and rules
         if overlap:
             config = _with_prefetch(config, canonical)
-        defaults = _group_defaults(canonical)
+        facts = Facts.of(canonical)
+        defaults = _group_defaults(canonical, facts.hyper, torch_flags=_defaults is None)
         if _defaults:
             defaults.update(_defaults)
         super().__init__(params, defaults)
-        decoupled = _algorithm(canonical)[1]
         for i, group in enumerate(self.param_groups):
-            _groups.check_flags(group, f"param_groups[{i}]: ", decoupled)
+            _groups.check_flags(group, f"param_groups[{i}]: ", facts.decoupled)
+        self._facts = facts
         # Every other setting of a torch group goes to dsopt, which rejects
         # the ones it does not know.
-        self._hyper_params = _groups.hyper(canonical["optimizer"]["type"])
-        settings = [_groups.dsopt_settings(g, self._hyper_params, all_keys=not _known_keys_only,
+        settings = [_groups.dsopt_settings(g, facts.hyper, all_keys=not _known_keys_only,
                                            where=f"param_groups[{i}]: ")
                     for i, g in enumerate(self.param_groups)]
         tensors = [p for group in self.param_groups for p in group["params"]]
@@ -226,7 +221,6 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
                 raise
         self._config = config  # without param_groups: add_param_group and deepcopy rebuild
         self._gathering = False  # a deferred parameter allgather is in flight
-        self._type, self._decoupled, self._zero_stage = _algorithm(canonical)
         self.last_step_info = None
         self._handed_over = False  # some gradient of this step was handed over
         # overlap: the parameters handed over in this step, and those whose
@@ -238,7 +232,7 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         # overlap: the hooks leave .grad to step() in this step (the
         # parameters were cast or moved: step() rebuilds, then hands over).
         self._defer_to_step = False
-        self.state = LiveState(self, sharded=self._zero_stage > 0)
+        self.state = LiveState(self, sharded=facts.zero_stage > 0)
         self._set_up(tensors)
         self._hooks = []
         self._unhooked = []  # overlap: parameters without a hook (frozen when hooks were made)
@@ -298,8 +292,7 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         self._grad_descriptors = TorchGradDescriptors(
             tensors, tensor_records(self.dsopt._params.c_array))
         self._on_cuda = any(p.is_cuda for p in tensors)
-        self._hyper = [self._dsopt_hyper(i) for i in range(len(self.param_groups))]
-        self._seen = [None] * len(self.param_groups)
+        self._reset_hyperparameters()
         # The deferred allgather: each parameter's bucket, each module's
         # (the last of its own parameters' buckets; -1: none), how far this
         # step's buckets have been waited for.
@@ -322,8 +315,15 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
 
     def _dsopt_hyper(self, group):
         """The hyperparameters dsopt has for ``group``, in the order of the
-        algorithm's names (``self._hyper_params.names``)."""
-        return tuple(self.dsopt.get_group_param(group, name) for name in self._hyper_params.names)
+        algorithm's names (``self._facts.hyper.names``)."""
+        return tuple(self.dsopt.get_group_param(group, name) for name in self._facts.hyper.names)
+
+    def _reset_hyperparameters(self):
+        """What dsopt has of every group's hyperparameters, taken afresh
+        (the groups or dsopt's optimizer were replaced): the next
+        ``_sync_hyperparameters`` compares every group with it."""
+        self._hyper = [self._dsopt_hyper(i) for i in range(len(self.param_groups))]
+        self._seen = [None] * len(self.param_groups)
 
     def _sync_hyperparameters(self):
         """Hands every group's hyperparameters (the algorithm's: lr, betas,
@@ -331,16 +331,17 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         to dsopt (before each step), validated as torch validates them
         (ValueError)."""
         seen = self._seen
-        keys = tuple(self._hyper_params.keys)
+        hyper = self._facts.hyper
+        keys = tuple(hyper.keys)
         for i, group in enumerate(self.param_groups):
             values = tuple(group[key] for key in keys)
             known = seen[i]
             if known is not None and all(map(operator.is_, values, known)):
                 continue
-            new = self._hyper_params.values(group, f"param_groups[{i}]: ")
+            new = hyper.values(group, f"param_groups[{i}]: ")
             old = list(self._hyper[i])
             try:
-                for k, (name, value) in enumerate(zip(self._hyper_params.names, new)):
+                for k, (name, value) in enumerate(zip(hyper.names, new)):
                     if value != old[k]:
                         if name == "lr":
                             self.dsopt.set_group_lr(i, value)
@@ -355,11 +356,12 @@ class Optimizer(RebuildMixin, StateDictMixin, torch.optim.Optimizer):
         """Gives every group the keys torch's groups have: the
         hyperparameters (dsopt's values where a loaded group lacks them)
         and torch's flags; each group checked."""
+        hyper = self._facts.hyper
         for i, group in enumerate(self.param_groups):
-            for key, value in self._hyper_params.by_key(self._dsopt_hyper(i)).items():
+            for key, value in hyper.by_key(self._dsopt_hyper(i)).items():
                 group.setdefault(key, value)
             for key, value in self.defaults.items():
-                if key not in self._hyper_params.keys:
+                if key not in hyper.keys:
                     group.setdefault(key, value)
             if "decoupled_weight_decay" in self.defaults:
                 group["decoupled_weight_decay"] = self.defaults["decoupled_weight_decay"]

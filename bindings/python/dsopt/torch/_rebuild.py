@@ -11,12 +11,13 @@ from ..communicator import Communicator
 from ..errors import DsoptError, InvalidArgument
 from ..optimizer import Optimizer as _DsoptOptimizer
 from . import _device, _groups
+from ._core import OptimizerCore
 from ._live_state import OPTIONAL_NAMES, no_view_error, view_tensor
 from ._storage import ParamStorage, check_current, describe_param
 
 
 def _copy_state(old, new, num_params, tensors, set_steps, old_dtypes):
-    """Every state tensor and (Adam/AdamW) the step count of parameters
+    """Every state tensor and (``set_steps``) the step count of parameters
     ``0 .. num_params-1`` from dsopt optimizer ``old`` into ``new`` (the
     same parameters in the same order, each view covering the same part;
     ``old_dtypes`` their dtypes in ``old``). An fp32 master is copied
@@ -53,6 +54,14 @@ def _copy_state(old, new, num_params, tensors, set_steps, old_dtypes):
             new.set_param_step(i, old.param_step(i))
 
 
+def _spans_all_parameters(algorithm):
+    """Why the state of ``algorithm`` (whose parameters do not count their
+    own steps) cannot be carried over parameter by parameter."""
+    if algorithm.compressed:
+        return "its compressed state and its stages span all parameters"
+    return "its parameters do not count their own steps (its state spans all parameters)"
+
+
 def _on_device(config, device):
     """``config`` for an optimizer on ``device`` (its ``"device"`` key)."""
     if config.get("device", "cpu") == device.type:
@@ -60,15 +69,11 @@ def _on_device(config, device):
     return dict(config, device=device.type)
 
 
-class RebuildMixin:
+class RebuildMixin(OptimizerCore):
     """The methods of ``dsopt.torch.Optimizer`` that make its dsopt
     optimizer again (``Optimizer`` inherits them): over new parameter
     groups, over parameters that moved or were cast, and for copies and
-    unpickling. They work on the attributes ``Optimizer`` keeps
-    (``dsopt``, ``_config``, ``_comm``, ``_tensors``, ``_storage``, the
-    algorithm's ``_type`` and ``_zero_stage``, the overlap state) and call
-    its ``_set_up``, ``_hook``, ``_sync_hyperparameters`` and
-    ``_init_optimizer``."""
+    unpickling. They use what ``OptimizerCore`` declares, nothing else."""
 
     # ---- parameter groups -----------------------------------------------------
 
@@ -82,10 +87,12 @@ class RebuildMixin:
         restarts from 0), the fp16 loss scale (it restarts at
         2^initial_scale_power: dsopt has no setter for it), momentum masks
         (set them again) and gradients handed over but not yet stepped
-        (call it between steps). The 1-bit optimizers take new groups only
-        before their first step (their compressed state and stages span
-        all parameters); ZeRO stage 1/2 on several ranks only while no
-        parameter has state (the shards move)."""
+        (call it between steps). An algorithm whose parameters do not
+        count their own steps (``dsopt.describe(type).param_steps`` False:
+        Lamb, the 1-bit optimizers) takes new groups only before its first
+        step (its state and stages span all parameters); ZeRO stage 1/2 on
+        several ranks only while no parameter has state (the shards
+        move)."""
         if not hasattr(self, "dsopt"):  # torch's __init__ adding the first groups
             super().add_param_group(param_group)
             return
@@ -99,7 +106,7 @@ class RebuildMixin:
         super().add_param_group(param_group)
         try:
             group = self.param_groups[-1]
-            _groups.check_flags(group, f"param_groups[{count}]: ", self._decoupled)
+            _groups.check_flags(group, f"param_groups[{count}]: ", self._facts.decoupled)
             self._rebuild(carry="views" if stepped else None, new_group=count)
         except BaseException:
             del self.param_groups[count:]
@@ -115,16 +122,13 @@ class RebuildMixin:
         over (nothing has changed then)."""
         if not self._has_state():
             return False
-        if self._type not in _groups.ADAM:
-            why = ("its compressed state and its stages span all parameters"
-                   if self._type != "Lamb" else
-                   "dsopt.torch carries state over into a rebuilt optimizer for Adam and "
-                   "AdamW only")
+        facts = self._facts
+        if not facts.algorithm.param_steps:
             raise RuntimeError(
-                f"dsopt.torch: {self._type} cannot add a parameter group after its first step: "
-                f"{why}. Add every group before the first step (or create the optimizer with "
-                f"all parameters and keep some frozen).")
-        if self._zero_stage > 0 and self.dsopt.communicator.size > 1:
+                f"dsopt.torch: {facts.type} cannot add a parameter group after its first step: "
+                f"{_spans_all_parameters(facts.algorithm)}. Add every group before the first "
+                f"step (or create the optimizer with all parameters and keep some frozen).")
+        if facts.zero_stage > 0 and self.dsopt.communicator.size > 1:
             raise RuntimeError(
                 "dsopt.torch: add_param_group under ZeRO stage 1/2 on several ranks works only "
                 "before the first step: adding parameters moves every rank's shard, and the "
@@ -144,7 +148,7 @@ class RebuildMixin:
         the parameters are now, when they moved. Before any update there is
         nothing to carry: the new optimizer's fp32 masters are the
         parameters, as the old ones still were."""
-        settings = [_groups.dsopt_settings(g, self._hyper_params, all_keys=(i == new_group),
+        settings = [_groups.dsopt_settings(g, self._facts.hyper, all_keys=(i == new_group),
                                            where=f"param_groups[{i}]: ")
                     for i, g in enumerate(self.param_groups)]
         tensors = [p for group in self.param_groups for p in group["params"]]
@@ -160,7 +164,7 @@ class RebuildMixin:
                     new.load_state_dict(old.state_dict())
                 elif carry == "views":
                     _copy_state(old, new, len(self._tensors), tensors,
-                                set_steps=self._type in _groups.ADAM,
+                                set_steps=self._facts.algorithm.param_steps,
                                 old_dtypes=self._storage.dtypes)
             except BaseException:
                 new.close()
@@ -257,12 +261,14 @@ class RebuildMixin:
                 f"dsopt.torch: {self._describe_param(i)} now has {self._tensors[i].numel()} "
                 f"elements, {self._storage.numels[i]} when the optimizer took it: its state "
                 f"cannot change size. Nothing was updated.")
-        if stepped and dtype_changes and self._type not in _groups.ADAM:
+        algorithm = self._facts.algorithm
+        if stepped and dtype_changes and not algorithm.param_steps:
             raise RuntimeError(
-                f"dsopt.torch: {what} after {self._type}'s first step: its compressed state and "
-                f"its stage span all parameters and cannot be carried into an optimizer over "
-                f"other dtypes. Cast the model before creating the optimizer (or cast it back to "
-                f"{self._storage.dtypes[dtype_changes[0]]} to continue). Nothing was updated.")
+                f"dsopt.torch: {what} after {algorithm.type}'s first step: "
+                f"{_spans_all_parameters(algorithm)}, and cannot be carried into an optimizer "
+                f"over other dtypes. Cast the model before creating the optimizer (or cast it "
+                f"back to {self._storage.dtypes[dtype_changes[0]]} to continue). Nothing was "
+                f"updated.")
         return stepped
 
     def _follow_moved_params(self, collective=True):
@@ -274,7 +280,8 @@ class RebuildMixin:
         (collective) with the state carried over: through a state blob when
         only the device changed (everything: steps, moments, masters, the
         1-bit optimizers' compressed state, the loss scale), else the
-        moments and step counts (Adam/AdamW), fp32 masters taken from the
+        moments and step counts (an algorithm whose parameters count their
+        own steps), fp32 masters taken from the
         current values where a parameter became 16-bit; before any update
         there is nothing to carry. What cannot be followed raises
         RuntimeError before anything changes. ``collective`` False (other
@@ -369,8 +376,7 @@ class RebuildMixin:
         self.state.invalidate()
         self.param_groups = groups
         self.defaults = defaults
-        self._hyper = [self._dsopt_hyper(i) for i in range(len(groups))]
-        self._seen = [None] * len(groups)
+        self._reset_hyperparameters()
         self._sync_hyperparameters()
         self.last_step_info = last_step_info
         for key, value in extras.items():

@@ -1,7 +1,8 @@
 """The state dicts of a dsopt.torch optimizer: ``StateDictMixin`` is that
 part of ``dsopt.torch.Optimizer``'s own code (torch's format with this
 rank's dsopt state blob, whole checkpoints of every rank, torch.optim's
-own format for Adam/AdamW, and loading each of them)."""
+own format for the algorithms whose parameters count their own steps, and
+loading each of them)."""
 
 import copy
 from collections.abc import Mapping
@@ -12,11 +13,8 @@ from ._torch_state import TorchStateMixin, is_torch_state_dict
 
 class StateDictMixin(TorchStateMixin):
     """The state dict methods of ``dsopt.torch.Optimizer`` (which inherits
-    them), torch.optim's own format from ``TorchStateMixin``. They work on
-    the attributes ``Optimizer`` keeps (``dsopt``, ``param_groups``, the
-    communicator ``_comm``, the algorithm's ``_type`` and ``_decoupled``)
-    and call its ``_follow_params``, ``_normalize_groups``, ``_dsopt_hyper``
-    and ``_sync_hyperparameters``."""
+    them), torch.optim's own format from ``TorchStateMixin``. They use what
+    ``OptimizerCore`` declares, nothing else."""
 
     def _pack_groups(self):
         """torch's ``param_groups`` of a state dict (parameters as indices)."""
@@ -67,15 +65,21 @@ class StateDictMixin(TorchStateMixin):
 
     def torch_state_dict(self):
         """This optimizer's state as torch.optim's own ``state_dict()``
-        (Adam and AdamW): ``torch.optim.AdamW`` (``torch.optim.Adam`` for
-        L2 weight decay, as ``dsopt.torch.Adam``) over the same parameters
-        loads it with ``load_state_dict`` and continues the run. ``"state"``
-        maps parameter indices to ``{"step": 0-d tensor (float32; float64
-        under a float64 default dtype), "exp_avg", "exp_avg_sq"}`` (copies, in the parameter's dtype and device) for
-        the parameters dsopt has updated; ``"param_groups"`` has every key
-        of the running torch version's groups. Raises ValueError for the
-        1-bit optimizers (no torch counterpart) and under ZeRO stage 1/2 on
-        several ranks (each rank holds part of the state)."""
+        (an algorithm whose parameters count their own steps:
+        ``dsopt.describe(type).param_steps``): torch.optim's class of the
+        same name (``torch.optim.AdamW``; ``torch.optim.Adam`` for L2
+        weight decay, as ``dsopt.torch.Adam``; ``torch.optim.SGD``) over
+        the same parameters loads it with ``load_state_dict`` and continues
+        the run. ``"state"`` maps parameter indices to the algorithm's
+        moments by their names (``"exp_avg"``, ``"exp_avg_sq"``;
+        ``"momentum_buffer"``), copies in the parameter's dtype and
+        device, and ``"step"`` (a 0-d tensor: float32, float64 under a
+        float64 default dtype) where torch's class keeps one (SGD's does
+        not), for the parameters dsopt has updated; ``"param_groups"`` has
+        every key of the running torch version's groups. Raises ValueError
+        for the others (the 1-bit optimizers, Lamb: their state spans all
+        parameters) and under ZeRO stage 1/2 on several ranks (each rank
+        holds part of the state)."""
         self._follow_params(collective=False)
         return self._export_torch_state()
 
@@ -99,10 +103,11 @@ class StateDictMixin(TorchStateMixin):
                     len(saved.get("params", ())) != len(ours["params"]):
                 raise ValueError(f"{what}: parameter group {i} has a different number of "
                                  f"parameters")
-            _groups.check_flags(saved, f"{what}: param_groups[{i}]: ", self._decoupled)
+            _groups.check_flags(saved, f"{what}: param_groups[{i}]: ", self._facts.decoupled)
+            hyper = self._facts.hyper
             merged = dict(ours)
-            merged.update({k: v for k, v in saved.items() if k in self._hyper_params.keys})
-            self._hyper_params.values(merged, f"{what}: param_groups[{i}]: ")
+            merged.update({k: v for k, v in saved.items() if k in hyper.keys})
+            hyper.values(merged, f"{what}: param_groups[{i}]: ")
 
     def _set_groups(self, saved_groups):
         """torch's load_state_dict: the saved groups' settings with this
@@ -116,8 +121,7 @@ class StateDictMixin(TorchStateMixin):
             groups.append(saved)
         self.param_groups = groups
         self._normalize_groups()
-        self._hyper = [self._dsopt_hyper(i) for i in range(len(groups))]
-        self._seen = [None] * len(groups)
+        self._reset_hyperparameters()
         self._sync_hyperparameters()
 
     def _restore(self, torch_part, load_dsopt):
@@ -136,9 +140,11 @@ class StateDictMixin(TorchStateMixin):
         hyperparameters handed to dsopt); a whole checkpoint of
         ``state_dict_all_ranks()`` (the same file on every rank: each rank
         takes its own blob at the saved world size, and the whole set as
-        ``load_state_dict_shards`` at another); or, for Adam/AdamW, a
-        ``torch.optim.Adam``/``AdamW`` state dict (no ``"dsopt_state"``):
-        its moments and step counts are written into dsopt's state (this
+        ``load_state_dict_shards`` at another); or, where
+        ``torch_state_dict()`` works, a torch.optim state dict
+        (``torch.optim.Adam``/``AdamW``/``SGD``: no ``"dsopt_state"``):
+        its moments and step counts (1 for a parameter with state where
+        torch keeps no step) are written into dsopt's state (this
         rank's part under ZeRO), its groups' settings become this
         optimizer's; load the model's parameters first (16-bit parameters'
         fp32 masters are taken from them). Not collective then. Everything
@@ -165,7 +171,7 @@ class StateDictMixin(TorchStateMixin):
             torch_part.pop(_checkpoint.RANK_STATES, None)
             if blobs is None:
                 self._restore(torch_part, lambda: _checkpoint.load_blob(
-                    self.dsopt, self._type, blob, reset_rank_local))
+                    self.dsopt, self._facts.type, blob, reset_rank_local))
             else:
                 self._restore(torch_part, lambda: self.dsopt.load_state_dict_shards(blobs))
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():

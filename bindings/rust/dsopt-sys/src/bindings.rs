@@ -1005,6 +1005,277 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
+    pub fn dsopt_algorithm_names(
+        out_names: *mut *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int;
+}
+pub const DSOPT_ALGORITHM_PARAM_STEPS: _bindgen_ty_6 = 1;
+pub const DSOPT_ALGORITHM_ZERO: _bindgen_ty_6 = 2;
+pub const DSOPT_ALGORITHM_OFFLOAD: _bindgen_ty_6 = 4;
+pub const DSOPT_ALGORITHM_COMPRESSED: _bindgen_ty_6 = 8;
+pub type _bindgen_ty_6 = ::std::os::raw::c_uint;
+pub const DSOPT_HYPER_BETA: _bindgen_ty_7 = 0;
+pub const DSOPT_HYPER_NONNEGATIVE: _bindgen_ty_7 = 1;
+pub const DSOPT_HYPER_FLAG: _bindgen_ty_7 = 2;
+pub type _bindgen_ty_7 = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct dsopt_algorithm_info {
+    pub struct_size: u32,
+    pub flags: u32,
+    pub type_: *const ::std::os::raw::c_char,
+    pub aliases: *const ::std::os::raw::c_char,
+    pub moments: i32,
+    pub num_hyper: i32,
+    pub moment_names: *const ::std::os::raw::c_char,
+    pub hyper_names: *const ::std::os::raw::c_char,
+    pub hyper_keys: *const ::std::os::raw::c_char,
+    pub hyper_defaults: *const f64,
+    pub hyper_ranges: *const i32,
+    pub keys: *const ::std::os::raw::c_char,
+    pub group_keys: *const ::std::os::raw::c_char,
+}
+#[test]
+fn bindgen_test_layout_dsopt_algorithm_info() {
+    assert_eq!(
+        ::std::mem::size_of::<dsopt_algorithm_info>(),
+        88usize,
+        concat!("Size of: ", stringify!(dsopt_algorithm_info))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<dsopt_algorithm_info>(),
+        8usize,
+        concat!("Alignment of ", stringify!(dsopt_algorithm_info))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_flags() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).flags) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(flags)
+            )
+        );
+    }
+    test_field_flags();
+    fn test_field_type() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).type_) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(type_)
+            )
+        );
+    }
+    test_field_type();
+    fn test_field_aliases() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).aliases) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(aliases)
+            )
+        );
+    }
+    test_field_aliases();
+    fn test_field_moments() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).moments) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(moments)
+            )
+        );
+    }
+    test_field_moments();
+    fn test_field_num_hyper() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_hyper) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(num_hyper)
+            )
+        );
+    }
+    test_field_num_hyper();
+    fn test_field_moment_names() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).moment_names) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(moment_names)
+            )
+        );
+    }
+    test_field_moment_names();
+    fn test_field_hyper_names() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).hyper_names) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(hyper_names)
+            )
+        );
+    }
+    test_field_hyper_names();
+    fn test_field_hyper_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).hyper_keys) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(hyper_keys)
+            )
+        );
+    }
+    test_field_hyper_keys();
+    fn test_field_hyper_defaults() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).hyper_defaults) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(hyper_defaults)
+            )
+        );
+    }
+    test_field_hyper_defaults();
+    fn test_field_hyper_ranges() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).hyper_ranges) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(hyper_ranges)
+            )
+        );
+    }
+    test_field_hyper_ranges();
+    fn test_field_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).keys) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(keys)
+            )
+        );
+    }
+    test_field_keys();
+    fn test_field_group_keys() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_algorithm_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).group_keys) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_algorithm_info),
+                "::",
+                stringify!(group_keys)
+            )
+        );
+    }
+    test_field_group_keys();
+}
+extern "C" {
+    pub fn dsopt_algorithm_describe(
+        optimizer_type: *const ::std::os::raw::c_char,
+        out: *mut dsopt_algorithm_info,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
     pub fn dsopt_config_canonical(
         config_json: *const ::std::os::raw::c_char,
         dst: *mut ::std::os::raw::c_char,

@@ -66,6 +66,7 @@
 //! shared::<dsopt::Optimizer<'static>>();
 //! ```
 
+mod algorithm;
 mod collectives;
 mod comm;
 mod error;
@@ -73,6 +74,7 @@ mod optimizer;
 mod step_info;
 mod tensor;
 
+pub use algorithm::{algorithm_names, describe, Algorithm, HyperRange, Hyperparameter};
 pub use collectives::{
     Buffer, BufferMut, Collective, CollectiveError, CollectiveResult, Collectives, DeviceCall,
     ElemType, ReduceOp,
