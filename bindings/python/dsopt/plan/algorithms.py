@@ -5,8 +5,8 @@ cost model its compressed communication follows. The planner holds no list
 of algorithms: a type the library registers is plannable from its
 description.
 
-`_describe` calls the C function through cffi; it is the one place that
-does, so that it can give way to a binding-wide ``dsopt.describe``."""
+The description comes from the binding's ``dsopt.describe``; the
+planner keeps the part of it that its cost models read."""
 
 from dataclasses import dataclass
 from functools import lru_cache
@@ -80,31 +80,24 @@ class Algorithm:
         return text
 
 
-def _text(ffi, ptr) -> str:
-    return ffi.string(ptr).decode("utf-8")
-
-
 @lru_cache(maxsize=None)
 def _names() -> tuple:
-    from .._lib import ffi, lib
+    from ..algorithms import algorithm_names
 
-    out = ffi.new("const char **")
-    if lib.dsopt_algorithm_names(out) != 0:
-        raise RuntimeError("dsopt_algorithm_names failed")
-    return tuple(_text(ffi, out[0]).split())
+    return algorithm_names()
 
 
 @lru_cache(maxsize=None)
 def _describe(name: str) -> Algorithm:
-    from .._lib import ffi, lib
+    from .. import algorithms
+    from ..errors import DsoptError
 
-    info = ffi.new("dsopt_algorithm_info *")
-    info.struct_size = ffi.sizeof("dsopt_algorithm_info")
-    if lib.dsopt_algorithm_describe(name.encode("utf-8"), info) != 0:
-        raise ValueError(f"unknown algorithm {name!r}; the library has: " + ", ".join(_names()))
-    return Algorithm(_text(ffi, info.type), int(info.flags), int(info.moments),
-                     tuple(_text(ffi, info.moment_names).split()), tuple(_text(ffi, info.keys).split()),
-                     tuple(_text(ffi, info.hyper_names).split()))
+    try:
+        a = algorithms.describe(name)
+    except DsoptError:
+        raise ValueError(f"unknown algorithm {name!r}; the library has: " + ", ".join(_names())) from None
+    return Algorithm(a.type, a.flags, a.moments, a.moment_names, a.keys,
+                     tuple(h.name for h in a.hyperparameters))
 
 
 def names() -> tuple:
