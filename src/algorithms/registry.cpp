@@ -13,6 +13,7 @@ extern const Algorithm kOneBitAdamAlgorithm;
 extern const Algorithm kOneBitLambAlgorithm;
 extern const Algorithm kZeroOneAdamAlgorithm;
 extern const Algorithm kLionAlgorithm;
+extern const Algorithm kSgdAlgorithm;
 
 namespace {
 
@@ -24,10 +25,10 @@ std::string lower(std::string s) {
 }  // namespace
 
 const std::vector<const Algorithm*>& algorithms() {
-  // The moment rules first: messages list them as "Lamb, Lion, Adam and AdamW".
+  // The moment rules first: messages list them as "Lamb, Lion, Adam, AdamW and SGD".
   static const std::vector<const Algorithm*> all = {
       &kLambAlgorithm,       &kLionAlgorithm,       &kAdamAlgorithm,         &kAdamWAlgorithm,
-      &kOneBitAdamAlgorithm, &kOneBitLambAlgorithm, &kZeroOneAdamAlgorithm,
+      &kSgdAlgorithm,        &kOneBitAdamAlgorithm, &kOneBitLambAlgorithm,   &kZeroOneAdamAlgorithm,
   };
   return all;
 }

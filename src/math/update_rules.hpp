@@ -7,6 +7,7 @@
 #include "math/lion.hpp"
 #include "math/onebit_adam.hpp"
 #include "math/onebit_lamb.hpp"
+#include "math/sgd.hpp"
 #include "math/zero_one_adam.hpp"
 
 #define DSOPT_UPDATE_RULES(X)                           \
@@ -23,4 +24,5 @@
   X(ZeroOneLocal, ZeroOneLocalRule)                     \
   X(ZeroOneSyncPrepare, ZeroOneSyncPrepareRule)         \
   X(ZeroOneSyncApply, ZeroOneSyncApplyRule)             \
-  X(Lion, LionRule)
+  X(Lion, LionRule)                                     \
+  X(Sgd, SgdRule)

@@ -96,7 +96,7 @@ static void test_every_algorithm_is_described_as_it_behaves(void) {
   if (!CHECK_OK(dsopt_algorithm_names(&all))) return;
   char types[MAX_WORDS][40];
   const int count = split(all, types);
-  CHECKF(count >= 7, "%d algorithms: %s", count, all);
+  CHECKF(count >= 8, "%d algorithms: %s", count, all);
   dsopt_comm *comm = NULL;
   if (!CHECK_OK(dsopt_comm_create_local(&comm))) return;
   for (int i = 0; i < N; ++i) {
@@ -118,6 +118,10 @@ static void test_types_any_case_and_aliases(void) {
   dsopt_algorithm_info info;
   memset(&info, 0, sizeof info);
   info.struct_size = sizeof info;
+  CHECK_OK(dsopt_algorithm_describe("sgd", &info));
+  CHECK(!strcmp(info.type, "SGD"));
+  CHECK(!strcmp(info.moment_names, "momentum_buffer"));
+  CHECK(info.hyper_ranges[4] == DSOPT_HYPER_FLAG);
   CHECK_OK(dsopt_algorithm_describe("ADAMW", &info));
   CHECK(!strcmp(info.type, "AdamW") && info.moments == 2);
   CHECK(info.flags == (DSOPT_ALGORITHM_PARAM_STEPS | DSOPT_ALGORITHM_ZERO | DSOPT_ALGORITHM_OFFLOAD));

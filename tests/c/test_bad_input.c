@@ -187,7 +187,7 @@ static void create_rejects_unsupported_choices(void) {
   CHECK_CONFIG_REJECTED("{\"optimizer\": {\"params\": {\"lr\": 0.01}}}", DSOPT_EINVAL, "type");
   CHECK_CONFIG_REJECTED("{\"device\": \"cpu\"}", DSOPT_EINVAL, "optimizer");
   CHECK_CONFIG_REJECTED("{\"optimizer\": {\"type\": \"OneBitAdam\"}, \"zero_optimization\": {\"stage\": 1}}",
-                        DSOPT_EUNSUPPORTED, "Adam and AdamW");
+                        DSOPT_EUNSUPPORTED, "Adam, AdamW and SGD");
   CHECK_CONFIG_REJECTED("{" GOOD_OPTIMIZER ", \"device\": \"tpu\"}", DSOPT_EINVAL, "device");
   CHECK_CONFIG_REJECTED("{" GOOD_OPTIMIZER ", \"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}",
                         DSOPT_EINVAL, "bf16|fp16");

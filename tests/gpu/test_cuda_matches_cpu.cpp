@@ -54,6 +54,11 @@ const Config kConfigs[] = {
      "\"fp16\": {\"enabled\": true, \"initial_scale_power\": 12, \"loss_scale_window\": 3}, "
      "\"gradient_clipping\": 0.5",
      2, true, 4},
+    {"sgd_nesterov_and_dampening_groups",
+     "\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 1e-2, \"momentum\": 0.9, "
+     "\"dampening\": 0.1, \"weight_decay\": 0.01}}, "
+     "\"param_groups\": [{}, {\"lr\": 5e-3, \"dampening\": 0, \"nesterov\": true}]",
+     2, false, -1},
 };
 
 struct Case {

@@ -74,6 +74,8 @@ SCENARIOS = [
              sizes=zr.LAMB_SIZES, opt_type="Lamb", bucket=1000, gather=3000),
     scenario("lion", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 32,
                       "parameter_block_size": 16}, opt_type="Lion"),
+    scenario("sgd", {"gradients": "int4", "parameters": "int8", "gradient_block_size": 32,
+                     "parameter_block_size": 16}, opt_type="SGD", top=zr.SGD_TOP),
     scenario("clipping", {"gradients": "int4", "parameters": "int8"}, top={"gradient_clipping": 0.5}),
     scenario("edge_int8", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 64, "parameter_block_size": 64}),
     scenario("edge_int4", {"gradients": "int4", "gradient_block_size": 8, "parameter_block_size": 8}),
@@ -97,7 +99,7 @@ SCENARIOS = [
 ]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
 RESUME = ["int8_int8", "int4_mixed", "fp16_dynamic", "lamb", "lion", "mixed_int8", "fp16_dynamic_int8",
-          "lion_bf16"]
+          "lion_bf16", "sgd"]
 
 
 def gradients(sc, step, rank, scale):

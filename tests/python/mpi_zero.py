@@ -40,9 +40,10 @@ from mpi_phases import main, out_path
 MPI_WORLD = MPI.COMM_WORLD
 SAVE_AFTER = 3
 CONTINUE = 3
-RESHARD_SCENARIOS = ["fp32", "mixed_dtypes", "fp16_dynamic", "lamb_mixed_dtypes", "lion_mixed_dtypes"]
+RESHARD_SCENARIOS = ["fp32", "mixed_dtypes", "fp16_dynamic", "lamb_mixed_dtypes", "lion_mixed_dtypes",
+                     "sgd_mixed_dtypes"]
 RESUME_SCENARIOS = ["fp32_random", "fp16_dynamic", "mixed_dtypes", "lamb_mixed_dtypes", "lamb_fp16_dynamic",
-                    "lion_mixed_dtypes", "lion_fp16_dynamic"]
+                    "lion_mixed_dtypes", "lion_fp16_dynamic", "sgd_mixed_dtypes"]
 
 
 def bits(arrays):

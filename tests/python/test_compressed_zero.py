@@ -31,7 +31,7 @@ def test_compressed_zero_matches_the_numpy_reference(world, tmp_path):
     # of Lion, five of 16-bit parameters with a parameter codec and one on 3
     # threads); at 2+ ranks the reference phase also checks that a reference
     # with fp32 residuals disagrees.
-    assert f"reference OK {44 if world == 1 else 45}" in lines
+    assert f"reference OK {46 if world == 1 else 47}" in lines
     assert "memory OK 5" in lines
     assert "bucket OK 6" in lines  # the int8 parameter codec at four allgather bucket sizes
 

@@ -64,7 +64,7 @@ def make(zero, opt_type="AdamW", sizes=(5, 3)):
 
 @pytest.mark.parametrize("opt_type", ["OneBitAdam", "OneBitLamb", "ZeroOneAdam"])
 def test_zero_with_a_one_bit_optimizer_is_unsupported(opt_type):
-    with pytest.raises(dsopt.Unsupported, match="Adam and AdamW"):
+    with pytest.raises(dsopt.Unsupported, match="shard the state of .*AdamW"):
         make({"stage": 2}, opt_type)
 
 

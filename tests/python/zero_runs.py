@@ -74,6 +74,16 @@ SCENARIOS += [
     Scenario("lion_fp16_dynamic", kinds=("fp16",) * 5, overflow=(3, 1), opt_type="Lion",
              top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
 ]
+# SGD: one moment, torch.optim.SGD's rule on the elementwise path; one
+# group with dampening and L2 decay, the other with Nesterov.
+SGD_TOP = {"optimizer": {"type": "SGD", "params": {"lr": 0.01, "momentum": 0.9, "dampening": 0.1,
+                                                    "weight_decay": 0.01}},
+           "param_groups": [{}, {"lr": 0.02, "weight_decay": 0.0, "dampening": 0.0, "nesterov": True}]}
+SCENARIOS += [
+    Scenario("sgd", opt_type="SGD", top=SGD_TOP),
+    Scenario("sgd_random", grads="random", opt_type="SGD", top=SGD_TOP),
+    Scenario("sgd_mixed_dtypes", kinds=("fp32", "bf16", "fp16", "fp32", "bf16"), opt_type="SGD", top=SGD_TOP),
+]
 BY_NAME = {sc.name: sc for sc in SCENARIOS}
 
 
