@@ -15,7 +15,9 @@
 // (its worker and server errors after the call), flat_out, flat_ew,
 // flat_es (the flat form's). OUTDIR/r<r>_bytes.txt has one line per call:
 // the growth of bytes_sent of the node communicator, the rail communicator
-// and the world communicator (the flat form's). OUTDIR/r<r>_topology.txt
+// and the world communicator (the flat form's); OUTDIR/r<r>_formulas.txt
+// NodeAwareAllreduce's node_bytes, rail_bytes and flat_cross_node_bytes for
+// the sizes. OUTDIR/r<r>_topology.txt
 // has one "key values..." line per check of Topology and Comm::split.
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -192,6 +194,10 @@ int main(int argc, char** argv) {
     std::vector<std::vector<float>> x(T), y(T);
     std::vector<float*> xp(T), yp(T);
     std::ofstream bytes(prefix + "_bytes.txt");
+    std::ofstream(prefix + "_formulas.txt")
+        << dsopt::NodeAwareAllreduce::node_bytes(sizes, R) << ' '
+        << dsopt::NodeAwareAllreduce::rail_bytes(sizes, topo.nodes, R) << ' '
+        << dsopt::NodeAwareAllreduce::flat_cross_node_bytes(sizes, topo.nodes, R) << '\n';
     for (int k = 0; k < calls; ++k) {
       for (size_t t = 0; t < T; ++t) {
         x[t].resize(size_t(sizes[t]));

@@ -145,6 +145,8 @@ def test_bytes_across_nodes_follow_the_formula_and_fall_by_R(run):
     flat_all = flat_bytes(SIZES, P, P - 1)
     flat_cross = flat_bytes(SIZES, P, P - R)
     for r in range(P):
+        library = [int(v) for v in (run.dir / f"r{r}_formulas.txt").read_text().split()]
+        assert library == [inside, cross, flat_cross], "the library's byte formulas"
         for k, (node, rail, world) in enumerate(run.bytes(r)):
             at = f"rank {r}, call {k}"
             assert rail == cross, f"{at}: rail bytes {rail} != formula {cross}"
