@@ -1,8 +1,11 @@
 // The parts of Comm every backend shares: argument shapes and byte counting.
 #include "comm/comm.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "base/error.hpp"
@@ -115,6 +118,34 @@ std::unique_ptr<CommRequest> Comm::started(std::unique_ptr<CommRequest> request,
   // alltoall and allgather alike: count elements to each of the P - 1 others
   bytes_sent_ += uint64_t(size() - 1) * count * elem_size(e);
   return request;
+}
+
+std::unique_ptr<Comm> Comm::split(int color, int key) {
+  if (color < 0) fail(DSOPT_EINTERNAL, "Comm::split: color " + std::to_string(color) + " < 0");
+  std::unique_ptr<Comm> sub = do_split(color, key);
+  sub->set_timeout(timeout());
+  return sub;
+}
+
+std::unique_ptr<Comm> Comm::do_split(int, int) {
+  fail(DSOPT_EUNSUPPORTED,
+       std::string("a ") + backend() + " communicator cannot be split into node and rail "
+       "communicators (dsopt cannot make new communicators out of the caller's callbacks): give "
+       "dsopt the node and the rail communicators yourself, or use the flat compressed allreduce");
+}
+
+int Comm::node_id() {
+  // Each rank's host name, fixed-size and NUL-padded; the node is the
+  // lowest rank with the same name.
+  constexpr size_t kName = 256;
+  std::vector<char> mine(kName, 0), all(kName * size_t(size()), 0);
+  if (gethostname(mine.data(), kName - 1) != 0)
+    fail(DSOPT_ECOMM, "gethostname failed: the node of this rank is unknown");
+  mine[kName - 1] = 0;
+  allgather(mine.data(), all.data(), kName, Elem::U8, Mem::host());
+  for (int i = 0; i < size(); ++i)
+    if (std::memcmp(all.data() + size_t(i) * kName, mine.data(), kName) == 0) return i;
+  return rank();
 }
 
 bool Mem::on_device() const { return kernels != nullptr && kernels->device() == Device::Cuda; }

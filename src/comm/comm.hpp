@@ -126,6 +126,22 @@ class Comm {
     finish();
   }
 
+  // ---- sub-communicators (comm/topology.hpp) ---------------------------------
+  // Collective over this communicator: the ranks that pass the same `color`
+  // (>= 0) form a new communicator, ranked by `key` (ties by rank here), of
+  // this one's backend, stream and timeout, with the same fixed-order sums
+  // and its own bytes_sent. Owned by the caller; it must not outlive this
+  // one. MPI: MPI_Comm_split; NCCL: ncclCommSplit (NCCL >= 2.18, else
+  // DSOPT_EUNSUPPORTED); local: another world of one; custom callbacks:
+  // DSOPT_EUNSUPPORTED (dsopt cannot make communicators out of the caller's
+  // callbacks: the caller gives the node and rail communicators itself).
+  std::unique_ptr<Comm> split(int color, int key);
+  // Collective: an id that is the same on the ranks that share this rank's
+  // node (machine) and differs between nodes: the lowest rank of the node.
+  // MPI: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); the others: the host
+  // names (gethostname), allgathered over this communicator.
+  virtual int node_id();
+
   // Bytes this rank has sent so far, counted as a ring/pairwise
   // implementation sends them (docs/design/compressed-allreduce.md section 7):
   // allreduce 2(P-1)/P * n, reduce_scatter and alltoall (P-1)/P * total,
@@ -157,6 +173,9 @@ class Comm {
   // allgather.
   virtual void do_ordered_allreduce(const void* send, void* recv, size_t count, Elem e,
                                     const Mem& mem);
+  // split() once the color is checked; the default fails with
+  // DSOPT_EUNSUPPORTED.
+  virtual std::unique_ptr<Comm> do_split(int color, int key);
   // The nonblocking forms where overlaps(mem); nullptr: run the blocking one.
   virtual std::unique_ptr<CommRequest> do_start_alltoall(const void* send, void* recv, size_t count,
                                                          Elem e, const Mem& mem);

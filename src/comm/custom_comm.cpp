@@ -2,6 +2,13 @@
 // call goes to a callback of the dsopt_comm_ops table; a nonzero return
 // becomes DSOPT_ECOMM with the callback's text, and the communicator is not
 // used again after it.
+//
+// It cannot be split (Comm::split fails with DSOPT_EUNSUPPORTED): the
+// callbacks run the caller's collectives over one group, and dsopt has no
+// way to make the caller's runtime form new groups. Node-aware collectives
+// over callbacks take the node and rail communicators from the caller (two
+// more custom communicators), which knows its own runtime's groups.
+// node_id() works (host names through the allgather callback).
 #include <string>
 
 #include "base/error.hpp"

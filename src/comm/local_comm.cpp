@@ -12,6 +12,7 @@ class LocalComm final : public Comm {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const char* backend() const override { return "local"; }
+  int node_id() override { return 0; }
 
  protected:
   void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp,
@@ -32,6 +33,8 @@ class LocalComm final : public Comm {
     copy(static_cast<const char*>(send) + send_offsets[0] * es,
          static_cast<char*>(recv) + recv_offsets[0] * es, send_counts[0] * es, mem);
   }
+
+  std::unique_ptr<Comm> do_split(int, int) override { return std::make_unique<LocalComm>(); }
 
  private:
   static void copy(const void* src, void* dst, size_t bytes, const Mem& mem) {

@@ -107,15 +107,22 @@ class MpiComm final : public Comm {
     check_mpi(MPI_Comm_rank(caller_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(caller_, &size_), "MPI_Comm_size");
   }
+  // A communicator dsopt made (split()): its own, freed with it, already
+  // returning error codes.
+  struct Owned {};
+  MpiComm(MPI_Comm own, Owned) : caller_(own), comm_(own), owned_(true) {
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
   ~MpiComm() override {
     int finalized = 1;
     MPI_Finalized(&finalized);
     // Not after MPI_Finalize (which freed it). After a failed call MPI
     // defers the deallocation until the operations still posted complete.
-    if (comm_ != caller_ && !finalized) MPI_Comm_free(&comm_);
+    if ((comm_ != caller_ || owned_) && !finalized) MPI_Comm_free(&comm_);
   }
   void prepare() override {
-    if (comm_ != caller_) return;
+    if (comm_ != caller_ || owned_) return;
     MPI_Comm dup = MPI_COMM_NULL;
     check_mpi(MPI_Comm_dup(caller_, &dup), "MPI_Comm_dup");
     const int rc = MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
@@ -138,7 +145,40 @@ class MpiComm final : public Comm {
     return MPI_Query_thread(&provided) == MPI_SUCCESS && provided == MPI_THREAD_MULTIPLE;
   }
 
+  // The lowest rank of MPI_Comm_split_type(MPI_COMM_TYPE_SHARED): the
+  // ranks that share memory with this one.
+  int node_id() override {
+    prepare();
+    usable();
+    MPI_Comm shared = MPI_COMM_NULL;
+    ok(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared),
+       "MPI_Comm_split_type");
+    int lowest = rank_;
+    const int rc = MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, shared);
+    MPI_Comm_free(&shared);
+    ok(rc, "MPI_Allreduce");
+    return lowest;
+  }
+
  protected:
+  std::unique_ptr<Comm> do_split(int color, int key) override {
+    prepare();
+    usable();
+    MPI_Comm sub = MPI_COMM_NULL;
+    ok(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+    const int rc = MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+      MPI_Comm_free(&sub);
+      check_mpi(rc, "MPI_Comm_set_errhandler");
+    }
+    try {
+      return std::make_unique<MpiComm>(sub, Owned{});
+    } catch (...) {
+      MPI_Comm_free(&sub);
+      throw;
+    }
+  }
+
   void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                     const Mem& mem) override {
     usable();
@@ -411,8 +451,9 @@ class MpiComm final : public Comm {
     kept->push_back(std::move(buffer));
   }
 
-  MPI_Comm caller_;  // borrowed
+  MPI_Comm caller_;  // borrowed (dsopt's own when owned_)
   MPI_Comm comm_;    // the duplicate once prepare() ran, the caller's before
+  bool owned_ = false;
   int rank_ = 0, size_ = 1;
 };
 

@@ -20,7 +20,11 @@ namespace dsopt {
 // The file libdsopt looks for, next to itself and then by this name.
 constexpr const char* kMpiPluginFile = "libdsopt_mpi.so." DSOPT_VERSION_STRING;
 // What both sides compare before anything else.
-constexpr const char* kMpiPluginAbi = "dsopt " DSOPT_VERSION_STRING " mpi plugin 1";
+// The plugin's communicators are dsopt::Comm objects that libdsopt calls
+// through their virtual functions (split() and node_id() included, which
+// make and free MPI communicators inside the plugin), so the number follows
+// the layout of Comm as well as the entry points below.
+constexpr const char* kMpiPluginAbi = "dsopt " DSOPT_VERSION_STRING " mpi plugin 2";
 
 }  // namespace dsopt
 

@@ -77,11 +77,13 @@ class NcclComm final : public Comm {
   }
 
   ~NcclComm() override {
-    if (scratch_ == nullptr) return;
+    if (scratch_ == nullptr && !owned_) return;
     int previous = -1;
     if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) (void)cudaSetDevice(device_);
     (void)cudaStreamSynchronize(stream_);
-    (void)cudaFree(scratch_);
+    if (scratch_ != nullptr) (void)cudaFree(scratch_);
+    // A communicator split() made is dsopt's (an aborted one is freed already).
+    if (owned_ && !aborted_) (void)api_.comm_destroy(comm_);
     if (previous >= 0 && previous != device_) (void)cudaSetDevice(previous);
   }
 
@@ -97,6 +99,29 @@ class NcclComm final : public Comm {
  protected:
   // NCCL's own order, host buffers staged through the device included.
   bool orders_host_sums() const override { return false; }
+
+  // ncclCommSplit, on the same device and stream; freed with the Comm.
+  std::unique_ptr<Comm> do_split(int color, int key) override {
+    if (api_.comm_split == nullptr)
+      fail(DSOPT_EUNSUPPORTED,
+           "the loaded NCCL (version code " + std::to_string(api_.version) +
+               ") has no ncclCommSplit: splitting a communicator into node and rail "
+               "communicators needs NCCL >= 2.18; give dsopt the node and rail communicators "
+               "yourself, or use the flat compressed allreduce");
+    if (aborted_) fail(DSOPT_ECOMM, "the NCCL communicator was aborted by an earlier error or timeout: " + aborted_why_);
+    DeviceScope scope(device_);
+    ncclComm_t sub = nullptr;
+    check(api_.comm_split(comm_, color, key, &sub, nullptr), "ncclCommSplit");
+    std::unique_ptr<NcclComm> made;
+    try {
+      made = std::make_unique<NcclComm>(sub, stream_);
+    } catch (...) {
+      (void)api_.comm_destroy(sub);
+      throw;
+    }
+    made->owned_ = true;
+    return made;
+  }
 
   void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                     const Mem& mem) override {
@@ -282,6 +307,7 @@ class NcclComm final : public Comm {
   char* scratch_ = nullptr;
   size_t scratch_size_ = 0;
   bool aborted_ = false;
+  bool owned_ = false;  // made by split(): destroyed with this object
   std::string aborted_why_;
 };
 

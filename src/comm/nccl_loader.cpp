@@ -52,6 +52,8 @@ void load(Loaded& out) {
   bind(lib, "ncclGetVersion", a.get_version, e);
   bind(lib, "ncclCommGetAsyncError", a.comm_get_async_error, e);
   bind(lib, "ncclCommAbort", a.comm_abort, e);
+  bind(lib, "ncclCommDestroy", a.comm_destroy, e);
+  a.comm_split = reinterpret_cast<NcclCommSplitFn>(dlsym(lib, "ncclCommSplit"));
   a.get_last_error = reinterpret_cast<decltype(a.get_last_error)>(dlsym(lib, "ncclGetLastError"));
   if (!e.empty()) return;
   a.version = 0;

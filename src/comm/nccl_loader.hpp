@@ -6,6 +6,12 @@
 
 namespace dsopt {
 
+// ncclCommSplit (NCCL >= 2.18) with its config as an opaque pointer, so
+// that this compiles against older nccl.h; dsopt passes nullptr (the new
+// communicator inherits the parent's configuration).
+using NcclCommSplitFn = ncclResult_t (*)(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                         void* config);
+
 struct NcclApi {
   decltype(&::ncclAllReduce) all_reduce;
   decltype(&::ncclReduceScatter) reduce_scatter;
@@ -22,6 +28,8 @@ struct NcclApi {
   decltype(&::ncclGetLastError) get_last_error;  // nullptr in NCCL < 2.13
   decltype(&::ncclCommGetAsyncError) comm_get_async_error;
   decltype(&::ncclCommAbort) comm_abort;
+  decltype(&::ncclCommDestroy) comm_destroy;
+  NcclCommSplitFn comm_split;  // nullptr in NCCL < 2.18
   int version;  // NCCL_VERSION_CODE of the loaded library, e.g. 22809
 };
 

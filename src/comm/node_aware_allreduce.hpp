@@ -1,0 +1,94 @@
+// The node-aware error-compensated 1-bit compressed allreduce
+// (docs/design/node-aware-allreduce.md), built on Comm and Kernels like the
+// flat one (comm/compressed_allreduce.hpp), which it runs across nodes.
+//
+// With N nodes of R ranks, rank (node k, local j) in one call:
+//   (a) inside the node, fp32, uncompressed: each tensor x (n values) is
+//       padded with zeros to R*m, m = ceil(n / R), and reduce-scattered over
+//       the node communicator in dsopt's fixed order (comm.hpp), all
+//       tensors in one collective: local rank j receives slice j of every
+//       tensor, s = sum over the node's ranks, and keeps
+//       y_j = fl(s * fl(1 / R)), the node mean of slice j;
+//   (b) across nodes, compressed: the flat CompressedAllreduce over the
+//       rail communicator (the N ranks of local index j) on the slices y_j
+//       (one tensor of m values per tensor): worker error of
+//       padded_length(m, N), server error of padded_length(m, N) / N;
+//   (c) inside the node, fp32: the decompressed slices allgathered over the
+//       node communicator, every rank writing the n values of each x.
+// Every rank ends with the same bits. R = 1 is the flat form on the rail
+// communicator exactly (the tensors go to it as they are); N = 1 runs (a)
+// and (c) only (the rail allreduce of one rank is the identity).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "comm/compressed_allreduce.hpp"
+#include "kernels/device_buffer.hpp"
+#include "kernels/kernels.hpp"
+
+namespace dsopt {
+
+class NodeAwareAllreduce {
+ public:
+  // m: the slice length of a tensor of n values on nodes of R ranks.
+  static int64_t slice_length(int64_t n, int ranks_per_node) {
+    return (n + ranks_per_node - 1) / ranks_per_node;
+  }
+
+  // Bytes one call adds to the rail communicator's bytes_sent on every rank
+  // (what crosses node boundaries): with n''_t = padded_length(m_t, N) and
+  // T tensors, (N - 1) * (2 * sum_t n''_t / (8 N) + 8 T); 0 when N = 1.
+  static uint64_t rail_bytes(const std::vector<int64_t>& sizes, int nodes, int ranks_per_node);
+  // Bytes one call adds to the node communicator's bytes_sent:
+  // 2 (R - 1) * 4 * sum_t m_t (reduce-scatter and allgather); 0 when R = 1.
+  static uint64_t node_bytes(const std::vector<int64_t>& sizes, int ranks_per_node);
+  // The flat form's bytes on the same world (P = N R) that go to ranks of
+  // other nodes when every block goes straight to its destination:
+  // (P - R) * (2 * sum_t n'_t / (8 P) + 8 T), n'_t = padded_length(n_t, P).
+  static uint64_t flat_cross_node_bytes(const std::vector<int64_t>& sizes, int nodes,
+                                        int ranks_per_node);
+
+  // Tensors of the given sizes; `node` and `rail` as comm/topology.hpp
+  // makes them (node: the R ranks of this node ranked by local index; rail:
+  // the N ranks of this local index ranked by node). Buffers in
+  // mem.kernels' memory; error buffers start at zero. piece_blocks: the
+  // rail allreduce's pieces (compressed_allreduce.hpp).
+  NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels, const Mem& mem,
+                     std::vector<int64_t> sizes, int64_t piece_blocks = 0);
+
+  // Collective over both communicators: x[t] (sizes[t] fp32 values each)
+  // becomes the compressed average over all N R ranks, identical on every
+  // rank.
+  void run(float* const* x);
+
+  int nodes() const { return nodes_; }
+  int ranks_per_node() const { return ranks_per_node_; }
+  int64_t count() const { return int64_t(sizes_.size()); }
+  // The rail allreduce over the slices (over the tensors themselves when
+  // R = 1): its worker errors (n''_t each, back to back) and server errors
+  // (n''_t / N each) are this rank's error-feedback state.
+  CompressedAllreduce& rail_allreduce() { return *rail_car_; }
+  float* worker_error() const { return rail_car_->worker_error(); }
+  int64_t worker_error_numel() const { return rail_car_->worker_error_numel(); }
+  float* server_error() const { return rail_car_->server_error(); }
+  int64_t server_error_numel() const { return rail_car_->server_error_numel(); }
+  void reset_errors() { rail_car_->reset_errors(); }
+
+ private:
+  Comm& node_;
+  Kernels& kernels_;
+  Mem mem_;
+  int nodes_, ranks_per_node_;
+  std::vector<int64_t> sizes_;
+  std::vector<int64_t> slice_;   // m_t
+  std::vector<int64_t> offset_;  // of slice t in a block of the node exchange
+  int64_t block_ = 0;            // sum_t m_t: one rank's block of the node exchange
+  std::unique_ptr<CompressedAllreduce> rail_car_;
+  DeviceBuffer blocks_;  // R blocks: the reduce-scatter's input, the allgather's output
+  DeviceBuffer mine_;    // this rank's block: the slices y_j of every tensor
+  DeviceBuffer zeros_;   // the padding of the last slices (fewer than R values per tensor)
+};
+
+}  // namespace dsopt

@@ -1,0 +1,52 @@
+// Where the ranks of a communicator sit: N nodes of R ranks each
+// (docs/design/node-aware-allreduce.md). The node-aware compressed
+// collectives (comm/node_aware_allreduce.hpp) run inside a node on the node
+// communicator (the R ranks of this rank's node, ranked by local index) and
+// across nodes on the rail communicator (the N ranks with this rank's local
+// index, one per node, ranked by node index).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "comm/comm.hpp"
+
+namespace dsopt {
+
+struct Topology {
+  int nodes = 1;           // N
+  int ranks_per_node = 1;  // R; nodes * ranks_per_node is the world size
+  int node = 0;            // this rank's node, 0 <= node < N
+  int local = 0;           // this rank's local index, 0 <= local < R
+  // Set when the nodes found were of unequal sizes: the topology is then
+  // the flat one (N = P nodes of one rank) and this says why.
+  std::string flat_reason;
+
+  bool flat() const { return ranks_per_node == 1; }
+  int world() const { return nodes * ranks_per_node; }
+
+  // Declared (tests on one machine, or a caller that knows its layout):
+  // node = rank / R, local = rank % R. DSOPT_EINVAL unless R >= 1 divides
+  // the world size.
+  static Topology declared(int rank, int size, int ranks_per_node);
+  // Collective over `comm`: the nodes are the groups of ranks that pass the
+  // same `node_id`, numbered by their lowest rank; a rank's local index is
+  // its place among its node's ranks in rank order. Nodes of unequal sizes
+  // give the flat topology with flat_reason set (never an error: the flat
+  // form runs on any layout).
+  static Topology from_node_ids(Comm& comm, int node_id);
+  // from_node_ids with comm.node_id() (MPI: the shared-memory split).
+  static Topology discover(Comm& comm) { return from_node_ids(comm, comm.node_id()); }
+
+  // "N x R (node k, local j)", and the flat reason if any.
+  std::string describe() const;
+};
+
+// The node and rail communicators of `t` (collective over `comm`, whose
+// rank must be t's): two Comm::split calls, node = split(t.node, t.local)
+// and rail = split(t.local, t.node).
+struct NodeComms {
+  std::unique_ptr<Comm> node, rail;
+};
+NodeComms split_by_topology(Comm& comm, const Topology& t);
+
+}  // namespace dsopt

@@ -1,0 +1,107 @@
+"""numpy reference of the node-aware 1-bit compressed allreduce, written from
+docs/design/node-aware-allreduce.md (not from the C++), with the flat form of
+onebit_reference.CarReference across nodes.
+
+Ranks are declared as N nodes of R ranks: rank = node * R + local. One call on
+a tensor of n values:
+
+1. inside each node, uncompressed: every rank's x padded with zeros to R * m
+   (m = ceil(n / R)); slice j = elements [j m, (j + 1) m). Local rank j gets
+   the sum of slice j over the node's ranks in dsopt's fixed order (comm.hpp:
+   ((x[j+1] + x[j+2]) + ...) + x[j], local indices mod R, one fp32 rounding
+   per addition), times fl(1 / R): y_j, the node mean of slice j;
+2. across nodes, compressed: the ranks of local index j (one per node, in node
+   order) run the flat error-compensated compressed allreduce of a tensor of
+   m values with P = N: their worker errors have padded_length(m, N) values,
+   their server errors padded_length(m, N) / N;
+3. inside each node: the decompressed slices gathered, the first n values
+   being the result on every rank.
+
+With N = 1 step 2 is skipped (no compression inside one node; the errors
+stay zero). With R = 1 steps 1 and 3 are copies and step 2 is the flat form.
+"""
+
+import numpy as np
+
+from onebit_reference import F32, CarReference, padded_length
+
+
+def slice_length(n: int, ranks_per_node: int) -> int:
+    return -(-n // ranks_per_node)
+
+
+def node_mean_slices(xs, n: int, ranks_per_node: int):
+    """xs: the inputs of one node's ranks in local order. Returns y[j] for
+    j < R: the fixed-order sum of slice j over the node, times fl(1/R)."""
+    R = ranks_per_node
+    m = slice_length(n, R)
+    padded = []
+    for x in xs:
+        p = np.zeros(R * m, np.float32)
+        p[:n] = np.asarray(x, np.float32).ravel()
+        padded.append(p)
+    inv = F32(1.0) / F32(R)
+    out = []
+    for j in range(R):
+        part = lambda i: padded[i % R][j * m:(j + 1) * m]  # noqa: E731
+        acc = part(j + 1).copy()
+        for k in range(2, R + 1):
+            acc = (acc + part(j + k)).astype(np.float32)
+        out.append((acc * inv).astype(np.float32))
+    return out
+
+
+class NodeAwareReference:
+    """Error state of one tensor on every rank; ``run`` is one call."""
+
+    def __init__(self, n: int, nodes: int, ranks_per_node: int):
+        self.n, self.nodes, self.R = n, nodes, ranks_per_node
+        self.m = slice_length(n, ranks_per_node)
+        # one flat allreduce per rail (local index), over the N nodes
+        self.rails = [CarReference(self.m, nodes) for _ in range(ranks_per_node)]
+
+    def worker_error(self, rank):
+        return self.rails[rank % self.R].ew[rank // self.R]
+
+    def server_error(self, rank):
+        return self.rails[rank % self.R].es[rank // self.R]
+
+    def run(self, xs):
+        """xs[rank]: this tensor's input on every rank. Returns the output
+        (the same on every rank) and the rails' wires."""
+        N, R, n, m = self.nodes, self.R, self.n, self.m
+        y = [node_mean_slices(xs[k * R:(k + 1) * R], n, R) for k in range(N)]  # y[node][j]
+        slices, wires = [], []
+        for j in range(R):
+            if N == 1:  # one node: no compression, the errors stay zero
+                slices.append(y[0][j])
+                continue
+            out, wire = self.rails[j].run([y[k][j] for k in range(N)])
+            slices.append(out)
+            wires.append(wire)
+        return np.concatenate(slices)[:n].astype(np.float32), wires
+
+
+def rail_bytes(sizes, nodes: int, ranks_per_node: int) -> int:
+    """Bytes per rank and call that cross node boundaries (the rail
+    communicator's): per tensor one all-to-all block and one gathered server
+    chunk of padded_length(m, N) / N bits to each of the N - 1 other nodes,
+    plus two fp32 scales."""
+    N = nodes
+    chunk = sum(padded_length(slice_length(n, ranks_per_node), N) // N // 8 for n in sizes)
+    return (N - 1) * (2 * chunk + 8 * len(sizes))
+
+
+def node_bytes(sizes, ranks_per_node: int) -> int:
+    """Bytes per rank and call inside the node: the fp32 reduce-scatter and
+    allgather of one block of sum(m) values to each of the R - 1 others."""
+    R = ranks_per_node
+    return 2 * (R - 1) * 4 * sum(slice_length(n, R) for n in sizes)
+
+
+def flat_bytes(sizes, world: int, peers: int) -> int:
+    """The flat form's bytes per rank and call to `peers` other ranks (P - 1:
+    all it sends; P - R: those to other nodes, every block sent straight to
+    its destination)."""
+    chunk = sum(padded_length(n, world) // world // 8 for n in sizes)
+    return peers * (2 * chunk + 8 * len(sizes))
