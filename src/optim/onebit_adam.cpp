@@ -38,14 +38,14 @@ std::vector<OneBitConsts> OneBitAdam::consts() const {
   return c;
 }
 
-bool OneBitAdam::update(const PreparedGrads& grads) {
+UpdateOutcome OneBitAdam::update(const PreparedGrads& grads) {
   const std::vector<OneBitConsts> c = consts();
   if (!stage().compressing) {
     const std::vector<UpdateSlot>& slots = moments_.all_slots(params(), grads);
     kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), grads.mul1, grads.mul2);
     freeze_if_due();
-    return false;
+    return UpdateOutcome{};
   }
   if (!full_.empty()) {
     const std::vector<UpdateSlot> slots = moments_.slots(params(), &grads, full_);
@@ -60,7 +60,7 @@ bool OneBitAdam::update(const PreparedGrads& grads) {
     kernels().update(UpdateRule::OneBitApply, slots.data(), int64_t(slots.size()), c.data(),
                      num_groups(), 1.0f, 1.0f);
   }
-  return true;
+  return UpdateOutcome{true};
 }
 
 void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {

@@ -18,7 +18,7 @@ class OneBitAdam final : public OneBitOptimizer {
  protected:
   std::string algorithm() const override { return "OneBitAdam"; }
   bool averaged(int64_t i) const override { return !stage().compressing || non_freeze(i); }
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   std::string divergence_hint() const override { return stage_divergence_hint("lr"); }
   void describe_state(StateSchema& s) override;
 

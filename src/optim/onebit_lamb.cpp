@@ -69,14 +69,14 @@ LambStepConsts OneBitLamb::consts() const {
   return c;
 }
 
-bool OneBitLamb::update(const PreparedGrads& grads) {
+UpdateOutcome OneBitLamb::update(const PreparedGrads& grads) {
   if (!stage().compressing) {
     warmup(grads);
     freeze_if_due();
-    return false;
+    return UpdateOutcome{};
   }
   compressed(grads);
-  return true;
+  return UpdateOutcome{true};
 }
 
 void OneBitLamb::warmup(const PreparedGrads& grads) {

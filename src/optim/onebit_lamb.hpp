@@ -19,7 +19,7 @@ class OneBitLamb final : public OneBitOptimizer {
  protected:
   std::string algorithm() const override { return "OneBitLamb"; }
   bool averaged(int64_t) const override { return !stage().compressing; }
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   std::string divergence_hint() const override { return stage_divergence_hint("lr or max_coeff"); }
   void describe_state(StateSchema& s) override;
   // vf and the scaling coefficients.

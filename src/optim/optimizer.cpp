@@ -147,8 +147,9 @@ StepResult Optimizer::apply(PreparedGrads prepared) {
   if (!prepared.skip) {
     groups_.advance(absent_.inactive());
     try {
-      compressed = update(prepared);
-      pipeline_.take_norm(prepared);
+      const UpdateOutcome updated = update(prepared);
+      compressed = updated.compressed;
+      pipeline_.take_norm(prepared, updated);
     } catch (const Error& e) {
       mark_failed(e.status(), e.what());
       throw;

@@ -187,7 +187,8 @@ class Optimizer {
     return pipeline_.prepare_handed_over(update_sums());
   }
   // Whether update() sums the squares of the gradients it reads when
-  // PreparedGrads::norm_sumsq asks it to (update_moments does, but for LAMB).
+  // PreparedGrads::norm_by_update asks it to (update_moments does, but for
+  // LAMB), returning the sum (UpdateOutcome::grad_sumsq).
   virtual bool update_sums() const { return false; }
   // Where the bucket reductions run; and stopping it, which a subclass
   // whose buffers reductions use calls first in its destructor.
@@ -211,8 +212,9 @@ class Optimizer {
     return gathers_.defer_gathers(chunks, bytes, run);
   }
   // Applies one update with prepared gradients; step counters are already
-  // incremented. Returns whether the step used compressed communication.
-  virtual bool update(const PreparedGrads& grads) = 0;
+  // incremented. Returns whether the step used compressed communication,
+  // and the gradients' sum of squares where grads.norm_by_update asks.
+  virtual UpdateOutcome update(const PreparedGrads& grads) = 0;
   // The DSOPT_PHASE_* of an applied step whose update() returned `compressed`.
   virtual int32_t step_phase(bool compressed) const {
     return compressed ? DSOPT_PHASE_COMPRESSED : DSOPT_PHASE_FULL;
@@ -267,7 +269,9 @@ class Optimizer {
   // tensors or a shard's fragments, param_of(k) the parameter of slot k,
   // whose group is its parameter's group; LAMB's slots carry the U stream
   // and `sums` gives it the per-tensor sums of squares (lamb_step.hpp).
-  void update_moments(MomentRule rule, const std::vector<UpdateSlot>& slots,
+  // Returns the gradients' sum of squares where grads.norm_by_update asks
+  // (0 otherwise).
+  double update_moments(MomentRule rule, const std::vector<UpdateSlot>& slots,
                       const std::function<int64_t(size_t)>& param_of, const PreparedGrads& grads,
                       const TensorSums& sums);
   // Restores steps, learning rates, the loss scaler and the run id (what

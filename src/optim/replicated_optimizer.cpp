@@ -14,18 +14,17 @@ ReplicatedOptimizer::ReplicatedOptimizer(const OptimizerConfig& cfg, Comm& comm,
   if (rule_ == MomentRule::Lamb) u_ = DeviceBuffer(this->kernels(), size_t(this->params().total_numel()) * 4);
 }
 
-bool ReplicatedOptimizer::update(const PreparedGrads& grads) {
+UpdateOutcome ReplicatedOptimizer::update(const PreparedGrads& grads) {
   const std::vector<UpdateSlot>& all = moments_.all_slots(params(), grads);
   const auto param_of = [](size_t k) { return int64_t(k); };
   if (rule_ != MomentRule::Lamb) {
-    update_moments(rule_, all, param_of, grads, nullptr);
-    return false;
+    return UpdateOutcome{false, update_moments(rule_, all, param_of, grads, nullptr)};
   }
   std::vector<UpdateSlot> slots = all;
   for (size_t i = 0; i < slots.size(); ++i)
     slots[i].set(Operand::U, u_.floats() + params().params()[i].offset);
   update_moments(rule_, slots, param_of, grads, whole_tensors(kernels()));
-  return false;
+  return UpdateOutcome{};
 }
 
 void ReplicatedOptimizer::describe_state(StateSchema& s) {

@@ -16,7 +16,7 @@ class ReplicatedOptimizer final : public Optimizer {
 
  protected:
   std::string algorithm() const override { return moment_algorithm(config()); }
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   // Adam leaves parameters without a gradient alone; LAMB steps them with
   // a zero gradient, as 1-bit LAMB does.
   bool skips_absent() const override { return rule_ != MomentRule::Lamb; }

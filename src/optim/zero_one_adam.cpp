@@ -114,11 +114,11 @@ std::string ZeroOneAdam::divergence_hint() const {
                                 "lr", "var_freeze_step");
 }
 
-bool ZeroOneAdam::update(const PreparedGrads& grads) {
+UpdateOutcome ZeroOneAdam::update(const PreparedGrads& grads) {
   const int64_t k = group_step(0) + 1;  // DeepSpeed's counter (G2)
   if (sched_.frozen) local_phase_step(grads, k);
   else variance_phase_step(grads, k);
-  return phase_ != DSOPT_PHASE_FULL && phase_ != DSOPT_PHASE_LOCAL;
+  return UpdateOutcome{phase_ != DSOPT_PHASE_FULL && phase_ != DSOPT_PHASE_LOCAL};
 }
 
 void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {

@@ -29,7 +29,7 @@ class ZeroOneAdam final : public OneBitOptimizer {
  protected:
   std::string algorithm() const override { return "ZeroOneAdam"; }
   bool averaged(int64_t) const override;
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   int32_t step_phase(bool compressed) const override { (void)compressed; return phase_; }
   std::string divergence_hint() const override;
   void describe_state(StateSchema& s) override;

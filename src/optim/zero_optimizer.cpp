@@ -151,7 +151,7 @@ PreparedGrads ZeroOptimizer::prepared(const ReducedShard& reduced) {
   return out;
 }
 
-bool ZeroOptimizer::update(const PreparedGrads& grads) {
+UpdateOutcome ZeroOptimizer::update(const PreparedGrads& grads) {
   reducer_.commit_feedback();  // the step runs: its residual is the rank's now
   const auto param_of = [this](size_t k) { return state_.pieces[k].param; };
   if (offloaded_) {
@@ -168,7 +168,7 @@ bool ZeroOptimizer::update(const PreparedGrads& grads) {
   if (!defer_gathers(gatherer_.chunks(), gatherer_.bytes_per_gather(),
                      [this](int64_t c) { gatherer_.gather_chunk(c); }))
     gatherer_.gather();
-  return false;
+  return UpdateOutcome{};  // the pipeline summed the gradients in the reduction
 }
 
 ZeroLayoutRecord ZeroOptimizer::record() const {

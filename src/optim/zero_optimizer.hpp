@@ -39,7 +39,7 @@ class ZeroOptimizer final : public Optimizer {
   GradientHandover& handover() override { return reducer_; }
   void open_handover(int micro_batches) override;
   PreparedGrads prepare_handed_over() override;
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return rule_ != MomentRule::Lamb; }
   int64_t num_gather_chunks() const override { return gatherer_.chunks(); }
   std::vector<int64_t> gather_chunks_of(int64_t param_index) const override {
