@@ -58,9 +58,8 @@ void read_zero_one(const json& params, const std::string& path, OptimizerConfig&
 }
 
 template <class Impl>
-std::unique_ptr<Optimizer> make(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-                                const dsopt_tensor* params, int64_t count) {
-  return std::make_unique<Impl>(cfg, comm, std::move(kernels), params, count);
+std::unique_ptr<AlgorithmImpl> make(OptimizerParts& parts) {
+  return std::make_unique<Impl>(parts);
 }
 
 Algorithm onebit(const char* type, const char* moments) {

@@ -7,7 +7,7 @@
 #include "algorithms/config_values.hpp"
 #include "api/config.hpp"
 #include "base/error.hpp"
-#include "optim/optimizer.hpp"
+#include "facade/optimizer.hpp"
 
 namespace dsopt {
 namespace {
@@ -90,9 +90,9 @@ std::string canonical_config(const char* json_text) {
 
 std::string current_config(const Optimizer& opt, const std::string& text) {
   OptimizerConfig c = parse_config(text.c_str());
-  for (int32_t g = 0; g < opt.groups().num_groups(); ++g) {
+  for (int32_t g = 0; g < opt.num_groups(); ++g) {
     for (const HyperParam& p : c.algorithm->hyper)
-      p.set(c.groups[size_t(g)], opt.groups().group_param(g, p.name));
+      p.set(c.groups[size_t(g)], opt.group_param(g, p.name));
   }
   c.pipeline.gradient_clipping = opt.gradient_clipping();
   return to_json(c, bf16_enabled(text)).dump();

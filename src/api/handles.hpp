@@ -4,7 +4,7 @@
 #include <string>
 
 #include "comm/comm.hpp"
-#include "optim/optimizer.hpp"
+#include "facade/optimizer.hpp"
 
 struct dsopt_comm {
   std::unique_ptr<dsopt::Comm> impl;

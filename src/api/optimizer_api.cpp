@@ -8,7 +8,7 @@
 #include "api/guard.hpp"
 #include "api/handles.hpp"
 #include "api/versioned_struct.hpp"
-#include "optim/creation.hpp"
+#include "facade/creation.hpp"
 
 using namespace dsopt;
 
@@ -21,12 +21,12 @@ namespace {
 const char* const kSettling = "a call waiting for the deferred parameter allgather";
 const dsopt::Optimizer& impl(const dsopt_optimizer* opt) {
   require_nonnull(opt, "opt");
-  opt->impl->gathers().wait_gathers(-1, kSettling);
+  opt->impl->wait_gathers(-1, kSettling);
   return *opt->impl;
 }
 dsopt::Optimizer& impl(dsopt_optimizer* opt) {
   require_nonnull(opt, "opt");
-  opt->impl->gathers().wait_gathers(-1, kSettling);
+  opt->impl->wait_gathers(-1, kSettling);
   return *opt->impl;
 }
 // The optimizer as it is, gathers in flight or not.
@@ -112,7 +112,7 @@ DSOPT_API int dsopt_set_lr(dsopt_optimizer* opt, double lr) {
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);
     check_lr(lr);
-    o.groups().set_lr(-1, lr);
+    o.set_lr(lr);
   });
 }
 
@@ -146,8 +146,7 @@ DSOPT_API int dsopt_set_group_lr(dsopt_optimizer* opt, int32_t group, double lr)
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);
     check_lr(lr);
-    o.groups().lr(group);  // range check first
-    o.groups().set_lr(group, lr);
+    o.set_group_lr(group, lr);
   });
 }
 
@@ -155,7 +154,7 @@ DSOPT_API int dsopt_get_lr(const dsopt_optimizer* opt, int32_t group, double* ou
   return guarded([&] {
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(out_lr, "out_lr");
-    *out_lr = o.groups().lr(group);
+    *out_lr = o.lr(group);
   });
 }
 
@@ -165,7 +164,7 @@ DSOPT_API int dsopt_get_group_param(const dsopt_optimizer* opt, int32_t group, c
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(name, "name");
     require_nonnull(out_value, "out_value");
-    *out_value = o.groups().group_param(group, name);
+    *out_value = o.group_param(group, name);
   });
 }
 
@@ -174,7 +173,7 @@ DSOPT_API int dsopt_set_group_param(dsopt_optimizer* opt, int32_t group, const c
   return guarded([&] {
     dsopt::Optimizer& o = impl(opt);
     require_nonnull(name, "name");
-    o.groups().set_group_param(group, name, value);
+    o.set_group_param(group, name, value);
   });
 }
 
@@ -222,7 +221,7 @@ DSOPT_API int dsopt_num_groups(const dsopt_optimizer* opt, int32_t* out_count) {
   return guarded([&] {
     const dsopt::Optimizer& o = impl(opt);
     require_nonnull(out_count, "out_count");
-    *out_count = o.groups().num_groups();
+    *out_count = o.num_groups();
   });
 }
 
@@ -314,7 +313,7 @@ DSOPT_API int dsopt_gather_pending(dsopt_optimizer* opt, int64_t* out_pending) {
   return guarded([&] {
     dsopt::Optimizer& o = unsettled(opt);
     require_nonnull(out_pending, "out_pending");
-    *out_pending = o.gathers().gathers_pending();
+    *out_pending = o.gathers_pending();
   });
 }
 
@@ -325,16 +324,16 @@ DSOPT_API int dsopt_gather_wait_bucket(dsopt_optimizer* opt, int64_t bucket) {
       fail(DSOPT_EINVAL, "dsopt_gather_wait_bucket: bucket " + std::to_string(bucket) +
                              " is out of range (-1: every bucket; the optimizer has " +
                              std::to_string(o.gather_buckets()) + ")");
-    o.gathers().wait_gathers(bucket, "dsopt_gather_wait_bucket");
+    o.wait_gathers(bucket, "dsopt_gather_wait_bucket");
   });
 }
 
 DSOPT_API int dsopt_gather_wait(dsopt_optimizer* opt, int64_t param_index) {
   return guarded([&] {
     dsopt::Optimizer& o = unsettled(opt);
-    if (param_index == -1) return o.gathers().wait_gathers(-1, "dsopt_gather_wait");
+    if (param_index == -1) return o.wait_gathers(-1, "dsopt_gather_wait");
     const int64_t bucket = o.gather_bucket_of(param_index);  // range check
-    if (bucket >= 0) o.gathers().wait_gathers(bucket, "dsopt_gather_wait");
+    if (bucket >= 0) o.wait_gathers(bucket, "dsopt_gather_wait");
   });
 }
 

@@ -1,7 +1,7 @@
 // What an algorithm is to the library: one descriptor, registered once in
 // src/algorithms. The config reader, the config writer, the factory and
 // the moment rules look the algorithm up by its descriptor and never by
-// its name.
+// its name. Its implementation is an AlgorithmImpl (optim/algorithm_impl.hpp).
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -18,7 +18,8 @@
 
 namespace dsopt {
 
-class Optimizer;
+class AlgorithmImpl;
+class OptimizerParts;
 struct OptimizerConfig;
 
 // The update rules that keep fp32 moments and nothing else between steps
@@ -71,10 +72,9 @@ struct Algorithm {
   // The algorithm's own keys of optimizer.params as applied (the
   // hyperparameters are written by the caller).
   void (*write_params)(const OptimizerConfig& cfg, nlohmann::json& params) = nullptr;
-  // Builds the optimizer (nullptr: a moment rule's, by gradient path).
-  std::unique_ptr<Optimizer> (*make)(const OptimizerConfig& cfg, Comm& comm,
-                                     std::unique_ptr<Kernels> kernels, const dsopt_tensor* params,
-                                     int64_t count) = nullptr;
+  // Builds the algorithm on an optimizer's parts (optim/algorithm_impl.hpp;
+  // nullptr: a moment rule's, by gradient path).
+  std::unique_ptr<AlgorithmImpl> (*make)(OptimizerParts& parts) = nullptr;
 };
 
 }  // namespace dsopt

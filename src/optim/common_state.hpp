@@ -20,7 +20,7 @@ namespace dsopt {
 struct CommonState {
   HyperGroups& groups;
   LossScaler& scaler;
-  uint64_t& run_id;  // the run's identifier (Optimizer::set_run_id)
+  uint64_t& run_id;  // the run's identifier (OptimizerParts::set_run_id)
   DivergenceCheck& divergence;
 };
 

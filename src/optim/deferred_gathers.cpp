@@ -1,14 +1,8 @@
 #include "optim/deferred_gathers.hpp"
 
 #include "base/error.hpp"
-#include "optim/optimizer.hpp"
 
 namespace dsopt {
-
-int64_t Optimizer::gather_bucket_of(int64_t param_index) const {
-  param_numel(param_index, nullptr);  // range check
-  return gathers_.order().last_position(gather_chunks_of(param_index));
-}
 
 int64_t DeferredGathers::gathers_pending() {
   int64_t n = 0;

@@ -1,12 +1,19 @@
-// Builds the optimizer a config names, on the device it names.
+// Builds what a config names: the kernels of its device, and on an
+// optimizer's parts its algorithm (a moment rule's by gradient path, else
+// the descriptor's own, Algorithm::make).
 #pragma once
 #include <memory>
 
-#include "optim/optimizer.hpp"
+#include "comm/comm.hpp"
+#include "kernels/kernels.hpp"
+#include "optim/algorithm_impl.hpp"
+#include "optim/config.hpp"
+#include "optim/optimizer_parts.hpp"
 
 namespace dsopt {
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, Comm& comm,
-                                          const dsopt_tensor* params, int64_t count);
+// Throws Error(DSOPT_EUNSUPPORTED) for an NCCL communicator on the CPU.
+std::unique_ptr<Kernels> make_kernels(const OptimizerConfig& cfg, Comm& comm);
+std::unique_ptr<AlgorithmImpl> make_algorithm(OptimizerParts& parts);
 
 }  // namespace dsopt

@@ -1,7 +1,6 @@
 #include "optim/moment_rule.hpp"
 
 #include "base/error.hpp"
-#include "optim/optimizer.hpp"
 
 namespace dsopt {
 
@@ -18,19 +17,29 @@ std::string moment_algorithm(const OptimizerConfig& cfg) {
   return cfg.algorithm->blob_name ? cfg.algorithm->blob_name(cfg) : cfg.type;
 }
 
-void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& slots,
-                               const std::function<int64_t(size_t)>& param_of,
-                               const PreparedGrads& grads, const TensorSums& sums) {
+AdamStepConsts adam_step_consts(const OptimizerParts& parts) {
+  return parts.groups().adam_step_consts(parts.absent().inactive());
+}
+
+LambStepConsts lamb_step_consts(const OptimizerParts& parts) {
+  return parts.groups().lamb_step_consts();
+}
+
+double update_moments(const OptimizerParts& parts, MomentRule rule,
+                      const std::vector<UpdateSlot>& slots,
+                      const std::function<int64_t(size_t)>& param_of, const PreparedGrads& grads,
+                      const TensorSums& sums) {
   if (rule == MomentRule::Lamb) {
-    if (grads.norm_sumsq) fail(DSOPT_EINTERNAL, "LAMB's update does not sum the gradients");
+    if (grads.norm_by_update) fail(DSOPT_EINTERNAL, "LAMB's update does not sum the gradients");
     std::vector<UpdateSlot> per_tensor = slots;  // constants are per parameter
     for (size_t k = 0; k < per_tensor.size(); ++k) per_tensor[k].group = int32_t(param_of(k));
-    LambStepConsts c = lamb_step_consts();
-    lamb_step(kernels(), per_tensor, c.consts, c.lr, grads.mul1, grads.mul2, cfg_.lamb, sums);
-    return;
+    LambStepConsts c = lamb_step_consts(parts);
+    lamb_step(parts.kernels(), per_tensor, c.consts, c.lr, grads.mul1, grads.mul2,
+              parts.config().lamb, sums);
+    return 0.0;
   }
-  const UpdateRule update = cfg_.algorithm->update;
-  const AdamStepConsts c = adam_step_consts();
+  const UpdateRule update = parts.config().algorithm->update;
+  const AdamStepConsts c = adam_step_consts(parts);
   const int32_t n = int32_t(c.consts.size());
   // Parameters with their own step counts, or some left out (their
   // gradients are zeros: leaving their sums out changes no bit).
@@ -38,10 +47,12 @@ void Optimizer::update_moments(MomentRule rule, const std::vector<UpdateSlot>& s
   if (!c.of_param.empty()) selected = c.select(slots, param_of);
   const std::vector<UpdateSlot>& used = c.of_param.empty() ? slots : selected;
   // The sums in the order of the step pipeline's pass: tensor by tensor.
-  std::vector<double> grad_sums(grads.norm_sumsq ? used.size() : 0);
-  kernels().update(update, used.data(), int64_t(used.size()), c.consts.data(), n, grads.mul1,
-                   grads.mul2, grads.norm_sumsq ? grad_sums.data() : nullptr);
-  for (double s : grad_sums) *grads.norm_sumsq += s;
+  std::vector<double> grad_sums(grads.norm_by_update ? used.size() : 0);
+  parts.kernels().update(update, used.data(), int64_t(used.size()), c.consts.data(), n,
+                         grads.mul1, grads.mul2, grads.norm_by_update ? grad_sums.data() : nullptr);
+  double sumsq = 0.0;
+  for (double s : grad_sums) sumsq += s;
+  return sumsq;
 }
 
 }  // namespace dsopt

@@ -8,70 +8,68 @@ namespace {
 const char* kStabilize = "onebit.stabilize";
 }  // namespace
 
-OneBitAdam::OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-                       const dsopt_tensor* params, int64_t count)
-    : OneBitOptimizer(cfg, comm, std::move(kernels), params, count,
-                      Sections{"onebit", "onebit.stage",
+OneBitAdam::OneBitAdam(OptimizerParts& parts)
+    : OneBitOptimizer(parts, Sections{"onebit", "onebit.stage",
                                false,  // frozen_after is in kStabilize
                                "onebit.rule", "onebit.units",
                                "its compression errors (1-bit Adam's error feedback)", nullptr}),
-      moments_(this->params(), this->kernels(), "onebit") {
-  for (int64_t i = 0; i < count; ++i) (non_freeze(i) ? full_ : compressed_).push_back(i);
+      moments_(parts_.params(), parts_.kernels(), "onebit") {
+  for (int64_t i = 0; i < parts.params().count(); ++i) (non_freeze(i) ? full_ : compressed_).push_back(i);
   compress_params(compressed_);
 }
 
 bool OneBitAdam::non_freeze(int64_t i) const {
-  return config().non_freeze[size_t(params().params()[size_t(i)].group)];
+  return parts_.config().non_freeze[size_t(parts_.params().params()[size_t(i)].group)];
 }
 
 std::vector<OneBitConsts> OneBitAdam::consts() const {
   std::vector<OneBitConsts> c;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < parts_.num_groups(); ++g) {
     // v is updated on every warmup step, and always in non_freeze groups,
     // whose momentum is never compressed and which keep warmup math.
-    const bool frozen = stage().compressing && !config().non_freeze[size_t(g)];
-    const int64_t t = group_step(g);
-    c.push_back(onebit_consts(group(g), bias_correction(), t, frozen ? stage().frozen_after : t));
+    const bool frozen = stage().compressing && !parts_.config().non_freeze[size_t(g)];
+    const int64_t t = parts_.group_step(g);
+    c.push_back(onebit_consts(parts_.group(g), bias_correction(), t, frozen ? stage().frozen_after : t));
     if (frozen) c.back().momentum_limit = frozen_momentum_limit(g);
     c.back().update_units = frozen && compresses_update_units();
   }
   return c;
 }
 
-bool OneBitAdam::update(const PreparedGrads& grads) {
+UpdateOutcome OneBitAdam::update(const PreparedGrads& grads) {
   const std::vector<OneBitConsts> c = consts();
   if (!stage().compressing) {
-    const std::vector<UpdateSlot>& slots = moments_.all_slots(params(), grads);
-    kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
-                     num_groups(), grads.mul1, grads.mul2);
+    const std::vector<UpdateSlot>& slots = moments_.all_slots(parts_.params(), grads);
+    parts_.kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
+                     parts_.num_groups(), grads.mul1, grads.mul2);
     freeze_if_due();
-    return false;
+    return UpdateOutcome{};
   }
   if (!full_.empty()) {
-    const std::vector<UpdateSlot> slots = moments_.slots(params(), &grads, full_);
-    kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
-                     num_groups(), grads.mul1, grads.mul2);
+    const std::vector<UpdateSlot> slots = moments_.slots(parts_.params(), &grads, full_);
+    parts_.kernels().update(UpdateRule::OneBitWarmup, slots.data(), int64_t(slots.size()), c.data(),
+                     parts_.num_groups(), grads.mul1, grads.mul2);
   }
   if (!compressed_.empty()) {
-    const std::vector<UpdateSlot> slots = moments_.slots(params(), &grads, compressed_, mask_pointers());
-    kernels().update(UpdateRule::OneBitMomentum, slots.data(), int64_t(slots.size()), c.data(),
-                     num_groups(), grads.mul1, grads.mul2);
+    const std::vector<UpdateSlot> slots = moments_.slots(parts_.params(), &grads, compressed_, mask_pointers());
+    parts_.kernels().update(UpdateRule::OneBitMomentum, slots.data(), int64_t(slots.size()), c.data(),
+                     parts_.num_groups(), grads.mul1, grads.mul2);
     run_compressed(slots, Operand::M);
-    kernels().update(UpdateRule::OneBitApply, slots.data(), int64_t(slots.size()), c.data(),
-                     num_groups(), 1.0f, 1.0f);
+    parts_.kernels().update(UpdateRule::OneBitApply, slots.data(), int64_t(slots.size()), c.data(),
+                     parts_.num_groups(), 1.0f, 1.0f);
   }
-  return true;
+  return UpdateOutcome{true};
 }
 
 void OneBitAdam::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
-  if (mask && i >= 0 && i < params().count() && non_freeze(i))
+  if (mask && i >= 0 && i < parts_.params().count() && non_freeze(i))
     fail(DSOPT_EINVAL, "dsopt_set_momentum_mask: parameter " + std::to_string(i) +
                            " is in a non_freeze group, whose momentum is never compressed");
   OneBitOptimizer::set_momentum_mask(i, mask);
 }
 
 void OneBitAdam::describe_state(StateSchema& s) {
-  moments_.describe(s, flat_slices());
+  moments_.describe(s, parts_.flat_slices());
   describe_stage(s).record(
       kStabilize, 8, [this](FieldWriter& f) { f.add(stage().frozen_after); },
       [](FieldReader& f) { StageRecord::check_frozen_after(f.get<int64_t>()); }, nullptr);

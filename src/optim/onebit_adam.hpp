@@ -11,14 +11,13 @@ namespace dsopt {
 
 class OneBitAdam final : public OneBitOptimizer {
  public:
-  OneBitAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-             const dsopt_tensor* params, int64_t count);
+  explicit OneBitAdam(OptimizerParts& parts);
   void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask) override;
 
  protected:
-  std::string algorithm() const override { return "OneBitAdam"; }
+  std::string blob_name() const override { return "OneBitAdam"; }
   bool averaged(int64_t i) const override { return !stage().compressing || non_freeze(i); }
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   std::string divergence_hint() const override { return stage_divergence_hint("lr"); }
   void describe_state(StateSchema& s) override;
 

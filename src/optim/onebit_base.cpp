@@ -5,29 +5,27 @@
 
 namespace dsopt {
 
-OneBitOptimizer::OneBitOptimizer(const OptimizerConfig& cfg, Comm& comm,
-                                 std::unique_ptr<Kernels> kernels, const dsopt_tensor* params,
-                                 int64_t count, Sections sections)
-    : Optimizer(cfg, comm, std::move(kernels), params, count),
+OneBitOptimizer::OneBitOptimizer(OptimizerParts& parts, Sections sections)
+    : AlgorithmImpl(parts),
       sections_(std::move(sections)),
-      masks_(count),
+      masks_(parts.params().count()),
       errors_(sections_.errors, {}, nullptr, ""),
-      bias_correction_(cfg.defaults.bias_correction),
-      update_units_(cfg.stabilize) {
+      bias_correction_(parts.config().defaults.bias_correction),
+      update_units_(parts.config().stabilize) {
   if (!sections_.saved_world)
     sections_.saved_world = StageRecord::world_in(sections_.stage, sections_.stage_holds_frozen_after);
 }
 
 void OneBitOptimizer::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
-  masks_.set(kernels(), params(), i, mask);
+  masks_.set(parts_.kernels(), parts_.params(), i, mask);
 }
 
 void OneBitOptimizer::compress_params(const std::vector<int64_t>& indices) {
-  tensor_of_.assign(size_t(params().count()), -1);
+  tensor_of_.assign(size_t(parts_.params().count()), -1);
   car_sizes_.clear();
   for (int64_t i : indices) {
     tensor_of_[size_t(i)] = int64_t(car_sizes_.size());
-    car_sizes_.push_back(params().params()[size_t(i)].numel);
+    car_sizes_.push_back(parts_.params().params()[size_t(i)].numel);
   }
   errors_ = CarErrors(sections_.errors, car_sizes_, sections_.saved_world, sections_.rank_local);
 }
@@ -35,13 +33,13 @@ void OneBitOptimizer::compress_params(const std::vector<int64_t>& indices) {
 void OneBitOptimizer::compress_fused(int64_t padded) {
   tensor_of_.clear();
   car_sizes_ = {padded};
-  errors_ = CarErrors(sections_.errors, {params().total_numel()}, sections_.saved_world,
+  errors_ = CarErrors(sections_.errors, {parts_.params().total_numel()}, sections_.saved_world,
                       sections_.rank_local);
 }
 
 void OneBitOptimizer::start_compressed_allreduce() {
-  if (comm().size() > 1 && !car_sizes_.empty())
-    car_ = std::make_unique<CompressedAllreduce>(comm(), kernels(), mem(), car_sizes_);
+  if (parts_.comm().size() > 1 && !car_sizes_.empty())
+    car_ = std::make_unique<CompressedAllreduce>(parts_.comm(), parts_.kernels(), parts_.mem(), car_sizes_);
 }
 
 void OneBitOptimizer::run_compressed(std::vector<float*> tensors) {
@@ -56,7 +54,7 @@ void OneBitOptimizer::run_compressed(const std::vector<UpdateSlot>& slots, Opera
 
 void OneBitOptimizer::freeze_if_due() {
   // DeepSpeed's counter k = updates + 1 (docs/design/decisions.md G2).
-  if (FreezeStage::due(group_step(0), config().freeze_step)) enter_compression(group_step(0));
+  if (FreezeStage::due(parts_.group_step(0), parts_.config().freeze_step)) enter_compression(parts_.group_step(0));
 }
 
 void OneBitOptimizer::enter_compression(int64_t warmup_updates) {
@@ -66,21 +64,21 @@ void OneBitOptimizer::enter_compression(int64_t warmup_updates) {
 }
 
 std::string OneBitOptimizer::stage_divergence_hint(const std::string& lr) const {
-  return onebit_divergence_hint(config().stabilize,
+  return onebit_divergence_hint(parts_.config().stabilize,
                                 "compression stage diverges where the frozen variance", lr,
                                 "freeze_step");
 }
 
 StateSchema& OneBitOptimizer::describe_stage(StateSchema& s) {
   return StageRecord::describe(s, sections_.stage, sections_.stage_holds_frozen_after, [this] {
-    return StageRecord{stage_, config().freeze_step, CarErrors::world_of(car_.get())};
+    return StageRecord{stage_, parts_.config().freeze_step, CarErrors::world_of(car_.get())};
   });
 }
 
 void OneBitOptimizer::resume_stage(const StageRecord& record) {
   car_.reset();
   stage_ = FreezeStage{};
-  const FreezeStage resumed = record.resumed(config().freeze_step, group_step(0));
+  const FreezeStage resumed = record.resumed(parts_.config().freeze_step, parts_.group_step(0));
   if (!resumed.compressing) return;
   if (!record.stage.compressing) {
     enter_compression(resumed.frozen_after);  // frozen now by a changed freeze_step
@@ -103,18 +101,18 @@ void OneBitOptimizer::describe_errors(StateSchema& s,
   if (!restore_if) restore_if = [this](const BlobReader& r) { return car_ && same_world(r); };
   StateSchema::Slicer slice;
   if (tensor_of_.empty()) {
-    const StateSchema::Slicer flat = flat_slices();
+    const StateSchema::Slicer flat = parts_.flat_slices();
     slice = [flat](int64_t i, float* errors) { return errors ? flat(i, errors) : StateSchema::Slice{}; };
   } else {
     slice = [this](int64_t i, float* errors) {
       const int64_t t = i >= 0 && size_t(i) < tensor_of_.size() ? tensor_of_[size_t(i)] : -1;
       if (t < 0) return StateSchema::Slice{};  // a parameter the allreduce does not compress
-      return errors_.tensor_slice(errors, size_t(t), comm().size());
+      return errors_.tensor_slice(errors, size_t(t), parts_.comm().size());
     };
   }
   errors_.describe(
-      s, kernels(), [this] { return car_.get(); }, std::move(restore_if), std::move(slice),
-      [this] { return comm().size() > 1 && !car_sizes_.empty(); });
+      s, parts_.kernels(), [this] { return car_.get(); }, std::move(restore_if), std::move(slice),
+      [this] { return parts_.comm().size() > 1 && !car_sizes_.empty(); });
 }
 
 }  // namespace dsopt

@@ -1,5 +1,5 @@
-// What the 1-bit optimizers (1-bit Adam, 1-bit LAMB, 0/1 Adam) share above
-// Optimizer: the compressed allreduce and its error buffers (rank-local
+// What the 1-bit optimizers (1-bit Adam, 1-bit LAMB, 0/1 Adam) share as
+// algorithms (optim/algorithm_impl.hpp): the compressed allreduce and its error buffers (rank-local
 // state, docs/design/decisions.md K1/K2), the momentum masks, the
 // warmup/compression stage of the optimizers that freeze the variance, the
 // rule choices their blobs record (onebit/rule_flag.hpp), and the state
@@ -17,11 +17,11 @@
 #include "onebit/freeze_stage.hpp"
 #include "onebit/momentum_masks.hpp"
 #include "onebit/stage_record.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/algorithm_impl.hpp"
 
 namespace dsopt {
 
-class OneBitOptimizer : public Optimizer {
+class OneBitOptimizer : public AlgorithmImpl {
  public:
   // Keeps a copy of parameter i's mask (onebit/momentum_masks.hpp).
   void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask) override;
@@ -42,8 +42,7 @@ class OneBitOptimizer : public Optimizer {
     CarErrors::WorldReader saved_world;
   };
 
-  OneBitOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-                  const dsopt_tensor* params, int64_t count, Sections sections);
+  OneBitOptimizer(OptimizerParts& parts, Sections sections);
 
   std::string rank_local_state(const BlobReader& r) const override {
     return errors_.rank_local_state(r);
@@ -89,7 +88,7 @@ class OneBitOptimizer : public Optimizer {
   virtual void freeze_state() {}
   // The stabilized rule's momentum limit of group g in the compression stage.
   float frozen_momentum_limit(int32_t g) const {
-    return config().momentum_limit(group(g).beta2, stage_.frozen_after);
+    return parts_.config().momentum_limit(parts_.group(g).beta2, stage_.frozen_after);
   }
   // divergence_hint() of a compression stage, with `lr` the step-size knobs.
   std::string stage_divergence_hint(const std::string& lr) const;
@@ -110,7 +109,7 @@ class OneBitOptimizer : public Optimizer {
   // Whether blob `r` recorded its rank-local state at this run's world
   // size (rank_local_world).
   bool same_world(const BlobReader& r) const {
-    return rank_local_world(errors_.saved_world(r)) == CarErrors::world_of(car_.get());
+    return parts_.rank_local_world(errors_.saved_world(r)) == CarErrors::world_of(car_.get());
   }
   // The error sections (CarErrors::describe), restored where `restore_if`
   // (nullptr: into a compressed allreduce at the blob's world size).

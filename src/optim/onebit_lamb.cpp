@@ -4,6 +4,7 @@
 
 #include "math/onebit_lamb.hpp"
 #include "optim/lamb_step.hpp"
+#include "optim/moment_rule.hpp"
 
 namespace dsopt {
 namespace {
@@ -22,32 +23,30 @@ DeviceBuffer zeros(Kernels& k, int64_t numel) {
 }
 }  // namespace
 
-OneBitLamb::OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-                       const dsopt_tensor* params, int64_t count)
-    : OneBitOptimizer(cfg, comm, std::move(kernels), params, count,
-                      Sections{"lamb", "lamb.stage",
+OneBitLamb::OneBitLamb(OptimizerParts& parts)
+    : OneBitOptimizer(parts, Sections{"lamb", "lamb.stage",
                                true,  // frozen_after; its world is that of the errors and the tail
                                nullptr, "lamb.units",
                                "its compression errors (1-bit LAMB's error feedback and momentum tail)",
                                nullptr}),
-      padded_(fused_length(this->params().total_numel(), comm.size())),
-      moments_(this->params(), this->kernels(), "lamb", tail()),
-      fresh_(zeros(this->kernels(), this->params().total_numel())),
-      u_(this->kernels(), size_t(this->params().total_numel()) * 4),
-      aux_(this->kernels(), size_t(this->params().total_numel()) * 4),
-      ratio_(this->kernels(), size_t(this->params().total_numel()) * 4),
-      coeff_freeze_(size_t(count), 0.0),
-      last_factor_(size_t(count), 1.0),
-      scaling_(size_t(count), 1.0) {
+      padded_(fused_length(parts.params().total_numel(), parts.comm().size())),
+      moments_(parts_.params(), parts_.kernels(), "lamb", tail()),
+      fresh_(zeros(parts_.kernels(), parts_.params().total_numel())),
+      u_(parts_.kernels(), size_t(parts_.params().total_numel()) * 4),
+      aux_(parts_.kernels(), size_t(parts_.params().total_numel()) * 4),
+      ratio_(parts_.kernels(), size_t(parts_.params().total_numel()) * 4),
+      coeff_freeze_(size_t(parts.params().count()), 0.0),
+      last_factor_(size_t(parts.params().count()), 1.0),
+      scaling_(size_t(parts.params().count()), 1.0) {
   // One tensor: the whole fused buffer, tail included, so the tail is
   // compressed as it is (L3, L4).
   compress_fused(padded_);
 }
 
 std::vector<UpdateSlot> OneBitLamb::slots(const PreparedGrads* grads) const {
-  std::vector<UpdateSlot> s = moments_.slots(params(), grads, {}, mask_pointers());
+  std::vector<UpdateSlot> s = moments_.slots(parts_.params(), grads, {}, mask_pointers());
   for (size_t i = 0; i < s.size(); ++i) {
-    const int64_t offset = params().params()[i].offset;
+    const int64_t offset = parts_.params().params()[i].offset;
     s[i].group = int32_t(i);
     s[i].set(Operand::VF, fresh_.floats() + offset);
     s[i].set(Operand::U, u_.floats() + offset);
@@ -58,33 +57,33 @@ std::vector<UpdateSlot> OneBitLamb::slots(const PreparedGrads* grads) const {
 }
 
 LambStepConsts OneBitLamb::consts() const {
-  LambStepConsts c = lamb_step_consts();  // no bias correction (docs/optimizers/onebit-lamb.md "1-bit LAMB")
+  LambStepConsts c = lamb_step_consts(parts_);  // no bias correction (docs/optimizers/onebit-lamb.md "1-bit LAMB")
   if (!stage().compressing) return c;
   for (size_t i = 0; i < c.consts.size(); ++i) {
     LambConsts& k = c.consts[i];
     k.tensor_scale = float(scaling_[i]);
-    k.momentum_limit = frozen_momentum_limit(params().params()[i].group);
+    k.momentum_limit = frozen_momentum_limit(parts_.params().params()[i].group);
     k.update_units = compresses_update_units();
   }
   return c;
 }
 
-bool OneBitLamb::update(const PreparedGrads& grads) {
+UpdateOutcome OneBitLamb::update(const PreparedGrads& grads) {
   if (!stage().compressing) {
     warmup(grads);
     freeze_if_due();
-    return false;
+    return UpdateOutcome{};
   }
   compressed(grads);
-  return true;
+  return UpdateOutcome{true};
 }
 
 void OneBitLamb::warmup(const PreparedGrads& grads) {
   LambStepConsts c = consts();
-  const std::vector<double> coeff = lamb_step(kernels(), slots(&grads), c.consts, c.lr, grads.mul1,
-                                              grads.mul2, config().lamb, whole_tensors(kernels()));
+  const std::vector<double> coeff = lamb_step(parts_.kernels(), slots(&grads), c.consts, c.lr, grads.mul1,
+                                              grads.mul2, parts_.config().lamb, whole_tensors(parts_.kernels()));
   for (size_t i = 0; i < coeff.size(); ++i)
-    coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], config().lamb);
+    coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], parts_.config().lamb);
 }
 
 void OneBitLamb::compressed(const PreparedGrads& grads) {
@@ -92,36 +91,36 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
   LambStepConsts step = consts();
   std::vector<LambConsts>& c = step.consts;
   const int64_t n = int64_t(s.size());
-  kernels().update(UpdateRule::LambMomentum, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
+  parts_.kernels().update(UpdateRule::LambMomentum, s.data(), n, c.data(), int32_t(n), grads.mul1, grads.mul2);
   run_compressed({moments_.exp_avg()});
-  kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
+  parts_.kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
   // aux holds u0 now; the stabilized rule also needs ||p||.
   const std::vector<double> sums =
-      update_units() ? whole_tensor_sums(kernels(), s, {Operand::U, Operand::Aux, Operand::Param})
-                    : whole_tensor_sums(kernels(), s, {Operand::U, Operand::Aux});
+      update_units() ? whole_tensor_sums(parts_.kernels(), s, {Operand::U, Operand::Aux, Operand::Param})
+                    : whole_tensor_sums(parts_.kernels(), s, {Operand::U, Operand::Aux});
   std::vector<TensorRef> ratios;
   for (const UpdateSlot& slot : s) ratios.push_back(TensorRef{slot.data(Operand::Ratio), slot.numel, DType::F32});
   std::vector<float> max_ratio(static_cast<size_t>(n));
-  kernels().max_per_tensor(ratios.data(), n, max_ratio.data());
+  parts_.kernels().max_per_tensor(ratios.data(), n, max_ratio.data());
   std::vector<double> coeff(static_cast<size_t>(n));
   for (size_t i = 0; i < size_t(n); ++i) {
     const bool decay = c[i].wd > 0.0f;
     last_factor_[i] = lamb_factor(max_ratio[i], sums[size_t(n) + i], sums[i], decay, last_factor_[i],
-                                  config().lamb);
+                                  parts_.config().lamb);
     coeff[i] = coeff_freeze_[i] * last_factor_[i];
     // The stabilized rule: LAMB's own trust ratio of this update (the same
     // on every rank) where it is larger than the frozen estimate.
     if (update_units())
-      coeff[i] = std::max(coeff[i], lamb_warmup_coeff(sums[2 * size_t(n) + i], sums[i], config().lamb));
+      coeff[i] = std::max(coeff[i], lamb_warmup_coeff(sums[2 * size_t(n) + i], sums[i], parts_.config().lamb));
   }
-  lamb_move(kernels(), s, c, step.lr, coeff);
+  lamb_move(parts_.kernels(), s, c, step.lr, coeff);
 }
 
 void OneBitLamb::freeze_state() {
   // vf starts as v at the actual transition (L1).
-  kernels().copy(fresh_.get(), moments_.exp_avg_sq(), fresh_.bytes());
+  parts_.kernels().copy(fresh_.get(), moments_.exp_avg_sq(), fresh_.bytes());
   const std::vector<UpdateSlot> s = slots(nullptr);
-  const std::vector<double> sums = whole_tensor_sums(kernels(), s, {Operand::M});
+  const std::vector<double> sums = whole_tensor_sums(parts_.kernels(), s, {Operand::M});
   std::vector<int64_t> numel;
   for (const UpdateSlot& slot : s) numel.push_back(slot.numel);
   lamb_scaling_coeffs(sums.data(), numel.data(), int64_t(sums.size()), scaling_.data());
@@ -132,12 +131,12 @@ void OneBitLamb::freeze_state() {
 // (doubles).
 
 void OneBitLamb::describe_state(StateSchema& s) {
-  const uint64_t coeff_bytes = uint64_t(params().count()) * 24;
-  const int64_t total = params().total_numel();
-  moments_.describe(s, flat_slices());
+  const uint64_t coeff_bytes = uint64_t(parts_.params().count()) * 24;
+  const int64_t total = parts_.params().total_numel();
+  moments_.describe(s, parts_.flat_slices());
   describe_stage(s)
-      .array(kFresh, kernels(), [this] { return fresh_.get(); }, uint64_t(fresh_.bytes()))
-      .view("exp_avg_sq_fresh", flat_slices())
+      .array(kFresh, parts_.kernels(), [this] { return fresh_.get(); }, uint64_t(fresh_.bytes()))
+      .view("exp_avg_sq_fresh", parts_.flat_slices())
       .record(
           kCoeffs, coeff_bytes,
           [this](FieldWriter& f) {
@@ -153,7 +152,7 @@ void OneBitLamb::describe_state(StateSchema& s) {
             }
           })
       .then([this](const BlobReader& r) {
-        kernels().fill_zero(moments_.exp_avg() + params().total_numel(), size_t(tail()) * 4);
+        parts_.kernels().fill_zero(moments_.exp_avg() + parts_.params().total_numel(), size_t(tail()) * 4);
         resume_stage(saved_stage(r));
       });
   // The tail and the errors belong to the world size that produced them
@@ -162,7 +161,7 @@ void OneBitLamb::describe_state(StateSchema& s) {
   const auto restore_if = [this](const BlobReader& r) {
     return car() && saved_stage(r).stage.compressing && same_world(r);
   };
-  s.array(kTail, kernels(), [this, total] { return moments_.exp_avg() + total; },
+  s.array(kTail, parts_.kernels(), [this, total] { return moments_.exp_avg() + total; },
           [this, total](const BlobReader* r) {
             const int32_t world = r ? saved_stage(*r).world : CarErrors::world_of(car());
             return world > 1 ? uint64_t(fused_length(total, world) - total) * 4 : 0;

@@ -13,13 +13,12 @@ namespace dsopt {
 
 class OneBitLamb final : public OneBitOptimizer {
  public:
-  OneBitLamb(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-             const dsopt_tensor* params, int64_t count);
+  explicit OneBitLamb(OptimizerParts& parts);
 
  protected:
-  std::string algorithm() const override { return "OneBitLamb"; }
+  std::string blob_name() const override { return "OneBitLamb"; }
   bool averaged(int64_t) const override { return !stage().compressing; }
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   std::string divergence_hint() const override { return stage_divergence_hint("lr or max_coeff"); }
   void describe_state(StateSchema& s) override;
   // vf and the scaling coefficients.
@@ -36,7 +35,7 @@ class OneBitLamb final : public OneBitOptimizer {
   // the frozen coefficient times factor; otherwise DeepSpeed's scaling
   // coefficients and the frozen coefficient times factor.
   void compressed(const PreparedGrads& grads);
-  int64_t tail() const { return padded_ - params().total_numel(); }
+  int64_t tail() const { return padded_ - parts_.params().total_numel(); }
 
   int64_t padded_;  // the fused buffer's length n' at this world size (L3)
   Moments moments_;  // m is the fused buffer, padding tail included (L4)

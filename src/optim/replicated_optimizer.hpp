@@ -5,18 +5,17 @@
 #pragma once
 #include "optim/moment_rule.hpp"
 #include "optim/moments.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/algorithm_impl.hpp"
 
 namespace dsopt {
 
-class ReplicatedOptimizer final : public Optimizer {
+class ReplicatedOptimizer final : public AlgorithmImpl {
  public:
-  ReplicatedOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-                      const dsopt_tensor* params, int64_t count);
+  explicit ReplicatedOptimizer(OptimizerParts& parts);
 
  protected:
-  std::string algorithm() const override { return moment_algorithm(config()); }
-  bool update(const PreparedGrads& grads) override;
+  std::string blob_name() const override { return moment_algorithm(parts_.config()); }
+  UpdateOutcome update(const PreparedGrads& grads) override;
   // Adam leaves parameters without a gradient alone; LAMB steps them with
   // a zero gradient, as 1-bit LAMB does.
   bool skips_absent() const override { return rule_ != MomentRule::Lamb; }

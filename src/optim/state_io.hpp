@@ -1,5 +1,5 @@
 // An optimizer's state blob: its common sections (optim/common_state.hpp),
-// then the masters and the algorithm's own state (Optimizer::describe_state),
+// then the masters and the algorithm's own state (AlgorithmImpl::describe_state),
 // each part described once as state schema entries. Saves blobs, parses and
 // checks them (alone, or as the blobs of one save of a run) and restores
 // them; what a load does across ranks is the optimizer's.

@@ -31,7 +31,7 @@ double StepPipeline::norm_of(double sumsq) const { return std::sqrt(sumsq) / sca
 
 void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
   double coef = 1.0;
-  if (wants_norm() && !out.norm_sumsq) {
+  if (wants_norm() && !out.norm_by_update) {
     out.grad_norm = norm_of(sumsq);
     if (cfg_.gradient_clipping > 0.0)
       coef = std::min(1.0, cfg_.gradient_clipping / (out.grad_norm + 1e-6));
@@ -44,8 +44,8 @@ bool StepPipeline::norm_after_update(bool update_sums, int micro_batches) const 
          !reports_norm() && kernels_.sums_while_updating();
 }
 
-void StepPipeline::take_norm(PreparedGrads& prepared) const {
-  if (prepared.norm_sumsq) prepared.grad_norm = norm_of(*prepared.norm_sumsq);
+void StepPipeline::take_norm(PreparedGrads& prepared, const UpdateOutcome& updated) const {
+  if (prepared.norm_by_update) prepared.grad_norm = norm_of(updated.grad_sumsq);
 }
 
 PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
@@ -69,11 +69,8 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     if (!plan.bucketed[i]) local_refs.push_back(out.grads[i]);
   bool nonfinite = false;
   double local_sumsq = 0.0, avg_sumsq = 0.0;
-  if (norm_after_update(update_sums, 1)) {
-    update_sumsq_ = 0.0;
-    out.norm_sumsq = &update_sumsq_;
-  }
-  const bool sums_here = wants_norm() && !out.norm_sumsq;
+  out.norm_by_update = norm_after_update(update_sums, 1);
+  const bool sums_here = wants_norm() && !out.norm_by_update;
 
   // Gradients that stay local are checked (and summed) where they lie.
   if (ok && !local_refs.empty() && (cfg_.skip_nonfinite || sums_here)) {
@@ -118,11 +115,8 @@ PreparedGrads StepPipeline::prepare_handed_over(bool update_sums) {
   const GradientHandover::Plan& plan = packed_.plan_in_use();
   const int micro_batches = packed_.micro_batches();
   PreparedGrads out;
-  if (norm_after_update(update_sums, micro_batches)) {
-    update_sumsq_ = 0.0;
-    out.norm_sumsq = &update_sumsq_;
-  }
-  const bool sums_here = wants_norm() && !out.norm_sumsq;
+  out.norm_by_update = norm_after_update(update_sums, micro_batches);
+  const bool sums_here = wants_norm() && !out.norm_by_update;
   std::vector<size_t> local;
   for (size_t i = 0; i < plan.pos.size(); ++i) {
     out.grads.push_back(TensorRef{packed_.data() + plan.pos[i], plan.numel[i], DType::F32});

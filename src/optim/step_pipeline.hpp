@@ -23,10 +23,19 @@ struct PreparedGrads {
   double grad_norm = -1.0;        // unscaled, before clipping; -1 when not computed (wants_norm)
   bool local_norm = false;        // at P > 1 some gradient stayed local: the norm is
                                   // sqrt(mean over ranks of ||g_r||^2) of that part
-  // Not null when the norm is left to the update (StepPipeline::prepare's
-  // update_sums): the update adds the sum of squares of the gradients it
-  // reads here (Kernels::update with sums), and take_norm() sets grad_norm.
-  double* norm_sumsq = nullptr;
+  // The norm is left to the update (StepPipeline::prepare's update_sums):
+  // the update sums the squares of the gradients it reads (Kernels::update
+  // with sums) and returns the sum (UpdateOutcome::grad_sumsq), from which
+  // take_norm() sets grad_norm.
+  bool norm_by_update = false;
+};
+
+// What an update did: whether it used compressed communication, and where
+// PreparedGrads::norm_by_update asked for it, the sum of squares of the
+// gradients it read (tensor by tensor, as the step pipeline's pass sums).
+struct UpdateOutcome {
+  bool compressed = false;
+  double grad_sumsq = 0.0;
 };
 
 class StepPipeline {
@@ -52,7 +61,7 @@ class StepPipeline {
   GradientHandover& handover() { return packed_; }
   PreparedGrads prepare_handed_over(bool update_sums);
   // After the update: grad_norm from what it summed, where it was left to it.
-  void take_norm(PreparedGrads& prepared) const;
+  void take_norm(PreparedGrads& prepared, const UpdateOutcome& updated) const;
   // Updates the loss scale with the step's outcome. Returns true when the
   // step overflowed with the dynamic scale already at its minimum.
   bool finish(const PreparedGrads& prepared) { return scaler_.update(prepared.skip); }
@@ -110,7 +119,6 @@ class StepPipeline {
   PackedAllreduce packed_;  // the status flag and the averaged gradients
   CommRunner& runner_;
   RankAgreement& agreement_;
-  double update_sumsq_ = 0.0;  // where an update that sums adds (PreparedGrads::norm_sumsq)
 };
 
 }  // namespace dsopt

@@ -53,56 +53,54 @@ void check_schedule(FieldReader& f) {
 }
 }  // namespace
 
-ZeroOneAdam::ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-                         const dsopt_tensor* params, int64_t count)
-    : OneBitOptimizer(cfg, comm, std::move(kernels), params, count,
-                      Sections{"zoadam", nullptr, false, "zoadam.rule", "zoadam.units",
+ZeroOneAdam::ZeroOneAdam(OptimizerParts& parts)
+    : OneBitOptimizer(parts, Sections{"zoadam", nullptr, false, "zoadam.rule", "zoadam.units",
                                "its compression errors and accumulator (0/1 Adam's rank-local state)",
                                error_world}),
-      moments_(this->params(), this->kernels(), "zoadam") {
-  const size_t bytes = size_t(this->params().total_numel()) * 4;
-  acc_ = DeviceBuffer(this->kernels(), bytes);
-  anchor_ = DeviceBuffer(this->kernels(), bytes);
-  this->kernels().fill_zero(acc_.get(), bytes);
-  this->kernels().fill_zero(anchor_.get(), bytes);
+      moments_(parts_.params(), parts_.kernels(), "zoadam") {
+  const size_t bytes = size_t(parts_.params().total_numel()) * 4;
+  acc_ = DeviceBuffer(parts_.kernels(), bytes);
+  anchor_ = DeviceBuffer(parts_.kernels(), bytes);
+  parts_.kernels().fill_zero(acc_.get(), bytes);
+  parts_.kernels().fill_zero(anchor_.get(), bytes);
   reset_interval();
   // The compressed allreduce runs over every parameter, in order, for the
   // whole run.
   std::vector<int64_t> all;
-  for (int64_t i = 0; i < count; ++i) all.push_back(i);
+  for (int64_t i = 0; i < parts.params().count(); ++i) all.push_back(i);
   compress_params(all);
   start_compressed_allreduce();
 }
 
 void ZeroOneAdam::reset_interval() {
-  lrs_.assign(size_t(num_groups()), 0.0);
-  decay_.assign(size_t(num_groups()), 1.0);
+  lrs_.assign(size_t(parts_.num_groups()), 0.0);
+  decay_.assign(size_t(parts_.num_groups()), 1.0);
 }
 
 // Full steps fall on k mod var_interval == 0 (k of the coming update, G2);
 // only they average gradients at full precision.
 bool ZeroOneAdam::averaged(int64_t) const {
-  const int64_t k = group_step(0) + 2;
+  const int64_t k = parts_.group_step(0) + 2;
   return !sched_.frozen && k % sched_.var_interval == 0;
 }
 
 std::vector<ZeroOneConsts> ZeroOneAdam::consts(bool clamp) const {
   std::vector<ZeroOneConsts> c;
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < parts_.num_groups(); ++g) {
     c.emplace_back();
     static_cast<OneBitConsts&>(c.back()) =
-        onebit_consts(group(g), bias_correction(), group_step(g), sched_.variance_updates);
-    c.back().decoupled_sync = config().decoupled_sync_weight_decay;
-    if (clamp) c.back().momentum_limit = config().momentum_limit(group(g).beta2, sched_.variance_updates);
+        onebit_consts(parts_.group(g), bias_correction(), parts_.group_step(g), sched_.variance_updates);
+    c.back().decoupled_sync = parts_.config().decoupled_sync_weight_decay;
+    if (clamp) c.back().momentum_limit = parts_.config().momentum_limit(parts_.group(g).beta2, sched_.variance_updates);
     c.back().update_units = compresses_update_units();
   }
   return c;
 }
 
 std::vector<UpdateSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
-  std::vector<UpdateSlot> s = moments_.slots(params(), grads, {}, mask_pointers());
+  std::vector<UpdateSlot> s = moments_.slots(parts_.params(), grads, {}, mask_pointers());
   for (size_t i = 0; i < s.size(); ++i) {
-    const int64_t offset = params().params()[i].offset;
+    const int64_t offset = parts_.params().params()[i].offset;
     s[i].set(Operand::Acc, acc_.floats() + offset);
     s[i].set(Operand::Anchor, anchor_.floats() + offset);
   }
@@ -110,15 +108,15 @@ std::vector<UpdateSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
 }
 
 std::string ZeroOneAdam::divergence_hint() const {
-  return onebit_divergence_hint(config().stabilize, "1-bit steps diverge where the variance",
+  return onebit_divergence_hint(parts_.config().stabilize, "1-bit steps diverge where the variance",
                                 "lr", "var_freeze_step");
 }
 
-bool ZeroOneAdam::update(const PreparedGrads& grads) {
-  const int64_t k = group_step(0) + 1;  // DeepSpeed's counter (G2)
+UpdateOutcome ZeroOneAdam::update(const PreparedGrads& grads) {
+  const int64_t k = parts_.group_step(0) + 1;  // DeepSpeed's counter (G2)
   if (sched_.frozen) local_phase_step(grads, k);
   else variance_phase_step(grads, k);
-  return phase_ != DSOPT_PHASE_FULL && phase_ != DSOPT_PHASE_LOCAL;
+  return UpdateOutcome{phase_ != DSOPT_PHASE_FULL && phase_ != DSOPT_PHASE_LOCAL};
 }
 
 void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
@@ -127,14 +125,14 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     // warmup. Once a 1-bit step has fed m a decompressed gradient, m can be
     // +-scale where v ~ 0, so from then on full steps clamp too (with v's
     // count after this update).
-    const bool compressed_before = sched_.variance_updates < group_step(0) - 1;
+    const bool compressed_before = sched_.variance_updates < parts_.group_step(0) - 1;
     ++sched_.variance_updates;
     const std::vector<ZeroOneConsts> all = consts(compressed_before);
     const std::vector<OneBitConsts> c(all.begin(), all.end());  // what 1-bit Adam's warmup reads
     const std::vector<UpdateSlot> s = slots(&grads);
-    kernels().update(UpdateRule::OneBitWarmup, s.data(), int64_t(s.size()), c.data(), num_groups(),
+    parts_.kernels().update(UpdateRule::OneBitWarmup, s.data(), int64_t(s.size()), c.data(), parts_.num_groups(),
                      grads.mul1, grads.mul2);
-    if (++sched_.var_counter == config().var_update_scaler) {
+    if (++sched_.var_counter == parts_.config().var_update_scaler) {
       sched_.var_counter = 0;
       sched_.var_interval = doubled(sched_.var_interval, kMaxSchedule);
     }
@@ -147,14 +145,14 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     std::vector<UpdateSlot> s = slots(&grads);
     float mul1 = grads.mul1, mul2 = grads.mul2;
     if (car()) {
-      kernels().transform(grads.grads.data(), int64_t(grads.grads.size()), mul1, acc_.floats(), nullptr);
+      parts_.kernels().transform(grads.grads.data(), int64_t(grads.grads.size()), mul1, acc_.floats(), nullptr);
       if (mul2 != 1.0f) {
-        const TensorRef whole{acc_.floats(), params().total_numel(), DType::F32};
-        kernels().transform(&whole, 1, mul2, acc_.floats(), nullptr);
+        const TensorRef whole{acc_.floats(), parts_.params().total_numel(), DType::F32};
+        parts_.kernels().transform(&whole, 1, mul2, acc_.floats(), nullptr);
       }
       if (update_units())
-        kernels().update(UpdateRule::ZeroOneGradientPrepare, s.data(), int64_t(s.size()), c.data(),
-                         num_groups(), 1.0f, 1.0f);
+        parts_.kernels().update(UpdateRule::ZeroOneGradientPrepare, s.data(), int64_t(s.size()), c.data(),
+                         parts_.num_groups(), 1.0f, 1.0f);
       run_compressed(s, Operand::Acc);
       for (UpdateSlot& slot : s) {
         slot.set(Operand::Grad, slot.data(Operand::Acc));
@@ -162,11 +160,11 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
       }
       mul1 = mul2 = 1.0f;
     }
-    kernels().update(UpdateRule::ZeroOneGradient, s.data(), int64_t(s.size()), c.data(), num_groups(),
+    parts_.kernels().update(UpdateRule::ZeroOneGradient, s.data(), int64_t(s.size()), c.data(), parts_.num_groups(),
                      mul1, mul2);
     phase_ = DSOPT_PHASE_COMPRESSED;
   }
-  if (k > config().var_freeze_step) freeze();
+  if (k > parts_.config().var_freeze_step) freeze();
 }
 
 void ZeroOneAdam::freeze() {
@@ -178,29 +176,29 @@ void ZeroOneAdam::freeze() {
 }
 
 void ZeroOneAdam::restart_interval() {
-  kernels().fill_zero(acc_.get(), acc_.bytes());
-  for (const Param& p : params().params())
-    kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
+  parts_.kernels().fill_zero(acc_.get(), acc_.bytes());
+  for (const Param& p : parts_.params().params())
+    parts_.kernels().copy(anchor_.floats() + p.offset, p.master, size_t(p.numel) * 4);
   reset_interval();
 }
 
 void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < parts_.num_groups(); ++g) {
     // The sync turns the accumulator back into a momentum by dividing by
     // the interval's lr, each weighted by the bias correction its step
     // applied to the momentum.
-    lrs_[size_t(g)] += group(g).lr * onebit_momentum_scale(group(g), bias_correction(), group_step(g));
-    decay_[size_t(g)] *= 1.0 - group(g).lr * group(g).weight_decay;
+    lrs_[size_t(g)] += parts_.group(g).lr * onebit_momentum_scale(parts_.group(g), bias_correction(), parts_.group_step(g));
+    decay_[size_t(g)] *= 1.0 - parts_.group(g).lr * parts_.group(g).weight_decay;
   }
   const std::vector<ZeroOneConsts> c = consts(true);
   const std::vector<UpdateSlot> s = slots(&grads);
-  kernels().update(UpdateRule::ZeroOneLocal, s.data(), int64_t(s.size()), c.data(), num_groups(),
+  parts_.kernels().update(UpdateRule::ZeroOneLocal, s.data(), int64_t(s.size()), c.data(), parts_.num_groups(),
                    grads.mul1, grads.mul2);
   const bool is_sync = k % sched_.local_interval == 0;
   if (is_sync) sync(s);
-  if (++sched_.local_counter == config().local_step_scaler) {
+  if (++sched_.local_counter == parts_.config().local_step_scaler) {
     sched_.local_counter = 0;
-    sched_.local_interval = doubled(sched_.local_interval, config().local_step_clipper);
+    sched_.local_interval = doubled(sched_.local_interval, parts_.config().local_step_clipper);
   }
   phase_ = is_sync ? DSOPT_PHASE_SYNC : DSOPT_PHASE_LOCAL;
 }
@@ -210,10 +208,10 @@ void ZeroOneAdam::sync(const std::vector<UpdateSlot>& s) {
   // goes as it is, and SyncApply multiplies the average by d.
   std::vector<ZeroOneConsts> c = consts(true);
   if (!c.front().update_units)
-    kernels().update(UpdateRule::ZeroOneSyncPrepare, s.data(), int64_t(s.size()), c.data(),
-                     num_groups(), 1.0f, 1.0f);
+    parts_.kernels().update(UpdateRule::ZeroOneSyncPrepare, s.data(), int64_t(s.size()), c.data(),
+                     parts_.num_groups(), 1.0f, 1.0f);
   run_compressed(s, Operand::Acc);
-  for (int32_t g = 0; g < num_groups(); ++g) {
+  for (int32_t g = 0; g < parts_.num_groups(); ++g) {
     ZeroOneConsts& cg = c[size_t(g)];
     cg.lrs = float(lrs_[size_t(g)]);
     cg.anchor_decay = float(decay_[size_t(g)]);
@@ -221,17 +219,17 @@ void ZeroOneAdam::sync(const std::vector<UpdateSlot>& s) {
     // local steps' bound.
     if (cg.momentum_limit > 0.0f) cg.momentum_limit = cg.momentum_limit * cg.lrs;
   }
-  kernels().update(UpdateRule::ZeroOneSyncApply, s.data(), int64_t(s.size()), c.data(),
-                   num_groups(), 1.0f, 1.0f);
+  parts_.kernels().update(UpdateRule::ZeroOneSyncApply, s.data(), int64_t(s.size()), c.data(),
+                   parts_.num_groups(), 1.0f, 1.0f);
   reset_interval();
 }
 
 void ZeroOneAdam::describe_state(StateSchema& s) {
-  const uint64_t interval_bytes = uint64_t(num_groups()) * 16;
+  const uint64_t interval_bytes = uint64_t(parts_.num_groups()) * 16;
   // The rank-local state (K1/K2) is restored at the world size that saved
   // it; elsewhere it starts over (the list's last step, below).
   const auto at_same_world = [this](const BlobReader& r) { return same_world(r); };
-  moments_.describe(s, flat_slices());
+  moments_.describe(s, parts_.flat_slices());
   s.record(
        kSchedule, kScheduleBytes,
        [this](FieldWriter& f) {
@@ -251,9 +249,9 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
             for (double x : decay_) f.add(x);
           },
           nullptr, nullptr)
-      .array(kAccumulator, kernels(), [this] { return acc_.get(); },
+      .array(kAccumulator, parts_.kernels(), [this] { return acc_.get(); },
              [this](const BlobReader*) { return uint64_t(acc_.bytes()); }, at_same_world)
-      .array(kAnchor, kernels(), [this] { return anchor_.get(); },
+      .array(kAnchor, parts_.kernels(), [this] { return anchor_.get(); },
              [this](const BlobReader*) { return uint64_t(anchor_.bytes()); }, at_same_world)
       .then([this](const BlobReader&) { reset_compression_errors(); });
   // The compressed allreduce runs over every parameter, in order.

@@ -13,8 +13,7 @@ namespace dsopt {
 
 class ZeroOneAdam final : public OneBitOptimizer {
  public:
-  ZeroOneAdam(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-              const dsopt_tensor* params, int64_t count);
+  explicit ZeroOneAdam(OptimizerParts& parts);
 
   // The schedules of docs/design/zero-one-adam.md section 3, on DeepSpeed's counter k (G2).
   struct Schedule {
@@ -27,9 +26,9 @@ class ZeroOneAdam final : public OneBitOptimizer {
   };
 
  protected:
-  std::string algorithm() const override { return "ZeroOneAdam"; }
+  std::string blob_name() const override { return "ZeroOneAdam"; }
   bool averaged(int64_t) const override;
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   int32_t step_phase(bool compressed) const override { (void)compressed; return phase_; }
   std::string divergence_hint() const override;
   void describe_state(StateSchema& s) override;

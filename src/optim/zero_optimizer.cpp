@@ -54,42 +54,44 @@ std::vector<int64_t> numels(const ParamSet& params) {
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-                   const dsopt_tensor* params, int64_t count)
-    : Optimizer(cfg, comm, std::move(kernels), params, count),
+ZeroOptimizer::ZeroOptimizer(OptimizerParts& parts)
+    : ZeroOptimizer(parts, parts.config(), parts.comm()) {}
+
+ZeroOptimizer::ZeroOptimizer(OptimizerParts& parts, const OptimizerConfig& cfg, Comm& comm)
+    : AlgorithmImpl(parts),
       rule_(moment_rule(cfg)),
-      offload_(cfg.zero.offload_cpu && this->kernels().device() == Device::Cuda),
-      layout_(numels(this->params()), comm.size(), cfg.zero.reduce_bucket_size),
+      offload_(cfg.zero.offload_cpu && parts_.kernels().device() == Device::Cuda),
+      layout_(numels(parts_.params()), comm.size(), cfg.zero.reduce_bucket_size),
       compressed_params_(comm.size() > 1 && cfg.zero.compression.parameters != ParamCodec::None),
-      state_(sharded_state_layout(layout_, comm.rank(), this->params().shapes(), compressed_params_)),
+      state_(sharded_state_layout(layout_, comm.rank(), parts_.params().shapes(), compressed_params_)),
       masters_(state_kernels(), size_t(state_.master_numel) * 4),
       moments_(layout_.shard_numel(), state_kernels(), cfg.algorithm->moments),
-      scratch_(this->kernels(),
+      scratch_(parts_.kernels(),
                std::max(GradientReducer::scratch_bytes(layout_, cfg.zero.compression),
                         ParamGatherer::scratch_bytes(layout_, cfg.zero.allgather_bucket_size,
-                                                     this->params(), cfg.zero.compression.parameters,
+                                                     parts_.params(), cfg.zero.compression.parameters,
                                                      cfg.zero.compression.parameter_block))),
       reducer_(layout_, cfg.zero.stage, cfg.zero.reduce_scatter, cfg.zero.compression, comm,
-               this->kernels(), mem(), this->params(), agreement(), runner(),
+               parts_.kernels(), parts_.mem(), parts_.params(), parts_.agreement(), parts_.runner(),
                scratch_.get()),
       gatherer_(layout_, cfg.zero.allgather_bucket_size, cfg.zero.compression.parameters,
-                cfg.zero.compression.parameter_block, comm, this->kernels(), mem(), this->params(),
+                cfg.zero.compression.parameter_block, comm, parts_.kernels(), parts_.mem(), parts_.params(),
                 scratch_.get()) {
   if (compressed_params_) {
     // The config refuses it (src/api/config.cpp): the gatherer reads device masters.
     if (offload_) fail(DSOPT_EINTERNAL, "a compressed parameter allgather with CPU offload");
-    this->kernels().fill_zero(masters_.get(), masters_.bytes());  // the padding's masters stay 0
+    parts_.kernels().fill_zero(masters_.get(), masters_.bytes());  // the padding's masters stay 0
     gatherer_.set_masters(masters_.floats());
   }
   if (rule_ == MomentRule::Lamb) {
     // The config refuses it (src/api/config.cpp): the offloaded update is elementwise.
     if (offload_) fail(DSOPT_EINTERNAL, "LAMB under ZeRO with CPU offload");
-    u_ = DeviceBuffer(this->kernels(), size_t(layout_.shard_numel()) * 4);
-    sums_ = std::make_unique<ShardTensorSums>(layout_, comm.rank(), comm, this->kernels(), mem());
+    u_ = DeviceBuffer(parts_.kernels(), size_t(layout_.shard_numel()) * 4);
+    sums_ = std::make_unique<ShardTensorSums>(layout_, comm.rank(), comm, parts_.kernels(), parts_.mem());
   }
   if (offload_) {
-    offloaded_ = std::make_unique<OffloadedUpdate>(state_, this->params(), this->kernels(),
-                                                   host_kernels(), cfg.zero.pin_memory,
+    offloaded_ = std::make_unique<OffloadedUpdate>(state_, parts_.params(), parts_.kernels(),
+                                                   parts_.host_kernels(), cfg.zero.pin_memory,
                                                    cfg.zero.offload_tile,
                                                    masters_.floats(), moments_.exp_avg(),
                                                    moments_.exp_avg_sq(), cfg.algorithm->update);
@@ -99,16 +101,16 @@ ZeroOptimizer::ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique
   point_slots();
   for (const StatePiece& f : state_.pieces) {
     if (f.master_offset < 0) continue;  // an fp32 parameter is its own master
-    const Param& p = this->params().params()[size_t(f.param)];
+    const Param& p = parts_.params().params()[size_t(f.param)];
     const auto* data = static_cast<const uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
-    this->kernels().to_float(TensorRef{data, f.numel, p.dtype}, masters_.floats() + f.master_offset);
+    parts_.kernels().to_float(TensorRef{data, f.numel, p.dtype}, masters_.floats() + f.master_offset);
   }
 }
 
 void ZeroOptimizer::point_slots() {
   slots_.clear();
   for (const StatePiece& f : state_.pieces) {
-    const Param& p = params().params()[size_t(f.param)];
+    const Param& p = parts_.params().params()[size_t(f.param)];
     // Every element has a master with a compressed allgather, which alone
     // writes the caller's buffers (with the decoded values).
     const bool half = p.dtype != DType::F32 && !compressed_params_;
@@ -122,57 +124,57 @@ void ZeroOptimizer::point_slots() {
                                  f.numel, p.group));
     if (u_.get()) slots_.back().set(Operand::U, u_.floats() + f.state_offset);  // LAMB
   }
-  slots_generation_ = params().generation();
+  slots_generation_ = parts_.params().generation();
 }
 
 const std::vector<UpdateSlot>& ZeroOptimizer::slots() {
-  if (!offloaded_ && slots_generation_ != params().generation()) point_slots();
+  if (!offloaded_ && slots_generation_ != parts_.params().generation()) point_slots();
   return slots_;
 }
 
 void ZeroOptimizer::open_handover(int micro_batches) {
-  reducer_.set_gradient_scale(loss_scale());
+  reducer_.set_gradient_scale(parts_.loss_scale());
   reducer_.open_handover(micro_batches);
 }
 
 PreparedGrads ZeroOptimizer::prepare(const dsopt_tensor* grads, int64_t count) {
-  reducer_.set_gradient_scale(loss_scale());
-  return prepared(reducer_.reduce_at_once(grads, count, pipeline().wants_norm()));
+  reducer_.set_gradient_scale(parts_.loss_scale());
+  return prepared(reducer_.reduce_at_once(grads, count, parts_.pipeline().wants_norm()));
 }
 
 PreparedGrads ZeroOptimizer::prepare_handed_over() {
-  return prepared(reducer_.reduce_handed_over(pipeline().wants_norm()));
+  return prepared(reducer_.reduce_handed_over(parts_.pipeline().wants_norm()));
 }
 
 PreparedGrads ZeroOptimizer::prepared(const ReducedShard& reduced) {
   PreparedGrads out;  // grads empty: the update reads the shard
-  out.skip = reduced.nonfinite && pipeline().config().skip_nonfinite;
-  pipeline().set_multipliers(out, reduced.sumsq);
+  out.skip = reduced.nonfinite && parts_.pipeline().config().skip_nonfinite;
+  parts_.pipeline().set_multipliers(out, reduced.sumsq);
   return out;
 }
 
-bool ZeroOptimizer::update(const PreparedGrads& grads) {
+UpdateOutcome ZeroOptimizer::update(const PreparedGrads& grads) {
   reducer_.commit_feedback();  // the step runs: its residual is the rank's now
   const auto param_of = [this](size_t k) { return state_.pieces[k].param; };
   if (offloaded_) {
-    offloaded_->run(reducer_.shard(), adam_step_consts(), grads.mul1, grads.mul2);
+    offloaded_->run(reducer_.shard(), adam_step_consts(parts_), grads.mul1, grads.mul2);
   } else {
     ShardTensorSums* sums = sums_.get();  // LAMB's whole-tensor norms
-    update_moments(rule_, slots(), param_of, grads,
+    update_moments(parts_, rule_, slots(), param_of, grads,
                    [sums](const std::vector<UpdateSlot>& fragments, std::initializer_list<Operand> streams) {
                      return sums->sums(fragments, streams);
                    });
   }
   // Deferred: the buckets arrive behind the caller's next forward
   // (docs/guides/zero.md "Deferred allgather").
-  if (!defer_gathers(gatherer_.chunks(), gatherer_.bytes_per_gather(),
+  if (!parts_.gathers().defer_gathers(gatherer_.chunks(), gatherer_.bytes_per_gather(),
                      [this](int64_t c) { gatherer_.gather_chunk(c); }))
     gatherer_.gather();
-  return false;
+  return UpdateOutcome{};  // the pipeline summed the gradients in the reduction
 }
 
 ZeroLayoutRecord ZeroOptimizer::record() const {
-  return ZeroLayoutRecord{config().zero.stage, uint32_t(comm().size()), uint32_t(comm().rank()),
+  return ZeroLayoutRecord{parts_.config().zero.stage, uint32_t(parts_.comm().size()), uint32_t(parts_.comm().rank()),
                           layout_.bucket_elems(), layout_.shard_numel(), state_.master_numel};
 }
 
@@ -183,10 +185,10 @@ void ZeroOptimizer::describe_state(StateSchema& s) {
       .array(kZeroMastersSection, state_kernels(), [this] { return masters_.get(); },
              uint64_t(state_.master_numel) * 4)
       // The masters of this rank's 16-bit fragments (ParamSet keeps none
-      // under ZeRO); the base class lists "master" with the 16-bit parameters.
+      // under ZeRO); the facade lists "master" with the 16-bit parameters.
       .view("master",
             [this](int64_t i, float* masters) {
-              if (params().params()[size_t(i)].dtype == DType::F32) return StateSchema::Slice{};
+              if (parts_.params().params()[size_t(i)].dtype == DType::F32) return StateSchema::Slice{};
               return shard_slice(i, masters, true);
             },
             [] { return false; });
@@ -200,12 +202,12 @@ void ZeroOptimizer::describe_state(StateSchema& s) {
                                "zero (nothing was changed)");
      })
         .flag(kZeroFeedbackInt8Section, "residual format", [] { return true; }, [](bool) {})
-        .array(kZeroFeedbackSection, kernels(), [this] { return reducer_.residual(); },
+        .array(kZeroFeedbackSection, parts_.kernels(), [this] { return reducer_.residual(); },
                [this](const BlobReader* r) {
                  return r && !int8_residual(*r)
                             ? uint64_t(layout_.padded_numel()) * 4
                             : uint64_t(GradientReducer::residual_bytes(
-                                  layout_, config().zero.compression.gradient_block));
+                                  layout_, parts_.config().zero.compression.gradient_block));
                },
                [](const BlobReader& r) { return int8_residual(r); })
         .then([this](const BlobReader& r) {  // an fp32 residual: its int8 encoding
@@ -259,23 +261,23 @@ std::function<void()> ZeroOptimizer::reshard(const Blobs& blobs) {
   // A source without masters of fp32 parameters (no compressed allgather)
   // has their values in the caller's buffers.
   const ReadParam read_param = [this](int64_t param, int64_t offset, int64_t n, float* out) {
-    const auto* data = static_cast<const float*>(params().params()[size_t(param)].data);
-    kernels().copy_to_host(out, data + offset, size_t(n) * 4);
+    const auto* data = static_cast<const float*>(parts_.params().params()[size_t(param)].data);
+    parts_.kernels().copy_to_host(out, data + offset, size_t(n) * 4);
   };
   auto state = std::make_shared<HostMomentState>(
-      assemble_moment_state(blobs, params().shapes(), state_, config().algorithm->moments,
+      assemble_moment_state(blobs, parts_.params().shapes(), state_, parts_.config().algorithm->moments,
                           read_param));
   std::shared_ptr<const BlobReader> first = blobs[0];
   return [this, state, first] {
-    restore_common(*first);
+    parts_.restore_common(*first);
     Kernels& k = state_kernels();
     k.copy_from_host(masters_.get(), state->masters.data(), state->masters.size() * 4);
     k.copy_from_host(moments_.exp_avg(), state->m.data(), state->m.size() * 4);
     if (moments_.exp_avg_sq())
       k.copy_from_host(moments_.exp_avg_sq(), state->v.data(), state->v.size() * 4);
-    write_param_values(*state, params(), kernels());
+    write_param_values(*state, parts_.params(), parts_.kernels());
     reducer_.reset_feedback();  // residuals are rank-local: they start again at zero
-    reducer_.residual_scale() = loss_scale();
+    reducer_.residual_scale() = parts_.loss_scale();
     publish_parameters();
   };
 }
@@ -287,7 +289,7 @@ void ZeroOptimizer::publish_parameters() {
   }
   for (const UpdateSlot& s : slots())
     if (s.data(Operand::Param16))
-      kernels().from_float(s.floats(Operand::Param), s.data(Operand::Param16), s.param16_dtype, s.numel);
+      parts_.kernels().from_float(s.floats(Operand::Param), s.data(Operand::Param16), s.param16_dtype, s.numel);
   gatherer_.gather();
 }
 

@@ -12,7 +12,7 @@
 
 #include "optim/moment_rule.hpp"
 #include "optim/moments.hpp"
-#include "optim/optimizer.hpp"
+#include "optim/algorithm_impl.hpp"
 #include "zero/moment_shards.hpp"
 #include "optim/offloaded_update.hpp"
 #include "zero/gradient_reducer.hpp"
@@ -22,11 +22,10 @@
 
 namespace dsopt {
 
-class ZeroOptimizer final : public Optimizer {
+class ZeroOptimizer final : public AlgorithmImpl {
  public:
-  ZeroOptimizer(const OptimizerConfig& cfg, Comm& comm, std::unique_ptr<Kernels> kernels,
-           const dsopt_tensor* params, int64_t count);
-  ~ZeroOptimizer() override { stop_reductions(); }
+  explicit ZeroOptimizer(OptimizerParts& parts);
+  ~ZeroOptimizer() override { parts_.stop_reductions(); }
   // With a parameter codec: every rank's buffers take the decoded values of
   // the owners' masters, as after every step.
   void created() override {
@@ -34,12 +33,12 @@ class ZeroOptimizer final : public Optimizer {
   }
 
  protected:
-  std::string algorithm() const override { return moment_algorithm(config()); }
+  std::string blob_name() const override { return moment_algorithm(parts_.config()); }
   PreparedGrads prepare(const dsopt_tensor* grads, int64_t count) override;
   GradientHandover& handover() override { return reducer_; }
   void open_handover(int micro_batches) override;
   PreparedGrads prepare_handed_over() override;
-  bool update(const PreparedGrads& grads) override;
+  UpdateOutcome update(const PreparedGrads& grads) override;
   bool skips_absent() const override { return rule_ != MomentRule::Lamb; }
   int64_t num_gather_chunks() const override { return gatherer_.chunks(); }
   std::vector<int64_t> gather_chunks_of(int64_t param_index) const override {
@@ -49,6 +48,7 @@ class ZeroOptimizer final : public Optimizer {
   std::function<void()> reshard(const Blobs& blobs) override;
 
  private:
+  ZeroOptimizer(OptimizerParts& parts, const OptimizerConfig& cfg, Comm& comm);
   ZeroLayoutRecord record() const;
   // Throws Error(DSOPT_EMISMATCH) unless blob r is this rank's shard of a
   // run with this layout.
@@ -67,7 +67,7 @@ class ZeroOptimizer final : public Optimizer {
   void point_slots();
 
   // Where masters and moments live: the host with CPU offload.
-  Kernels& state_kernels() const { return offload_ ? host_kernels() : kernels(); }
+  Kernels& state_kernels() const { return offload_ ? parts_.host_kernels() : parts_.kernels(); }
 
   MomentRule rule_;
   bool offload_;
@@ -82,7 +82,7 @@ class ZeroOptimizer final : public Optimizer {
   DeviceBuffer u_;             // LAMB's direction over the shard
   std::unique_ptr<ShardTensorSums> sums_;  // LAMB's norms of whole tensors
   std::vector<UpdateSlot> slots_;  // see slots()
-  uint64_t slots_generation_ = 0;  // params().generation() slots_ point at
+  uint64_t slots_generation_ = 0;  // parts_.params().generation() slots_ point at
   std::unique_ptr<OffloadedUpdate> offloaded_;  // with offload; unpins before the buffers go
 };
 

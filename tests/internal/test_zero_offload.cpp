@@ -1,5 +1,5 @@
 // ZeRO-Offload's update path (src/optim/offloaded_update.cpp) without a GPU:
-// ZeroOptimizer (Adam) on a stand-in device whose memory is host memory but which the
+// the optimizer (ZeRO with Adam: ZeroOptimizer) on a stand-in device whose memory is host memory but which the
 // optimizer treats as CUDA, so "offload_optimizer": {"device": "cpu"} moves
 // masters and moments to the host kernels, uploads through the async lanes
 // and pins through the device. Offloaded and device-resident optimizers
@@ -23,7 +23,7 @@
 #include "base/error.hpp"
 #include "comm/comm.hpp"
 #include "fake_device_kernels.hpp"
-#include "optim/zero_optimizer.hpp"
+#include "facade/optimizer.hpp"
 
 using namespace dsopt;
 
@@ -91,8 +91,8 @@ struct Run {
 Run make(const OptimizerConfig& cfg, Comm& comm, Model& m) {
   auto kernels = std::make_unique<FakeDeviceKernels>();
   FakeDeviceKernels* device = kernels.get();
-  Run r{device, std::make_unique<ZeroOptimizer>(cfg, comm, std::move(kernels), m.param_desc.data(),
-                                           int64_t(m.param_desc.size()))};
+  Run r{device, std::make_unique<Optimizer>(cfg, comm, std::move(kernels), m.param_desc.data(),
+                                            int64_t(m.param_desc.size()))};
   r.opt->set_run_id(42);
   return r;
 }
@@ -180,8 +180,8 @@ void deferred_gather_equals_immediate(Comm& comm, const std::string& type, int s
     random_grads(ma, mb, gen);
     const StepResult ra = a.opt->step(ma.grad_desc.data(), int64_t(ma.grad_desc.size()));
     const StepResult rb = b.opt->step(mb.grad_desc.data(), int64_t(mb.grad_desc.size()));
-    for (int64_t k = 0; k < buckets; ++k) b.opt->gathers().wait_gathers(k, "test");
-    check(b.opt->gathers().gathers_pending() == 0, label + ": every bucket has arrived");
+    for (int64_t k = 0; k < buckets; ++k) b.opt->wait_gathers(k, "test");
+    check(b.opt->gathers_pending() == 0, label + ": every bucket has arrived");
     check(same_params(ma, mb), label + ": step " + std::to_string(s) + ": parameters bit-identical");
     check(ra.grad_norm == rb.grad_norm && ra.skipped == rb.skipped && ra.bytes_sent == rb.bytes_sent,
           label + ": same step report");
@@ -191,7 +191,7 @@ void deferred_gather_equals_immediate(Comm& comm, const std::string& type, int s
   random_grads(ma, mb, gen);
   a.opt->step(ma.grad_desc.data(), int64_t(ma.grad_desc.size()));
   b.opt->step(mb.grad_desc.data(), int64_t(mb.grad_desc.size()));
-  b.opt->gathers().wait_gathers(-1, "test");
+  b.opt->wait_gathers(-1, "test");
   check(same_params(ma, mb), label + ": parameters after waiting for every bucket at once");
   check(blob(*a.opt) == blob(*b.opt), label + ": identical state blobs");
   const Optimizer::MemoryUsage ua = a.opt->memory_usage(), ub = b.opt->memory_usage();

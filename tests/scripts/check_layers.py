@@ -32,6 +32,7 @@ LAYERS = [
     ["zero"],
     ["optim"],
     ["algorithms"],  # one descriptor per algorithm, registered once
+    ["facade"],  # the object behind a dsopt_optimizer handle: parts + one algorithm
     ["api"],
 ]
 RANK = {folder: level for level, folders in enumerate(LAYERS) for folder in folders}

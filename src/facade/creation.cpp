@@ -1,4 +1,4 @@
-#include "optim/creation.hpp"
+#include "facade/creation.hpp"
 
 #include <zlib.h>
 
@@ -8,7 +8,6 @@
 #include "base/error.hpp"
 #include "comm/rank_agreement.hpp"
 #include "kernels/cpu/thread_budget.hpp"
-#include "optim/factory.hpp"
 
 namespace dsopt {
 namespace {
@@ -64,7 +63,7 @@ std::unique_ptr<Optimizer> create_optimizer(Comm& comm,
     const OptimizerConfig cfg = parse();
     cfg_hash = hash64(cfg.canonical);
     run_cfg_hash = hash64(cfg.run_canonical);
-    opt = make_optimizer(cfg, comm, params, count);
+    opt = std::make_unique<Optimizer>(cfg, comm, params, count);
   });
   const uint64_t shapes = mine.ok() ? shapes_hash(params, count) : 0;
   // A run is named by its config, shapes and initial parameters: blobs

@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "base/error.hpp"
-#include "optim/optimizer.hpp"
+#include "facade/optimizer.hpp"
+#include "facade/optimizer_impl.hpp"
 
 namespace dsopt {
 namespace {
@@ -25,51 +26,45 @@ std::string why_absent(const std::string& name) {
 
 }  // namespace
 
-// ---- the base class -----------------------------------------------------------
-
 int64_t Optimizer::param_numel(int64_t param_index, int32_t* group) const {
-  if (param_index < 0 || param_index >= params_.count())
+  const ParamSet& params = impl_->parts.params();
+  if (param_index < 0 || param_index >= params.count())
     fail(DSOPT_EINVAL, "parameter index " + std::to_string(param_index) +
-                           " is out of range (the optimizer has " + std::to_string(params_.count()) +
+                           " is out of range (the optimizer has " + std::to_string(params.count()) +
                            " parameters)");
-  const Param& p = params_.params()[size_t(param_index)];
+  const Param& p = params.params()[size_t(param_index)];
   if (group) *group = p.group;
   return p.numel;
 }
 
 Optimizer::StateView Optimizer::state_view(int64_t param_index, const std::string& name) {
-  require_intact("dsopt_get_state_view");
+  const Impl& s = *impl_;
+  s.require_intact("dsopt_get_state_view");
   param_numel(param_index, nullptr);  // range check
-  StateSchema::View v = state_schema().view(name, param_index);
+  StateSchema::View v = s.state_schema().view(name, param_index);
   if (!v.slice.found && name == "master") {  // the parameter set's masters
-    const Param& p = params_.params()[size_t(param_index)];
+    const Param& p = s.parts.params().params()[size_t(param_index)];
     if (p.dtype != DType::F32 && p.master)
-      v = {{true, p.master, p.numel, 0}, kernels_->device() == Device::Cuda};
+      v = {{true, p.master, p.numel, 0}, s.parts.kernels().device() == Device::Cuda};
   }
   if (!v.slice.found)
     fail(DSOPT_EINVAL, "parameter " + std::to_string(param_index) + " has no state \"" + name + "\"" +
-                           why_absent(name) + "; the state names of this " + algorithm() +
+                           why_absent(name) + "; the state names of this " + s.algorithm->blob_name() +
                            " optimizer are: " + state_names());
   return StateView{v.slice.data, v.slice.numel, v.slice.offset, v.on_device};
 }
 
 const std::string& Optimizer::state_names() const {
-  if (state_names_.empty()) {
-    state_names_ = state_schema().view_names();
-    for (const Param& p : params_.params())
+  const Impl& s = *impl_;
+  if (s.state_names.empty()) {
+    s.state_names = s.state_schema().view_names();
+    for (const Param& p : s.parts.params().params())
       if (p.dtype != DType::F32) {
-        state_names_ += " master";
+        s.state_names += " master";
         break;
       }
   }
-  return state_names_;
-}
-
-StateSchema::Slicer Optimizer::flat_slices() const {
-  return [this](int64_t i, float* array) {
-    const Param& p = params_.params()[size_t(i)];
-    return StateSchema::Slice{true, array + p.offset, p.numel, 0};
-  };
+  return s.state_names;
 }
 
 }  // namespace dsopt

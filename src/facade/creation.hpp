@@ -6,7 +6,7 @@
 
 #include "comm/comm.hpp"
 #include "optim/config.hpp"
-#include "optim/optimizer.hpp"
+#include "facade/optimizer.hpp"
 
 namespace dsopt {
 

@@ -6,38 +6,39 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "optim/optimizer.hpp"
+#include "facade/optimizer.hpp"
+#include "facade/optimizer_impl.hpp"
 
 namespace dsopt {
 
-bool Optimizer::load_collectively(const std::string& call,
-                                  const std::function<std::function<void()>(bool& reset)>& validate) {
+bool Optimizer::Impl::load_collectively(
+    const std::string& call, const std::function<std::function<void()>(bool& reset)>& validate) {
   std::function<void()> restore_fn;
   bool reset = false;
   const LocalOutcome mine = attempt([&] { restore_fn = validate(reset); });
   // Whether some rank resets (then all do: the ranks' rank-local states
   // must fit together).
   int64_t resets = reset ? 1 : 0;
-  agreement_.settle(Failure{call, "could not load its blob", "no rank changed anything"}, mine,
-                    &resets, 1);
+  parts.agreement().settle(Failure{call, "could not load its blob", "no rank changed anything"},
+                           mine, &resets, 1);
   reset = resets != 0;
-  resetting_rank_local_ = reset;
+  parts.set_resetting_rank_local(reset);
   try {
     restore_fn();
   } catch (...) {
-    resetting_rank_local_ = false;
+    parts.set_resetting_rank_local(false);
     throw;
   }
-  resetting_rank_local_ = false;
-  kernels_->synchronize();
+  parts.set_resetting_rank_local(false);
+  parts.kernels().synchronize();
   return reset;
 }
 
-bool Optimizer::others_rank_local(const BlobReader& r, bool may_reset) const {
+bool Optimizer::Impl::others_rank_local(const BlobReader& r, bool may_reset) const {
   const BlobHeader& h = r.header();
-  const int world = comm_.size(), rank = comm_.rank();
+  const int world = parts.comm().size(), rank = parts.comm().rank();
   if (world == 1 || h.world_size != uint32_t(world) || h.rank == uint32_t(rank)) return false;
-  const std::string what = rank_local_state(r);
+  const std::string what = algorithm->rank_local_state(r);
   if (what.empty()) return false;
   if (may_reset) return true;
   fail(DSOPT_EMISMATCH,
@@ -50,41 +51,43 @@ bool Optimizer::others_rank_local(const BlobReader& r, bool may_reset) const {
 }
 
 bool Optimizer::load(const void* src, uint64_t size, uint32_t flags) {
+  Impl& s = *impl_;
   const char* call = flags == 0 ? "dsopt_state_load" : "dsopt_state_load_ex";
-  require_intact(call);
-  refuse_while_handing_over(call);
-  enter_collective(Call::Load);
-  return load_collectively(call, [&](bool& reset) -> std::function<void()> {
+  s.require_intact(call);
+  s.refuse_while_handing_over(call);
+  s.enter_collective(Impl::Call::Load);
+  return s.load_collectively(call, [&](bool& reset) -> std::function<void()> {
     if (flags & ~uint32_t(DSOPT_LOAD_RESET_RANK_LOCAL))
       fail(DSOPT_EINVAL, "unknown flags " + std::to_string(flags) +
                              " (DSOPT_LOAD_RESET_RANK_LOCAL is the only flag)");
     if (!src) fail(DSOPT_EINVAL, "src is NULL");
-    std::shared_ptr<const BlobReader> r = io_.read(src, size);
-    state_schema().check(*r);
-    reset = others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0);
-    return [this, r] { io_.restore(*r); };
+    std::shared_ptr<const BlobReader> r = s.parts.io().read(src, size);
+    s.state_schema().check(*r);
+    reset = s.others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0);
+    return [&s, r] { s.parts.io().restore(*r); };
   });
 }
 
 void Optimizer::load_shards(const void* const* blobs, const uint64_t* sizes, int64_t count) {
-  require_intact("dsopt_state_load_shards");
-  refuse_while_handing_over("dsopt_state_load_shards");
-  enter_collective(Call::LoadShards);
-  load_collectively("dsopt_state_load_shards", [&](bool&) -> std::function<void()> {
-    const Blobs set = io_.read_set(blobs, sizes, count);
-    if (std::function<void()> fn = reshard(set)) return fn;
+  Impl& s = *impl_;
+  s.require_intact("dsopt_state_load_shards");
+  s.refuse_while_handing_over("dsopt_state_load_shards");
+  s.enter_collective(Impl::Call::LoadShards);
+  s.load_collectively("dsopt_state_load_shards", [&](bool&) -> std::function<void()> {
+    const StateIO::Blobs set = s.parts.io().read_set(blobs, sizes, count);
+    if (std::function<void()> fn = s.algorithm->reshard(set)) return fn;
     // Replicated state: this rank's own blob at the same size, else the first.
-    const bool own = count == comm_.size() && comm_.size() > 1;
-    std::shared_ptr<const BlobReader> r = set[own ? size_t(comm_.rank()) : 0];
-    state_schema().check(*r);
-    others_rank_local(*r, false);  // one blob of another rank at this size
-    return [this, r] { io_.restore(*r); };
+    const Comm& comm = s.parts.comm();
+    const bool own = count == comm.size() && comm.size() > 1;
+    std::shared_ptr<const BlobReader> r = set[own ? size_t(comm.rank()) : 0];
+    s.state_schema().check(*r);
+    s.others_rank_local(*r, false);  // one blob of another rank at this size
+    return [&s, r] { s.parts.io().restore(*r); };
   });
 }
 
-void Optimizer::restore_masters(const float* host) {
-  kernels_->copy_from_host(params_.masters(), host, uint64_t(params_.master_numel()) * 4);
-  params_.write_back();
+uint64_t Optimizer::save(void* dst, uint64_t capacity) const {
+  return impl_->parts.io().save(dst, capacity);
 }
 
 }  // namespace dsopt
