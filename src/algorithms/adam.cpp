@@ -1,6 +1,7 @@
 // Adam and AdamW (docs/optimizers/adam.md): DeepSpeed's FusedAdam keys.
 #include "algorithms/config_values.hpp"
 #include "algorithms/registry.hpp"
+#include "optim/moment_rule.hpp"
 #include "optim/config.hpp"
 
 namespace dsopt {
@@ -27,6 +28,7 @@ Algorithm adam(const char* type, bool always_decoupled) {
   a.type = type;
   a.keys = {"bias_correction", "adam_w_mode", "amsgrad"};
   a.rule = MomentRule::Elementwise;
+  a.make = make_moment_rule;
   a.update = UpdateRule::Adam;
   a.moments = MomentNames("adam");
   // Adam with decoupled weight decay saves as AdamW: the same state.

@@ -3,6 +3,7 @@
 #include "algorithms/config_values.hpp"
 #include "algorithms/lamb_coeffs.hpp"
 #include "algorithms/registry.hpp"
+#include "optim/moment_rule.hpp"
 #include "optim/config.hpp"
 
 namespace dsopt {
@@ -54,6 +55,7 @@ Algorithm lamb() {
   a.type = "Lamb";
   a.keys = {"bias_correction", "max_coeff", "min_coeff", "max_grad_norm", "eps_inside_sqrt", "amsgrad"};
   a.rule = MomentRule::Lamb;
+  a.make = make_moment_rule;
   a.moments = MomentNames("lamb");
   a.sharded = true;
   a.read_params = read_lamb;

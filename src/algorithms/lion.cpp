@@ -4,6 +4,7 @@
 // (0.9, 0.99), weight_decay 0.
 #include "algorithms/config_values.hpp"
 #include "algorithms/registry.hpp"
+#include "optim/moment_rule.hpp"
 #include "optim/config.hpp"
 
 namespace dsopt {
@@ -20,6 +21,7 @@ Algorithm lion() {
   a.defaults.bias_correction = false;  // the constants are Adam's with lr as the step
   a.defaults.decoupled = true;
   a.rule = MomentRule::Elementwise;
+  a.make = make_moment_rule;
   a.update = UpdateRule::Lion;
   a.moments = MomentNames("lion", {"exp_avg"});
   a.sharded = true;

@@ -6,6 +6,7 @@
 
 #include "algorithms/config_values.hpp"
 #include "algorithms/registry.hpp"
+#include "optim/moment_rule.hpp"
 #include "math/sgd.hpp"
 #include "optim/config.hpp"
 
@@ -31,6 +32,7 @@ Algorithm sgd() {
   a.defaults.bias_correction = false;
   a.defaults.decoupled = false;  // weight decay is L2, added to the gradient
   a.rule = MomentRule::Elementwise;
+  a.make = make_moment_rule;
   a.update = UpdateRule::Sgd;
   a.step_consts = sgd_consts;
   a.check_group = [](const AdamHyper& h) -> std::string {

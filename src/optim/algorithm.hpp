@@ -73,7 +73,7 @@ struct Algorithm {
   // hyperparameters are written by the caller).
   void (*write_params)(const OptimizerConfig& cfg, nlohmann::json& params) = nullptr;
   // Builds the algorithm on an optimizer's parts (optim/algorithm_impl.hpp;
-  // nullptr: a moment rule's, by gradient path).
+  // a moment rule's: make_moment_rule, by gradient path).
   std::unique_ptr<AlgorithmImpl> (*make)(OptimizerParts& parts) = nullptr;
 };
 

@@ -3,9 +3,6 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "optim/moment_rule.hpp"
-#include "optim/replicated_optimizer.hpp"
-#include "optim/zero_optimizer.hpp"
 
 namespace dsopt {
 
@@ -17,8 +14,6 @@ std::unique_ptr<Kernels> make_kernels(const OptimizerConfig& cfg, Comm& comm) {
 
 std::unique_ptr<AlgorithmImpl> make_algorithm(OptimizerParts& parts) {
   const OptimizerConfig& cfg = parts.config();
-  if (has_moment_rule(cfg) && cfg.zero.stage > 0) return std::make_unique<ZeroOptimizer>(parts);
-  if (has_moment_rule(cfg)) return std::make_unique<ReplicatedOptimizer>(parts);
   if (cfg.algorithm && cfg.algorithm->make) return cfg.algorithm->make(parts);
   fail(DSOPT_EINTERNAL, "no implementation for optimizer type " + cfg.type);
 }

@@ -1,6 +1,5 @@
 // Builds what a config names: the kernels of its device, and on an
-// optimizer's parts its algorithm (a moment rule's by gradient path, else
-// the descriptor's own, Algorithm::make).
+// optimizer's parts its algorithm (its descriptor's Algorithm::make).
 #pragma once
 #include <memory>
 

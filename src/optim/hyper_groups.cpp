@@ -36,23 +36,6 @@ void HyperGroups::advance(const std::vector<uint8_t>& inactive) {
     if (inactive.empty() || !inactive[i]) ++param_steps_[i];
 }
 
-AdamStepConsts HyperGroups::adam_step_consts(const std::vector<uint8_t>& inactive) const {
-  return dsopt::adam_step_consts(groups_, steps_, param_groups_, param_steps_, inactive,
-                                 config_.algorithm->step_consts);
-}
-
-LambStepConsts HyperGroups::lamb_step_consts() const {
-  LambStepConsts c;
-  for (size_t i = 0; i < param_groups_.size(); ++i) {
-    const AdamHyper& h = groups_[size_t(param_groups_[i])];
-    c.consts.emplace_back();
-    static_cast<OneBitConsts&>(c.consts.back()) =
-        onebit_consts(h, h.bias_correction, param_steps_[i], param_steps_[i]);
-    c.lr.push_back(h.lr);
-  }
-  return c;
-}
-
 void HyperGroups::write_lrs(FieldWriter& f) const {
   for (const AdamHyper& g : groups_) f.add(g.lr);
 }

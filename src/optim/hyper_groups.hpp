@@ -7,9 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "optim/adam_step_consts.hpp"
 #include "optim/config.hpp"
-#include "optim/lamb_step.hpp"
 #include "params/param_set.hpp"
 #include "state/blob.hpp"
 
@@ -40,18 +38,19 @@ class HyperGroups {
   // `inactive` marks (empty: none).
   void advance(const std::vector<uint8_t>& inactive);
 
-  // This step's Adam constants: per group, or per parameter when steps
-  // differ or parameters are left out (`inactive`).
-  AdamStepConsts adam_step_consts(const std::vector<uint8_t>& inactive) const;
-  // This step's LAMB constants, per parameter, at the parameter's own
-  // update count; bias-corrected as its group says.
-  LambStepConsts lamb_step_consts() const;
+  // Every group's hyperparameters and step counter, and each parameter's
+  // group and update count, in order (the algorithms' per-step constants
+  // are formed from them).
+  const std::vector<AdamHyper>& all_groups() const { return groups_; }
+  const std::vector<int32_t>& param_groups() const { return param_groups_; }
 
   // The blob's common sections of the groups (optim/common_state.hpp):
   // the group step counters, learning rates, parameter step counters and
   // the other hyperparameters (common.hyper: write_hyper and read_hyper).
   std::vector<int64_t>& steps() { return steps_; }
   std::vector<int64_t>& param_steps() { return param_steps_; }
+  const std::vector<int64_t>& steps() const { return steps_; }
+  const std::vector<int64_t>& param_steps() const { return param_steps_; }
   // Every group's lr, in group order.
   void write_lrs(FieldWriter& f) const;
   void read_lrs(FieldReader& f);

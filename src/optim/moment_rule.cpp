@@ -1,5 +1,8 @@
 #include "optim/moment_rule.hpp"
 
+#include "optim/replicated_optimizer.hpp"
+#include "optim/zero_optimizer.hpp"
+
 #include "base/error.hpp"
 
 namespace dsopt {
@@ -17,12 +20,28 @@ std::string moment_algorithm(const OptimizerConfig& cfg) {
   return cfg.algorithm->blob_name ? cfg.algorithm->blob_name(cfg) : cfg.type;
 }
 
+std::unique_ptr<AlgorithmImpl> make_moment_rule(OptimizerParts& parts) {
+  if (parts.config().zero.stage > 0) return std::make_unique<ZeroOptimizer>(parts);
+  return std::make_unique<ReplicatedOptimizer>(parts);
+}
+
 AdamStepConsts adam_step_consts(const OptimizerParts& parts) {
-  return parts.groups().adam_step_consts(parts.absent().inactive());
+  const HyperGroups& g = parts.groups();
+  return adam_step_consts(g.all_groups(), g.steps(), g.param_groups(), g.param_steps(),
+                          parts.absent().inactive(), parts.config().algorithm->step_consts);
 }
 
 LambStepConsts lamb_step_consts(const OptimizerParts& parts) {
-  return parts.groups().lamb_step_consts();
+  const HyperGroups& g = parts.groups();
+  LambStepConsts c;
+  for (size_t i = 0; i < g.param_groups().size(); ++i) {
+    const AdamHyper& h = g.group(g.param_groups()[i]);
+    const int64_t t = g.param_step(int64_t(i));
+    c.consts.emplace_back();
+    static_cast<OneBitConsts&>(c.consts.back()) = onebit_consts(h, h.bias_correction, t, t);
+    c.lr.push_back(h.lr);
+  }
+  return c;
 }
 
 double update_moments(const OptimizerParts& parts, MomentRule rule,

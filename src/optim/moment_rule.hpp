@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ MomentRule moment_rule(const OptimizerConfig& cfg);
 bool has_moment_rule(const OptimizerConfig& cfg);
 // The algorithm's name in blobs (Algorithm::blob_name, else its type).
 std::string moment_algorithm(const OptimizerConfig& cfg);
+// A moment rule's implementation on the config's gradient path
+// (ZeroOptimizer at ZeRO stage 1/2, else ReplicatedOptimizer): the
+// Algorithm::make of every moment rule's descriptor.
+std::unique_ptr<AlgorithmImpl> make_moment_rule(OptimizerParts& parts);
 
 // This step's Adam constants: per group, or per parameter when steps
 // differ or parameters are left out (call from an update).

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "optim/moments.hpp"
+#include "optim/lamb_step.hpp"
 #include "optim/onebit_base.hpp"
 
 namespace dsopt {
