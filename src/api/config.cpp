@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "algorithms/config_values.hpp"
+#include "config/config_values.hpp"
 #include "algorithms/registry.hpp"
 #include "base/error.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "algorithms/config_values.hpp"
+#include "config/config_values.hpp"
 #include "api/config.hpp"
 #include "base/error.hpp"
 #include "facade/optimizer.hpp"

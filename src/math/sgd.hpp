@@ -14,7 +14,7 @@
 namespace dsopt {
 
 // Where SGD's group hyperparameters live in AdamHyper (its descriptor,
-// src/algorithms/sgd.cpp): lr and weight_decay in their own fields, the
+// src/algorithms/sgd/sgd.cpp): lr and weight_decay in their own fields, the
 // rest in AdamHyper::extra.
 enum SgdExtra { kSgdMomentum = 0, kSgdDampening = 1, kSgdNesterov = 2 };
 

@@ -23,7 +23,7 @@ class OptimizerParts;
 struct OptimizerConfig;
 
 // The update rules that keep fp32 moments and nothing else between steps
-// (optim/moment_rule.hpp): elementwise (Algorithm::update, with Adam's
+// (algorithms/moment_rules/moment_rule.hpp): elementwise (Algorithm::update, with Adam's
 // constants) or LAMB's per-tensor trust ratio; None: the algorithm has its
 // own optimizer class.
 enum class MomentRule { None, Elementwise, Lamb };

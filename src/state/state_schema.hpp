@@ -49,7 +49,7 @@ class StateSchema {
   StateSchema& optional_record(std::string name, Length bytes, Write write, Read check, Read read,
                                std::function<void()> absent);
 
-  // A rule choice (onebit/rule_flag.hpp): one int32 0 or 1; blobs without it
+  // A rule choice (algorithms/onebit/rule_flag.hpp): one int32 0 or 1; blobs without it
   // were written by the old rule (false). `what` names it in messages.
   StateSchema& flag(std::string name, const char* what, std::function<bool()> get,
                     std::function<void(bool)> set);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/config_values.hpp"
+#include "config/config_values.hpp"
 #include "base/error.hpp"
 #include "optim/hyper_params.hpp"
 #include "optim/hyper_section.hpp"

@@ -1,4 +1,4 @@
-// ZeRO-Offload's update path (src/optim/offloaded_update.cpp) without a GPU:
+// ZeRO-Offload's update path (src/algorithms/moment_rules/offloaded_update.cpp) without a GPU:
 // the optimizer (ZeRO with Adam: ZeroOptimizer) on a stand-in device whose memory is host memory but which the
 // optimizer treats as CUDA, so "offload_optimizer": {"device": "cpu"} moves
 // masters and moments to the host kernels, uploads through the async lanes

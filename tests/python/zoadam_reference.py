@@ -127,7 +127,7 @@ class ZeroOneAdamReference:
 
     def _lr_weight(self, group):
         """What a local step adds to the interval's lr sum: lr times the
-        momentum's bias correction, in double (src/optim/zero_one_adam.cpp)."""
+        momentum's bias correction, in double (src/algorithms/onebit/zero_one_adam.cpp)."""
         if not self.bias_correction:
             return group.lr
         return group.lr * (1.0 / (1.0 - float(F32(group.beta1)) ** float(self.updates + 1)))

@@ -27,11 +27,11 @@ LAYERS = [
     ["state"],
     ["comm"],
     ["params"],
-    ["onebit"],  # what the 1-bit optimizers share
     ["handover"],
     ["zero"],
     ["optim"],
-    ["algorithms"],  # one descriptor per algorithm, registered once
+    ["config"],  # reading and checking a JSON config's values
+    ["algorithms"],  # a folder per algorithm family (descriptor, class, helpers) and the registry
     ["facade"],  # the object behind a dsopt_optimizer handle: parts + one algorithm
     ["api"],
 ]

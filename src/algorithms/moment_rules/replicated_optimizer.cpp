@@ -1,4 +1,4 @@
-#include "optim/replicated_optimizer.hpp"
+#include "algorithms/moment_rules/replicated_optimizer.hpp"
 
 #include "base/error.hpp"
 #include "zero/moment_shards.hpp"

@@ -1,4 +1,4 @@
-#include "algorithms/config_values.hpp"
+#include "config/config_values.hpp"
 
 #include <cfloat>
 #include <cmath>

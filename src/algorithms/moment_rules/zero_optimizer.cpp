@@ -1,4 +1,4 @@
-#include "optim/zero_optimizer.hpp"
+#include "algorithms/moment_rules/zero_optimizer.hpp"
 
 #include <algorithm>
 #include <cmath>

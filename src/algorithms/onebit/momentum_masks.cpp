@@ -1,4 +1,4 @@
-#include "onebit/momentum_masks.hpp"
+#include "algorithms/onebit/momentum_masks.hpp"
 
 #include <string>
 

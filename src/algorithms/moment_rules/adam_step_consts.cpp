@@ -1,4 +1,4 @@
-#include "optim/adam_step_consts.hpp"
+#include "algorithms/moment_rules/adam_step_consts.hpp"
 
 #include <map>
 #include <utility>

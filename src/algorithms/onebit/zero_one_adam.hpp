@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "optim/moments.hpp"
-#include "optim/onebit_base.hpp"
+#include "algorithms/onebit/onebit_base.hpp"
 
 namespace dsopt {
 

@@ -1,4 +1,4 @@
-#include "onebit/car_errors.hpp"
+#include "algorithms/onebit/car_errors.hpp"
 
 #include "base/error.hpp"
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "optim/moments.hpp"
-#include "optim/lamb_step.hpp"
-#include "optim/onebit_base.hpp"
+#include "algorithms/lamb/lamb_step.hpp"
+#include "algorithms/onebit/onebit_base.hpp"
 
 namespace dsopt {
 

@@ -1,7 +1,7 @@
-#include "optim/moment_rule.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 
-#include "optim/replicated_optimizer.hpp"
-#include "optim/zero_optimizer.hpp"
+#include "algorithms/moment_rules/replicated_optimizer.hpp"
+#include "algorithms/moment_rules/zero_optimizer.hpp"
 
 #include "base/error.hpp"
 

@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/config_values.hpp"
+#include "config/config_values.hpp"
 #include "algorithms/registry.hpp"
-#include "optim/moment_rule.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 #include "math/sgd.hpp"
 #include "optim/config.hpp"
 

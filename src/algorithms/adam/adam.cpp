@@ -1,7 +1,7 @@
 // Adam and AdamW (docs/optimizers/adam.md): DeepSpeed's FusedAdam keys.
-#include "algorithms/config_values.hpp"
+#include "config/config_values.hpp"
 #include "algorithms/registry.hpp"
-#include "optim/moment_rule.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 #include "optim/config.hpp"
 
 namespace dsopt {

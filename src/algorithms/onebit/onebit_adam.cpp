@@ -1,4 +1,4 @@
-#include "optim/onebit_adam.hpp"
+#include "algorithms/onebit/onebit_adam.hpp"
 
 #include "base/error.hpp"
 #include "math/onebit_adam.hpp"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kernels/device_buffer.hpp"
-#include "optim/adam_step_consts.hpp"
+#include "algorithms/moment_rules/adam_step_consts.hpp"
 #include "params/param_set.hpp"
 #include "zero/moment_shards.hpp"
 

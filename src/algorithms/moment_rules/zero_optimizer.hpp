@@ -1,5 +1,5 @@
 // ZeRO stage 1 and 2 (docs/guides/zero.md) with a moment rule
-// (optim/moment_rule.hpp: Adam, AdamW, LAMB): this rank keeps the moments,
+// (algorithms/moment_rules/moment_rule.hpp: Adam, AdamW, LAMB): this rank keeps the moments,
 // and fp32 masters of 16-bit parameters, for its shard only; gradients are reduce-scattered into the
 // shard, the update runs on it, and the parameters are allgathered back
 // into the caller's buffers. The caller passes all its gradients to
@@ -10,11 +10,11 @@
 #include <memory>
 #include <vector>
 
-#include "optim/moment_rule.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 #include "optim/moments.hpp"
 #include "optim/algorithm_impl.hpp"
 #include "zero/moment_shards.hpp"
-#include "optim/offloaded_update.hpp"
+#include "algorithms/moment_rules/offloaded_update.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/param_gatherer.hpp"
 #include "zero/shard_layout.hpp"

@@ -1,9 +1,9 @@
 // Adam, AdamW and LAMB with replicated state (ZeRO stage 0; docs/design/adam.md,
 // decisions.md A1/A2, docs/optimizers/lamb.md): every rank averages every
 // gradient and keeps fp32 moments of every parameter; the moment rule
-// (optim/moment_rule.hpp) updates whole tensors.
+// (algorithms/moment_rules/moment_rule.hpp) updates whole tensors.
 #pragma once
-#include "optim/moment_rule.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 #include "optim/moments.hpp"
 #include "optim/algorithm_impl.hpp"
 

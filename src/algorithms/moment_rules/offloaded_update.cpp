@@ -1,4 +1,4 @@
-#include "optim/offloaded_update.hpp"
+#include "algorithms/moment_rules/offloaded_update.hpp"
 
 #include <algorithm>
 

@@ -2,9 +2,9 @@
 // moment, on every gradient path of the moment rules. Its keys and
 // defaults are those of the paper's reference code: lr 1e-4, betas
 // (0.9, 0.99), weight_decay 0.
-#include "algorithms/config_values.hpp"
+#include "config/config_values.hpp"
 #include "algorithms/registry.hpp"
-#include "optim/moment_rule.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 #include "optim/config.hpp"
 
 namespace dsopt {

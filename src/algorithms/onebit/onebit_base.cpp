@@ -1,7 +1,7 @@
-#include "optim/onebit_base.hpp"
+#include "algorithms/onebit/onebit_base.hpp"
 
-#include "onebit/divergence_hint.hpp"
-#include "onebit/rule_flag.hpp"
+#include "algorithms/onebit/divergence_hint.hpp"
+#include "algorithms/onebit/rule_flag.hpp"
 
 namespace dsopt {
 

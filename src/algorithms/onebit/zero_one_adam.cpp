@@ -1,10 +1,10 @@
-#include "optim/zero_one_adam.hpp"
+#include "algorithms/onebit/zero_one_adam.hpp"
 
 #include <cstring>
 
 #include "base/error.hpp"
 #include "math/onebit_adam.hpp"
-#include "onebit/divergence_hint.hpp"
+#include "algorithms/onebit/divergence_hint.hpp"
 
 namespace dsopt {
 namespace {

@@ -1,4 +1,4 @@
-#include "optim/lamb_step.hpp"
+#include "algorithms/lamb/lamb_step.hpp"
 
 namespace dsopt {
 

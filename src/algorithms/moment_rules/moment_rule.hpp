@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "optim/adam_step_consts.hpp"
+#include "algorithms/moment_rules/adam_step_consts.hpp"
 #include "optim/config.hpp"
-#include "optim/lamb_step.hpp"
+#include "algorithms/lamb/lamb_step.hpp"
 #include "optim/optimizer_parts.hpp"
 #include "optim/step_pipeline.hpp"
 

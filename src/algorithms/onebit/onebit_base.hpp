@@ -2,7 +2,7 @@
 // algorithms (optim/algorithm_impl.hpp): the compressed allreduce and its error buffers (rank-local
 // state, docs/design/decisions.md K1/K2), the momentum masks, the
 // warmup/compression stage of the optimizers that freeze the variance, the
-// rule choices their blobs record (onebit/rule_flag.hpp), and the state
+// rule choices their blobs record (algorithms/onebit/rule_flag.hpp), and the state
 // sections of all of these. Each optimizer adds its rule and its schedule,
 // and lists its sections in its own order (the blob layout).
 #pragma once
@@ -13,17 +13,17 @@
 #include <vector>
 
 #include "comm/compressed_allreduce.hpp"
-#include "onebit/car_errors.hpp"
-#include "onebit/freeze_stage.hpp"
-#include "onebit/momentum_masks.hpp"
-#include "onebit/stage_record.hpp"
+#include "algorithms/onebit/car_errors.hpp"
+#include "algorithms/onebit/freeze_stage.hpp"
+#include "algorithms/onebit/momentum_masks.hpp"
+#include "algorithms/onebit/stage_record.hpp"
 #include "optim/algorithm_impl.hpp"
 
 namespace dsopt {
 
 class OneBitOptimizer : public AlgorithmImpl {
  public:
-  // Keeps a copy of parameter i's mask (onebit/momentum_masks.hpp).
+  // Keeps a copy of parameter i's mask (algorithms/onebit/momentum_masks.hpp).
   void set_momentum_mask(int64_t param_index, const dsopt_tensor* mask) override;
 
  protected:
@@ -78,7 +78,7 @@ class OneBitOptimizer : public AlgorithmImpl {
   bool compresses_update_units() const { return update_units_ && car_ != nullptr; }
   bool update_units() const { return update_units_; }
 
-  // ---- the warmup/compression stage (onebit/freeze_stage.hpp) ----
+  // ---- the warmup/compression stage (algorithms/onebit/freeze_stage.hpp) ----
   const FreezeStage& stage() const { return stage_; }
   // After a warmup update: enters the compression stage when it is due.
   void freeze_if_due();

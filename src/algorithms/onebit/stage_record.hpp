@@ -7,8 +7,8 @@
 #include <functional>
 
 #include "base/error.hpp"
-#include "onebit/car_errors.hpp"
-#include "onebit/freeze_stage.hpp"
+#include "algorithms/onebit/car_errors.hpp"
+#include "algorithms/onebit/freeze_stage.hpp"
 #include "state/blob.hpp"
 #include "state/state_schema.hpp"
 

@@ -1,9 +1,9 @@
 // LAMB (docs/optimizers/lamb.md): DeepSpeed's FusedLamb keys, with the
 // update of 1-bit LAMB's warmup.
-#include "algorithms/config_values.hpp"
-#include "algorithms/lamb_coeffs.hpp"
+#include "config/config_values.hpp"
+#include "algorithms/lamb/lamb_coeffs.hpp"
 #include "algorithms/registry.hpp"
-#include "optim/moment_rule.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 #include "optim/config.hpp"
 
 namespace dsopt {

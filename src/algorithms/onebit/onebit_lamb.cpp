@@ -1,10 +1,10 @@
-#include "optim/onebit_lamb.hpp"
+#include "algorithms/onebit/onebit_lamb.hpp"
 
 #include <algorithm>
 
 #include "math/onebit_lamb.hpp"
-#include "optim/lamb_step.hpp"
-#include "optim/moment_rule.hpp"
+#include "algorithms/lamb/lamb_step.hpp"
+#include "algorithms/moment_rules/moment_rule.hpp"
 
 namespace dsopt {
 namespace {

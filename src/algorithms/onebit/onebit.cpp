@@ -1,11 +1,11 @@
 // The 1-bit optimizers (docs/optimizers/): 1-bit Adam, 1-bit LAMB and
 // 0/1 Adam, with DeepSpeed's keys and dsopt's stabilized compression stage.
-#include "algorithms/config_values.hpp"
-#include "algorithms/lamb_coeffs.hpp"
+#include "config/config_values.hpp"
+#include "algorithms/lamb/lamb_coeffs.hpp"
 #include "algorithms/registry.hpp"
-#include "optim/onebit_adam.hpp"
-#include "optim/onebit_lamb.hpp"
-#include "optim/zero_one_adam.hpp"
+#include "algorithms/onebit/onebit_adam.hpp"
+#include "algorithms/onebit/onebit_lamb.hpp"
+#include "algorithms/onebit/zero_one_adam.hpp"
 
 namespace dsopt {
 namespace {
