@@ -22,6 +22,12 @@ class AlgorithmImpl;
 class OptimizerParts;
 struct OptimizerConfig;
 
+// What an algorithm's config holds beyond the hyperparameters (its
+// optimizer.params keys), defined in its family's folder.
+struct AlgorithmSettings {
+  virtual ~AlgorithmSettings() = default;
+};
+
 // The update rules that keep fp32 moments and nothing else between steps
 // (algorithms/moment_rules/moment_rule.hpp): elementwise (Algorithm::update, with Adam's
 // constants) or LAMB's per-tensor trust ratio; None: the algorithm has its

@@ -5,10 +5,11 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
+#include "base/error.hpp"
 #include "math/adam.hpp"
 #include "optim/algorithm.hpp"
-#include "math/stabilized_momentum.hpp"
-#include "math/onebit_lamb.hpp"
 #include "zero/compression.hpp"
 
 namespace dsopt {
@@ -80,22 +81,18 @@ struct OptimizerConfig {
   AdamHyper defaults;             // optimizer.params
   std::vector<AdamHyper> groups;  // one per group (defaults + param_groups overrides)
   std::vector<bool> non_freeze;   // per group: 1-bit optimizers keep it uncompressed
-  int64_t freeze_step = 100000;   // 1-bit optimizers: docs/reference/config.md
-  bool stabilize = true;          // 1-bit optimizers: the stabilized compression stage
-  double stabilize_limit = 4.0;   // its momentum limit (math/stabilized_momentum.hpp)
-
-  // OneBitConsts::momentum_limit of a group with `beta2` whose v has had
-  // `variance_updates` updates: 0 (not clamped) when stabilize is off.
-  float momentum_limit(double beta2, int64_t variance_updates) const {
-    return stabilize ? onebit_momentum_limit(stabilize_limit, beta2, variance_updates) : 0.0f;
+  // The algorithm's own settings beyond the hyperparameters, as its
+  // descriptor's read_params makes them (a struct of its family's folder:
+  // the 1-bit schedules, LAMB's trust-ratio bounds); nullptr: none.
+  std::shared_ptr<const AlgorithmSettings> settings;
+  // The settings as the family's type T; throws Error(DSOPT_EINTERNAL)
+  // when the algorithm has none of that type.
+  template <class T>
+  const T& settings_as() const {
+    const T* s = dynamic_cast<const T*>(settings.get());
+    if (!s) fail(DSOPT_EINTERNAL, type + " has no settings of the type asked for");
+    return *s;
   }
-  LambCoeffConfig lamb;           // LAMB and 1-bit LAMB: trust-ratio (and factor) settings
-  // 0/1 Adam (docs/design/zero-one-adam.md section 1; docs/optimizers/zero-one-adam.md "0/1 Adam").
-  int64_t var_freeze_step = 100000;
-  int64_t var_update_scaler = 16;
-  int64_t local_step_scaler = 32678;
-  int64_t local_step_clipper = 16;
-  bool decoupled_sync_weight_decay = false;  // docs/design/decisions.md Z1
   PipelineConfig pipeline;
   ZeroConfig zero;
   std::string canonical;          // normalised JSON text, for cross-rank agreement

@@ -42,12 +42,14 @@ void read_lamb(const json& params, const std::string& path, OptimizerConfig& cfg
     bad(sub(path, "eps_inside_sqrt"), "eps is always added outside the square root");
   cfg.defaults.bias_correction = boolean(params, path, "bias_correction", true);
   cfg.defaults.decoupled = true;
-  read_lamb_coeffs(params, path, cfg.lamb);
+  auto settings = std::make_shared<LambSettings>();
+  read_lamb_coeffs(params, path, settings->coeffs);
+  cfg.settings = settings;
 }
 
 void write_lamb(const OptimizerConfig& c, json& p) {
   p["bias_correction"] = c.defaults.bias_correction;
-  write_lamb_coeffs(c.lamb, false, p);
+  write_lamb_coeffs(lamb_coeffs(c), false, p);
 }
 
 Algorithm lamb() {

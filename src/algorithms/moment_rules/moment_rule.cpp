@@ -1,5 +1,6 @@
 #include "algorithms/moment_rules/moment_rule.hpp"
 
+#include "algorithms/lamb/lamb_coeffs.hpp"
 #include "algorithms/moment_rules/replicated_optimizer.hpp"
 #include "algorithms/moment_rules/zero_optimizer.hpp"
 
@@ -54,7 +55,7 @@ double update_moments(const OptimizerParts& parts, MomentRule rule,
     for (size_t k = 0; k < per_tensor.size(); ++k) per_tensor[k].group = int32_t(param_of(k));
     LambStepConsts c = lamb_step_consts(parts);
     lamb_step(parts.kernels(), per_tensor, c.consts, c.lr, grads.mul1, grads.mul2,
-              parts.config().lamb, sums);
+              lamb_coeffs(parts.config()), sums);
     return 0.0;
   }
   const UpdateRule update = parts.config().algorithm->update;

@@ -2,6 +2,7 @@
 // 0/1 Adam, with DeepSpeed's keys and dsopt's stabilized compression stage.
 #include "config/config_values.hpp"
 #include "algorithms/lamb/lamb_coeffs.hpp"
+#include "algorithms/onebit/onebit_settings.hpp"
 #include "algorithms/registry.hpp"
 #include "algorithms/onebit/onebit_adam.hpp"
 #include "algorithms/onebit/onebit_lamb.hpp"
@@ -25,7 +26,8 @@ constexpr double kDefaultStabilizeLimit = 4.0;
 // bias_correction and ignores it (`corrects` false): its trust ratio
 // cancels a per-tensor factor. eps_inside_sqrt is accepted and ignored:
 // eps is always outside the square root.
-void read_onebit(const json& params, const std::string& path, OptimizerConfig& cfg, bool corrects) {
+void read_onebit(const json& params, const std::string& path, OptimizerConfig& cfg, bool corrects,
+                 OneBitSettings& s) {
   if (params.contains("max_grad_norm"))
     bad(sub(path, "max_grad_norm"), "is not used by 1-bit optimizers (DeepSpeed ignores it); "
                                     "clip with the top-level \"gradient_clipping\"");
@@ -33,28 +35,38 @@ void read_onebit(const json& params, const std::string& path, OptimizerConfig& c
   cfg.defaults.bias_correction = corrects && corrected;
   boolean(params, path, "eps_inside_sqrt", false);
   cfg.defaults.decoupled = true;
-  cfg.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
-  cfg.stabilize = boolean(params, path, "stabilize", true);
-  cfg.stabilize_limit = number(params, path, "stabilize_limit", kDefaultStabilizeLimit);
-  require(cfg.stabilize_limit > 0, sub(path, "stabilize_limit"),
-          "must be > 0, got " + std::to_string(cfg.stabilize_limit));
-  require_fp32(cfg.stabilize_limit, sub(path, "stabilize_limit"), true);
+  s.freeze_step = integer(params, path, "freeze_step", 100000, 1, int64_t(1) << 62);
+  s.stabilize = boolean(params, path, "stabilize", true);
+  s.stabilize_limit = number(params, path, "stabilize_limit", kDefaultStabilizeLimit);
+  require(s.stabilize_limit > 0, sub(path, "stabilize_limit"),
+          "must be > 0, got " + std::to_string(s.stabilize_limit));
+  require_fp32(s.stabilize_limit, sub(path, "stabilize_limit"), true);
+}
+
+// read_onebit into a new settings object of type S, kept by the config.
+template <class S>
+S& read_settings(const json& params, const std::string& path, OptimizerConfig& cfg, bool corrects) {
+  auto s = std::make_shared<S>();
+  read_onebit(params, path, cfg, corrects, *s);
+  cfg.settings = s;
+  return *s;
 }
 
 void write_stabilize(const OptimizerConfig& c, json& p) {
-  p["stabilize"] = c.stabilize;
-  p["stabilize_limit"] = c.stabilize_limit;
+  const OneBitSettings& s = c.settings_as<OneBitSettings>();
+  p["stabilize"] = s.stabilize;
+  p["stabilize_limit"] = s.stabilize_limit;
 }
 
 // 0/1 Adam's schedules (docs/design/zero-one-adam.md section 1).
 void read_zero_one(const json& params, const std::string& path, OptimizerConfig& cfg) {
-  read_onebit(params, path, cfg, true);
+  ZeroOneSettings& s = read_settings<ZeroOneSettings>(params, path, cfg, true);
   const int64_t big = int64_t(1) << 62;
-  cfg.var_freeze_step = integer(params, path, "var_freeze_step", 100000, 0, big);
-  cfg.var_update_scaler = integer(params, path, "var_update_scaler", 16, 1, big);
-  cfg.local_step_scaler = integer(params, path, "local_step_scaler", 32678, 1, big);
-  cfg.local_step_clipper = integer(params, path, "local_step_clipper", 16, 1, big);
-  cfg.decoupled_sync_weight_decay = boolean(params, path, "decoupled_sync_weight_decay", false);
+  s.var_freeze_step = integer(params, path, "var_freeze_step", 100000, 0, big);
+  s.var_update_scaler = integer(params, path, "var_update_scaler", 16, 1, big);
+  s.local_step_scaler = integer(params, path, "local_step_scaler", 32678, 1, big);
+  s.local_step_clipper = integer(params, path, "local_step_clipper", 16, 1, big);
+  s.decoupled_sync_weight_decay = boolean(params, path, "decoupled_sync_weight_decay", false);
 }
 
 template <class Impl>
@@ -75,10 +87,12 @@ Algorithm onebit(const char* type, const char* moments) {
 Algorithm onebit_adam() {
   Algorithm a = onebit("OneBitAdam", "onebit");
   a.group_keys = {"non_freeze"};
-  a.read_params = [](const json& p, const std::string& path, OptimizerConfig& c) { read_onebit(p, path, c, true); };
+  a.read_params = [](const json& p, const std::string& path, OptimizerConfig& c) {
+    read_settings<OneBitSettings>(p, path, c, true);
+  };
   a.write_params = [](const OptimizerConfig& c, json& p) {
     p["bias_correction"] = c.defaults.bias_correction;
-    p["freeze_step"] = c.freeze_step;
+    p["freeze_step"] = c.settings_as<OneBitSettings>().freeze_step;
     write_stabilize(c, p);
   };
   a.make = make<OneBitAdam>;
@@ -90,13 +104,12 @@ Algorithm onebit_lamb() {
   a.keys.insert(a.keys.end(), {"max_coeff", "min_coeff", "coeff_beta", "factor_max", "factor_min",
                                "factor_threshold"});
   a.read_params = [](const json& p, const std::string& path, OptimizerConfig& c) {
-    read_onebit(p, path, c, false);
-    read_lamb_coeffs(p, path, c.lamb);
+    read_lamb_coeffs(p, path, read_settings<OneBitLambSettings>(p, path, c, false).coeffs);
   };
   a.write_params = [](const OptimizerConfig& c, json& p) {
-    p["freeze_step"] = c.freeze_step;
+    p["freeze_step"] = c.settings_as<OneBitSettings>().freeze_step;
     write_stabilize(c, p);
-    write_lamb_coeffs(c.lamb, true, p);
+    write_lamb_coeffs(lamb_coeffs(c), true, p);
   };
   a.make = make<OneBitLamb>;
   return a;
@@ -111,9 +124,10 @@ Algorithm zero_one_adam() {
   a.write_params = [](const OptimizerConfig& c, json& p) {
     p["bias_correction"] = c.defaults.bias_correction;
     write_stabilize(c, p);
-    p.update({{"var_freeze_step", c.var_freeze_step}, {"var_update_scaler", c.var_update_scaler},
-              {"local_step_scaler", c.local_step_scaler}, {"local_step_clipper", c.local_step_clipper},
-              {"decoupled_sync_weight_decay", c.decoupled_sync_weight_decay}});
+    const ZeroOneSettings& s = c.settings_as<ZeroOneSettings>();
+    p.update({{"var_freeze_step", s.var_freeze_step}, {"var_update_scaler", s.var_update_scaler},
+              {"local_step_scaler", s.local_step_scaler}, {"local_step_clipper", s.local_step_clipper},
+              {"decoupled_sync_weight_decay", s.decoupled_sync_weight_decay}});
   };
   a.make = make<ZeroOneAdam>;
   return a;

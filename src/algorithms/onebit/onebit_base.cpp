@@ -11,7 +11,7 @@ OneBitOptimizer::OneBitOptimizer(OptimizerParts& parts, Sections sections)
       masks_(parts.params().count()),
       errors_(sections_.errors, {}, nullptr, ""),
       bias_correction_(parts.config().defaults.bias_correction),
-      update_units_(parts.config().stabilize) {
+      update_units_(parts.config().settings_as<OneBitSettings>().stabilize) {
   if (!sections_.saved_world)
     sections_.saved_world = StageRecord::world_in(sections_.stage, sections_.stage_holds_frozen_after);
 }
@@ -54,7 +54,7 @@ void OneBitOptimizer::run_compressed(const std::vector<UpdateSlot>& slots, Opera
 
 void OneBitOptimizer::freeze_if_due() {
   // DeepSpeed's counter k = updates + 1 (docs/design/decisions.md G2).
-  if (FreezeStage::due(parts_.group_step(0), parts_.config().freeze_step)) enter_compression(parts_.group_step(0));
+  if (FreezeStage::due(parts_.group_step(0), settings().freeze_step)) enter_compression(parts_.group_step(0));
 }
 
 void OneBitOptimizer::enter_compression(int64_t warmup_updates) {
@@ -64,21 +64,21 @@ void OneBitOptimizer::enter_compression(int64_t warmup_updates) {
 }
 
 std::string OneBitOptimizer::stage_divergence_hint(const std::string& lr) const {
-  return onebit_divergence_hint(parts_.config().stabilize,
+  return onebit_divergence_hint(settings().stabilize,
                                 "compression stage diverges where the frozen variance", lr,
                                 "freeze_step");
 }
 
 StateSchema& OneBitOptimizer::describe_stage(StateSchema& s) {
   return StageRecord::describe(s, sections_.stage, sections_.stage_holds_frozen_after, [this] {
-    return StageRecord{stage_, parts_.config().freeze_step, CarErrors::world_of(car_.get())};
+    return StageRecord{stage_, settings().freeze_step, CarErrors::world_of(car_.get())};
   });
 }
 
 void OneBitOptimizer::resume_stage(const StageRecord& record) {
   car_.reset();
   stage_ = FreezeStage{};
-  const FreezeStage resumed = record.resumed(parts_.config().freeze_step, parts_.group_step(0));
+  const FreezeStage resumed = record.resumed(settings().freeze_step, parts_.group_step(0));
   if (!resumed.compressing) return;
   if (!record.stage.compressing) {
     enter_compression(resumed.frozen_after);  // frozen now by a changed freeze_step

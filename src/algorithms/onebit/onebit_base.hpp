@@ -16,6 +16,7 @@
 #include "algorithms/onebit/car_errors.hpp"
 #include "algorithms/onebit/freeze_stage.hpp"
 #include "algorithms/onebit/momentum_masks.hpp"
+#include "algorithms/onebit/onebit_settings.hpp"
 #include "algorithms/onebit/stage_record.hpp"
 #include "optim/algorithm_impl.hpp"
 
@@ -71,6 +72,9 @@ class OneBitOptimizer : public AlgorithmImpl {
 
   std::vector<const float*> mask_pointers() const { return masks_.pointers(); }
 
+  // The config's 1-bit settings (onebit_settings.hpp).
+  const OneBitSettings& settings() const { return parts_.config().settings_as<OneBitSettings>(); }
+
   // ---- the rule choices ----
   bool bias_correction() const { return bias_correction_; }
   // Whether the compressed values are in the update's units now (the
@@ -88,7 +92,7 @@ class OneBitOptimizer : public AlgorithmImpl {
   virtual void freeze_state() {}
   // The stabilized rule's momentum limit of group g in the compression stage.
   float frozen_momentum_limit(int32_t g) const {
-    return parts_.config().momentum_limit(parts_.group(g).beta2, stage_.frozen_after);
+    return settings().momentum_limit(parts_.group(g).beta2, stage_.frozen_after);
   }
   // divergence_hint() of a compression stage, with `lr` the step-size knobs.
   std::string stage_divergence_hint(const std::string& lr) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "math/onebit_lamb.hpp"
+#include "algorithms/lamb/lamb_coeffs.hpp"
 #include "algorithms/lamb/lamb_step.hpp"
 #include "algorithms/moment_rules/moment_rule.hpp"
 
@@ -81,9 +82,9 @@ UpdateOutcome OneBitLamb::update(const PreparedGrads& grads) {
 void OneBitLamb::warmup(const PreparedGrads& grads) {
   LambStepConsts c = consts();
   const std::vector<double> coeff = lamb_step(parts_.kernels(), slots(&grads), c.consts, c.lr, grads.mul1,
-                                              grads.mul2, parts_.config().lamb, whole_tensors(parts_.kernels()));
+                                              grads.mul2, lamb_coeffs(parts_.config()), whole_tensors(parts_.kernels()));
   for (size_t i = 0; i < coeff.size(); ++i)
-    coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], parts_.config().lamb);
+    coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], lamb_coeffs(parts_.config()));
 }
 
 void OneBitLamb::compressed(const PreparedGrads& grads) {
@@ -106,12 +107,12 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
   for (size_t i = 0; i < size_t(n); ++i) {
     const bool decay = c[i].wd > 0.0f;
     last_factor_[i] = lamb_factor(max_ratio[i], sums[size_t(n) + i], sums[i], decay, last_factor_[i],
-                                  parts_.config().lamb);
+                                  lamb_coeffs(parts_.config()));
     coeff[i] = coeff_freeze_[i] * last_factor_[i];
     // The stabilized rule: LAMB's own trust ratio of this update (the same
     // on every rank) where it is larger than the frozen estimate.
     if (update_units())
-      coeff[i] = std::max(coeff[i], lamb_warmup_coeff(sums[2 * size_t(n) + i], sums[i], parts_.config().lamb));
+      coeff[i] = std::max(coeff[i], lamb_warmup_coeff(sums[2 * size_t(n) + i], sums[i], lamb_coeffs(parts_.config())));
   }
   lamb_move(parts_.kernels(), s, c, step.lr, coeff);
 }

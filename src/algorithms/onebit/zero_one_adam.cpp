@@ -90,8 +90,8 @@ std::vector<ZeroOneConsts> ZeroOneAdam::consts(bool clamp) const {
     c.emplace_back();
     static_cast<OneBitConsts&>(c.back()) =
         onebit_consts(parts_.group(g), bias_correction(), parts_.group_step(g), sched_.variance_updates);
-    c.back().decoupled_sync = parts_.config().decoupled_sync_weight_decay;
-    if (clamp) c.back().momentum_limit = parts_.config().momentum_limit(parts_.group(g).beta2, sched_.variance_updates);
+    c.back().decoupled_sync = zero_one().decoupled_sync_weight_decay;
+    if (clamp) c.back().momentum_limit = settings().momentum_limit(parts_.group(g).beta2, sched_.variance_updates);
     c.back().update_units = compresses_update_units();
   }
   return c;
@@ -108,7 +108,7 @@ std::vector<UpdateSlot> ZeroOneAdam::slots(const PreparedGrads* grads) const {
 }
 
 std::string ZeroOneAdam::divergence_hint() const {
-  return onebit_divergence_hint(parts_.config().stabilize, "1-bit steps diverge where the variance",
+  return onebit_divergence_hint(settings().stabilize, "1-bit steps diverge where the variance",
                                 "lr", "var_freeze_step");
 }
 
@@ -132,7 +132,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     const std::vector<UpdateSlot> s = slots(&grads);
     parts_.kernels().update(UpdateRule::OneBitWarmup, s.data(), int64_t(s.size()), c.data(), parts_.num_groups(),
                      grads.mul1, grads.mul2);
-    if (++sched_.var_counter == parts_.config().var_update_scaler) {
+    if (++sched_.var_counter == zero_one().var_update_scaler) {
       sched_.var_counter = 0;
       sched_.var_interval = doubled(sched_.var_interval, kMaxSchedule);
     }
@@ -164,7 +164,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
                      mul1, mul2);
     phase_ = DSOPT_PHASE_COMPRESSED;
   }
-  if (k > parts_.config().var_freeze_step) freeze();
+  if (k > zero_one().var_freeze_step) freeze();
 }
 
 void ZeroOneAdam::freeze() {
@@ -196,9 +196,9 @@ void ZeroOneAdam::local_phase_step(const PreparedGrads& grads, int64_t k) {
                    grads.mul1, grads.mul2);
   const bool is_sync = k % sched_.local_interval == 0;
   if (is_sync) sync(s);
-  if (++sched_.local_counter == parts_.config().local_step_scaler) {
+  if (++sched_.local_counter == zero_one().local_step_scaler) {
     sched_.local_counter = 0;
-    sched_.local_interval = doubled(sched_.local_interval, parts_.config().local_step_clipper);
+    sched_.local_interval = doubled(sched_.local_interval, zero_one().local_step_clipper);
   }
   phase_ = is_sync ? DSOPT_PHASE_SYNC : DSOPT_PHASE_LOCAL;
 }

@@ -34,6 +34,7 @@ class ZeroOneAdam final : public OneBitOptimizer {
   void describe_state(StateSchema& s) override;
 
  private:
+  const ZeroOneSettings& zero_one() const { return parts_.config().settings_as<ZeroOneSettings>(); }
   std::vector<ZeroOneConsts> consts(bool clamp) const;
   std::vector<UpdateSlot> slots(const PreparedGrads* grads) const;
   void variance_phase_step(const PreparedGrads& grads, int64_t k);
