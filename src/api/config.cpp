@@ -193,6 +193,21 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
                              "; " + cfg.type + " keeps its shard on the device");
 }
 
+// topology: flat or node-aware compressed collectives, and the nodes.
+void read_topology(const json& t, TopologyConfig& tc) {
+  const std::string path = "topology";
+  check_keys(t, path, {"hierarchy", "ranks_per_node"});
+  if (t.contains("hierarchy")) {
+    const json& h = t.at("hierarchy");
+    if (!h.is_string() || (h != "auto" && h != "flat" && h != "node_aware"))
+      bad(sub(path, "hierarchy"), "must be \"auto\", \"flat\" or \"node_aware\", got " + h.dump());
+    tc.hierarchy = h == "flat"         ? TopologyConfig::Hierarchy::Flat
+                   : h == "node_aware" ? TopologyConfig::Hierarchy::NodeAware
+                                       : TopologyConfig::Hierarchy::Auto;
+  }
+  tc.ranks_per_node = int(integer(t, path, "ranks_per_node", 0, 0, 1 << 20));
+}
+
 // divergence_check: the rule of dsopt_step_info.diverging
 // (optim/divergence_check.hpp).
 void read_divergence(const json& d, DivergenceConfig& dc) {
@@ -250,7 +265,7 @@ OptimizerConfig parse_config(const char* json_text) {
              {"device", "optimizer", "param_groups", "fp16", "bf16", "gradient_clipping",
               "skip_nonfinite", "report_grad_norm", "threads", "zero_optimization", "cuda_aware",
               "max_consecutive_skips", "comm_timeout", "gradient_accumulation_steps",
-              "divergence_check"},
+              "divergence_check", "topology"},
              {"train_batch_size", "train_micro_batch_size_per_gpu", "steps_per_print",
               "wall_clock_breakdown"});
   OptimizerConfig cfg;
@@ -277,6 +292,7 @@ OptimizerConfig parse_config(const char* json_text) {
   if (boolean(root, "", "cuda_aware", false)) cfg.cuda_aware = true;
   if (root.contains("zero_optimization")) read_zero(root.at("zero_optimization"), cfg);
   if (root.contains("divergence_check")) read_divergence(root.at("divergence_check"), p.divergence);
+  if (root.contains("topology")) read_topology(root.at("topology"), cfg.topology);
   cfg.canonical = root.dump();
   json run = root;
   for (const char* key : {"device", "threads", "cuda_aware", "comm_timeout",

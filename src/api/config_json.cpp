@@ -44,6 +44,15 @@ json compression(const ZeroCompression& c) {
           {"parameter_block_size", c.parameter_block}};
 }
 
+const char* hierarchy_name(TopologyConfig::Hierarchy h) {
+  switch (h) {
+    case TopologyConfig::Hierarchy::Flat: return "flat";
+    case TopologyConfig::Hierarchy::NodeAware: return "node_aware";
+    case TopologyConfig::Hierarchy::Auto: break;
+  }
+  return "auto";
+}
+
 json to_json(const OptimizerConfig& c, bool bf16) {
   const LossScaleConfig& ls = c.pipeline.loss_scale;
   const DivergenceConfig& d = c.pipeline.divergence;
@@ -72,7 +81,9 @@ json to_json(const OptimizerConfig& c, bool bf16) {
       {"comm_timeout", c.pipeline.comm_timeout_s},
       {"gradient_accumulation_steps", c.micro_batches},
       {"divergence_check", {{"enabled", d.enabled}, {"factor", d.factor}, {"min_steps", d.min_steps},
-                            {"horizon", d.horizon}, {"count", d.count}, {"window", d.window}}}};
+                            {"horizon", d.horizon}, {"count", d.count}, {"window", d.window}}},
+      {"topology", {{"hierarchy", hierarchy_name(c.topology.hierarchy)},
+                    {"ranks_per_node", c.topology.ranks_per_node}}}};
 }
 
 // bf16.enabled, which only the precision check of parse_config reads.

@@ -69,6 +69,19 @@ struct ZeroConfig {
   ZeroCompression compression;
 };
 
+// "topology" (docs/guides/multi-node.md): how the compressed collectives
+// run across nodes.
+struct TopologyConfig {
+  // Auto: node-aware where the ranks span several nodes of more than one
+  // rank each, else flat; Flat: always the flat form; NodeAware: always the
+  // node-aware form, an error where the nodes cannot be had.
+  enum class Hierarchy { Auto, Flat, NodeAware };
+  Hierarchy hierarchy = Hierarchy::Auto;
+  // > 0: nodes declared as consecutive blocks of this many ranks (rank / R);
+  // 0: found from the communicator.
+  int ranks_per_node = 0;
+};
+
 struct OptimizerConfig {
   const Algorithm* algorithm = nullptr;  // its descriptor (src/algorithms)
   std::string type;                      // algorithm->type
@@ -95,6 +108,7 @@ struct OptimizerConfig {
   }
   PipelineConfig pipeline;
   ZeroConfig zero;
+  TopologyConfig topology;
   std::string canonical;          // normalised JSON text, for cross-rank agreement
   std::string run_canonical;      // the same without how it runs (device, threads, cuda_aware, comm_timeout, offload, the allgather's buckets and deferral): names a run
 };

@@ -29,6 +29,7 @@ COMMON = {
                                           "parameter_block_size": 256}},
     "divergence_check": {"enabled": True, "factor": 20.0, "min_steps": 10, "horizon": 50,
                          "count": 3, "window": 8},
+    "topology": {"hierarchy": "auto", "ranks_per_node": 0},
 }
 ONEBIT = {"freeze_step": 100000, "stabilize": True, "stabilize_limit": 4.0}
 PARAMS = {

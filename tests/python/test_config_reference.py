@@ -114,7 +114,7 @@ def documented(prefix, kind):
 @pytest.mark.parametrize("part", ["", "optimizer", "optimizer.params", "param_groups[]", "fp16",
                                   "bf16", "zero_optimization",
                                   "zero_optimization.offload_optimizer", "zero_optimization.compression",
-                                  "divergence_check"])
+                                  "divergence_check", "topology"])
 def test_the_table_lists_exactly_the_keys_the_library_knows(part, kind):
     cfg = base(kind, part + ".x")
     if part.startswith("zero_optimization.") and not dsopt.describe(kind).zero:
