@@ -171,8 +171,8 @@ DSOPT_API void dsopt_comm_destroy(dsopt_comm *comm);
 typedef struct dsopt_optimizer dsopt_optimizer;
 
 /* What a step did (output; versioned: see the top comment). Fields added
- * after the first layout: phase, grads_replicated, diverging
- * (docs/reference/c-api.md "Step info"). */
+ * after the first layout: phase, grads_replicated, diverging,
+ * bytes_inter_node (docs/reference/c-api.md "Step info"). */
 typedef struct dsopt_step_info {
   uint32_t struct_size;  /* caller sets sizeof(dsopt_step_info); fields past it are not written */
   int32_t  skipped;      /* 1 when this step was skipped (gradient overflow) */
@@ -194,6 +194,9 @@ typedef struct dsopt_step_info {
                             history (a divergence whose values are all finite, so that no step
                             is skipped); 0 otherwise and with "divergence_check" off. Every
                             rank reports the same */
+  uint64_t bytes_inter_node; /* the part of bytes_sent sent to ranks of other nodes, counted as
+                                bytes_sent is (docs/guides/multi-node.md); the nodes are those of
+                                "topology" (declared, or found from the communicator) */
 } dsopt_step_info;
 
 /* dsopt_step_info.phase */

@@ -93,6 +93,7 @@ DSOPT_API int dsopt_step(dsopt_optimizer* opt, const dsopt_tensor* grads, int64_
       full.reserved2 = 0;
       full.grads_replicated = r.grads_replicated ? 1 : 0;
       full.diverging = r.diverging ? 1 : 0;
+      full.bytes_inter_node = r.bytes_inter_node;
       write_versioned(*info, full, sizeof(uint32_t), "dsopt_step_info");
     }
     if (!r.alarm.empty()) fail(DSOPT_ENONFINITE, r.alarm);

@@ -61,7 +61,8 @@ void Comm::allreduce(const void* send, void* recv, size_t count, Elem e, ReduceO
   } else {
     do_allreduce(send, recv, count, e, op, mem);
   }
-  bytes_sent_ += 2 * (p - 1) * count * elem_size(e) / p;
+  const uint64_t total = 2 * (p - 1) * count * elem_size(e) / p;
+  count_bytes(total);
 }
 
 void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
@@ -72,14 +73,14 @@ void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, Re
     do_ordered_reduce_scatter(send, recv, count, e, mem);
   else
     do_reduce_scatter(send, recv, count, e, op, mem);
-  bytes_sent_ += (p - 1) * count * elem_size(e);
+  count_bytes((p - 1) * count * elem_size(e));
 }
 
 void Comm::allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
   const uint64_t p = uint64_t(size());
   if (count == 0) return;
   do_allgather(send, recv, count, e, mem);
-  bytes_sent_ += (p - 1) * count * elem_size(e);
+  add_bytes(allgather_bytes(count * elem_size(e)));
 }
 
 void Comm::alltoall(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
@@ -93,8 +94,14 @@ void Comm::alltoallv(const void* send, const size_t* send_counts, const size_t* 
                      void* recv, const size_t* recv_counts, const size_t* recv_offsets, Elem e,
                      const Mem& mem) {
   do_alltoallv(send, send_counts, send_offsets, recv, recv_counts, recv_offsets, e, mem);
-  for (int j = 0; j < size(); ++j)
-    if (j != rank()) bytes_sent_ += send_counts[j] * elem_size(e);
+  CommBytes b;
+  for (int j = 0; j < size(); ++j) {
+    if (j == rank()) continue;
+    const uint64_t block = send_counts[j] * elem_size(e);
+    b.sent += block;
+    if (!node_of_.empty() && node_of_[size_t(j)] != node_of_[size_t(rank())]) b.inter_node += block;
+  }
+  add_bytes(b);
 }
 
 std::unique_ptr<CommRequest> Comm::start_alltoall(const void* send, void* recv, size_t count,
@@ -116,14 +123,41 @@ std::unique_ptr<CommRequest> Comm::started(std::unique_ptr<CommRequest> request,
     return std::make_unique<Done>();
   }
   // alltoall and allgather alike: count elements to each of the P - 1 others
-  bytes_sent_ += uint64_t(size() - 1) * count * elem_size(e);
+  add_bytes(allgather_bytes(count * elem_size(e)));
   return request;
 }
+
+CommBytes Comm::allgather_bytes(uint64_t send_bytes) const {
+  const uint64_t total = uint64_t(size() - 1) * send_bytes;
+  return {total, off_node_share(total)};
+}
+
+void Comm::set_nodes(std::vector<int> node_of_rank) {
+  if (node_of_rank.size() != size_t(size()))
+    fail(DSOPT_EINTERNAL, "Comm::set_nodes: " + std::to_string(node_of_rank.size()) +
+                              " nodes for a world of " + std::to_string(size()));
+  node_of_ = std::move(node_of_rank);
+  off_node_ = 0;
+  for (int n : node_of_) off_node_ += n != node_of_[size_t(rank())];
+}
+
+uint64_t Comm::off_node_share(uint64_t total) const {
+  const int others = size() - 1;
+  return others == 0 || off_node_ == 0 ? 0 : total / uint64_t(others) * uint64_t(off_node_) +
+                                               total % uint64_t(others) * uint64_t(off_node_) / uint64_t(others);
+}
+
+void Comm::add_bytes(const CommBytes& b) {
+  for (Comm* c = this; c; c = c->parent_) c->bytes_ += b;
+}
+
+void Comm::count_bytes(uint64_t total) { add_bytes({total, off_node_share(total)}); }
 
 std::unique_ptr<Comm> Comm::split(int color, int key) {
   if (color < 0) fail(DSOPT_EINTERNAL, "Comm::split: color " + std::to_string(color) + " < 0");
   std::unique_ptr<Comm> sub = do_split(color, key);
   sub->set_timeout(timeout());
+  sub->parent_ = this;
   return sub;
 }
 

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 struct dsopt_comm_ops;
 
@@ -52,6 +53,20 @@ class CommRequest {
   virtual ~CommRequest() = default;
   virtual bool test() = 0;
   virtual void wait() = 0;
+};
+
+// Bytes a rank sent: all of them, and those to ranks on other nodes.
+struct CommBytes {
+  uint64_t sent = 0;
+  uint64_t inter_node = 0;
+
+  CommBytes& operator+=(const CommBytes& o) {
+    sent += o.sent;
+    inter_node += o.inter_node;
+    return *this;
+  }
+  CommBytes operator-(const CommBytes& o) const { return {sent - o.sent, inter_node - o.inter_node}; }
+  CommBytes operator+(const CommBytes& o) const { return {sent + o.sent, inter_node + o.inter_node}; }
 };
 
 class Comm {
@@ -145,8 +160,19 @@ class Comm {
   // Bytes this rank has sent so far, counted as a ring/pairwise
   // implementation sends them (docs/design/compressed-allreduce.md section 7):
   // allreduce 2(P-1)/P * n, reduce_scatter and alltoall (P-1)/P * total,
-  // allgather (P-1) * send.
-  uint64_t bytes_sent() const { return bytes_sent_; }
+  // allgather (P-1) * send; a sub-communicator's (split) count in its
+  // parent's too.
+  uint64_t bytes_sent() const { return bytes_.sent; }
+  // The same with, in inter_node, the bytes sent to ranks of other nodes
+  // (pairwise: of the P - 1 equal parts a collective sends, those to the
+  // ranks off this rank's node; an alltoallv's blocks by their
+  // destination). 0 until set_nodes.
+  CommBytes bytes() const { return bytes_; }
+  // What an allgather of `send_bytes` per rank counts (posted ahead of the
+  // allgather itself: a deferred gather).
+  CommBytes allgather_bytes(uint64_t send_bytes) const;
+  // The node of every rank (size() entries), for bytes().inter_node.
+  void set_nodes(std::vector<int> node_of_rank);
 
  protected:
   virtual void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
@@ -190,7 +216,19 @@ class Comm {
   std::unique_ptr<CommRequest> started(std::unique_ptr<CommRequest> request, size_t count, Elem e,
                                        const std::function<void()>& blocking);
 
-  uint64_t bytes_sent_ = 0;
+  // Counts `b` here and in every parent (a sub-communicator's traffic is
+  // its parent's).
+  void add_bytes(const CommBytes& b);
+  // add_bytes() of `total` bytes spread over the others alike.
+  void count_bytes(uint64_t total);
+  // Bytes of `total` spread over the P - 1 other ranks alike: those to
+  // ranks off this rank's node.
+  uint64_t off_node_share(uint64_t total) const;
+
+  CommBytes bytes_;
+  Comm* parent_ = nullptr;     // the communicator this one was split from
+  std::vector<int> node_of_;   // set_nodes; empty: not known
+  int off_node_ = 0;           // ranks on other nodes than this rank's
   double timeout_s_ = 0.0;
   const void* pending_owner_ = nullptr;
   std::function<void()> pending_finish_;

@@ -21,6 +21,7 @@ Topology Topology::declared(int rank, int size, int ranks_per_node) {
   t.nodes = size / ranks_per_node;
   t.node = rank / ranks_per_node;
   t.local = rank % ranks_per_node;
+  for (int r = 0; r < size; ++r) t.node_of_rank.push_back(r / ranks_per_node);
   return t;
 }
 
@@ -44,9 +45,12 @@ Topology Topology::from_node_ids(Comm& comm, int node_id) {
     if (r < me && ids[size_t(r)] == mine) ++local;
   }
   const bool equal = std::all_of(members.begin(), members.end(), [&](int m) { return m == members[0]; });
+  std::vector<int> node_of_rank;
+  for (int r = 0; r < P; ++r) node_of_rank.push_back(node_of_id.at(ids[size_t(r)]));
   Topology t;
   if (!equal) {
     t = declared(me, P, 1);
+    t.node_of_rank = node_of_rank;
     t.flat_reason = "nodes of unequal sizes (";
     for (size_t k = 0; k < members.size(); ++k)
       t.flat_reason += (k ? ", " : "") + std::to_string(members[k]);
@@ -57,6 +61,7 @@ Topology Topology::from_node_ids(Comm& comm, int node_id) {
   t.ranks_per_node = members[0];
   t.node = node_of_id.at(mine);
   t.local = local;
+  t.node_of_rank = node_of_rank;
   return t;
 }
 
@@ -74,6 +79,12 @@ NodeComms split_by_topology(Comm& comm, const Topology& t) {
   NodeComms c;
   c.node = comm.split(t.node, t.local);
   c.rail = comm.split(t.local, t.node);
+  // The node communicator's ranks share a node; the rail's are each on
+  // another one.
+  c.node->set_nodes(std::vector<int>(size_t(t.ranks_per_node), 0));
+  std::vector<int> rail_nodes(size_t(t.nodes));
+  for (int k = 0; k < t.nodes; ++k) rail_nodes[size_t(k)] = k;
+  c.rail->set_nodes(rail_nodes);
   if (c.node->size() != t.ranks_per_node || c.node->rank() != t.local || c.rail->size() != t.nodes ||
       c.rail->rank() != t.node)
     fail(DSOPT_EINTERNAL, "split_by_topology: the communicators made do not match " + t.describe());

@@ -7,6 +7,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/comm.hpp"
 
@@ -20,6 +21,10 @@ struct Topology {
   // Set when the nodes found were of unequal sizes: the topology is then
   // the flat one (N = P nodes of one rank) and this says why.
   std::string flat_reason;
+  // The node of every rank (the machines found, also where the nodes are
+  // unequal and the topology is flat): what Comm counts the bytes that
+  // cross a node boundary by.
+  std::vector<int> node_of_rank;
 
   bool flat() const { return ranks_per_node == 1; }
   int world() const { return nodes * ranks_per_node; }

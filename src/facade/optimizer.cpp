@@ -35,7 +35,7 @@ Optimizer::~Optimizer() {
 
 void Optimizer::Impl::open_window() {
   parts.runner().set_threaded(parts.comm().size() > 1 && parts.comm().concurrent_calls());
-  handover_bytes_start = parts.comm().bytes_sent();
+  handover_bytes_start = parts.comm().bytes();
   algorithm->open_handover(parts.config().micro_batches);
   if (checks_replication()) replication.begin();
   if (parts.comm().size() > 1) parts.runner().post([this] { enter_collective(Call::GradReady); });
@@ -71,12 +71,14 @@ StepResult Optimizer::step(const dsopt_tensor* grads, int64_t count) {
   // Handed-over gradients: the step's traffic began with the first one.
   // (While they are, reductions run on dsopt's thread: the communicator's
   // count is read only once the step has waited for them.)
-  const uint64_t sent_before =
-      s.algorithm->handover().is_open() ? s.handover_bytes_start : s.parts.comm().bytes_sent();
+  const CommBytes sent_before =
+      s.algorithm->handover().is_open() ? s.handover_bytes_start : s.parts.comm().bytes();
   StepResult r = s.step_uncounted(grads, count);
   // Deferred gathers count as they run on dsopt's thread: their bytes are
   // known in advance.
-  r.bytes_sent = s.parts.gathers().bytes_sent_since(sent_before);
+  const CommBytes sent = s.parts.gathers().bytes_since(sent_before);
+  r.bytes_sent = sent.sent;
+  r.bytes_inter_node = sent.inter_node;
   return r;
 }
 
@@ -267,7 +269,10 @@ void Optimizer::set_momentum_mask(int64_t param_index, const dsopt_tensor* mask)
 
 // ---- creation ----
 
-void Optimizer::created() { impl_->algorithm->created(); }
+void Optimizer::created() {
+  impl_->parts.find_topology();
+  impl_->algorithm->created();
+}
 void Optimizer::set_run_id(uint64_t id) { impl_->parts.set_run_id(id); }
 uint64_t Optimizer::params_fingerprint() const { return impl_->parts.params().fingerprint(); }
 int Optimizer::threads() const { return impl_->parts.host_kernels().threads(); }

@@ -32,6 +32,7 @@ struct StepResult {
   bool grads_replicated = false;  // a checked step's gradients were equal on every rank
   bool diverging = false;  // in a divergence episode (optim/divergence_check.hpp)
   uint64_t bytes_sent = 0;  // by this rank through the communicator for this step
+  uint64_t bytes_inter_node = 0;  // the part of them sent to ranks of other nodes
   // Non-empty when the run is not progressing (docs/design/decisions.md S2):
   // dsopt_step then returns DSOPT_ENONFINITE with this message.
   std::string alarm;

@@ -76,7 +76,7 @@ struct Optimizer::Impl {
   std::string failure;            // why the state is inconsistent ("" while intact)
   int failure_status = DSOPT_OK;  // the status of the step that failed
   bool last_step_handed_over = false;  // the last dsopt_step completed handed-over gradients
-  uint64_t handover_bytes_start = 0;
+  CommBytes handover_bytes_start;
   mutable std::string state_names;  // Optimizer::state_names(), formed on first use
 };
 

@@ -11,12 +11,12 @@ int64_t DeferredGathers::gathers_pending() {
   return n;
 }
 
-bool DeferredGathers::defer_gathers(int64_t chunks, uint64_t bytes,
+bool DeferredGathers::defer_gathers(int64_t chunks, CommBytes bytes,
                                     const std::function<void(int64_t)>& run) {
   if (!enabled_ || chunks == 0 || comm_.size() == 1 || !comm_.concurrent_calls()) return false;
   runner_threaded_before_ = runner_.threaded();
   runner_.set_threaded(true);
-  bytes_at_defer_ = comm_.bytes_sent();
+  bytes_at_defer_ = comm_.bytes();
   deferred_bytes_ = bytes;
   gather_tickets_.clear();
   for (int64_t k = 0; k < chunks; ++k) {

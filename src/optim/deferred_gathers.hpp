@@ -36,7 +36,7 @@ class DeferredGathers {
   // when "deferred_allgather" is on and the communicator may be called
   // from it, and returns true; else returns false (the caller gathers at
   // once). `bytes`: what this rank sends for them.
-  bool defer_gathers(int64_t chunks, uint64_t bytes, const std::function<void(int64_t)>& run);
+  bool defer_gathers(int64_t chunks, CommBytes bytes, const std::function<void(int64_t)>& run);
   // Buckets of the last step not yet known to have arrived (0 when nothing
   // is in flight).
   int64_t gathers_pending();
@@ -49,9 +49,8 @@ class DeferredGathers {
   // What this rank sent from the communicator's count `before` on,
   // counting deferred gathers in flight as posted (their bytes are known
   // in advance; they count as they run on dsopt's thread).
-  uint64_t bytes_sent_since(uint64_t before) const {
-    return gather_tickets_.empty() ? comm_.bytes_sent() - before
-                                   : bytes_at_defer_ - before + deferred_bytes_;
+  CommBytes bytes_since(CommBytes before) const {
+    return gather_tickets_.empty() ? comm_.bytes() - before : bytes_at_defer_ - before + deferred_bytes_;
   }
 
  private:
@@ -61,8 +60,8 @@ class DeferredGathers {
   Kernels& kernels_;
   std::function<void(int, const std::string&)> mark_failed_;
   std::vector<uint64_t> gather_tickets_;  // the runner's ticket of each deferred bucket
-  uint64_t deferred_bytes_ = 0;    // what the deferred gathers send
-  uint64_t bytes_at_defer_ = 0;    // the communicator's count when they were posted
+  CommBytes deferred_bytes_;    // what the deferred gathers send
+  CommBytes bytes_at_defer_;    // the communicator's count when they were posted
   bool runner_threaded_before_ = false;  // the runner's mode before they were posted
   GatherOrder order_;                     // the order the buckets are posted in
 };

@@ -24,6 +24,40 @@ OptimizerParts::OptimizerParts(const OptimizerConfig& cfg, Comm& comm,
           std::move(blob_name), std::move(describe)),
       gathers_(cfg.zero.deferred_allgather, comm, runner_, *kernels_, std::move(mark_failed)) {}
 
+void OptimizerParts::find_topology() {
+  const TopologyConfig& t = cfg_.topology;
+  if (t.ranks_per_node > 0)
+    topology_ = Topology::declared(comm_.rank(), comm_.size(), t.ranks_per_node);
+  else if (comm_.size() == 1)
+    topology_ = Topology::declared(0, 1, 1);
+  else
+    topology_ = Topology::discover(comm_);
+  comm_.set_nodes(topology_.node_of_rank);
+  flat_reason_ = topology_.flat_reason;
+}
+
+bool OptimizerParts::node_aware() const {
+  switch (cfg_.topology.hierarchy) {
+    case TopologyConfig::Hierarchy::Flat: return false;
+    case TopologyConfig::Hierarchy::NodeAware: return comm_.size() > 1;
+    case TopologyConfig::Hierarchy::Auto: break;
+  }
+  return topology_.nodes > 1 && topology_.ranks_per_node > 1;
+}
+
+NodeComms* OptimizerParts::node_comms() {
+  if (node_comms_tried_ || !node_aware()) return node_comms_.get();
+  node_comms_tried_ = true;
+  try {
+    node_comms_ = std::make_unique<NodeComms>(split_by_topology(comm_, topology_));
+  } catch (const Error& e) {
+    if (e.status() != DSOPT_EUNSUPPORTED || cfg_.topology.hierarchy == TopologyConfig::Hierarchy::NodeAware)
+      throw;
+    flat_reason_ = e.what();
+  }
+  return node_comms_.get();
+}
+
 StateSchema::Slicer OptimizerParts::flat_slices() const {
   return [this](int64_t i, float* array) {
     const Param& p = params_.params()[size_t(i)];

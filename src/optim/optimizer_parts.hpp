@@ -19,6 +19,7 @@
 #include "comm/comm.hpp"
 #include "comm/comm_runner.hpp"
 #include "comm/rank_agreement.hpp"
+#include "comm/topology.hpp"
 #include "kernels/kernels.hpp"
 #include "optim/absent_grads.hpp"
 #include "optim/config.hpp"
@@ -78,6 +79,28 @@ class OptimizerParts {
   // The identifier of the run, the same on every rank (blobs carry it).
   void set_run_id(uint64_t id) { run_id_ = id; }
 
+  // ---- nodes (docs/guides/multi-node.md) ----
+  // Collective, once at creation: where the ranks sit, declared by the
+  // config's topology.ranks_per_node or found from the communicator, which
+  // then counts the bytes it sends to other nodes by it (Comm::set_nodes).
+  // Throws Error(DSOPT_EINVAL) when the declared nodes do not divide the
+  // world.
+  void find_topology();
+  const Topology& topology() const { return topology_; }
+  // Whether the compressed collectives run node-aware: the config's
+  // topology.hierarchy; "auto" where the ranks span several nodes of more
+  // than one rank each.
+  bool node_aware() const;
+  // The node and rail communicators of the topology (collective on first
+  // use: call it from AlgorithmImpl::created); nullptr where !node_aware()
+  // or, under "auto", where the communicator cannot be split (a custom
+  // communicator: flat_reason() says so). Throws what Comm::split throws
+  // under "node_aware".
+  NodeComms* node_comms();
+  // Why the compressed collectives run flat on a topology of several nodes
+  // ("" where they do not, or it is the config's choice).
+  const std::string& flat_reason() const { return flat_reason_; }
+
   // Views of arrays laid out like the parameters back to back (parameter i
   // at Param::offset).
   StateSchema::Slicer flat_slices() const;
@@ -119,6 +142,10 @@ class OptimizerParts {
   StateIO io_;
   DeferredGathers gathers_;
   bool resetting_rank_local_ = false;  // see rank_local_world()
+  Topology topology_;
+  std::unique_ptr<NodeComms> node_comms_;
+  bool node_comms_tried_ = false;
+  std::string flat_reason_;
 };
 
 }  // namespace dsopt

@@ -49,10 +49,9 @@ ParamGatherer::ParamGatherer(const ShardLayout& layout, int64_t chunk_elems, Par
       }
 }
 
-uint64_t ParamGatherer::bytes_per_gather() const {
+uint64_t ParamGatherer::send_bytes_per_gather() const {
   uint64_t bytes = 0;
-  for (const Chunk& c : chunks_)
-    bytes += uint64_t(world_ - 1) * uint64_t(encoded_bytes(codec_, block_, wire_, c.end - c.begin));
+  for (const Chunk& c : chunks_) bytes += uint64_t(encoded_bytes(codec_, block_, wire_, c.end - c.begin));
   return bytes;
 }
 

@@ -53,8 +53,9 @@ class ParamGatherer {
     static const std::vector<int64_t> none;
     return chunks_of_.empty() ? none : chunks_of_[size_t(param)];
   }
-  // Bytes this rank sends for one gather() (counted as Comm counts them).
-  uint64_t bytes_per_gather() const;
+  // Bytes this rank contributes to one gather(): each chunk's piece, which
+  // the allgather sends to every other rank (Comm::allgather_bytes).
+  uint64_t send_bytes_per_gather() const;
 
  private:
   struct Chunk {

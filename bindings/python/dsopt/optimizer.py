@@ -37,6 +37,9 @@ class StepInfo:
     # (every value finite): 1 on every step of such an episode
     # ("divergence_check" in the config; docs/reference/c-api.md "Divergence that stays finite")
     diverging: bool = False
+    # the part of bytes_sent sent to ranks of other nodes ("topology" in the
+    # config; docs/reference/c-api.md "Step info")
+    bytes_inter_node: int = 0
 
     @classmethod
     def _from_c(cls, info) -> "StepInfo":
@@ -51,6 +54,7 @@ class StepInfo:
             phase=int(info.phase),
             grads_replicated=bool(info.grads_replicated),
             diverging=bool(info.diverging),
+            bytes_inter_node=int(info.bytes_inter_node),
         )
 
 

@@ -167,7 +167,8 @@ UpdateOutcome ZeroOptimizer::update(const PreparedGrads& grads) {
   }
   // Deferred: the buckets arrive behind the caller's next forward
   // (docs/guides/zero.md "Deferred allgather").
-  if (!parts_.gathers().defer_gathers(gatherer_.chunks(), gatherer_.bytes_per_gather(),
+  if (!parts_.gathers().defer_gathers(gatherer_.chunks(),
+                                      parts_.comm().allgather_bytes(gatherer_.send_bytes_per_gather()),
                      [this](int64_t c) { gatherer_.gather_chunk(c); }))
     gatherer_.gather();
   return UpdateOutcome{};  // the pipeline summed the gradients in the reduction

@@ -557,7 +557,7 @@ end
 
 # ---- the optimizer -------------------------------------------------------------
 
-# The C dsopt_step_info (72 bytes); struct_size tells dsopt which fields exist.
+# The C dsopt_step_info (80 bytes); struct_size tells dsopt which fields exist.
 struct CStepInfo
     struct_size::UInt32
     skipped::Int32
@@ -572,6 +572,7 @@ struct CStepInfo
     reserved2::Int32
     grads_replicated::Int32
     diverging::Int32
+    bytes_inter_node::UInt64
 end
 
 """
@@ -590,7 +591,8 @@ has applied fewer than 3 steps, `false` on later steps and at one rank.
 `diverging`: the global gradient norm has stayed far above its own recent
 history while every value is finite; `true` on every step of such an
 episode, the same on every rank (docs/reference/c-api.md "Divergence that stays finite", the
-config key `"divergence_check"`).
+config key `"divergence_check"`). `bytes_inter_node`: the part of
+`bytes_sent` sent to ranks of other nodes (the config's `"topology"`).
 """
 struct StepInfo
     skipped::Bool
@@ -603,6 +605,7 @@ struct StepInfo
     phase::Int32
     grads_replicated::Bool
     diverging::Bool
+    bytes_inter_node::UInt64
 end
 
 # StepInfo.phase (DSOPT_PHASE_* of dsopt.h).
@@ -709,7 +712,7 @@ with code `Dsopt.DSOPT_ENONFINITE`; the next `step!` may continue.
 function step!(opt::Optimizer, grads::AbstractVector)
     tensors = CTensor[g === nothing ? CTensor(C_NULL, 0, 0, 0) : ctensor(g, "grads[$i]", 0)
                       for (i, g) in enumerate(grads)]
-    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0))
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0))
     GC.@preserve grads tensors begin
         @check ccall((:dsopt_step, libdsopt), Cint,
                      (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
@@ -729,7 +732,7 @@ rank calls it, whatever it handed over. Reports and throws like
 [`DsoptError`](@ref) with code `Dsopt.DSOPT_EINVAL`.
 """
 function step!(opt::Optimizer)
-    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0))
+    info = Ref(CStepInfo(sizeof(CStepInfo), 0, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0))
     @check ccall((:dsopt_step, libdsopt), Cint,
                  (Ptr{Cvoid}, Ptr{CTensor}, Int64, Ref{CStepInfo}),
                  live(opt), C_NULL, 0, info)
@@ -765,7 +768,8 @@ end
 step_info(i::CStepInfo) =
     StepInfo(i.skipped != 0, i.compressed != 0, i.step, i.loss_scale,
              i.grad_norm < 0 ? nothing : i.grad_norm, i.bytes_sent,
-             i.consecutive_skips, i.phase, i.grads_replicated != 0, i.diverging != 0)
+             i.consecutive_skips, i.phase, i.grads_replicated != 0, i.diverging != 0,
+             i.bytes_inter_node)
 
 """
     grad_ready!(opt, index, grad)

@@ -196,12 +196,13 @@ pub struct dsopt_step_info {
     pub reserved2: i32,
     pub grads_replicated: i32,
     pub diverging: i32,
+    pub bytes_inter_node: u64,
 }
 #[test]
 fn bindgen_test_layout_dsopt_step_info() {
     assert_eq!(
         ::std::mem::size_of::<dsopt_step_info>(),
-        72usize,
+        80usize,
         concat!("Size of: ", stringify!(dsopt_step_info))
     );
     assert_eq!(
@@ -430,6 +431,23 @@ fn bindgen_test_layout_dsopt_step_info() {
         );
     }
     test_field_diverging();
+    fn test_field_bytes_inter_node() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_step_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bytes_inter_node) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_step_info),
+                "::",
+                stringify!(bytes_inter_node)
+            )
+        );
+    }
+    test_field_bytes_inter_node();
 }
 extern "C" {
     pub fn dsopt_create(

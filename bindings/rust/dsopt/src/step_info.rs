@@ -32,6 +32,9 @@ pub struct StepInfo {
     /// the same on every rank (docs/reference/c-api.md "Divergence that stays finite"; the
     /// config key `"divergence_check"`).
     pub diverging: bool,
+    /// The part of `bytes_sent` sent to ranks of other nodes (the config's
+    /// `"topology"`; docs/reference/c-api.md "Step info").
+    pub bytes_inter_node: u64,
 }
 
 /// [`StepInfo::phase`]: the step was skipped, nothing applied.
@@ -58,6 +61,7 @@ impl StepInfo {
             phase: info.phase,
             grads_replicated: info.grads_replicated != 0,
             diverging: info.diverging != 0,
+            bytes_inter_node: info.bytes_inter_node,
         }
     }
 }
