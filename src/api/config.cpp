@@ -43,7 +43,7 @@ void read_optimizer(const json& root, OptimizerConfig& cfg) {
   check_keys(params, path, keys, {"comm_backend_name", "cuda_aware"});
   read_hyper(params, path, alg->hyper, cfg.defaults);
   check_group(*alg, cfg.defaults, path);
-  alg->read_params(params, path, cfg);
+  if (alg->read_params) alg->read_params(params, path, cfg);
   if (boolean(params, path, "amsgrad", false)) bad(sub(path, "amsgrad"), "AMSGrad is not supported");
   if (boolean(params, path, "cuda_aware", false)) cfg.cuda_aware = true;
 }

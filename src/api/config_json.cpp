@@ -21,7 +21,7 @@ json hyper(const OptimizerConfig& c, const AdamHyper& h) { return config::write_
 // (the algorithm's descriptor writes its own).
 json optimizer_params(const OptimizerConfig& c) {
   json p = hyper(c, c.defaults);
-  c.algorithm->write_params(c, p);
+  if (c.algorithm->write_params) c.algorithm->write_params(c, p);
   return p;
 }
 

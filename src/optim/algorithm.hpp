@@ -72,11 +72,12 @@ struct Algorithm {
   // into an optimizer with more parameter groups.
   bool param_steps() const { return rule == MomentRule::Elementwise; }
   // Reads optimizer.params (keys already checked) into cfg.defaults and the
-  // algorithm's own fields; throws Error(DSOPT_EINVAL) naming the key.
+  // algorithm's settings; throws Error(DSOPT_EINVAL) naming the key
+  // (nullptr: the algorithm has no keys beyond its hyperparameters).
   void (*read_params)(const nlohmann::json& params, const std::string& path,
                       OptimizerConfig& cfg) = nullptr;
   // The algorithm's own keys of optimizer.params as applied (the
-  // hyperparameters are written by the caller).
+  // hyperparameters are written by the caller; nullptr: none).
   void (*write_params)(const OptimizerConfig& cfg, nlohmann::json& params) = nullptr;
   // Builds the algorithm on an optimizer's parts (optim/algorithm_impl.hpp;
   // a moment rule's: make_moment_rule, by gradient path).

@@ -24,17 +24,10 @@ void write_adam(const OptimizerConfig& c, json& p) {
 }
 
 Algorithm adam(const char* type, bool always_decoupled) {
-  Algorithm a;
-  a.type = type;
+  Algorithm a = elementwise_algorithm(type, UpdateRule::Adam, MomentNames("adam"));
   a.keys = {"bias_correction", "adam_w_mode", "amsgrad"};
-  a.rule = MomentRule::Elementwise;
-  a.make = make_moment_rule;
-  a.update = UpdateRule::Adam;
-  a.moments = MomentNames("adam");
   // Adam with decoupled weight decay saves as AdamW: the same state.
   a.blob_name = [](const OptimizerConfig& c) { return std::string(c.defaults.decoupled ? "AdamW" : "Adam"); };
-  a.sharded = true;
-  a.offload = true;
   a.read_params = always_decoupled
                       ? [](const json& p, const std::string& path, OptimizerConfig& c) { read_adam(p, path, c, true); }
                       : [](const json& p, const std::string& path, OptimizerConfig& c) { read_adam(p, path, c, false); };

@@ -11,8 +11,7 @@ namespace dsopt {
 namespace {
 
 Algorithm lion() {
-  Algorithm a;
-  a.type = "Lion";
+  Algorithm a = elementwise_algorithm("Lion", UpdateRule::Lion, MomentNames("lion", {"exp_avg"}));
   a.hyper = adam_hyper_params({"lr", "beta1", "beta2", "weight_decay"});  // no eps
   for (HyperParam& p : a.hyper) {
     if (p.name == "lr") p.dflt = 1e-4;
@@ -20,14 +19,6 @@ Algorithm lion() {
   }
   a.defaults.bias_correction = false;  // the constants are Adam's with lr as the step
   a.defaults.decoupled = true;
-  a.rule = MomentRule::Elementwise;
-  a.make = make_moment_rule;
-  a.update = UpdateRule::Lion;
-  a.moments = MomentNames("lion", {"exp_avg"});
-  a.sharded = true;
-  a.offload = true;
-  a.read_params = [](const config::json&, const std::string&, OptimizerConfig&) {};
-  a.write_params = [](const OptimizerConfig&, config::json&) {};
   return a;
 }
 

@@ -21,6 +21,18 @@ std::string moment_algorithm(const OptimizerConfig& cfg) {
   return cfg.algorithm->blob_name ? cfg.algorithm->blob_name(cfg) : cfg.type;
 }
 
+Algorithm elementwise_algorithm(const char* type, UpdateRule update, MomentNames moments) {
+  Algorithm a;
+  a.type = type;
+  a.rule = MomentRule::Elementwise;
+  a.update = update;
+  a.make = make_moment_rule;
+  a.moments = std::move(moments);
+  a.sharded = true;
+  a.offload = true;
+  return a;
+}
+
 std::unique_ptr<AlgorithmImpl> make_moment_rule(OptimizerParts& parts) {
   if (parts.config().zero.stage > 0) return std::make_unique<ZeroOptimizer>(parts);
   return std::make_unique<ReplicatedOptimizer>(parts);

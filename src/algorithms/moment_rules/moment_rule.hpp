@@ -28,6 +28,11 @@ MomentRule moment_rule(const OptimizerConfig& cfg);
 bool has_moment_rule(const OptimizerConfig& cfg);
 // The algorithm's name in blobs (Algorithm::blob_name, else its type).
 std::string moment_algorithm(const OptimizerConfig& cfg);
+// The descriptor of an elementwise rule `update` keeping `moments`: built
+// by make_moment_rule, on every gradient path (stage 0, ZeRO stage 1/2,
+// compressed ZeRO, and CPU offload of a CUDA optimizer's shard), with
+// Adam's hyperparameters until the caller sets its own.
+Algorithm elementwise_algorithm(const char* type, UpdateRule update, MomentNames moments);
 // A moment rule's implementation on the config's gradient path
 // (ZeroOptimizer at ZeRO stage 1/2, else ReplicatedOptimizer): the
 // Algorithm::make of every moment rule's descriptor.

@@ -19,8 +19,7 @@ double& extra(AdamHyper& h) {
 }
 
 Algorithm sgd() {
-  Algorithm a;
-  a.type = "SGD";
+  Algorithm a = elementwise_algorithm("SGD", UpdateRule::Sgd, MomentNames("sgd", {"momentum_buffer"}));
   const std::vector<HyperParam> adam = adam_hyper_params({"lr", "weight_decay"});
   a.hyper = {
       adam[0],
@@ -31,20 +30,12 @@ Algorithm sgd() {
   };
   a.defaults.bias_correction = false;
   a.defaults.decoupled = false;  // weight decay is L2, added to the gradient
-  a.rule = MomentRule::Elementwise;
-  a.make = make_moment_rule;
-  a.update = UpdateRule::Sgd;
   a.step_consts = sgd_consts;
   a.check_group = [](const AdamHyper& h) -> std::string {
     if (h.extra[kSgdNesterov] != 0.0 && (h.extra[kSgdMomentum] <= 0.0 || h.extra[kSgdDampening] != 0.0))
       return "nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)";
     return "";
   };
-  a.moments = MomentNames("sgd", {"momentum_buffer"});
-  a.sharded = true;
-  a.offload = true;
-  a.read_params = [](const config::json&, const std::string&, OptimizerConfig&) {};
-  a.write_params = [](const OptimizerConfig&, config::json&) {};
   return a;
 }
 
