@@ -65,5 +65,19 @@ def phase_alltoall(comm, rank, size):
     return checked
 
 
+def phase_bad_nodes(comm, rank, size):
+    """Declared nodes that do not divide the world are refused at creation
+    on every rank, naming the key."""
+    for r in (size - 1, size + 1, 2 * size):
+        try:
+            run({"optimizer": {"type": "AdamW"}, "topology": {"ranks_per_node": r}}, comm, steps=1)
+        except dsopt.InvalidArgument as e:
+            assert "ranks_per_node" in str(e), e
+        else:
+            raise AssertionError(f"ranks_per_node {r} at {size} ranks was accepted")
+    return 3
+
+
 if __name__ == "__main__":
-    raise SystemExit(main({"allreduce": phase_allreduce, "alltoall": phase_alltoall}))
+    raise SystemExit(main({"allreduce": phase_allreduce, "alltoall": phase_alltoall,
+                           "bad_nodes": phase_bad_nodes}))

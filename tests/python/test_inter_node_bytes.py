@@ -16,8 +16,9 @@ SCRIPT = Path(__file__).with_name("mpi_inter_node_bytes.py")
 def test_bytes_to_other_nodes_are_counted_pairwise(world, tmp_path):
     if not build_feature("mpi"):
         pytest.skip("libdsopt was built without MPI")
-    folder = mpi_runner.mpirun(SCRIPT, world, tmp_path, ["allreduce", "alltoall"])
+    folder = mpi_runner.mpirun(SCRIPT, world, tmp_path, ["allreduce", "alltoall", "bad_nodes"])
     lines = (folder / "rank0.txt").read_text().splitlines()
     divisors = sum(1 for d in range(1, world + 1) if world % d == 0)
     assert f"allreduce OK {divisors}" in lines
     assert f"alltoall OK {divisors}" in lines
+    assert "bad_nodes OK 3" in lines
