@@ -108,8 +108,8 @@ launch=(mpirun -np "$np" --oversubscribe
         --mca btl tcp,self --mca btl_tcp_disable_family 6 --mca oob_tcp_if_include lo
         -x DSOPT_BENCH_NETWORK)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export DSOPT_BENCH_NETWORK="$network"
-for var in OMP_NUM_THREADS OMP_PROC_BIND LD_LIBRARY_PATH PYTHONPATH DSOPT_LIBRARY_DIR; do
+export DSOPT_BENCH_NETWORK="$network" DSOPT_NETEM_CROSS_CLASSES=1:10,1:20
+for var in OMP_NUM_THREADS OMP_PROC_BIND LD_LIBRARY_PATH PYTHONPATH DSOPT_LIBRARY_DIR DSOPT_NETEM_CROSS_CLASSES; do
   if [ -n "${!var:-}" ]; then launch+=(-x "$var"); fi
 done
 
