@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "topology_flag.hpp"
 #include "mpi_fail.hpp"
 #include "zero_model.hpp"
 
@@ -87,6 +88,8 @@ struct Options {
   int tensors, warmup, steps, threads;
   bool fp32, bf16;
   std::vector<Pair> time_pairs;
+  std::string hierarchy;  // --hierarchy: the "topology" key ("" leaves it out)
+  long long ranks_per_node = 0;
 };
 
 std::string config(const Options& o, const Pair& p) {
@@ -100,7 +103,7 @@ std::string config(const Options& o, const Pair& p) {
                 o.threads, static_cast<long long>(o.bucket), static_cast<long long>(o.ag_bucket),
                 p.grads.c_str(), p.params.c_str(), static_cast<long long>(o.block),
                 static_cast<long long>(o.param_block));
-  return c;
+  return bench::with_topology(c, o.hierarchy, o.ranks_per_node);
 }
 
 int bits(const std::string& codec) { return codec == "int8" ? 8 : codec == "int4" ? 4 : 1; }
@@ -218,13 +221,18 @@ void run_bytes_and_memory(const Options& o, dsopt_comm* comm, bool half) {
 
 // ---- part 2 -------------------------------------------------------------------
 
-double slowest_step(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& g, uint64_t* bytes) {
+double slowest_step(dsopt_optimizer* opt, const std::vector<dsopt_tensor>& g, uint64_t* bytes,
+                    long long* inter = nullptr, long long* wire = nullptr) {
+  const long long w0 = g_rank == 0 && wire ? bench::tc_cross_bytes() : -1;
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = bench::now_seconds();
-  *bytes = checked_step(opt, g, fail_all).bytes_sent;
+  const dsopt_step_info info = checked_step(opt, g, fail_all);
+  *bytes = info.bytes_sent;
+  if (inter) *inter = bench::inter_node_bytes(info);
   const double mine = bench::now_seconds() - t0;
   double slowest = 0.0;
   MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (wire) *wire = w0 < 0 ? -1 : bench::tc_cross_bytes() - w0;
   return slowest;
 }
 
@@ -253,8 +261,9 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
     CZ_CHECK(dsopt_create(&packed, c1.c_str(), comm, v1.data(), int64_t(v1.size())));
     std::vector<double> t0, t1;
     uint64_t b0 = 0, b1 = 0;
+    long long x0 = -1, x1 = -1, w0 = -1, w1 = -1;
     for (int round = 0; round < o.warmup + o.steps; ++round) {
-      const double a = slowest_step(plain, gv, &b0), b = slowest_step(packed, gv, &b1);
+      const double a = slowest_step(plain, gv, &b0, &x0, &w0), b = slowest_step(packed, gv, &b1, &x1, &w1);
       if (round < o.warmup) continue;
       t0.push_back(a);
       t1.push_back(b);
@@ -269,6 +278,19 @@ void run_timing(const Options& o, dsopt_comm* comm, bool half) {
                   s1.median(), s1.best(), *std::max_element(t1.begin(), t1.end()),
                   s0.median() / s1.median(),
                   static_cast<unsigned long long>(b1), s0.median(), static_cast<unsigned long long>(b0));
+      // Per step of rank 0, for scripts: bytes across node boundaries
+      // (info.bytes_inter_node; "n/a" where the library does not report
+      // them), and every timed step's time.
+      auto cross = [](long long x) { return x < 0 ? std::string("n/a") : std::to_string(x); };
+      std::printf("inter_node: %s %s | ZeRO-2 %s\n", pair.name().c_str(), cross(x1).c_str(), cross(x0).c_str());
+      // The emulated link's counters over the last timed step of each
+      // (bench/netem_two_nodes.sh; both directions, headers included).
+      std::printf("wire_cross: %s %s | ZeRO-2 %s\n", pair.name().c_str(), cross(w1).c_str(), cross(w0).c_str());
+      std::printf("samples: %s", pair.name().c_str());
+      for (double t : t1) std::printf(" %.4f", t);
+      std::printf(" | ZeRO-2");
+      for (double t : t0) std::printf(" %.4f", t);
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
@@ -298,7 +320,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "compressed_zero_bench [--bytes-numel N] [--numel N] [--tensors T] [--bucket E]"
       " [--ag-bucket E] [--block B] [--param-block B] [--warmup W] [--steps S] [--threads T] [--fp32 0|1]"
-      " [--bf16 0|1] [--time-pairs G/W,...]";
+      " [--bf16 0|1] [--time-pairs G/W,...] [--hierarchy auto|flat|node_aware] [--ranks-per-node R]";
   bench::Flags flags(argc, argv);
   Options o;
   o.bytes_numel = flags.get("--bytes-numel", int64_t(1) << 22, 0, int64_t(1) << 34);
@@ -314,6 +336,8 @@ int main(int argc, char** argv) {
   o.fp32 = flags.get("--fp32", 1, 0, 1) != 0;
   o.bf16 = flags.get("--bf16", 1, 0, 1) != 0;
   o.time_pairs = parse_pairs(flags.text("--time-pairs", "int4/int8,int8/bf16,int8/int8,sign/int8,int4/none"));
+  o.hierarchy = flags.text("--hierarchy", "");
+  o.ranks_per_node = flags.get("--ranks-per-node", 0, 0, 1 << 20);
   flags.finish(usage);
   omp_set_num_threads(o.threads);
 

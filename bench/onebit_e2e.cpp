@@ -88,6 +88,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "topology_flag.hpp"
 #include "mpi_fail.hpp"
 
 namespace {
@@ -378,6 +379,9 @@ struct Options {
   int64_t batch;
   int steps, freeze_step, lr_warmup, threads, print_every;
   int var_freeze_step, var_update_scaler, local_step_scaler, local_step_clipper;
+  bool step_log = false;  // --step-log 1: a "steplog:" line per step (rank 0)
+  std::string hierarchy;  // --hierarchy: the "topology" key ("" leaves it out)
+  long long ranks_per_node = 0;
 };
 
 enum class Algo { Adam, OneBitAdam, Lamb, OneBitLamb, ZeroOneAdam };
@@ -506,7 +510,8 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   dsopt_comm* comm = nullptr;
   dsopt_optimizer* opt = nullptr;
   E2E_CHECK(dsopt_comm_create_mpi(&comm, MPI_Comm_c2f(MPI_COMM_WORLD)));
-  E2E_CHECK(dsopt_create(&opt, config, comm, pv.data(), int64_t(pv.size())));
+  const std::string full_config = bench::with_topology(config, o.hierarchy, o.ranks_per_node);
+  E2E_CHECK(dsopt_create(&opt, full_config.c_str(), comm, pv.data(), int64_t(pv.size())));
   if (o.threads == 0) {
     int32_t chosen = 0;
     E2E_CHECK(dsopt_get_threads(opt, &chosen));
@@ -519,6 +524,7 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   for (int step = 0; step < o.steps; ++step) {
     teacher.batch(uint64_t(g_rank), step, o.batch, w.x.data(), w.t.data());
     E2E_CHECK(dsopt_set_lr(opt, lr_at(o, step, peak)));
+    const long long wire0 = o.step_log && g_rank == 0 ? bench::tc_cross_bytes() : -1;
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = bench::now_seconds();
     const double loss = forward(s, p, o.batch, w);
@@ -542,6 +548,16 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
     r.compressed.push_back(info.compressed);
     r.bytes.push_back(info.bytes_sent);
     r.phase.push_back(info.phase);
+    if (o.step_log && g_rank == 0) {
+      // One line per step for scripts: the run, the step, its phase, step
+      // and dsopt_step seconds (slowest rank), info.bytes_sent, the bytes
+      // across node boundaries (info.bytes_inter_node, or -1) and those the
+      // emulated link counted (bench/netem_two_nodes.sh, or -1).
+      const long long wire = wire0 < 0 ? -1 : bench::tc_cross_bytes() - wire0;
+      std::printf("steplog: %s %d %d %.5f %.5f %llu %lld %lld\n", r.name.c_str(), step + 1, int(info.phase),
+                  slowest[0], slowest[2], static_cast<unsigned long long>(info.bytes_sent),
+                  bench::inter_node_bytes(info), wire);
+    }
     if (info.phase == DSOPT_PHASE_COMPRESSED || info.phase == DSOPT_PHASE_SYNC) {
       if (!undo) undo = std::make_unique<UndoSnapshot>(opt, int64_t(pv.size()), s.total());
       const double copy = undo->copy();
@@ -621,6 +637,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S] [--freeze-step F]"
       " [--lr-warmup W] [--lr X] [--beta2 X] [--noise X] [--threads T] [--print-every N]"
+      " [--step-log 0|1] [--hierarchy auto|flat|node_aware] [--ranks-per-node R]"
       " [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X] [--zoadam 0|1] [--var-freeze-step F]"
       " [--var-update-scaler K] [--local-step-scaler S] [--local-step-clipper H]";
   bench::Flags flags(int(args.size()), args.data());
@@ -634,6 +651,9 @@ int main(int argc, char** argv) {
   o.lr_warmup = int(flags.get("--lr-warmup", o.steps / 10, 1, 1000000));
   o.threads = int(flags.get("--threads", 1, 0, 256));
   o.print_every = int(flags.get("--print-every", 10, 0, 1000000));
+  o.step_log = flags.get("--step-log", 0, 0, 1) != 0;
+  o.hierarchy = flags.text("--hierarchy", "");
+  o.ranks_per_node = flags.get("--ranks-per-node", 0, 0, 1 << 20);
   const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
   const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
   const bool lamb = flags.get("--lamb", 0, 0, 1) != 0;

@@ -473,3 +473,167 @@ def test_command_shows_the_algorithms_asked_for(tmp_path):
     assert choice.startswith(("Lion", "1-bit Adam"))
     out = run_cli("--params", "1e8", "--algorithms", "Adagrad", "--profile", str(tmp_path / "none.json"))
     assert out.returncode == 2 and "unknown algorithm" in out.stderr
+
+
+# ---- the node-aware forms (docs/guides/multi-node.md) -----------------------
+
+def _simulate_car_bytes(sizes, N, R):
+    """An independent count of the node-aware 1-bit allreduce's bytes: walk
+    every message of the exchange rank by rank and add what crosses a node
+    boundary and what stays inside (per rank, rank 0's)."""
+    from math import gcd
+    P = N * R
+
+    def padded(n, world):
+        unit = world * (8 * world // gcd(world, 8))
+        return -(-n // unit) * unit
+
+    node_of = lambda r: r // R                         # noqa: E731
+    cross = inside = 0
+    me = 0
+    for n in sizes:
+        m = -(-n // R) if R > 1 else n
+        if R > 1:
+            for dst in range(P):                        # reduce-scatter: my slice i to local rank i
+                if dst != me and node_of(dst) == node_of(me):
+                    inside += 4 * m
+            for dst in range(P):                        # allgather: my slice to every local rank
+                if dst != me and node_of(dst) == node_of(me):
+                    inside += 4 * m
+        if N > 1:
+            chunk_bits = padded(m, N) // N               # the rail's all-to-all block and gathered chunk
+            for dst in range(P):
+                if dst % R == me % R and dst != me:     # my rail, other nodes
+                    cross += 2 * (chunk_bits // 8) + 2 * 4   # block + server chunk, two fp32 scales
+    return inside, cross
+
+
+def _simulate_zero_bytes(numel, N, R, settings, gradients, parameters):
+    """An independent count of compressed ZeRO's node-aware exchange (rank
+    0): every bucket's node-slice reduce-scatter and rail all-to-all, every
+    chunk's allgather across nodes then inside, message by message."""
+    from dsopt.plan import codecs
+    P = N * R
+    unit = 2 * P
+    padded = -(-numel // unit) * unit
+    bucket = min(max(unit, settings.reduce_bucket_size // unit * unit), padded)
+    buckets, at = [], 0
+    while at < padded:
+        buckets.append(min(bucket, padded - at))
+        at += bucket
+    shard = padded // P
+    chunk = min(shard, max(1, settings.allgather_bucket_size // P))
+    if parameters == "int8":
+        chunk = min(shard, max(settings.parameter_block_size,
+                               max(1, settings.allgather_bucket_size // P) // settings.parameter_block_size
+                               * settings.parameter_block_size))
+    chunks, at = [], 0
+    while at < shard:
+        chunks.append(min(chunk, shard - at))
+        at += chunk
+    me, node_of, local_of = 0, (lambda r: r // R), (lambda r: r % R)
+    total = cross = 0
+    for b in buckets:
+        m = b // P
+        code = codecs.gradient_piece_bytes(gradients, settings.gradient_block_size, m)
+        for dst in range(P):
+            if dst == me:
+                continue
+            if node_of(dst) == node_of(me):            # fp32 node-slice of dst: the pieces of its rail
+                total += 4 * sum(m for owner in range(P) if local_of(owner) == local_of(dst))
+            elif local_of(dst) == local_of(me):        # codes of dst's piece of my node-slice
+                total += code
+                cross += code
+    for c in chunks:
+        code = codecs.parameter_chunk_bytes(parameters, settings.parameter_block_size, c, 4)
+        for dst in range(P):
+            if dst != me and node_of(dst) != node_of(me) and local_of(dst) == local_of(me):
+                total += code                           # my codes across nodes, on my rail
+                cross += code
+        for dst in range(P):
+            if dst != me and node_of(dst) == node_of(me):
+                total += N * code                       # my rail's N codes to my node's ranks
+    return total, cross
+
+
+@pytest.mark.parametrize("N,R", [(2, 2), (2, 3), (3, 2)])
+def test_node_aware_onebit_bytes_equal_a_simulated_exchange(N, R):
+    from dsopt.plan.bytes import car_node_aware
+    from dsopt.plan.network import Topology
+    for sizes in ([1], [1000], [4097, 5, 123457], [8 << 20, 131072]):
+        assert car_node_aware(sizes, Topology(N, R, True)) == _simulate_car_bytes(sizes, N, R), sizes
+
+
+@pytest.mark.parametrize("N,R", [(2, 2), (2, 3), (3, 2)])
+@pytest.mark.parametrize("gradients,parameters", [("int4", "int8"), ("int8", "bf16"), ("sign", "int8")])
+def test_node_aware_zero_bytes_equal_a_simulated_exchange(N, R, gradients, parameters):
+    from dsopt.plan.bytes import zero_exchange_bytes
+    from dsopt.plan.network import Topology
+    for numel, bucket, ag in ((1_000_003, 1 << 18, 1 << 18), (4096, 500_000_000, 500_000_000), (77_777, 999, 5000)):
+        s = Settings(reduce_bucket_size=bucket, allgather_bucket_size=ag)
+        model = Model.from_sizes([numel])
+        got = zero_exchange_bytes(model, Topology(N, R, True), s, gradients, parameters)
+        assert got == _simulate_zero_bytes(numel, N, R, s, gradients, parameters), (numel, bucket, ag)
+
+
+def test_node_aware_at_one_rank_per_node_is_the_flat_form():
+    from dsopt.plan import Cluster, plan
+    from dsopt.plan.bytes import car_flat_cross, car_node_aware, zero_exchange_bytes
+    from dsopt.plan.network import Topology
+    from dsopt.plan.profile import Profile
+    for P in (2, 3, 4, 6):
+        sizes = [4097, 5, 123457]
+        node, rail = car_node_aware(sizes, Topology(P, 1, True))
+        assert node == 0 and rail == pbytes.compressed_allreduce(sizes, P) == car_flat_cross(sizes, Topology(P, 1))
+        model = Model.from_sizes([1_000_003])
+        for g, w in (("int4", "int8"), ("sign", "bf16"), ("none", "int8"), ("int8", "none")):
+            s = Settings(reduce_bucket_size=1 << 18, allgather_bucket_size=1 << 18)
+            assert (zero_exchange_bytes(model, Topology(P, 1, True), s, g, w)
+                    == zero_exchange_bytes(model, Topology(P, 1, False), s, g, w))
+    model = Model.from_params(50e6, tensors=7)
+    for cfgs in (None,):
+        a = plan(model, Cluster.parse(8, 1, inter="10gbit", hierarchy="node_aware"), 0.1, Profile(), configs=cfgs)
+        b = plan(model, Cluster.parse(8, 1, inter="10gbit", hierarchy="flat"), 0.1, Profile(), configs=cfgs)
+        for x, y in zip(a, b):
+            assert (x.bytes, x.cross_bytes, x.time, x.average_time) == (y.bytes, y.cross_bytes, y.time, y.average_time)
+
+
+def test_flat_hierarchy_keeps_the_flat_outputs():
+    """hierarchy "flat" gives what the planner gave before it knew the
+    node-aware form: the same bytes, calls and times as with no topology."""
+    from dsopt.plan import Cluster, plan
+    from dsopt.plan.collectives import step_calls
+    from dsopt.plan.configs import all_configs
+    from dsopt.plan.profile import Profile
+    model = Model.from_params(200e6, tensors=9)
+    s = Settings()
+    cluster = Cluster.parse(32, 8, inter="25gbit", hierarchy="flat")
+    assert not cluster.node_aware and "node-aware" not in cluster.describe()
+    for cfg in all_configs():
+        assert pbytes.step_bytes(cfg, model, 32, s, cluster.topo) == pbytes.step_bytes(cfg, model, 32, s)
+        for kind in pbytes.phase_kinds(cfg):
+            assert step_calls(cfg, model, 32, s, kind, cluster.topo) == step_calls(cfg, model, 32, s, kind)
+    recs = plan(model, cluster, 0.2, Profile())
+    assert all(r.cross_bytes.steady <= r.bytes.steady for r in recs)
+
+
+def test_auto_is_node_aware_on_several_nodes_of_several_ranks():
+    from dsopt.plan import Cluster
+    assert Cluster.parse(64, 8).node_aware
+    assert not Cluster.parse(64, 1).node_aware
+    assert not Cluster.parse(8, 8).node_aware
+    assert not Cluster.parse(64, 8, hierarchy="flat").node_aware
+    with pytest.raises(ValueError, match="hierarchy"):
+        Cluster.parse(8, 2, hierarchy="tree")
+
+
+def test_node_aware_cuts_the_cross_node_bytes_about_r_times():
+    from dsopt.plan import Cluster, plan
+    from dsopt.plan.configs import Config
+    from dsopt.plan.profile import Profile
+    model = Model.from_params(1.3e9)
+    cfgs = [Config("OneBitAdam"), Config("czero", "int4", "int8")]
+    flat = plan(model, Cluster.parse(64, 8, hierarchy="flat"), 0.3, Profile(), configs=cfgs)
+    aware = plan(model, Cluster.parse(64, 8, hierarchy="node_aware"), 0.3, Profile(), configs=cfgs)
+    assert 7.5 < flat[0].cross_bytes.compressed / aware[0].cross_bytes.compressed < 8.5
+    assert 7.5 < flat[1].cross_bytes.steady / aware[1].cross_bytes.steady < 8.5

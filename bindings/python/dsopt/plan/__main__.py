@@ -31,6 +31,10 @@ def parser():
     c.add_argument("--inter-node", default="25gbit", help="bandwidth per node between nodes (default 25gbit)")
     c.add_argument("--intra-latency", default="2us")
     c.add_argument("--inter-latency", default="10us")
+    c.add_argument("--hierarchy", default="auto", choices=("auto", "flat", "node_aware"),
+                   help='the compressed collectives\' form across nodes (config "topology.hierarchy"): '
+                        '"auto" (default, node-aware where the ranks span several nodes of more than one '
+                        'rank), "flat", "node_aware" (docs/guides/multi-node.md)')
     c.add_argument("--shared-link", action="store_true",
                    help="every rank's traffic crosses one link of --inter-node bandwidth (bench/netem.sh)")
     c.add_argument("--cpu-oversubscription", type=float, default=1.0,
@@ -115,7 +119,7 @@ def run(args):
     else:
         cluster = Cluster.parse(args.ranks, args.ranks_per_node, args.intra_node, args.inter_node,
                                 args.intra_latency, args.inter_latency, "shared" if args.shared_link else "nodes",
-                                args.cpu_oversubscription)
+                                args.cpu_oversubscription, args.hierarchy)
     steps = parse_count(args.steps, "steps")
     freeze = parse_count(args.freeze_step, "freeze step") if args.freeze_step else max(2, steps * 15 // 100)
     var_freeze = parse_count(args.var_freeze_step, "var freeze step") if args.var_freeze_step else max(1, steps * 15 // 100)

@@ -5,13 +5,21 @@ the 1-bit family's schedules.
 
 Every collective dsopt call starts with a 16-byte allreduce (the
 handshake); an allreduce of c bytes counts 2 (P-1) c / P (rounded down),
-a reduce-scatter piece or allgather chunk of c bytes (P-1) c."""
+a reduce-scatter piece or allgather chunk of c bytes (P-1) c.
+
+Bytes across nodes (``info.bytes_inter_node``; docs/guides/multi-node.md
+"Bytes"), for N nodes of R ranks (P = N R): a collective on the whole
+communicator counts what its blocks would carry straight to the ranks of
+other nodes (an allreduce of c bytes 2 (P-R) c / P rounded down, a piece,
+chunk or all-to-all block of c bytes (P-R) c); in the node-aware form every
+byte of the rail communicator crosses and none of the node communicator's."""
 
 from dataclasses import dataclass
 from functools import lru_cache
 
 from . import codecs
 from .layout import car_padded, int8_block, shard_sums, zero_layout
+from .network import Topology, flat_topology
 
 
 def allreduce(world: int, nbytes: int) -> int:
@@ -39,14 +47,75 @@ def compressed_allreduce(sizes, world: int) -> int:
 
 def zero_exchange(model, world: int, settings, gradients="none", parameters="none") -> int:
     """ZeRO's reduce-scatter and parameter allgather (compressed or not)."""
-    lay = zero_layout(model.numel, world, settings.reduce_bucket_size, settings.allgather_bucket_size,
+    return zero_exchange_bytes(model, flat_topology(world), settings, gradients, parameters)[0]
+
+
+# ---- the node-aware forms (docs/guides/multi-node.md "Bytes") -------------
+
+def car_slices(sizes, ranks_per_node: int) -> list:
+    """m_t = ceil(n_t / R): the slice of each tensor a local rank averages
+    inside its node and compresses across nodes."""
+    return [-(-n // ranks_per_node) for n in sizes]
+
+
+def car_flat_cross(sizes, topo: Topology) -> int:
+    """The flat 1-bit allreduce's bytes to ranks of other nodes:
+    (P - R) (2 sum_t n'_t / (8P) + 8T) (NodeAwareAllreduce::flat_cross_node_bytes)."""
+    P, R = topo.world, topo.ranks_per_node
+    if P == 1:
+        return 0
+    chunk = sum(car_padded(n, P) // P // 8 for n in sizes)
+    return (P - R) * (2 * chunk + 8 * len(sizes))
+
+
+def car_node_aware(sizes, topo: Topology) -> tuple:
+    """(node bytes, rail bytes) of one node-aware 1-bit allreduce
+    (NodeAwareAllreduce::node_bytes, rail_bytes): inside the node
+    2 (R-1) 4 sum_t m_t (the fp32 reduce-scatter and allgather), across
+    nodes (N-1) (2 sum_t n''_t / (8N) + 8T), n''_t = padded_length(m_t, N);
+    at R = 1 the rail allreduce runs on the tensors themselves."""
+    N, R = topo.nodes, topo.ranks_per_node
+    slices = car_slices(sizes, R)
+    node = 2 * (R - 1) * 4 * sum(slices)
+    rail = 0
+    if N > 1:
+        rail = (N - 1) * (2 * sum(car_padded(m, N) // N // 8 for m in slices) + 8 * len(sizes))
+    return node, rail
+
+
+def zero_exchange_bytes(model, topo: Topology, settings, gradients="none", parameters="none") -> tuple:
+    """(bytes sent, bytes across nodes) of ZeRO's reduce-scatter and
+    parameter allgather. Flat: (P-1) pieces or chunks, (P-R) of them to
+    other nodes. Node-aware (a compressed half only; fp32 gradients and
+    uncompressed parameters stay flat): per bucket of b elements
+    (m = b / P) the fp32 reduce-scatter inside the node of the node-slice,
+    (R-1) 4 N m, and the all-to-all of the node-slice's codes over the
+    rail, (N-1) R(m); per allgather chunk of L elements the owners' codes
+    across nodes, (N-1) C(L), then inside the node, (R-1) N C(L)."""
+    P, N, R = topo.world, topo.nodes, topo.ranks_per_node
+    lay = zero_layout(model.numel, P, settings.reduce_bucket_size, settings.allgather_bucket_size,
                       int8_block(parameters, settings))
     width = 2 if model.half and parameters == "none" else 4
-    total = sum((world - 1) * codecs.gradient_piece_bytes(gradients, settings.gradient_block_size, m)
-                for m in lay.pieces)
-    total += sum((world - 1) * codecs.parameter_chunk_bytes(parameters, settings.parameter_block_size, c, width)
-                 for c in lay.chunks)
-    return total
+    total = cross = 0
+    grad_aware = topo.node_aware and gradients != "none"
+    for m in lay.pieces:
+        piece = codecs.gradient_piece_bytes(gradients, settings.gradient_block_size, m)
+        if grad_aware:
+            total += (R - 1) * 4 * N * m + (N - 1) * piece
+            cross += (N - 1) * piece
+        else:
+            total += (P - 1) * piece
+            cross += (P - R) * piece
+    param_aware = topo.node_aware and parameters != "none"
+    for c in lay.chunks:
+        chunk = codecs.parameter_chunk_bytes(parameters, settings.parameter_block_size, c, width)
+        if param_aware:
+            total += (N - 1) * chunk + (R - 1) * N * chunk
+            cross += (N - 1) * chunk
+        else:
+            total += (P - 1) * chunk
+            cross += (P - R) * chunk
+    return total, cross
 
 
 @dataclass(frozen=True)
@@ -67,34 +136,69 @@ def car_sizes(config, model, world: int):
     return list(model.sizes)
 
 
-def sums_exchange(config, model, world: int, settings) -> int:
-    """A trust-ratio rule under ZeRO (LAMB): the allreduces of its
-    whole-tensor norms over ||p|| and ||u|| (`layout.shard_sums`)."""
+def _sums_allreduces(config, model, world: int, settings) -> list:
+    """The buffer bytes of LAMB's norm allreduces under ZeRO."""
     if not (config.zero and config.info.trust_ratio) or world == 1:
-        return 0
+        return []
     s = shard_sums(model.sizes, zero_layout(model.numel, world, settings.reduce_bucket_size,
                                             settings.allgather_bucket_size,
                                             int8_block(config.parameters, settings)))
-    return (allreduce(world, 2 * 4 * s.cut) if s.cut else 0) + allreduce(world, 2 * 8 * s.blocks)
+    return ([2 * 4 * s.cut] if s.cut else []) + [2 * 8 * s.blocks]
 
 
-def step_bytes(config, model, world: int, settings) -> StepBytes:
-    """Bytes per rank of the steps after the third (the first three add a
-    16-byte check of the gradients' hashes, `check_bytes`)."""
+def sums_exchange(config, model, world: int, settings) -> int:
+    """A trust-ratio rule under ZeRO (LAMB): the allreduces of its
+    whole-tensor norms over ||p|| and ||u|| (`layout.shard_sums`)."""
+    return sum(allreduce(world, c) for c in _sums_allreduces(config, model, world, settings))
+
+
+def cross_allreduce(topo: Topology, nbytes: int) -> int:
+    """An allreduce of `nbytes` on the whole communicator: 2 (P-R) c / P
+    across nodes (rounded down)."""
+    P = topo.world
+    return 2 * (P - topo.ranks_per_node) * nbytes // P
+
+
+def _step_pairs(config, model, topo: Topology, settings) -> tuple:
+    """(StepBytes of bytes sent, StepBytes of bytes across nodes)."""
+    world = topo.world
     if world == 1:
-        return StepBytes(0, *((0, 0, 0) if config.onebit else ()))
-    h = handshake(world)
-    overlap = h if config.overlap else 0
+        z = StepBytes(0, *((0, 0, 0) if config.onebit else ()))
+        return z, z
+    h, hx = handshake(world), cross_allreduce(topo, 16)
+    overlap, overlap_x = (h, hx) if config.overlap else (0, 0)
     if config.zero:
-        return StepBytes(2 * h + zero_exchange(model, world, settings, config.gradients, config.parameters)
-                         + sums_exchange(config, model, world, settings) + overlap)
+        ex, ex_x = zero_exchange_bytes(model, topo, settings, config.gradients, config.parameters)
+        sums = _sums_allreduces(config, model, world, settings)
+        return (StepBytes(2 * h + ex + sum(allreduce(world, c) for c in sums) + overlap),
+                StepBytes(2 * hx + ex_x + sum(cross_allreduce(topo, c) for c in sums) + overlap_x))
+    full, full_x = full_allreduce(model.numel, world), cross_allreduce(topo, 4 * (model.numel + 1))
     if not config.onebit:
-        return StepBytes(h + full_allreduce(model.numel, world) + overlap)
-    warm = h + full_allreduce(model.numel, world)
-    comp = 2 * h + compressed_allreduce(car_sizes(config, model, world), world)
+        return StepBytes(h + full + overlap), StepBytes(hx + full_x + overlap_x)
+    warm, warm_x = h + full, hx + full_x
+    sizes = car_sizes(config, model, world)
+    if topo.node_aware:
+        node, rail = car_node_aware(sizes, topo)
+        car, car_x = node + rail, rail
+    else:
+        car, car_x = compressed_allreduce(sizes, world), car_flat_cross(sizes, topo)
+    comp, comp_x = 2 * h + car, 2 * hx + car_x
     if config.info.schedule == "zero_one":
-        return StepBytes(2 * h, warm, comp, 2 * h)
-    return StepBytes(comp, warm, comp)
+        return StepBytes(2 * h, warm, comp, 2 * h), StepBytes(2 * hx, warm_x, comp_x, 2 * hx)
+    return StepBytes(comp, warm, comp), StepBytes(comp_x, warm_x, comp_x)
+
+
+def step_bytes(config, model, world: int, settings, topo: Topology = None) -> StepBytes:
+    """Bytes per rank of the steps after the third (the first three add a
+    16-byte check of the gradients' hashes, `check_bytes`); `topo`: the
+    nodes and the form of the compressed collectives (default: flat)."""
+    return _step_pairs(config, model, topo or flat_topology(world), settings)[0]
+
+
+def step_cross_bytes(config, model, topo: Topology, settings) -> StepBytes:
+    """Bytes per rank across node boundaries of the steps after the third
+    (``info.bytes_inter_node``)."""
+    return _step_pairs(config, model, topo, settings)[1]
 
 
 def check_bytes(world: int) -> int:
@@ -174,12 +278,13 @@ def phases(config, settings, steps=None) -> list:
     return [("steady", steps)]
 
 
-def run_bytes(config, model, world: int, settings, steps=None) -> int:
+def run_bytes(config, model, world: int, settings, steps=None, topo: Topology = None, cross=False) -> int:
     """Bytes one rank sends over `steps` updates (default settings.steps),
-    the first three updates' checks included."""
+    the first three updates' checks included (`cross`: those across nodes)."""
     steps = settings.steps if steps is None else steps
-    sb = step_bytes(config, model, world, settings)
-    checks = min(3, steps) * check_bytes(world) if world > 1 else 0
+    topo = topo or flat_topology(world)
+    sb = _step_pairs(config, model, topo, settings)[1 if cross else 0]
+    checks = min(3, steps) * (cross_allreduce(topo, 16) if cross else check_bytes(world)) if world > 1 else 0
     return sum(count * getattr(sb, kind) for kind, count in phases(config, settings, steps)) + checks
 
 

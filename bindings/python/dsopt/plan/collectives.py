@@ -5,8 +5,9 @@ traffic `bytes.py` counts, as calls the network model can time
 from dataclasses import dataclass
 
 from . import codecs
-from .bytes import car_sizes
+from .bytes import car_sizes, car_slices
 from .layout import car_message_bytes, int8_block, shard_sums, zero_layout
+from .network import Topology, flat_topology
 
 
 @dataclass(frozen=True)
@@ -17,18 +18,34 @@ class Call:
                      # "control": small agreement; "post": after the update (parameter allgather)
     bucket: int = -1         # gradient bucket (parameter order) for "grad"
     share: float = 1.0       # the bucket's share of the gradient elements
+    level: str = "world"     # the communicator: "world", or the node-aware form's "node" and "rail"
 
 
 def _handshake():
     return Call("allreduce", 16, "control")
 
 
-def _car(sizes, world):
+def _car(sizes, world, level="world"):
     """The 1-bit compressed allreduce: the signs to every rank, the server's
     recompressed signs back, and one scale per tensor each way."""
     msg = car_message_bytes(sizes, world)
-    return [Call("alltoall", world * msg, "grad", 0), Call("allgather", world * msg, "grad", 0),
-            Call("allgather", 4 * len(sizes) * world, "control"), Call("allgather", 4 * len(sizes) * world, "control")]
+    return [Call("alltoall", world * msg, "grad", 0, level=level),
+            Call("allgather", world * msg, "grad", 0, level=level),
+            Call("allgather", 4 * len(sizes) * world, "control", level=level),
+            Call("allgather", 4 * len(sizes) * world, "control", level=level)]
+
+
+def _car_node_aware(sizes, topo):
+    """The node-aware 1-bit allreduce: the fp32 reduce-scatter inside the
+    node, the flat one over the rail on the slices, the allgather inside."""
+    N, R = topo.nodes, topo.ranks_per_node
+    if R == 1:
+        return _car(sizes, N, "rail")
+    slices = car_slices(sizes, R)
+    block = 4 * sum(slices)
+    inside = [Call("reduce_scatter", R * block, "grad", 0, level="node")]
+    across = _car(slices, N, "rail") if N > 1 else []
+    return inside + across + [Call("allgather", R * block, "grad", 0, level="node")]
 
 
 def _buckets(numel, world, settings):
@@ -41,11 +58,14 @@ def _buckets(numel, world, settings):
     return out
 
 
-def step_calls(config, model, world: int, settings, kind="steady") -> list:
+def step_calls(config, model, world: int, settings, kind="steady", topo: Topology = None) -> list:
     """The calls of one step (`kind`: "steady", or the 1-bit family's
-    "warmup", "compressed", "local")."""
+    "warmup", "compressed", "local"); `topo`: the nodes and the form of the
+    compressed collectives (default: flat)."""
     if world == 1:
         return []
+    topo = topo or flat_topology(world)
+    N, R = topo.nodes, topo.ranks_per_node
     n = model.numel
     calls = [_handshake()]
     if not (config.zero or config.onebit) or kind == "warmup":
@@ -67,6 +87,15 @@ def step_calls(config, model, world: int, settings, kind="steady") -> list:
             m = b // world
             if config.gradients == "none":
                 calls.append(Call("reduce_scatter", 4 * b, "grad", i, b / lay.padded))
+            elif topo.node_aware:
+                # The node-slice (N pieces) reduced in fp32 inside the node,
+                # then its codes to the owners over the rail.
+                piece = codecs.gradient_piece_bytes(config.gradients, settings.gradient_block_size, m)
+                if R > 1:
+                    calls.append(Call("reduce_scatter", 4 * b, "grad", i, b / lay.padded, level="node"))
+                if N > 1:
+                    calls.append(Call("alltoall", N * piece, "grad", i, 0.0 if R > 1 else b / lay.padded,
+                                      level="rail"))
             else:
                 piece = codecs.gradient_piece_bytes(config.gradients, settings.gradient_block_size, m)
                 calls.append(Call("alltoall", world * piece, "grad", i, b / lay.padded))
@@ -79,13 +108,25 @@ def step_calls(config, model, world: int, settings, kind="steady") -> list:
             calls.append(Call("allreduce", 2 * 8 * sums.blocks, "post"))
         for c in lay.chunks:
             size = codecs.parameter_chunk_bytes(config.parameters, settings.parameter_block_size, c, width)
-            calls.append(Call("allgather", world * size, "post"))
+            if topo.node_aware and config.parameters != "none":
+                # The owners' codes across nodes first, then inside the node.
+                if N > 1:
+                    calls.append(Call("allgather", N * size, "post", level="rail"))
+                if R > 1:
+                    calls.append(Call("allgather", R * N * size, "post", level="node"))
+            else:
+                calls.append(Call("allgather", world * size, "post"))
         return calls
     calls.append(Call("allreduce", 16, "control"))
     if kind == "local":
         return calls
-    return calls + _car(car_sizes(config, model, world), world)
+    sizes = car_sizes(config, model, world)
+    return calls + (_car_node_aware(sizes, topo) if topo.node_aware else _car(sizes, world))
+
+
+def call_time(call, cluster) -> float:
+    return cluster.call(call.op, call.nbytes, call.level)
 
 
 def comm_time(calls, cluster) -> float:
-    return sum(getattr(cluster, c.op)(c.nbytes) for c in calls)
+    return sum(call_time(c, cluster) for c in calls)

@@ -13,12 +13,16 @@ busiest link sets the time. Two topologies:
   medium; bench/netem.sh's emulated loopback, which all ranks share).
 
 Rings (allreduce, reduce-scatter, allgather) and the all-to-all are those
-dsopt's own host path runs (docs/guides/communicators.md); dsopt has no
-hierarchical collectives, so none is modelled. Small control allreduces
+dsopt's own host path runs (docs/guides/communicators.md). The node-aware
+form of the compressed collectives (``hierarchy``; docs/guides/multi-node.md)
+runs some calls on a sub-communicator: ``node`` (the R ranks of a node, on
+the intra-node links) and ``rail`` (the N ranks of one local index, one per
+node; the R rails of a node run at once and share its interface, so a rail
+call sees 1/R of the inter-node bandwidth). Small control allreduces
 (16 bytes) cost 2 ceil(log2 P) rounds, as MPI's and NCCL's latency-bound
 algorithms take."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, log2
 
 from .units import parse_bandwidth, parse_count, parse_time
@@ -34,6 +38,7 @@ class Cluster:
     inter_latency: float = 10e-6
     topology: str = "nodes"     # or "shared"
     cpu_oversubscription: float = 1.0  # CPU threads of the ranks per core of their machine (>= 1 slows their work)
+    hierarchy: str = "auto"     # the compressed collectives' form: "auto", "flat", "node_aware" (config "topology")
 
     def __post_init__(self):
         for name in ("ranks", "ranks_per_node"):
@@ -53,16 +58,19 @@ class Cluster:
             raise ValueError(f"cpu oversubscription must be positive, got {self.cpu_oversubscription!r}")
         if self.topology not in ("nodes", "shared"):
             raise ValueError(f'topology must be "nodes" or "shared", got {self.topology!r}')
+        if self.hierarchy not in HIERARCHIES:
+            raise ValueError(f"hierarchy must be one of {', '.join(HIERARCHIES)}, got {self.hierarchy!r}")
 
     @classmethod
     def parse(cls, ranks, ranks_per_node=None, intra="600GB/s", inter="25gbit", intra_latency="2us",
-              inter_latency="10us", topology="nodes", cpu_oversubscription=1.0) -> "Cluster":
+              inter_latency="10us", topology="nodes", cpu_oversubscription=1.0, hierarchy="auto") -> "Cluster":
         p = parse_count(ranks, "ranks")
         r = p if ranks_per_node is None else min(p, parse_count(ranks_per_node, "ranks per node"))
         return cls(p, r, parse_bandwidth(intra, "intra-node bandwidth"),
                    parse_bandwidth(inter, "inter-node bandwidth"),
                    parse_time(intra_latency, "intra-node latency"),
-                   parse_time(inter_latency, "inter-node latency"), topology, float(cpu_oversubscription))
+                   parse_time(inter_latency, "inter-node latency"), topology, float(cpu_oversubscription),
+                   hierarchy)
 
     @classmethod
     def from_measurement(cls, network: dict, ranks=None) -> "Cluster":
@@ -77,6 +85,35 @@ class Cluster:
     @property
     def nodes(self) -> int:
         return max(1, self.ranks // self.ranks_per_node)
+
+    @property
+    def node_aware(self) -> bool:
+        """Whether the compressed collectives run node-aware (the library's
+        rule: "auto" is node-aware where N > 1 and R > 1; "node_aware"
+        always, which at R = 1 is the flat form and at N = 1 averages
+        inside the node only)."""
+        return resolve_hierarchy(self.hierarchy, self.nodes, self.ranks_per_node)
+
+    @property
+    def topo(self) -> "Topology":
+        """The topology the byte formulas take."""
+        return Topology(self.nodes, self.ranks_per_node, self.node_aware)
+
+    def level(self, name: str) -> "Cluster":
+        """The cluster a call on the `name` communicator sees: "world"
+        (this one), "node" (one node of R ranks) or "rail" (N ranks, one per
+        node, each node's interface shared by its R rails)."""
+        if name == "world":
+            return self
+        N, R = self.nodes, self.ranks_per_node
+        if name == "node":
+            return replace(self, ranks=R, ranks_per_node=R, inter_bandwidth=self.inter_bandwidth / N)
+        if name == "rail":
+            return replace(self, ranks=N, ranks_per_node=1, inter_bandwidth=self.inter_bandwidth / R)
+        raise ValueError(f"unknown communicator level {name!r}")
+
+    def call(self, op: str, nbytes: float, level: str = "world") -> float:
+        return getattr(self.level(level), op)(nbytes)
 
     @property
     def alpha(self) -> float:
@@ -126,10 +163,42 @@ class Cluster:
         return self._time((P - 1) * block, R * (P - R) * block, P - 1)
 
     def describe(self) -> str:
+        form = "; compressed collectives node-aware" if self.node_aware else ""
         if self.topology == "shared":
             return (f"{self.ranks} ranks on one shared link of {self.inter_bandwidth * 8 / 1e9:g} Gbit/s, "
-                    f"latency {self.inter_latency * 1e6:g} us")
+                    f"latency {self.inter_latency * 1e6:g} us{form}")
         return (f"{self.ranks} ranks, {self.ranks_per_node} per node ({self.nodes} nodes); "
                 f"inside a node {self.intra_bandwidth * 8 / 1e9:g} Gbit/s per rank, "
                 f"{self.intra_latency * 1e6:g} us; between nodes {self.inter_bandwidth * 8 / 1e9:g} Gbit/s "
-                f"per node, {self.inter_latency * 1e6:g} us")
+                f"per node, {self.inter_latency * 1e6:g} us{form}")
+
+
+HIERARCHIES = ("auto", "flat", "node_aware")
+
+
+def resolve_hierarchy(hierarchy: str, nodes: int, ranks_per_node: int) -> bool:
+    """Whether `hierarchy` ("auto", "flat", "node_aware") runs the
+    compressed collectives node-aware on N nodes of R ranks."""
+    if hierarchy == "flat":
+        return False
+    if hierarchy == "node_aware":
+        return True
+    return nodes > 1 and ranks_per_node > 1
+
+
+@dataclass(frozen=True)
+class Topology:
+    """N nodes of R ranks (P = N R) and the form of the compressed
+    collectives (the byte formulas' input)."""
+    nodes: int
+    ranks_per_node: int
+    node_aware: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+def flat_topology(world: int) -> Topology:
+    """One node of every rank, flat: every rank's bytes stay inside it."""
+    return Topology(1, world, False)

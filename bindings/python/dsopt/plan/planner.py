@@ -20,6 +20,8 @@ class Record:
     phase_times: dict        # step kind -> StepTime (1-bit family: warmup, compressed, local)
     average_time: float      # over the run, by the schedule
     speedup: float = 1.0     # AdamW's average time / this one's
+    cross_bytes: object = None          # bytes.StepBytes across node boundaries (info.bytes_inter_node)
+    run_cross_per_step: float = 0.0     # their average over settings.steps updates
 
     @property
     def name(self) -> str:
@@ -40,22 +42,26 @@ def plan(model, cluster, compute: float, profile, settings: Settings = None, con
     configs = list(configs or all_configs())
     P = cluster.ranks
     records = []
+    topo = cluster.topo
     for cfg in configs:
-        sb = pbytes.step_bytes(cfg, model, P, settings)
+        sb = pbytes.step_bytes(cfg, model, P, settings, topo)
         kinds = pbytes.phases(cfg, settings)
         times = {k: step_time(cfg, model, cluster, settings, profile, compute, backward_fraction, k,
                               overlapping_comm) for k, count in kinds}
         total = sum(times[k].total * count for k, count in kinds)
         steady = times["compressed"] if "compressed" in times else times["steady"]
-        records.append(Record(cfg, sb, pbytes.run_bytes(cfg, model, P, settings) / settings.steps,
+        records.append(Record(cfg, sb, pbytes.run_bytes(cfg, model, P, settings, topo=topo) / settings.steps,
                               memory(cfg, model, P, settings, overlapping_comm=overlapping_comm,
                                      concurrent_comm=concurrent_comm),
-                              steady, times, total / settings.steps))
+                              steady, times, total / settings.steps, 1.0,
+                              pbytes.step_cross_bytes(cfg, model, topo, settings),
+                              pbytes.run_bytes(cfg, model, P, settings, topo=topo, cross=True) / settings.steps))
     base = next((r.average_time for r in records if r.config == BASE), None)
     if base is None:
         base = plan(model, cluster, compute, profile, settings, [BASE], backward_fraction)[0].average_time
     return [Record(r.config, r.bytes, r.run_bytes_per_step, r.memory, r.time, r.phase_times, r.average_time,
-                   base / r.average_time if r.average_time > 0 else float("inf")) for r in records]
+                   base / r.average_time if r.average_time > 0 else float("inf"), r.cross_bytes,
+                   r.run_cross_per_step) for r in records]
 
 
 def choose(records, memory_limit=None, exact_numerics=False, algorithms=None):

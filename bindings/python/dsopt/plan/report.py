@@ -9,21 +9,31 @@ def _ms(seconds):
     return f"{seconds * 1e3:.1f}"
 
 
-def bytes_cell(r) -> str:
+def bytes_cell(r, which="bytes") -> str:
     """The bytes of each kind of step of the configuration's schedule
-    (bytes.phase_kinds): one number, or warmup / compressed (/ local)."""
-    return " / ".join(f"{getattr(r.bytes, kind):,}" for kind in phase_kinds(r.config))
+    (bytes.phase_kinds): one number, or warmup / compressed (/ local);
+    `which`: "bytes" (all sent) or "cross_bytes" (across nodes)."""
+    sb = getattr(r, which)
+    return " / ".join(f"{getattr(sb, kind):,}" for kind in phase_kinds(r.config))
 
 
 def table(records) -> str:
+    """The table; with a column of the bytes across nodes when any
+    configuration sends some (a cluster of several nodes)."""
+    cross = any(r.cross_bytes is not None and any(v for v in vars(r.cross_bytes).values()) for r in records)
     head = ["configuration", "bytes/rank/step", "avg bytes/step", "memory/rank", "state/rank",
             "compute ms", "update ms", "compress ms", "exposed comm ms", "step ms", "avg step ms", "x AdamW"]
+    if cross:
+        head[2:2] = ["across nodes/rank/step"]
     rows = [head]
     for r in records:
         t = r.time
-        rows.append([r.name, bytes_cell(r), f"{r.run_bytes_per_step:,.0f}", format_bytes(r.memory.total),
-                     format_bytes(r.memory.state), _ms(t.compute), _ms(t.update), _ms(t.compression),
-                     _ms(t.exposed), _ms(t.total), _ms(r.average_time), f"{r.speedup:.2f}"])
+        row = [r.name, bytes_cell(r), f"{r.run_bytes_per_step:,.0f}", format_bytes(r.memory.total),
+               format_bytes(r.memory.state), _ms(t.compute), _ms(t.update), _ms(t.compression),
+               _ms(t.exposed), _ms(t.total), _ms(r.average_time), f"{r.speedup:.2f}"]
+        if cross:
+            row[2:2] = [bytes_cell(r, "cross_bytes")]
+        rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = []
     for k, row in enumerate(rows):
@@ -35,7 +45,8 @@ def table(records) -> str:
 
 
 NOTES = """bytes/rank/step: info.bytes_sent of a step after the third (1-bit Adam/LAMB: warmup / compressed;
-  0/1 Adam: full / 1-bit or sync / local); avg: over the run, the first steps' checks included.
+  0/1 Adam: full / 1-bit or sync / local); avg: over the run, the first steps' checks included;
+  across nodes: info.bytes_inter_node of the same steps (shown for several nodes).
 memory/rank: dsopt_memory_usage in the steady state (the caller's parameters and gradients not counted);
   state: dsopt_state_memory_usage. step ms: a steady (compressed) step; avg: over the run's schedule."""
 

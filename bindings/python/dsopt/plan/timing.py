@@ -15,8 +15,8 @@ the parameter allgather follows the update and is never hidden."""
 from dataclasses import dataclass
 
 from .algorithms import BASELINE, describe
-from .collectives import comm_time, step_calls
-from .bytes import car_sizes
+from .collectives import call_time, comm_time, step_calls
+from .bytes import car_sizes, car_slices
 from .layout import car_largest_piece, zero_layout
 
 
@@ -65,14 +65,34 @@ def update_cost(config, profile, zero: bool) -> float:
     return profile.cost(base) * update_traffic(config.info) / update_traffic(describe(BASELINE))
 
 
-def _work(config, model, world, settings, profile, kind):
+def coded_share(config, topo) -> float:
+    """The share of the compression work per element that a rank does in
+    the node-aware form (docs/guides/multi-node.md "Times"): the 1-bit
+    allreduce compresses a slice of 1/R of the elements (none at N = 1);
+    a gradient codec encodes and decodes a node-slice of 1/R (none at
+    N = 1), the parameter codec all it did; a codec pair's cost counts half
+    for each."""
+    if topo is None or not topo.node_aware:
+        return 1.0
+    grad = 1.0 / topo.ranks_per_node if topo.nodes > 1 else 0.0
+    if not config.zero:
+        return grad
+    if config.gradients == "none":
+        return 1.0
+    if config.parameters == "none":
+        return grad
+    return (grad + 1.0) / 2
+
+
+def _work(config, model, world, settings, profile, kind, topo=None):
     """(update, compression) seconds of one step of `kind`."""
     n, c = model.numel, profile.cost
+    share = coded_share(config, topo)
     if config.zero:
         lay = zero_layout(n, world, settings.reduce_bucket_size, settings.allgather_bucket_size)
         update = update_cost(config, profile, True) * lay.shard + _packing(model, world, profile)
         comp = c(f"codec:{config.gradients}/{config.parameters}") * n if config.codecs and world > 1 else 0.0
-        return update, comp
+        return update, comp * share
     if not config.onebit:
         return update_cost(config, profile, False) * n, 0.0
     coded = world > 1
@@ -80,11 +100,12 @@ def _work(config, model, world, settings, profile, kind):
     if config.info.schedule == "zero_one":
         if kind == "warmup":
             return c(f"{prefix}_full") * n, 0.0
-        return c(f"{prefix}_local") * n, (c(f"{prefix}_compress") * n if coded and kind == "compressed" else 0.0)
+        return c(f"{prefix}_local") * n, (c(f"{prefix}_compress") * n * share
+                                          if coded and kind == "compressed" else 0.0)
     if kind == "warmup":
         # 1-bit LAMB's warmup is its own (LAMB's) step; 1-bit Adam's AdamW's.
         return (c(f"{prefix}_warmup") if config.info.trust_ratio else c("adamw")) * n, 0.0
-    return c(f"{prefix}_update") * n, c(f"{prefix}_compress") * n if coded else 0.0
+    return c(f"{prefix}_update") * n, c(f"{prefix}_compress") * n * share if coded else 0.0
 
 
 def pipelined(work: float, wire: float, pieces: int) -> float:
@@ -96,10 +117,16 @@ def pipelined(work: float, wire: float, pieces: int) -> float:
     return max(work, wire) + min(work, wire) / pieces if pieces > 1 else work + wire
 
 
-def _car_pieces(config, model, world):
+def _car_pieces(config, model, world, topo=None):
     """How many pieces MPI's compressed allreduce runs in (its arithmetic
-    overlaps the transfers only with more than one)."""
-    return car_largest_piece(car_sizes(config, model, world), world, True)[0]
+    overlaps the transfers only with more than one); node-aware: the rail
+    allreduce's over the slices."""
+    sizes = car_sizes(config, model, world)
+    if topo is not None and topo.node_aware:
+        if topo.nodes == 1:
+            return 1
+        return car_largest_piece(car_slices(sizes, topo.ranks_per_node), topo.nodes, True)[0]
+    return car_largest_piece(sizes, world, True)[0]
 
 
 def _packing_hidden(config, model, world, settings, profile, cluster, calls):
@@ -127,7 +154,7 @@ def _exposed(calls, cluster, backward, grad_work):
     done, ready, t = 0.0, 0.0, 0.0
     for c in grads:
         ready += c.share * backward
-        t = max(t, ready) + c.share * grad_work + getattr(cluster, c.op)(c.nbytes)
+        t = max(t, ready) + c.share * grad_work + call_time(c, cluster)
         done = t
     return max(0.0, done - backward) + other, grad_work
 
@@ -138,11 +165,12 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
     work (MPI on host buffers), so the 1-bit compressed allreduce's
     arithmetic runs while its pieces are on the wire."""
     world = cluster.ranks
-    calls = step_calls(config, model, world, settings, kind)
+    topo = cluster.topo
+    calls = step_calls(config, model, world, settings, kind, topo)
     comm = comm_time(calls, cluster)
     update, compression = (x * cluster.cpu_oversubscription
-                           for x in _work(config, model, world, settings, profile, kind))
-    pieces = _car_pieces(config, model, world) if config.onebit and overlapping_comm else 1
+                           for x in _work(config, model, world, settings, profile, kind, topo))
+    pieces = _car_pieces(config, model, world, topo) if config.onebit and overlapping_comm else 1
     if compression > 0 and pieces > 1:
         car = _grad_seconds(calls, cluster)
         hidden = car + compression - pipelined(compression, car, pieces)

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Flat against node-aware compressed collectives on two emulated nodes
+(bench/netem_two_nodes.sh: 4 ranks as 2 nodes x 2, 1 Gbit/s each way
+between them, 1 thread per rank), with the planner's prediction beside each
+measurement (docs/guides/multi-node.md "Measured").
+
+    python3 bench/node_aware_e2e.py --build build-dev [--runs 3] [--forms flat,node_aware]
+
+Runs, per form (the config key "topology": {"hierarchy": FORM,
+"ranks_per_node": 2}):
+  * 1-bit Adam end to end (onebit_e2e_bench, 8.5M fp32 parameters): its
+    compression-stage steps;
+  * compressed ZeRO-2 int4/int8 and int8/int8 end to end
+    (compressed_zero_bench, 8M fp32 parameters), with uncompressed ZeRO-2;
+  * the 1-bit compressed allreduce alone (compressed_allreduce_bench, 8M
+    floats), flat only: the bench drives the flat class.
+Each row: step time (median and min-max of the per-run medians), the bytes
+across the boundary per step as the library counts them
+(info.bytes_inter_node; "n/a" where the library has no such field) and as
+the emulated link counted them (htb, both directions, headers included),
+and the planner's step time and bytes across nodes for the same set-up.
+A node-aware row prints "not available" when the library does not run the
+form yet (no info.bytes_inter_node, or the same count as the flat form).
+Needs root (the emulation); exits 77 when it cannot run here.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+
+NP, RPN = 4, 2
+ZERO_NUMEL = 8 << 20
+CAR_NUMEL = 8 << 20
+ONEBIT_SIZES = [131072 * 64, 131072]   # onebit_e2e_bench's default model
+PAIRS = ("int4/int8", "int8/int8")
+
+
+def netem(args, env_extra=None):
+    env = dict(os.environ, OMP_NUM_THREADS="1", DSOPT_NETEM_NP=str(NP), DSOPT_NETEM_RANKS_PER_NODE=str(RPN))
+    env.update(env_extra or {})
+    out = subprocess.run([os.path.join(HERE, "netem_two_nodes.sh"), *args], env=env, capture_output=True,
+                         text=True)
+    text = out.stdout + out.stderr
+    if out.returncode == 77:
+        print(text.strip().splitlines()[-1])
+        sys.exit(77)
+    if out.returncode != 0:
+        sys.stderr.write(text[-4000:])
+        raise SystemExit(f"node_aware_e2e: {' '.join(args[:1])} failed ({out.returncode})")
+    return text
+
+
+def topo_flags(form):
+    return ["--hierarchy", form, "--ranks-per-node", str(RPN)]
+
+
+def run_onebit(build, form, steps):
+    text = netem([os.path.join(build, "bench", "onebit_e2e_bench"), "--adam", "0", "--threads", "1",
+                  "--steps", str(steps), "--print-every", "0", "--step-log", "1", *topo_flags(form)])
+    rows = [line.split()[1:] for line in text.splitlines() if line.startswith("steplog: ")]
+    # "1-bit", "Adam", step, phase, step_s, opt_s, bytes, inter, wire
+    comp = [r for r in rows if r[3] == "2"][3:]          # DSOPT_PHASE_COMPRESSED, the first 3 left out
+    if not comp:
+        comp = [r for r in rows[-(steps // 2):]]
+    return {"step": statistics.median(float(r[4]) for r in comp),
+            "opt": statistics.median(float(r[5]) for r in comp),
+            "inter": int(comp[-1][7]), "wire": statistics.median(int(r[8]) for r in comp)}
+
+
+def run_zero(build, form, steps):
+    text = netem([os.path.join(build, "bench", "compressed_zero_bench"), "--numel", str(ZERO_NUMEL),
+                  "--bytes-numel", "0", "--bf16", "0", "--threads", "1", "--steps", str(steps),
+                  "--time-pairs", ",".join(PAIRS), *topo_flags(form)])
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"samples: (\S+) (.*) \| ZeRO-2 (.*)", line)
+        if m:
+            out.setdefault(m.group(1), {})["step"] = statistics.median(map(float, m.group(2).split()))
+            out.setdefault("ZeRO-2", {})["step"] = statistics.median(map(float, m.group(3).split()))
+        m = re.match(r"inter_node: (\S+) (\S+) \| ZeRO-2 (\S+)", line)
+        if m:
+            out.setdefault(m.group(1), {})["inter"] = -1 if m.group(2) == "n/a" else int(m.group(2))
+            out.setdefault("ZeRO-2", {})["inter"] = -1 if m.group(3) == "n/a" else int(m.group(3))
+        m = re.match(r"wire_cross: (\S+) (\S+) \| ZeRO-2 (\S+)", line)
+        if m:
+            out.setdefault(m.group(1), {})["wire"] = int(m.group(2)) if m.group(2) != "n/a" else -1
+            out.setdefault("ZeRO-2", {})["wire"] = int(m.group(3)) if m.group(3) != "n/a" else -1
+    return out
+
+
+def run_car(build, iters):
+    text = netem([os.path.join(build, "bench", "compressed_allreduce_bench"), "--min-numel", str(CAR_NUMEL),
+                  "--max-numel", str(CAR_NUMEL), "--iters", str(iters), "--large-iters", str(iters),
+                  "--threads", "1"])
+    for line in text.splitlines():
+        if "1-bit" in line and re.search(r"\d", line):
+            nums = re.findall(r"[-+]?\d+\.\d+|\d+", line.split("1-bit", 1)[1])
+            return {"line": line.strip(), "median": float(nums[1]) if len(nums) > 1 else float("nan")}
+    return {"line": "?", "median": float("nan")}
+
+
+def predictions(form, profile_path):
+    from dsopt.plan import Cluster, Model, plan
+    from dsopt.plan.bytes import car_flat_cross, car_node_aware
+    from dsopt.plan.configs import Config, Settings
+    from dsopt.plan.profile import load
+    prof = load(profile_path)
+    cluster = Cluster.parse(NP, RPN, intra="2GB/s", inter="1gbit", intra_latency="50us", inter_latency="100us",
+                            cpu_oversubscription=NP / max(1, os.cpu_count() or 1), hierarchy=form)
+    out = {}
+    ob = Model.from_sizes(ONEBIT_SIZES, "fp32")
+    r = plan(ob, cluster, 0.0, prof, Settings(steps=40, freeze_step=8), [Config("OneBitAdam")])[0]
+    out["1-bit Adam"] = (r.phase_times["compressed"].total, r.cross_bytes.compressed)
+    z = Model.from_params(ZERO_NUMEL, "fp32", tensors=36)
+    s = Settings(reduce_bucket_size=1 << 22, allgather_bucket_size=1 << 22)
+    for rec in plan(z, cluster, 0.0, prof, s, [Config("zero2")] + [Config("czero", *p.split("/")) for p in PAIRS]):
+        out[rec.name] = (rec.time.total, rec.cross_bytes.steady)
+    topo = cluster.topo
+    cross = car_node_aware([CAR_NUMEL], topo)[1] if topo.node_aware else car_flat_cross([CAR_NUMEL], topo)
+    out["1-bit allreduce"] = (float("nan"), cross)
+    return out, cluster.describe()
+
+
+def cell(values, fmt="{:.3f}"):
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    return fmt.format(med) + (f" ({fmt.format(min(values))}-{fmt.format(max(values))})" if len(values) > 1 else "")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build-dev"))
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--forms", default="flat,node_aware")
+    ap.add_argument("--onebit-steps", type=int, default=40)
+    ap.add_argument("--zero-steps", type=int, default=5)
+    ap.add_argument("--car-iters", type=int, default=5)
+    ap.add_argument("--profile", default=os.path.join(ROOT, "tests", "python", "plan_profile_2core.json"))
+    a = ap.parse_args()
+    forms = [f.strip() for f in a.forms.split(",") if f.strip()]
+    print(f"machine: {os.cpu_count()} cores; {NP} ranks as 2 nodes x {RPN}, 1 Gbit/s each way between them "
+          f"(bench/netem_two_nodes.sh), 1 thread per rank; {a.runs} run(s) per row; "
+          "time: median of the runs' medians (min-max); bytes across the boundary per step: "
+          "library = info.bytes_inter_node (rank 0), link = htb counters (all ranks, both directions, "
+          "headers included)")
+    results = {}
+    flat_inter = {}
+    for form in forms:
+        pred, desc = predictions(form, a.profile)
+        print(f"\n== {form}: planner cluster {desc}")
+        runs = {"1-bit Adam": [], **{f"ZeRO-2 {p}": [] for p in PAIRS}, "ZeRO-2": [], "1-bit allreduce": []}
+        for _ in range(a.runs):
+            ob = run_onebit(a.build, form, a.onebit_steps)
+            runs["1-bit Adam"].append(ob)
+            z = run_zero(a.build, form, a.zero_steps)
+            for p in PAIRS:
+                runs[f"ZeRO-2 {p}"].append(z.get(p, {}))
+            runs["ZeRO-2"].append(z.get("ZeRO-2", {}))
+            if form == "flat":
+                runs["1-bit allreduce"].append(run_car(a.build, a.car_iters))
+        results[form] = runs
+        print(f"{'row':<20} {'step s':>24} {'library B/step':>15} {'link B/step':>24} "
+              f"{'planner s':>10} {'planner B/step':>15}")
+        for name, rs in runs.items():
+            pt, pb = pred.get(name, (float("nan"), None))
+            if name == "1-bit allreduce":
+                if form != "flat":
+                    print(f"{name:<20} {'not available (compressed_allreduce_bench drives the flat class)':>60}")
+                    continue
+                times = [r["median"] for r in rs]
+                print(f"{name:<20} {cell(times):>24} {'-':>15} {'-':>24} {'-':>10} {pb:>15,}")
+                continue
+            key = "step"
+            times = [r[key] for r in rs if key in r]
+            inter = [r.get("inter", -1) for r in rs]
+            wire = [r.get("wire", -1) for r in rs if r.get("wire", -1) >= 0]
+            lib = "n/a" if not inter or inter[0] < 0 else f"{inter[0]:,}"
+            if form == "flat":
+                flat_inter[name] = inter[0] if inter else -1
+            elif name != "ZeRO-2" and (not inter or inter[0] < 0 or inter[0] == flat_inter.get(name)):
+                print(f"{name:<20} {'not available (the library runs this form flat or reports no bytes_inter_node)':>60}"
+                      f"   planner {pt:.3f} s, {pb:,} B")
+                continue
+            print(f"{name:<20} {cell(times):>24} {lib:>15} {cell(wire, '{:,.0f}'):>24} {pt:>10.3f} {pb:>15,}")
+            if name == "1-bit Adam":
+                print(f"{'  (dsopt_step part)':<20} {cell([r['opt'] for r in rs]):>24}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

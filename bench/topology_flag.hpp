@@ -1,0 +1,77 @@
+// The "topology" config key (docs/guides/multi-node.md) for the benchmarks'
+// --hierarchy and --ranks-per-node flags, and the step report's count of
+// bytes that crossed a node boundary where the library has it.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace bench {
+
+// ', "topology": {"hierarchy": H, "ranks_per_node": R}' to add to a config
+// object; "" when `hierarchy` is empty (the library's default).
+inline std::string topology_key(const std::string& hierarchy, long long ranks_per_node) {
+  if (hierarchy.empty()) return "";
+  char c[160];
+  std::snprintf(c, sizeof c, ", \"topology\": {\"hierarchy\": \"%s\", \"ranks_per_node\": %lld}",
+                hierarchy.c_str(), ranks_per_node);
+  return c;
+}
+
+// A config object (text ending in '}') with the topology key added.
+inline std::string with_topology(std::string config, const std::string& hierarchy,
+                                 long long ranks_per_node) {
+  const std::string key = topology_key(hierarchy, ranks_per_node);
+  if (!key.empty() && !config.empty() && config.back() == '}') config.insert(config.size() - 1, key);
+  return config;
+}
+
+template <class T, class = void>
+struct HasInterNode : std::false_type {};
+template <class T>
+struct HasInterNode<T, std::void_t<decltype(std::declval<const T&>().bytes_inter_node)>> : std::true_type {};
+
+// info.bytes_inter_node, or -1 when this library's step report has no such field.
+template <class Info>
+long long inter_node_bytes(const Info& info) {
+  if constexpr (HasInterNode<Info>::value)
+    return static_cast<long long>(info.bytes_inter_node);
+  else
+    return -1;
+}
+
+// Bytes that have crossed between the emulated nodes so far: the sum of
+// the htb classes bench/netem_two_nodes.sh names in DSOPT_NETEM_CROSS_CLASSES
+// ("1:10,1:20"), read from `tc -s class show dev lo` (IP packets with their
+// headers, both directions); -1 outside that script or when tc fails.
+inline long long tc_cross_bytes() {
+  const char* classes = std::getenv("DSOPT_NETEM_CROSS_CLASSES");
+  if (!classes || !*classes) return -1;
+  const std::string wanted = std::string(",") + classes + ",";
+  FILE* f = popen("tc -s class show dev lo 2>/dev/null", "r");
+  if (!f) return -1;
+  char line[512];
+  bool in = false, any = false;
+  long long total = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    char id[64];
+    if (std::sscanf(line, "class htb %63s", id) == 1) {
+      in = wanted.find(std::string(",") + id + ",") != std::string::npos;
+      continue;
+    }
+    long long sent = 0;
+    if (in && std::sscanf(line, " Sent %lld bytes", &sent) == 1) {
+      total += sent;
+      any = true;
+      in = false;
+    }
+  }
+  pclose(f);
+  return any ? total : -1;
+}
+
+}  // namespace bench
