@@ -1,14 +1,12 @@
 // The "topology" config key (docs/guides/multi-node.md) for the benchmarks'
-// --hierarchy and --ranks-per-node flags, and the step report's count of
-// bytes that crossed a node boundary where the library has it.
+// --hierarchy and --ranks-per-node flags, the step report's count of bytes
+// that crossed a node boundary, and the emulated link's count of them.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <type_traits>
-#include <utility>
 
 namespace bench {
 
@@ -30,18 +28,10 @@ inline std::string with_topology(std::string config, const std::string& hierarch
   return config;
 }
 
-template <class T, class = void>
-struct HasInterNode : std::false_type {};
-template <class T>
-struct HasInterNode<T, std::void_t<decltype(std::declval<const T&>().bytes_inter_node)>> : std::true_type {};
-
-// info.bytes_inter_node, or -1 when this library's step report has no such field.
+// info.bytes_inter_node of a dsopt_step_info.
 template <class Info>
 long long inter_node_bytes(const Info& info) {
-  if constexpr (HasInterNode<Info>::value)
-    return static_cast<long long>(info.bytes_inter_node);
-  else
-    return -1;
+  return static_cast<long long>(info.bytes_inter_node);
 }
 
 // Bytes that have crossed between the emulated nodes so far: the sum of
