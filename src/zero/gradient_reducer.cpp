@@ -61,6 +61,7 @@ void GradientReducer::set_hierarchy(const Topology& t, Comm& node, Comm& rail) {
   send_ = DeviceBuffer();  // nothing is encoded aside
   slice_ = DeviceBuffer(kernels_, size_t(nodes_) * size_t(m) * 4);
   codes_ = DeviceBuffer(kernels_, 2 * size_t(nodes_) * size_t(codec_run_bytes(*codec_, block_, m)));
+  node_blocks_ = DeviceBuffer(kernels_, size_t(per_node_) * size_t(m) * 4);
   if (!consecutive_) gathered_ = DeviceBuffer(kernels_, size_t(per_node_) * size_t(m) * 4);
   if (feedback()) make_residual();
 }
@@ -153,8 +154,13 @@ void GradientReducer::exchange_hierarchical(const ReduceBucket& b, float* packed
   const int64_t m = b.numel / layout_.world();
   const int64_t run = codec_run_bytes(*codec_, block_, m);
   float* slice = slice_.floats();
-  // 1. Inside the node, fp32: reduce-scatter k' sums the pieces of node k's
-  //    ranks over this node; local rank j keeps that of rank (k', j).
+  float* blocks = node_blocks_.floats();
+  // 1. Inside the node, fp32: for each node k', the pieces of its ranks go
+  //    to the local ranks of the same index (an all-to-all over the node),
+  //    and local rank j sums the R it receives of rank (k', j)'s piece in
+  //    the communicator's fixed order, ((x[j+1] + x[j+2]) + ...) + x[j]
+  //    (comm.hpp), with the kernels: the same bits on host and device
+  //    buffers, whatever MPI or NCCL is behind.
   for (int k = 0; k < nodes_; ++k) {
     const int* ranks = rank_of_.data() + size_t(k) * size_t(per_node_);
     const float* src = packed + int64_t(ranks[0]) * m;
@@ -164,10 +170,15 @@ void GradientReducer::exchange_hierarchical(const ReduceBucket& b, float* packed
         kernels_.copy(g + int64_t(j) * m, packed + int64_t(ranks[j]) * m, size_t(m) * 4);
       src = g;
     }
-    node_->reduce_scatter(src, slice + int64_t(k) * m, size_t(m), Elem::F32, ReduceOp::Sum, mem_);
-    if (!consecutive_) node_->wait();  // before `gathered` takes the next node's pieces
+    node_->alltoall(src, blocks, size_t(m), Elem::F32, mem_);
+    node_->wait();
+    float* sum = slice + int64_t(k) * m;
+    kernels_.copy(sum, blocks + int64_t((local_ + 1) % per_node_) * m, size_t(m) * 4);
+    for (int t = 2; t <= per_node_; ++t) {
+      const TensorRef x{blocks + int64_t((local_ + t) % per_node_) * m, m, DType::F32};
+      kernels_.accumulate(&x, 1, sum);
+    }
   }
-  node_->wait();
   // 2. Across nodes, compressed: the N pieces of the node-slice (with this
   //    rank's residual there) to their owners, one per node.
   uint8_t* send = static_cast<uint8_t*>(codes_.get());

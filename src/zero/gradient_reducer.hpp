@@ -28,10 +28,11 @@
 // encoded aside instead and received into a bucket buffer.
 //
 // Node-aware (set_hierarchy, docs/design/node-aware-zero.md): N nodes of R
-// ranks. Each bucket is first reduce-scattered in fp32 inside the node, one
-// reduce-scatter per node k' over the pieces of the ranks of node k' (local
-// index order): local rank j then holds the node's sum of the pieces owned
-// by the ranks of local index j, one per node (its node-slice, N pieces).
+// ranks. Each bucket is first reduce-scattered in fp32 inside the node, for
+// each node k' the pieces of its ranks (local index order) by an all-to-all
+// over the node and a sum in the fixed order of comm.hpp: local rank j then
+// holds the node's sum of the pieces owned by the ranks of local index j,
+// one per node (its node-slice, N pieces).
 // It encodes those N pieces (plus its residual there: N int8 runs per
 // bucket instead of P), the rail communicator's all-to-all hands each owner
 // its piece from every node, and the owner sums the N decoded pieces in node
@@ -208,14 +209,15 @@ class GradientReducer final : public GradientHandover {
   // (node k, local j) at rank_of_[k * R + j], whether each node's ranks are
   // consecutive (its pieces are then one run of the bucket), and the
   // runner's buffers: the node-slice (N pieces of the largest bucket), the
-  // codes sent and received (2 N runs), and a node's pieces gathered
-  // (R pieces; only where some node's ranks are not consecutive).
+  // codes sent and received (2 N runs), the R pieces a node's all-to-all
+  // receives, and a node's pieces gathered (R pieces; only where some
+  // node's ranks are not consecutive).
   Comm* node_ = nullptr;
   Comm* rail_ = nullptr;
   int nodes_ = 1, per_node_ = 1, local_ = 0;
   std::vector<int> rank_of_;
   bool consecutive_ = true;
-  DeviceBuffer slice_, codes_, gathered_;
+  DeviceBuffer slice_, codes_, node_blocks_, gathered_;
 };
 
 }  // namespace dsopt
