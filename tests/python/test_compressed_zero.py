@@ -49,8 +49,8 @@ def test_node_aware_compressed_zero_matches_the_numpy_reference(world, tmp_path)
     folder = mpi_runner.mpirun(SCRIPT, world, tmp_path, ["node_aware"], timeout=900)
     lines = (folder / "rank0.txt").read_text().splitlines()
     # 9 scenarios x (stage 1, 2, flat), R = 1, accumulation x 2, deferred,
-    # 3 resumes, 2 topology changes x (load, reshard).
-    assert "node_aware OK 38" in lines
+    # 3 resumes, 2 topology changes x (load, reshard), memory x 4.
+    assert "node_aware OK 42" in lines
 
 
 # ---- one process ------------------------------------------------------------
