@@ -30,6 +30,7 @@ class RunResult:
     error: str = ""              # the dsopt error that ended the run early, if any
     error_step: int = 0          # the step (counted from 1) that raised it
     bytes_sent: int = 0          # this rank's bytes through the communicator
+    bytes_inter_node: int = 0    # the part of them sent to ranks of other nodes
     memory_bytes: int = 0        # what dsopt holds for the optimizer on this rank (host + device)
     losses: list = field(default_factory=list)  # this rank's batch loss per step
     diverging: list = field(default_factory=list)  # StepInfo.diverging per step (0/1)
@@ -79,6 +80,7 @@ def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, o
                 break
             result.skipped += int(info.skipped)
             result.bytes_sent += int(info.bytes_sent)
+            result.bytes_inter_node += int(info.bytes_inter_node)
             result.losses.append(loss)
             result.diverging.append(int(info.diverging))
             result.grad_norms.append(float("nan") if info.skipped else float(info.grad_norm))

@@ -89,6 +89,13 @@ class AlgorithmImpl {
     (void)r;
     return "";
   }
+  // Whether loading this rank's own (checked) blob drops rank-local state
+  // that belongs to another layout of the ranks (ZeRO's residual saved
+  // under another topology): the load then reports a reset.
+  virtual bool drops_rank_local(const BlobReader& r) const {
+    (void)r;
+    return false;
+  }
   // Resharding for dsopt_state_load_shards: validates `blobs` (a checked
   // set, see StateIO::read_set) and returns what restores this rank's state
   // from them, or nullptr when the algorithm does not reshard (one blob is

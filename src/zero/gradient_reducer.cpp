@@ -21,17 +21,53 @@ GradientReducer::GradientReducer(const ShardLayout& layout, int stage, bool redu
   block_ = compression.gradient_block;
   send_ = DeviceBuffer(kernels_, std::max(size_t(codec_run_bytes(*codec_, block_, largest_piece(layout_))),
                                           aside_bytes(layout_, *codec_, block_)));
-  if (compression.error_feedback) {
-    size_t at = 0;
-    for (const ReduceBucket& b : layout_.buckets()) {
-      residual_at_.push_back(at);
-      at += bucket_residual_bytes(layout_, b, block_);
-    }
-    residual_ = DeviceBuffer(kernels_, at);
-    pending_ = DeviceBuffer(kernels_, at);
-    kernels_.fill_zero(residual_.get(), at);  // zero scales: every residual is 0
-    kernels_.fill_zero(pending_.get(), at);
+  if (compression.error_feedback) make_residual();
+}
+
+void GradientReducer::make_residual() {
+  size_t at = 0;
+  residual_at_.clear();
+  for (const ReduceBucket& b : layout_.buckets()) {
+    residual_at_.push_back(at);
+    at += bucket_residual_bytes(layout_, b, block_, pieces());
   }
+  residual_ = DeviceBuffer(kernels_, at);
+  pending_ = DeviceBuffer(kernels_, at);
+  kernels_.fill_zero(residual_.get(), at);  // zero scales: every residual is 0
+  kernels_.fill_zero(pending_.get(), at);
+}
+
+void GradientReducer::set_hierarchy(const Topology& t, Comm& node, Comm& rail) {
+  if (!codec_ || t.ranks_per_node < 2) return;
+  if (t.world() != layout_.world() || node.size() != t.ranks_per_node || rail.size() != t.nodes)
+    fail(DSOPT_EINTERNAL, "GradientReducer::set_hierarchy: topology " + t.describe() + " for " +
+                              std::to_string(layout_.world()) + " ranks");
+  node_ = &node;
+  rail_ = &rail;
+  nodes_ = t.nodes;
+  per_node_ = t.ranks_per_node;
+  local_ = t.local;
+  rank_of_.assign(size_t(t.world()), -1);
+  std::vector<int> seen(size_t(nodes_), 0);
+  for (int r = 0; r < t.world(); ++r) {
+    const int k = t.node_of_rank[size_t(r)];
+    rank_of_[size_t(k * per_node_ + seen[size_t(k)]++)] = r;
+  }
+  consecutive_ = true;
+  for (int k = 0; k < nodes_; ++k)
+    for (int j = 1; j < per_node_; ++j)
+      if (rank_of_[size_t(k * per_node_ + j)] != rank_of_[size_t(k * per_node_)] + j) consecutive_ = false;
+  const int64_t m = largest_piece(layout_);
+  send_ = DeviceBuffer();  // nothing is encoded aside
+  slice_ = DeviceBuffer(kernels_, size_t(nodes_) * size_t(m) * 4);
+  codes_ = DeviceBuffer(kernels_, 2 * size_t(nodes_) * size_t(codec_run_bytes(*codec_, block_, m)));
+  node_blocks_ = DeviceBuffer(kernels_, size_t(per_node_) * size_t(m) * 4);
+  if (!consecutive_) gathered_ = DeviceBuffer(kernels_, size_t(per_node_) * size_t(m) * 4);
+  if (feedback()) make_residual();
+}
+
+size_t GradientReducer::residual_bytes() const {
+  return feedback() ? residual_.bytes() : 0;
 }
 
 bool GradientReducer::in_place(BlockCodec codec, int64_t block, int64_t piece) {
@@ -55,13 +91,13 @@ int64_t GradientReducer::largest_piece(const ShardLayout& layout) {
 }
 
 size_t GradientReducer::bucket_residual_bytes(const ShardLayout& layout, const ReduceBucket& b,
-                                              int64_t block) {
-  return size_t(layout.world() * codec_run_bytes(BlockCodec::Int8, block, b.numel / layout.world()));
+                                              int64_t block, int pieces) {
+  return size_t(pieces * codec_run_bytes(BlockCodec::Int8, block, b.numel / layout.world()));
 }
 
-size_t GradientReducer::residual_bytes(const ShardLayout& layout, int64_t block) {
+size_t GradientReducer::residual_bytes(const ShardLayout& layout, int64_t block, int pieces) {
   size_t bytes = 0;
-  for (const ReduceBucket& b : layout.buckets()) bytes += bucket_residual_bytes(layout, b, block);
+  for (const ReduceBucket& b : layout.buckets()) bytes += bucket_residual_bytes(layout, b, block, pieces);
   return bytes;
 }
 
@@ -82,6 +118,10 @@ uint64_t GradientReducer::exchange_compressed(int64_t k, float* packed, uint8_t*
     if (!encoded_[size_t(k)]) e_mul = rescale();  // the pending copy is in the step's scale
   }
   encoded_[size_t(k)] = 1;
+  if (hierarchical())
+    return runner_.post([this, b, packed, e_in, e_mul, e_out, dest] {
+      exchange_hierarchical(b, packed, e_in, e_mul, e_out, dest);
+    });
   uint8_t* aside = static_cast<uint8_t*>(send_.get());
   const BlockCodec codec = *codec_;
   const int64_t block = block_;
@@ -109,6 +149,47 @@ uint64_t GradientReducer::exchange_compressed(int64_t k, float* packed, uint8_t*
   });
 }
 
+void GradientReducer::exchange_hierarchical(const ReduceBucket& b, float* packed, const uint8_t* e_in,
+                                            float e_mul, uint8_t* e_out, float* dest) {
+  const int64_t m = b.numel / layout_.world();
+  const int64_t run = codec_run_bytes(*codec_, block_, m);
+  float* slice = slice_.floats();
+  float* blocks = node_blocks_.floats();
+  // 1. Inside the node, fp32: for each node k', the pieces of its ranks go
+  //    to the local ranks of the same index (an all-to-all over the node),
+  //    and local rank j sums the R it receives of rank (k', j)'s piece in
+  //    the communicator's fixed order, ((x[j+1] + x[j+2]) + ...) + x[j]
+  //    (comm.hpp), with the kernels: the same bits on host and device
+  //    buffers, whatever MPI or NCCL is behind.
+  for (int k = 0; k < nodes_; ++k) {
+    const int* ranks = rank_of_.data() + size_t(k) * size_t(per_node_);
+    const float* src = packed + int64_t(ranks[0]) * m;
+    if (!consecutive_) {
+      float* g = gathered_.floats();
+      for (int j = 0; j < per_node_; ++j)
+        kernels_.copy(g + int64_t(j) * m, packed + int64_t(ranks[j]) * m, size_t(m) * 4);
+      src = g;
+    }
+    node_->alltoall(src, blocks, size_t(m), Elem::F32, mem_);
+    node_->wait();
+    float* sum = slice + int64_t(k) * m;
+    kernels_.copy(sum, blocks + int64_t((local_ + 1) % per_node_) * m, size_t(m) * 4);
+    for (int t = 2; t <= per_node_; ++t) {
+      const TensorRef x{blocks + int64_t((local_ + t) % per_node_) * m, m, DType::F32};
+      kernels_.accumulate(&x, 1, sum);
+    }
+  }
+  // 2. Across nodes, compressed: the N pieces of the node-slice (with this
+  //    rank's residual there) to their owners, one per node.
+  uint8_t* send = static_cast<uint8_t*>(codes_.get());
+  uint8_t* recv = send + size_t(nodes_) * size_t(run);
+  kernels_.codec_encode(*codec_, block_, slice, e_in, e_mul, e_out, m, nodes_, send);
+  rail_->alltoall(send, recv, size_t(run), Elem::U8, mem_);
+  rail_->wait();
+  // 3. The owner sums the decoded pieces in node order.
+  kernels_.codec_decode_sum(*codec_, block_, recv, nodes_, m, dest);
+}
+
 float GradientReducer::rescale() const { return float(step_scale_ / residual_scale_); }
 
 void GradientReducer::reset_feedback() {
@@ -118,6 +199,7 @@ void GradientReducer::reset_feedback() {
 
 void GradientReducer::load_fp32_residual(const float* host) {
   if (!feedback()) return;
+  if (hierarchical()) fail(DSOPT_EINTERNAL, "an fp32 (flat) residual loaded into a node-aware one");
   DeviceBuffer values(kernels_, size_t(layout_.padded_numel()) * 4);
   kernels_.copy_from_host(values.get(), host, values.bytes());
   const int world = layout_.world();

@@ -26,6 +26,17 @@
 // copied in front; the pieces received follow them. Pieces of fewer than
 // about two blocks, whose codes would overtake their own gradients, are
 // encoded aside instead and received into a bucket buffer.
+//
+// Node-aware (set_hierarchy, docs/design/node-aware-zero.md): N nodes of R
+// ranks. Each bucket is first reduce-scattered in fp32 inside the node, for
+// each node k' the pieces of its ranks (local index order) by an all-to-all
+// over the node and a sum in the fixed order of comm.hpp: local rank j then
+// holds the node's sum of the pieces owned by the ranks of local index j,
+// one per node (its node-slice, N pieces).
+// It encodes those N pieces (plus its residual there: N int8 runs per
+// bucket instead of P), the rail communicator's all-to-all hands each owner
+// its piece from every node, and the owner sums the N decoded pieces in node
+// order. Every rank still owns the piece of the flat layout.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -38,6 +49,7 @@
 #include "handover/gradient_handover.hpp"
 #include "kernels/device_buffer.hpp"
 #include "comm/rank_agreement.hpp"
+#include "comm/topology.hpp"
 #include "params/param_set.hpp"
 #include "zero/compression.hpp"
 #include "zero/shard_layout.hpp"
@@ -61,8 +73,23 @@ class GradientReducer final : public GradientHandover {
                   const Mem& mem, const ParamSet& params, RankAgreement& agreement,
                   CommRunner& runner, void* scratch);
   static size_t scratch_bytes(const ShardLayout& layout, const ZeroCompression& compression);
-  // Bytes of a rank's residual: the int8 runs of every bucket's P pieces.
-  static size_t residual_bytes(const ShardLayout& layout, int64_t block);
+  // Bytes of a rank's residual: the int8 runs of every bucket's `pieces`
+  // pieces (P flat, N node-aware).
+  static size_t residual_bytes(const ShardLayout& layout, int64_t block, int pieces);
+  // This rank's residual bytes as it runs now (residual_bytes with pieces()).
+  size_t residual_bytes() const;
+
+  // Collective layout choice, before the first step (at creation): the
+  // gradient codes run node-aware over `t` (R > 1) with its node and rail
+  // communicators, which must outlive this reducer. The residual starts at
+  // zero. No-op without a gradient codec.
+  void set_hierarchy(const Topology& t, Comm& node, Comm& rail);
+  bool hierarchical() const { return node_ != nullptr; }
+  // Pieces this rank encodes per bucket: P flat, N node-aware.
+  int pieces() const { return hierarchical() ? nodes_ : layout_.world(); }
+  // The topology the residual belongs to: (N, R), (P, 1) when flat.
+  int residual_nodes() const { return hierarchical() ? nodes_ : layout_.world(); }
+  int residual_ranks_per_node() const { return hierarchical() ? per_node_ : 1; }
 
   // Whether buckets travel compressed (a gradient codec at 2+ ranks), and
   // whether this rank keeps an error-feedback residual (twice).
@@ -132,13 +159,19 @@ class GradientReducer final : public GradientHandover {
   // `spare` (a bucket buffer) receives the pieces when they are not
   // encoded in place. Returns the runner's ticket.
   uint64_t exchange_compressed(int64_t k, float* packed, uint8_t* spare, float* dest);
+  // exchange_compressed's node-aware form (the runner runs it).
+  void exchange_hierarchical(const ReduceBucket& b, float* packed, const uint8_t* e_in, float e_mul,
+                             uint8_t* e_out, float* dest);
+  // (Re)makes the residual and its pending copy, zero, for pieces() pieces.
+  void make_residual();
   // The largest piece of a bucket.
   static int64_t largest_piece(const ShardLayout& layout);
   // Whether a bucket's pieces of `piece` elements are encoded in place
   // (their run bytes are at most 2 * piece).
   static bool in_place(BlockCodec codec, int64_t block, int64_t piece);
   // The int8 runs of a bucket's P pieces' residuals.
-  static size_t bucket_residual_bytes(const ShardLayout& layout, const ReduceBucket& b, int64_t block);
+  static size_t bucket_residual_bytes(const ShardLayout& layout, const ReduceBucket& b, int64_t block,
+                                      int pieces);
   // P run bytes of the largest piece not encoded in place (0: none).
   static size_t aside_bytes(const ShardLayout& layout, BlockCodec codec, int64_t block);
   // What the current residual is multiplied by in this step's units.
@@ -172,6 +205,19 @@ class GradientReducer final : public GradientHandover {
   std::vector<char> encoded_;
   double residual_scale_ = 1.0;
   double step_scale_ = 1.0;
+  // Node-aware: the node and rail communicators, N, R, the rank of
+  // (node k, local j) at rank_of_[k * R + j], whether each node's ranks are
+  // consecutive (its pieces are then one run of the bucket), and the
+  // runner's buffers: the node-slice (N pieces of the largest bucket), the
+  // codes sent and received (2 N runs), the R pieces a node's all-to-all
+  // receives, and a node's pieces gathered (R pieces; only where some
+  // node's ranks are not consecutive).
+  Comm* node_ = nullptr;
+  Comm* rail_ = nullptr;
+  int nodes_ = 1, per_node_ = 1, local_ = 0;
+  std::vector<int> rank_of_;
+  bool consecutive_ = true;
+  DeviceBuffer slice_, codes_, node_blocks_, gathered_;
 };
 
 }  // namespace dsopt

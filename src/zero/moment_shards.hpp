@@ -27,6 +27,10 @@ constexpr const char* kZeroFeedbackSection = "zero.feedback";  // a rank's gradi
 // without it hold n' fp32 values.
 constexpr const char* kZeroFeedbackInt8Section = "zero.feedback_int8";
 constexpr const char* kZeroFeedbackScaleSection = "zero.feedback_scale";  // the loss scale it is in
+// The topology the residual belongs to: uint32 N, uint32 R (node-aware
+// ZeRO, docs/design/node-aware-zero.md); blobs without it hold the flat
+// form's residual (N = P, R = 1).
+constexpr const char* kZeroFeedbackTopologySection = "zero.feedback_topology";
 constexpr uint64_t kZeroLayoutBytes = 4 + 4 + 4 + 8 + 8 + 8;
 
 // What a ZeRO blob records about its layout.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/error.hpp"
+
 namespace dsopt {
 
 size_t ParamGatherer::wire_bytes(const ParamSet& params) {
@@ -55,6 +57,35 @@ uint64_t ParamGatherer::send_bytes_per_gather() const {
   return bytes;
 }
 
+CommBytes ParamGatherer::bytes_per_gather(const Comm& comm) const {
+  if (!hierarchical()) return comm.allgather_bytes(send_bytes_per_gather());
+  CommBytes b;
+  for (const Chunk& c : chunks_) {
+    const uint64_t bytes = uint64_t(encoded_bytes(codec_, block_, wire_, c.end - c.begin));
+    b += rail_->allgather_bytes(bytes) + node_->allgather_bytes(uint64_t(nodes_) * bytes);
+  }
+  return b;
+}
+
+void ParamGatherer::set_hierarchy(const Topology& t, Comm& node, Comm& rail) {
+  if (codec_ == ParamCodec::None || t.ranks_per_node < 2 || world_ == 1) return;
+  if (t.world() != world_ || node.size() != t.ranks_per_node || rail.size() != t.nodes)
+    fail(DSOPT_EINTERNAL, "ParamGatherer::set_hierarchy: topology " + t.describe() + " for " +
+                              std::to_string(world_) + " ranks");
+  node_ = &node;
+  rail_ = &rail;
+  nodes_ = t.nodes;
+  per_node_ = t.ranks_per_node;
+  rank_of_.assign(size_t(world_), -1);
+  std::vector<int> seen(size_t(nodes_), 0);
+  for (int r = 0; r < world_; ++r) {
+    const int k = t.node_of_rank[size_t(r)];
+    rank_of_[size_t(k * per_node_ + seen[size_t(k)]++)] = r;
+  }
+  const size_t bytes = size_t(encoded_bytes(codec_, block_, wire_, chunk_));
+  codes_ = DeviceBuffer(kernels_, bytes * size_t(1 + nodes_ + world_));
+}
+
 void* ParamGatherer::element(const ShardFragment& f) const {
   const Param& p = params_.params()[size_t(f.param)];
   return static_cast<uint8_t*>(p.data) + f.param_offset * int64_t(dtype_size(p.dtype));
@@ -81,7 +112,7 @@ void ParamGatherer::scatter(const Chunk& c, int r, const float* values) {
 
 void ParamGatherer::gather_compressed(const Chunk& c) {
   float* decoded = reinterpret_cast<float*>(scratch_);
-  uint8_t* send = scratch_ + size_t(chunk_) * 4;
+  uint8_t* send = hierarchical() ? static_cast<uint8_t*>(codes_.get()) : scratch_ + size_t(chunk_) * 4;
   {
     const int64_t len = c.end - c.begin;
     const int64_t bytes = encoded_bytes(codec_, block_, wire_, len);
@@ -91,9 +122,24 @@ void ParamGatherer::gather_compressed(const Chunk& c) {
     else
       kernels_.codec_encode(BlockCodec::Int8, block_, masters_ + c.begin, nullptr, 1.0f, nullptr, len,
                             1, send);
-    comm_.allgather(send, recv, size_t(bytes), Elem::U8, mem_);
+    // Where rank r's codes arrive: block r, or node-aware, block
+    // (j, k) = j N + k of the node's allgather for r = (node k, local j).
+    std::vector<size_t> at(static_cast<size_t>(world_), 0);
+    if (hierarchical()) {
+      uint8_t* across = recv;                                 // N codes, node order
+      uint8_t* inside = across + size_t(nodes_) * size_t(bytes);  // R times those, local order
+      rail_->allgather(send, across, size_t(bytes), Elem::U8, mem_);
+      node_->allgather(across, inside, size_t(nodes_) * size_t(bytes), Elem::U8, mem_);
+      for (int k = 0; k < nodes_; ++k)
+        for (int j = 0; j < per_node_; ++j)
+          at[size_t(rank_of_[size_t(k * per_node_ + j)])] =
+              size_t(nodes_ + j * nodes_ + k) * size_t(bytes);
+    } else {
+      comm_.allgather(send, recv, size_t(bytes), Elem::U8, mem_);
+      for (int r = 0; r < world_; ++r) at[size_t(r)] = size_t(r) * size_t(bytes);
+    }
     for (int r = 0; r < world_; ++r) {
-      const uint8_t* from = recv + size_t(r) * size_t(bytes);
+      const uint8_t* from = recv + at[size_t(r)];
       if (codec_ == ParamCodec::Bf16)
         kernels_.to_float(TensorRef{from, len, DType::BF16}, decoded);
       else

@@ -13,11 +13,17 @@
 // The int8 codec's chunks are whole blocks (but the shard's last one), so
 // its blocks start at the same shard offsets whatever the bucket size: the
 // values do not depend on it.
+//
+// Node-aware (set_hierarchy, docs/design/node-aware-zero.md): a chunk's
+// codes are allgathered over the rail communicator first (the owners of
+// local index j on every node), then the N codes each rank holds over the
+// node communicator; every rank decodes the same P codes.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "comm/topology.hpp"
 #include "kernels/device_buffer.hpp"
 #include "params/param_set.hpp"
 #include "zero/compression.hpp"
@@ -56,6 +62,14 @@ class ParamGatherer {
   // Bytes this rank contributes to one gather(): each chunk's piece, which
   // the allgather sends to every other rank (Comm::allgather_bytes).
   uint64_t send_bytes_per_gather() const;
+  // What one gather() counts on `comm` (the world communicator), node-aware
+  // included: for a deferred gather, counted when it is posted.
+  CommBytes bytes_per_gather(const Comm& comm) const;
+  // Collective layout choice at creation: with a parameter codec and R > 1
+  // the codes travel over `t`'s rail, then node communicators (which must
+  // outlive this gatherer). No-op otherwise.
+  void set_hierarchy(const Topology& t, Comm& node, Comm& rail);
+  bool hierarchical() const { return node_ != nullptr; }
 
  private:
   struct Chunk {
@@ -90,6 +104,14 @@ class ParamGatherer {
   ParamCodec codec_ = ParamCodec::None;
   int64_t block_ = 0;
   const float* masters_ = nullptr;
+  // Node-aware: the communicators, N, R, the rank of (node k, local j) at
+  // rank_of_[k * R + j], and the codes: this rank's chunk, the rail's N,
+  // the node's R N (the longest chunk's).
+  Comm* node_ = nullptr;
+  Comm* rail_ = nullptr;
+  int nodes_ = 1, per_node_ = 1;
+  std::vector<int> rank_of_;
+  DeviceBuffer codes_;
 };
 
 }  // namespace dsopt

@@ -177,6 +177,94 @@ class GradientPath:
 
 
 
+class NodeAwarePath(GradientPath):
+    """The node-aware gradient path (docs/design/node-aware-zero.md) of P =
+    N R ranks, rank r = (node r // R, local r % R): each bucket's pieces
+    summed in fp32 inside the node in the communicator's fixed order (for
+    local rank j's block: x[j+1] + x[j+2] + ... + x[j], local indices mod R,
+    one rounding per addition); local rank j encodes, with its residual,
+    the node sums of the N pieces owned by the ranks of local index j (its
+    node-slice); each owner sums the N decoded pieces in node order. A
+    rank's residual is N int8 pieces per bucket: n'/R values, bucket by
+    bucket (bucket at flat_start / R), node by node."""
+
+    def __init__(self, sizes, world, per_node, bucket_elems, codec, block, feedback,
+                 residual=int8_residual):
+        super().__init__(sizes, world, bucket_elems, codec, block, feedback, residual)
+        assert world % per_node == 0
+        self.per_node, self.nodes = per_node, world // per_node
+        self.e = [np.zeros(self.padded // per_node, F32) if feedback else None for _ in range(world)]
+
+    def reduce(self, flats, residuals):
+        R, N = self.per_node, self.nodes
+        total = np.zeros(self.padded, F32)
+        for start, numel in self.buckets:
+            m = numel // self.world
+            at = start // R
+            decoded = {}
+            for k in range(N):
+                for j in range(R):
+                    r = k * R + j
+                    for kk in range(N):
+                        lo = start + (kk * R + j) * m
+                        s = flats[k * R + (j + 1) % R][lo:lo + m].copy()
+                        for t in range(2, R + 1):
+                            s = (s + flats[k * R + (j + t) % R][lo:lo + m]).astype(F32)
+                        e = None if residuals[r] is None else residuals[r][at + kk * m:at + (kk + 1) * m]
+                        d, e2 = with_feedback(self.codec, self.block, s, e, self.residual)
+                        if e2 is not None:
+                            residuals[r][at + kk * m:at + (kk + 1) * m] = e2
+                        decoded[(kk * R + j, k)] = d
+            for owner in range(self.world):
+                lo = start + owner * m
+                acc = decoded[(owner, 0)].copy()
+                for k in range(1, N):
+                    acc = (acc + decoded[(owner, k)]).astype(F32)
+                total[lo:lo + m] = acc
+        return total
+
+
+def step_bytes(sizes, world, per_node, bucket_elems, chunk_elems, grads, params, block, param_block,
+               wire, node_aware):
+    """(bytes_sent, bytes_inter_node) of one step of a rank (every rank
+    alike) on N = P / R nodes of R ranks (rank r on node r // R), flat or
+    node-aware (docs/design/node-aware-zero.md "Bytes"): the handshake and
+    the status/norm allreduce of 16 bytes each, every reduce bucket, every
+    allgather chunk. ``wire``: bytes per element of the uncompressed
+    allgather (4, or 2 when every parameter is 16-bit)."""
+    P, R = world, per_node
+    N = P // R
+
+    def share(total):  # of bytes spread over the P - 1 others alike, those off the node
+        return total // (P - 1) * (P - R) + total % (P - 1) * (P - R) // (P - 1)
+
+    small = 2 * (P - 1) * 16 // P
+    sent, inter = 2 * small, 2 * share(small)
+    bucket_list, padded = buckets(sizes, world, bucket_elems)
+    for _, numel in bucket_list:
+        m = numel // P
+        if grads == "none":
+            sent, inter = sent + (P - 1) * 4 * m, inter + (P - R) * 4 * m
+        elif node_aware and R > 1:
+            run = run_bytes(grads, block, m)
+            sent += N * (R - 1) * 4 * m + (N - 1) * run
+            inter += (N - 1) * run
+        else:
+            run = run_bytes(grads, block, m)
+            sent, inter = sent + (P - 1) * run, inter + (P - R) * run
+    shard = padded // P
+    per = chunk_length(shard, world, chunk_elems, params, param_block)
+    for c in range(0, shard, per):
+        n = min(per, shard - c)
+        size = {"none": wire * n, "bf16": 2 * n}.get(params) or run_bytes("int8", param_block, n)
+        if params != "none" and node_aware and R > 1:
+            sent += (N - 1) * size + (R - 1) * N * size
+            inter += (N - 1) * size
+        else:
+            sent, inter = sent + (P - 1) * size, inter + share((P - 1) * size)
+    return sent, inter
+
+
 def split(flat, sizes):
     """A flat array (n' elements) as one array per parameter."""
     out, at = [], 0

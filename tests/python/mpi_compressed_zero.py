@@ -141,10 +141,24 @@ def make(sc, stage, comm, accumulation=1):
     return opt
 
 
+def ranks_per_node(sc, world):
+    """R of a node-aware scenario ("topology": {"hierarchy": "node_aware",
+    "ranks_per_node": R}) at this world size; 1 where the codes run flat."""
+    t = sc.top.get("topology", {})
+    per_node = t.get("ranks_per_node", 1)
+    if t.get("hierarchy") != "node_aware" or world == 1 or world % per_node:
+        return 1
+    return per_node
+
+
 def path(sc, world, residual=ref.int8_residual):
     c = compression(sc)
     if c.get("gradients", "none") == "none" or world == 1:
         return None  # nothing travels compressed: the twin gets the same gradients
+    if ranks_per_node(sc, world) > 1:
+        return ref.NodeAwarePath(sc.sizes, world, ranks_per_node(sc, world), sc.zero["reduce_bucket_size"],
+                                 c["gradients"], c.get("gradient_block_size", 64),
+                                 c.get("error_feedback", True), residual)
     return ref.GradientPath(sc.sizes, world, sc.zero["reduce_bucket_size"], c["gradients"],
                             c.get("gradient_block_size", 64), c.get("error_feedback", True), residual)
 
@@ -218,10 +232,24 @@ def assert_bits(actual, expected, what):
                                  f"{a[diff[:4]]} vs {e[diff[:4]]}")
 
 
+def expected_bytes(sc, world):
+    """(bytes_sent, bytes_inter_node) of a step by the formulas of
+    docs/design/node-aware-zero.md, on the scenario's declared nodes."""
+    c = compression(sc)
+    t = sc.top.get("topology", {})
+    wire = 2 if all(k != "fp32" for k in sc.kinds) else 4
+    return ref.step_bytes(sc.sizes, world, t.get("ranks_per_node", world), sc.zero["reduce_bucket_size"],
+                          sc.zero["allgather_bucket_size"], c.get("gradients", "none"),
+                          c.get("parameters", "none"), c.get("gradient_block_size", 64),
+                          c.get("parameter_block_size", 256), wire, ranks_per_node(sc, world) > 1)
+
+
 def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, opt=None,
-                twin=None, rp=None):
+                twin=None, rp=None, check_bytes=False):
     """Steps the compressed run and its uncompressed twin side by side;
-    returns (opt, twin, rp) for further steps."""
+    returns (opt, twin, rp) for further steps. ``check_bytes``: from the
+    fourth step on (the first three check for replicated gradients), every
+    applied step's bytes are the formulas'."""
     if opt is None:  # creation already writes the decoded masters into every rank's buffers
         opt = make(sc, stage, comm, accumulation)
         twin = make(plain(sc), stage, comm, accumulation)
@@ -277,6 +305,10 @@ def compare_run(sc, stage, comm, rank, world, steps=6, accumulation=1, first=0, 
         got = zr.opt_params(opt)
         assert_bits(got, expected_params(sc, twin, world), what)
         check_replicas(got, what)
+        if check_bytes and k >= 3 and not skip and accumulation == 1:
+            want = expected_bytes(sc, world)
+            assert (info.bytes_sent, info.bytes_inter_node) == want, \
+                f"{what}: sent {info.bytes_sent}, {info.bytes_inter_node} across nodes; formula {want}"
     return opt, twin, rp
 
 
@@ -494,7 +526,178 @@ def bucket_phase(comm, rank, world):
     return checked
 
 
+# ---- node-aware (docs/design/node-aware-zero.md) -----------------------------
+
+def node_aware(sc, per_node=2, hierarchy="node_aware"):
+    """The scenario on nodes of ``per_node`` ranks with the hierarchy."""
+    top = dict(sc.top, topology={"hierarchy": hierarchy, "ranks_per_node": per_node})
+    return dataclasses.replace(sc, name=f"{sc.name} {hierarchy} R={per_node}", top=top)
+
+
+NODE_AWARE = [
+    scenario("int4_int8", {"gradients": "int4", "parameters": "int8", "gradient_block_size": 16,
+                           "parameter_block_size": 16}),
+    scenario("sign_int8", {"gradients": "sign", "parameters": "int8", "gradient_block_size": 8,
+                           "parameter_block_size": 32}),
+    scenario("int8_int8_mixed", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 32,
+                                 "parameter_block_size": 24}, kinds=MIXED, gather=150),
+    scenario("int4_bf16_bf16", {"gradients": "int4", "parameters": "bf16", "gradient_block_size": 32},
+             kinds=("bf16",) * 5, top={"bf16": {"enabled": True}}),
+    scenario("fp16_dynamic_int8", {"gradients": "int4", "parameters": "int8", "gradient_block_size": 64,
+                                   "parameter_block_size": 32}, kinds=("fp16",) * 5, overflow=(3, 1),
+             top={"fp16": {"enabled": True, "initial_scale_power": 12, "loss_scale_window": 2}}),
+    scenario("one_bucket", {"gradients": "int4", "parameters": "int8"}, bucket=10**9, gather=10**9),
+    scenario("tiny", {"gradients": "int8", "parameters": "int8", "gradient_block_size": 8,
+                      "parameter_block_size": 8}, sizes=(1, 2, 3), kinds=("fp32",) * 3, bucket=1, gather=1),
+    scenario("int4_no_feedback", {"gradients": "int4", "error_feedback": False}),
+    scenario("params_only_int8", {"parameters": "int8", "parameter_block_size": 8}),
+]
+NA_BY_NAME = {sc.name: sc for sc in NODE_AWARE}
+
+
+def load_reports(opt, blob, want_reset, what):
+    reset = opt.load_state_dict(blob)
+    assert reset == want_reset, f"{what}: load_state_dict reported reset={reset}"
+
+
+def node_aware_phase(comm, rank, world):
+    """At P = N x 2: every node-aware scenario at stage 1 and 2 against
+    the node-aware reference, bit for bit, every rank's buffers identical,
+    bytes as the formulas; the same scenarios with "flat" on the same
+    nodes against the flat reference (and its bytes); R = 1 is the flat
+    form; gradients handed over one by one; deferred allgather; resume
+    under the same topology bit for bit; a blob loaded under another
+    topology resets the residual and says so; resharding restarts it."""
+    n = 0
+    for sc in NODE_AWARE:
+        for stage in (1, 2):
+            compare_run(node_aware(sc), stage, comm, rank, world, check_bytes=True)
+            n += 1
+        compare_run(node_aware(sc, hierarchy="flat"), 2, comm, rank, world, check_bytes=True)
+        n += 1
+    # R = 1: exactly the flat form (its reference and bytes).
+    compare_run(node_aware(NA_BY_NAME["int4_int8"], per_node=1), 2, comm, rank, world, check_bytes=True)
+    # Gradients handed over one by one over 2 micro-batches.
+    for stage in (1, 2):
+        compare_run(node_aware(NA_BY_NAME["int8_int8_mixed"]), stage, comm, rank, world, steps=3,
+                    accumulation=2)
+    n += 3
+    n += deferred_node_aware(comm, rank, world)
+    n += resume_node_aware(comm, rank, world)
+    n += memory_node_aware(comm, rank, world)
+    return n
+
+
+def expected_node_aware_memory(sc, world):
+    """docs/design/node-aware-zero.md "Memory": the flat form's bytes
+    (expected_memory) without its buffer of what is encoded aside and with
+    the residual of N pieces per bucket instead of P (twice), plus the
+    node-slice (4 N m), the codes sent and received (2 N R(m)) and the
+    pieces a node's all-to-all receives (4 R m), m the largest bucket's
+    piece; with a parameter codec (1 + N + P) C(L) bytes of codes, L the
+    longest allgather chunk."""
+    base = expected_memory(sc, world)
+    c = compression(sc)
+    per_node = ranks_per_node(sc, world)
+    nodes = world // per_node
+    buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
+    block = c.get("gradient_block_size", 64)
+    pblock = c.get("parameter_block_size", 256)
+    largest = max(n for _, n in buckets) // world
+    g, p = c.get("gradients", "none"), c.get("parameters", "none")
+    if g != "none":
+        aside = max([world * ref.run_bytes(g, block, n // world) for _, n in buckets
+                     if ref.run_bytes(g, block, n // world) > 2 * (n // world)], default=0)
+        base -= max(ref.run_bytes(g, block, largest), aside)
+        if c.get("error_feedback", True):
+            base -= 2 * sum(world * ref.run_bytes("int8", block, n // world) for _, n in buckets)
+            base += 2 * sum(nodes * ref.run_bytes("int8", block, n // world) for _, n in buckets)
+        base += 4 * nodes * largest + 2 * nodes * ref.run_bytes(g, block, largest) + 4 * per_node * largest
+    if p != "none":
+        chunk = ref.chunk_length(padded // world, world, sc.zero["allgather_bucket_size"], p, pblock)
+        coded = 2 * chunk if p == "bf16" else ref.run_bytes("int8", pblock, chunk)
+        base += (1 + nodes + world) * coded
+    return base
+
+
+def memory_node_aware(comm, rank, world):
+    checked = 0
+    for comp, bucket in (({"gradients": "int4"}, 96), ({"gradients": "int8", "parameters": "int8"}, 96),
+                         ({"gradients": "sign", "error_feedback": False, "parameters": "bf16"}, 96),
+                         ({"gradients": "int8", "parameters": "bf16", "gradient_block_size": 64}, 48)):
+        sc = node_aware(dataclasses.replace(zr.MEMORY, zero={
+            "reduce_bucket_size": bucket, "allgather_bucket_size": 200,
+            "compression": {"gradient_block_size": 32, "parameter_block_size": 16, **comp}}))
+        opt = make(sc, 2, comm)
+        for k in range(2):
+            opt.step(gradients(sc, k, rank, opt.loss_scale))
+        got, want = opt.memory_usage()["host"], expected_node_aware_memory(sc, world)
+        assert got == want, f"{comp} at P={world} node-aware: memory_usage {got}, formula {want}"
+        checked += 1
+    return checked
+
+
+def deferred_node_aware(comm, rank, world):
+    """The deferred allgather of the node-aware codes: the same parameters
+    and bytes as gathering at once."""
+    sc = node_aware(NA_BY_NAME["int4_int8"])
+    deferred = dataclasses.replace(sc, zero=dict(sc.zero, deferred_allgather=True))
+    a = make(sc, 2, comm)
+    other = dsopt.Communicator.from_mpi4py(MPI_WORLD.Dup())
+    b = make(deferred, 2, other)
+    assert b.gather_buckets > 1
+    for k in range(4):
+        ia = a.step(gradients(sc, k, rank, 1.0))
+        ib = b.step(gradients(sc, k, rank, 1.0))
+        assert (ia.bytes_sent, ia.bytes_inter_node) == (ib.bytes_sent, ib.bytes_inter_node), (k, ia, ib)
+        for i in reversed(range(len(sc.sizes))):
+            b.wait_gather(i)
+        assert_bits(zr.opt_params(b), zr.opt_params(a), f"deferred step {k}")
+    b.close()
+    other.close()
+    return 1
+
+
+def resume_node_aware(comm, rank, world):
+    checked = 0
+    for name in ("int4_int8", "int8_int8_mixed", "fp16_dynamic_int8"):
+        sc = node_aware(NA_BY_NAME[name])
+        opt, twin, rp = compare_run(sc, 2, comm, rank, world, steps=3)
+        blob = opt.state_dict()
+        saved = dict(sections(blob)[1])
+        assert struct.unpack("<II", saved["zero.feedback_topology"]) == (world // 2, 2)
+        fresh = make(sc, 2, comm)
+        restore_model(fresh, opt)
+        load_reports(fresh, blob, False, f"{name}: the same topology")
+        compare_run(sc, 2, comm, rank, world, steps=3, first=3, opt=fresh, twin=twin, rp=rp)
+        checked += 1
+    # Under another topology at the same world size the residual starts
+    # again at zero, and the load says so; both ways.
+    sc = node_aware(NA_BY_NAME["int4_int8"])
+    flat = node_aware(NA_BY_NAME["int4_int8"], hierarchy="flat")
+    for src, dst in ((sc, flat), (flat, sc)):
+        opt, twin, rp = compare_run(src, 2, comm, rank, world, steps=3)
+        blobs = MPI_WORLD.allgather(opt.state_dict())
+        twin_saved = make(plain(src), 2, comm)  # the twin at step 3, for the reshard below
+        restore_model(twin_saved, twin)
+        twin_saved.load_state_dict(twin.state_dict())
+        fresh = make(dst, 2, comm)
+        restore_model(fresh, opt)
+        load_reports(fresh, blobs[rank], True, f"{src.name} into {dst.name}")
+        compare_run(dst, 2, comm, rank, world, steps=3, first=3, opt=fresh, twin=twin, rp=path(dst, world))
+        # Resharding (every rank's blobs) restarts it too.
+        again = make(src, 2, comm)
+        restore_model(again, opt)
+        again.load_state_dict_shards(blobs)
+        twin_again = twin_saved
+        compare_run(src, 2, comm, rank, world, steps=2, first=3, opt=again, twin=twin_again,
+                    rp=path(src, world))
+        checked += 2
+    return checked
+
+
 if __name__ == "__main__":
     raise SystemExit(main({"reference": reference_phase, "accumulation": accumulation_phase,
                            "resume": resume_phase, "reshard": reshard_phase,
-                           "memory": memory_phase, "bucket": bucket_phase}))
+                           "memory": memory_phase, "bucket": bucket_phase,
+                           "node_aware": node_aware_phase}))

@@ -36,6 +36,23 @@ def test_compressed_zero_matches_the_numpy_reference(world, tmp_path):
     assert "bucket OK 6" in lines  # the int8 parameter codec at four allgather bucket sizes
 
 
+@pytest.mark.parametrize("world", [4, 6])
+def test_node_aware_compressed_zero_matches_the_numpy_reference(world, tmp_path):
+    """2 x 2 and 3 x 2 (declared ranks_per_node): the node-aware codes
+    against the numpy reference, the bytes against the formulas of
+    docs/design/node-aware-zero.md, deferred allgather, accumulation,
+    resume and topology changes (mpi_compressed_zero.py node_aware_phase)."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found (apt-get install openmpi-bin)")
+    if build_feature("mpi") == "off":
+        pytest.skip("libdsopt was built without MPI")
+    folder = mpi_runner.mpirun(SCRIPT, world, tmp_path, ["node_aware"], timeout=900)
+    lines = (folder / "rank0.txt").read_text().splitlines()
+    # 9 scenarios x (stage 1, 2, flat), R = 1, accumulation x 2, deferred,
+    # 3 resumes, 2 topology changes x (load, reshard), memory x 4.
+    assert "node_aware OK 42" in lines
+
+
 # ---- one process ------------------------------------------------------------
 
 def make(compression, stage=2, **zero):

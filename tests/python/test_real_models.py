@@ -79,6 +79,16 @@ RUNS = {
     "lamb_zero2_int8": dict(plain_lamb_config(zero_stage=2), zero_optimization={
         "stage": 2, "reduce_bucket_size": 4096, "allgather_bucket_size": 4096,
         "compression": {"gradients": "int8", "parameters": "int8"}}),
+    # Node-aware compressed ZeRO (docs/design/node-aware-zero.md): the 4
+    # ranks declared as 2 nodes x 2; the digits MLP only.
+    "zero2_int4_int8_2x2": dict(adamw_config(), topology={"hierarchy": "node_aware", "ranks_per_node": 2},
+                                zero_optimization={
+        "stage": 2, "reduce_bucket_size": 4096, "allgather_bucket_size": 4096,
+        "compression": {"gradients": "int4", "parameters": "int8"}}),
+    "zero2_sign_int8_2x2": dict(adamw_config(), topology={"hierarchy": "node_aware", "ranks_per_node": 2},
+                                zero_optimization={
+        "stage": 2, "reduce_bucket_size": 4096, "allgather_bucket_size": 4096,
+        "compression": {"gradients": "sign", "parameters": "int8"}}),
     "zoadam_stabilized": zoadam_config(FREEZE_STEP),
     "zoadam_deepspeed_rule": zoadam_config(FREEZE_STEP, stabilize=False, bias_correction=False),
     "blowup": dict(onebit_config(freeze_step=10, lr=1e-2, stabilize=False, bias_correction=False),
@@ -86,9 +96,13 @@ RUNS = {
 }
 
 
+DIGITS_ONLY = {"zero2_int4_int8_2x2", "zero2_sign_int8_2x2"}
+
+
 def specs_for(models):
     return [RunSpec(f"{model}/{run}", model, config, steps=STEPS, batch=64, seed=0)
-            for model in models for run, config in RUNS.items()]
+            for model in models for run, config in RUNS.items()
+            if model == "digits" or run not in DIGITS_ONLY]
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +279,29 @@ def test_compressed_zero2_ends_near_zero2(model, run, plain, fewer, near, four_r
     names = [f"{model}/{run}", f"{model}/{plain}"]
     local = training_runs.run_local([s for s in specs_for([model]) if s.name in names])
     assert local[names[0]].losses == local[names[1]].losses
+
+
+# run -> loss limit against uncompressed ZeRO-2 (the flat sign/int8 ends at
+# 1.14-1.29x of it over three seeds: docs/guides/compressed-zero.md "Measured";
+# seed 0 here: int4/int8 at 2 x 2 0.974x, sign/int8 at 2 x 2 1.31x)
+@pytest.mark.parametrize("run,near", [("zero2_int4_int8_2x2", 1.05), ("zero2_sign_int8_2x2", 1.35)])
+def test_node_aware_compressed_zero2_ends_near_zero2(run, near, four_ranks):
+    """Node-aware compressed ZeRO-2 (4 ranks as 2 x 2, docs/design/node-aware-zero.md)
+    on the digits MLP: no skipped step, the same parameters on every rank
+    (the same losses), a final training loss near uncompressed ZeRO-2's,
+    and at most 0.55 of the flat form's bytes across nodes (the flat int4/int8
+    run, all of whose bytes but a third would cross nodes at 2 x 2)."""
+    packed, zero2 = four_ranks(f"digits/{run}"), four_ranks("digits/zero2")
+    flat = four_ranks("digits/zero2_int4_int8")
+    for rank, result in enumerate(packed):
+        assert not result.error and result.skipped == 0, f"{run}, rank {rank}: {result}"
+        assert not any(result.diverging), f"{run}, rank {rank}"
+    assert packed[0].train_loss <= near * zero2[0].train_loss, (packed[0].train_loss, zero2[0].train_loss)
+    assert packed[0].train_loss < 0.5 * packed[0].losses[0], (packed[0].train_loss, packed[0].losses[0])
+    if run == "zero2_int4_int8_2x2":
+        assert packed[0].bytes_inter_node <= 0.55 * flat[0].bytes_sent * 2 / 3, \
+            (packed[0].bytes_inter_node, flat[0].bytes_sent)
+    assert packed[0].bytes_inter_node > 0
 
 
 def test_lamb_without_bias_correction_is_one_bit_lambs_warmup():

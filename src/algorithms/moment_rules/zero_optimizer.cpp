@@ -167,8 +167,7 @@ UpdateOutcome ZeroOptimizer::update(const PreparedGrads& grads) {
   }
   // Deferred: the buckets arrive behind the caller's next forward
   // (docs/guides/zero.md "Deferred allgather").
-  if (!parts_.gathers().defer_gathers(gatherer_.chunks(),
-                                      parts_.comm().allgather_bytes(gatherer_.send_bytes_per_gather()),
+  if (!parts_.gathers().defer_gathers(gatherer_.chunks(), gatherer_.bytes_per_gather(parts_.comm()),
                      [this](int64_t c) { gatherer_.gather_chunk(c); }))
     gatherer_.gather();
   return UpdateOutcome{};  // the pipeline summed the gradients in the reduction
@@ -203,16 +202,36 @@ void ZeroOptimizer::describe_state(StateSchema& s) {
                                "zero (nothing was changed)");
      })
         .flag(kZeroFeedbackInt8Section, "residual format", [] { return true; }, [](bool) {})
+        .optional_record(kZeroFeedbackTopologySection, 8,
+                         [this](FieldWriter& f) {
+                           f.add(uint32_t(reducer_.residual_nodes()));
+                           f.add(uint32_t(reducer_.residual_ranks_per_node()));
+                         },
+                         [](FieldReader& f) {
+                           const uint32_t n = f.get<uint32_t>(), per_node = f.get<uint32_t>();
+                           if (n < 1 || per_node < 1)
+                             fail(DSOPT_ECORRUPT, "the zero.feedback_topology section holds an "
+                                                  "impossible topology");
+                         },
+                         nullptr, nullptr)
         .array(kZeroFeedbackSection, parts_.kernels(), [this] { return reducer_.residual(); },
                [this](const BlobReader* r) {
-                 return r && !int8_residual(*r)
-                            ? uint64_t(layout_.padded_numel()) * 4
-                            : uint64_t(GradientReducer::residual_bytes(
-                                  layout_, parts_.config().zero.compression.gradient_block));
+                 if (!r) return uint64_t(reducer_.residual_bytes());
+                 if (!int8_residual(*r)) return uint64_t(layout_.padded_numel()) * 4;
+                 return uint64_t(GradientReducer::residual_bytes(
+                     layout_, parts_.config().zero.compression.gradient_block,
+                     int(saved_residual_topology(*r).first)));
                },
-               [](const BlobReader& r) { return int8_residual(r); })
-        .then([this](const BlobReader& r) {  // an fp32 residual: its int8 encoding
-          if (int8_residual(r)) return;
+               [this](const BlobReader& r) { return residual_fits(r); })
+        .then([this](const BlobReader& r) {
+          if (residual_fits(r)) return;
+          // Another topology's residual, or a load that resets rank-local
+          // state: it starts again at zero (the load reports the reset).
+          if (parts_.rank_local_world(1) == 0 || drops_rank_local(r)) {
+            reducer_.reset_feedback();
+            return;
+          }
+          // An fp32 residual (the flat form's): its int8 encoding.
           const uint64_t bytes = uint64_t(layout_.padded_numel()) * 4;
           reducer_.load_fp32_residual(reinterpret_cast<const float*>(r.section(kZeroFeedbackSection, bytes)));
         })
@@ -233,6 +252,41 @@ StateSchema::Slice ZeroOptimizer::shard_slice(int64_t i, float* array, bool mast
   if (!run.found) return {true, nullptr, 0, 0};  // this rank holds none of it
   const int64_t at = masters ? run.piece.master_offset : run.piece.state_offset;
   return {true, array + at, run.piece.numel, run.piece.param_offset};
+}
+
+void ZeroOptimizer::created() {
+  const Topology& t = parts_.topology();
+  if (parts_.comm().size() > 1 && t.ranks_per_node > 1 && parts_.node_aware() &&
+      (reducer_.compressed() || compressed_params_)) {
+    if (NodeComms* c = parts_.node_comms()) {  // collective, on every rank alike
+      reducer_.set_hierarchy(t, *c->node, *c->rail);
+      gatherer_.set_hierarchy(t, *c->node, *c->rail);
+    }
+  }
+  if (compressed_params_) gatherer_.gather();
+}
+
+std::pair<uint32_t, uint32_t> ZeroOptimizer::saved_residual_topology(const BlobReader& r) const {
+  const uint32_t world = decode_zero_layout(r).world;
+  if (!r.has(kZeroFeedbackTopologySection)) return {world, 1};
+  FieldReader f(r.section(kZeroFeedbackTopologySection, 8), 8);
+  const uint32_t n = f.get<uint32_t>(), per_node = f.get<uint32_t>();
+  if (n < 1 || per_node < 1 || uint64_t(n) * per_node != world)
+    fail(DSOPT_ECORRUPT, "the zero.feedback_topology section holds " + std::to_string(n) + " x " +
+                             std::to_string(per_node) + " ranks for a blob of " +
+                             std::to_string(world) + " ranks");
+  return {n, per_node};
+}
+
+bool ZeroOptimizer::drops_rank_local(const BlobReader& r) const {
+  if (!reducer_.feedback() || !r.has(kZeroFeedbackSection)) return false;
+  return saved_residual_topology(r) !=
+         std::pair<uint32_t, uint32_t>(uint32_t(reducer_.residual_nodes()),
+                                       uint32_t(reducer_.residual_ranks_per_node()));
+}
+
+bool ZeroOptimizer::residual_fits(const BlobReader& r) const {
+  return int8_residual(r) && !drops_rank_local(r) && parts_.rank_local_world(1) != 0;
 }
 
 void ZeroOptimizer::check_layout(const BlobReader& r) const {

@@ -8,6 +8,7 @@
 // norms of whole tensors across the shards (zero/shard_tensor_sums.hpp).
 #pragma once
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "algorithms/moment_rules/moment_rule.hpp"
@@ -28,9 +29,10 @@ class ZeroOptimizer final : public AlgorithmImpl {
   ~ZeroOptimizer() override { parts_.stop_reductions(); }
   // With a parameter codec: every rank's buffers take the decoded values of
   // the owners' masters, as after every step.
-  void created() override {
-    if (compressed_params_) gatherer_.gather();
-  }
+  // Node-aware (docs/design/node-aware-zero.md): the codes take the node
+  // and rail communicators where the topology has R > 1.
+  void created() override;
+  bool drops_rank_local(const BlobReader& r) const override;
 
  protected:
   std::string blob_name() const override { return moment_algorithm(parts_.config()); }
@@ -50,6 +52,12 @@ class ZeroOptimizer final : public AlgorithmImpl {
  private:
   ZeroOptimizer(OptimizerParts& parts, const OptimizerConfig& cfg, Comm& comm);
   ZeroLayoutRecord record() const;
+  // The topology (N, R) blob r's residual belongs to: its
+  // zero.feedback_topology record, else the flat one of its world size.
+  std::pair<uint32_t, uint32_t> saved_residual_topology(const BlobReader& r) const;
+  // Whether blob r's residual is restored: saved as int8 runs under this
+  // run's topology, and the load does not reset rank-local state.
+  bool residual_fits(const BlobReader& r) const;
   // Throws Error(DSOPT_EMISMATCH) unless blob r is this rank's shard of a
   // run with this layout.
   void check_layout(const BlobReader& r) const;
