@@ -63,7 +63,8 @@ bool Optimizer::load(const void* src, uint64_t size, uint32_t flags) {
     if (!src) fail(DSOPT_EINVAL, "src is NULL");
     std::shared_ptr<const BlobReader> r = s.parts.io().read(src, size);
     s.state_schema().check(*r);
-    reset = s.others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0);
+    reset = s.others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0) ||
+            s.algorithm->drops_rank_local(*r);
     return [&s, r] { s.parts.io().restore(*r); };
   });
 }

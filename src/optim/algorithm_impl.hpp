@@ -89,6 +89,13 @@ class AlgorithmImpl {
     (void)r;
     return "";
   }
+  // Whether loading (checked) blob `r` here resets rank-local state it
+  // holds because it belongs to another world size or topology
+  // (dsopt_state_load_ex reports it as a reset).
+  virtual bool drops_rank_local(const BlobReader& r) const {
+    (void)r;
+    return false;
+  }
   // Resharding for dsopt_state_load_shards: validates `blobs` (a checked
   // set, see StateIO::read_set) and returns what restores this rank's state
   // from them, or nullptr when the algorithm does not reshard (one blob is
