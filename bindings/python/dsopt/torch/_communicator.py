@@ -1,7 +1,23 @@
 """The communicator a dsopt.torch optimizer runs on: the ``comm`` argument
 (a dsopt.Communicator, an mpi4py communicator, a torch.distributed
 ProcessGroup, or None: torch.distributed's default group when it is
-initialized, else one process)."""
+initialized, else one process).
+
+Node-aware collectives on torch.distributed (``node_groups``): dsopt cannot
+split a torch communicator, so where the config's ``"topology"``
+``"hierarchy"`` is ``"node_aware"`` (or ``"auto"`` and the ranks span several
+nodes of more than one rank) and the communicator is the default group's,
+the node and rail groups are made here with ``torch.distributed.new_group``
+and given to dsopt (``Communicator.set_nodes``). The nodes: the config's
+``"ranks_per_node"`` R (rank r on node r // R, as dsopt declares them); else
+torchrun's ``LOCAL_WORLD_SIZE`` where every rank has the same one and it
+divides the world (torchrun numbers the ranks of a node contiguously);
+else the host names (nodes in the order of their lowest rank, local indices
+in rank order; nodes of unequal sizes: none made, dsopt runs flat).
+"""
+
+import os
+import socket
 
 import torch
 
@@ -24,18 +40,93 @@ def _is_process_group(comm) -> bool:
         comm is getattr(dist.GroupMember, "NON_GROUP_MEMBER", object())
 
 
-def as_communicator(comm):
-    """(Communicator or None, whether the optimizer owns it) for ``comm``."""
+def node_of_ranks(dist, ranks_per_node=None):
+    """The node of every rank of the default group (a list), by the rule of
+    this module's doc; None where the nodes are of unequal sizes.
+    Collective over the default group."""
+    world = dist.get_world_size()
+    if ranks_per_node:
+        return [r // int(ranks_per_node) for r in range(world)]
+    mine = (os.environ.get("LOCAL_WORLD_SIZE"), socket.gethostname())
+    every = [None] * world
+    dist.all_gather_object(every, mine)
+    sizes = {lws for lws, _ in every}
+    if len(sizes) == 1 and None not in sizes and str(next(iter(sizes))).isdigit():
+        per_node = int(next(iter(sizes)))
+        if per_node >= 1 and world % per_node == 0:
+            return [r // per_node for r in range(world)]
+    first = {}
+    nodes = [first.setdefault(host, len(first)) for _, host in every]
+    counts = [nodes.count(k) for k in range(len(first))]
+    return nodes if len(set(counts)) == 1 else None
+
+
+def node_groups(dist, nodes):
+    """(node group, rail group) of this rank for the node of every rank:
+    every node's group, then every local index's, made on every rank in the
+    same order (torch.distributed.new_group is collective over the default
+    group)."""
+    members = {}
+    for r, k in enumerate(nodes):
+        members.setdefault(k, []).append(r)
+    order = [members[k] for k in sorted(members)]
+    per_node = len(order[0])
+    node_pgs = [dist.new_group(m) for m in order]
+    rail_pgs = [dist.new_group([m[j] for m in order]) for j in range(per_node)]
+    me = dist.get_rank()
+    k = sorted(members).index(nodes[me])
+    return node_pgs[k], rail_pgs[order[k].index(me)]
+
+
+def _wants_nodes(config):
+    """(hierarchy, ranks_per_node) of the config's "topology"."""
+    topology = (config or {}).get("topology") or {}
+    return topology.get("hierarchy", "flat"), topology.get("ranks_per_node")
+
+
+def _with_node_groups(comm, config):
+    """Gives a from_torch communicator of the default group its node and
+    rail groups where the config asks for the node-aware collectives."""
+    hierarchy, ranks_per_node = _wants_nodes(config)
+    dist = _torch_distributed()
+    if hierarchy not in ("node_aware", "auto") or dist is None or dist.get_world_size() < 2:
+        return comm
+    nodes = node_of_ranks(dist, ranks_per_node)
+    if nodes is None:
+        return comm  # unequal nodes: dsopt runs flat
+    n, r = len(set(nodes)), len(nodes) // len(set(nodes))
+    if hierarchy == "auto" and (n < 2 or r < 2):
+        return comm
+    node_pg, rail_pg = node_groups(dist, nodes)
+    stream = comm.torch_collectives.stream if comm.torch_collectives else None
+    node = Communicator.from_torch(node_pg, stream=stream)
+    rail = Communicator.from_torch(rail_pg, stream=stream)
+    comm.set_nodes(node, rail, close_with=True)
+    return comm
+
+
+def _is_default_group(dist, group):
+    return group is None or group is getattr(dist.GroupMember, "WORLD", None) or \
+        group is getattr(dist.distributed_c10d, "_get_default_group", lambda: None)()
+
+
+def as_communicator(comm, config=None):
+    """(Communicator or None, whether the optimizer owns it) for ``comm``;
+    a process group of the default group's ranks gets its node and rail
+    groups where ``config`` asks for them (node_groups)."""
     if isinstance(comm, Communicator):
         return comm, False
     if comm is None:
         dist = _torch_distributed()
         if dist is not None and dist.is_initialized():
-            return Communicator.from_torch(), True
+            return _with_node_groups(Communicator.from_torch(), config), True
         return None, False
     if hasattr(comm, "py2f"):
         return Communicator.from_mpi4py(comm), True
     if _is_process_group(comm):
-        return Communicator.from_torch(comm), True
+        made = Communicator.from_torch(comm)
+        if _is_default_group(_torch_distributed(), comm):
+            made = _with_node_groups(made, config)
+        return made, True
     raise TypeError(f"comm must be a dsopt.Communicator, an mpi4py communicator or a "
                     f"torch.distributed ProcessGroup, got {type(comm).__name__}")
