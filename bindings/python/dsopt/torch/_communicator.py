@@ -27,6 +27,7 @@ import socket
 
 import torch
 
+from ..algorithms import describe
 from ..communicator import Communicator
 
 
@@ -86,16 +87,13 @@ def node_groups(dist, nodes):
     return node_pgs[k], rail_pgs[order[k].index(me)]
 
 
-ONE_BIT = ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
-
-
 def _wants_nodes(canonical):
     """(hierarchy, ranks_per_node) of the canonical config's "topology";
     hierarchy "flat" where the optimizer has no compressed collectives."""
     if not canonical:
         return "flat", 0
     compression = (canonical.get("zero_optimization") or {}).get("compression") or {}
-    compresses = canonical["optimizer"]["type"] in ONE_BIT or any(
+    compresses = describe(canonical["optimizer"]["type"]).compressed or any(
         compression.get(k, "none") != "none" for k in ("gradients", "parameters"))
     topology = canonical.get("topology") or {}
     return (topology.get("hierarchy", "auto") if compresses else "flat"), topology.get("ranks_per_node", 0)
