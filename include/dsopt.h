@@ -295,7 +295,9 @@ DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t s
 
 /* dsopt_state_load with `flags` (0 or DSOPT_LOAD_RESET_RANK_LOCAL; 0 is
  * dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
- * state was reset, else 0; on every rank alike. Collective.
+ * state was reset (the flag's reset, or the 1-bit optimizers' compression
+ * errors of another world size or topology), else 0; on every rank alike.
+ * Collective.
  * Returns what dsopt_state_load returns; DSOPT_EINVAL also for unknown
  * flags. */
 DSOPT_API int dsopt_state_load_ex(dsopt_optimizer *opt, const void *src, uint64_t size,
@@ -449,6 +451,26 @@ typedef struct dsopt_comm_ops {
  * unknown flags) or DSOPT_ENOMEM. Not collective. An optimizer with
  * "device": "cuda" runs its device work on ops->stream. */
 DSOPT_API int dsopt_comm_create_custom(dsopt_comm **out, const dsopt_comm_ops *ops, void *user);
+
+/* Gives dsopt the node and rail communicators of `comm` (any backend; for
+ * custom communicators, which dsopt cannot split, the only way to run the
+ * node-aware compressed collectives): `node` holds the ranks of this rank's
+ * node ranked by local index (R ranks), `rail` the ranks of this rank's
+ * local index, one per node, ranked by node (N ranks), N * R the size of
+ * `comm`. Optimizers created on `comm` afterwards take their topology
+ * from them (this rank is node rail-rank, local index node-rank) and, where
+ * "topology" "hierarchy" makes them node-aware, run on them instead of
+ * splitting `comm`; their bytes count in `comm`'s step report (bytes_sent,
+ * bytes_inter_node). Both are borrowed: they must outlive `comm` and every
+ * optimizer created on it; each may belong to one communicator. Both NULL:
+ * forget them (for optimizers created afterwards). Not collective; the
+ * layout is checked collectively by dsopt_create (DSOPT_EINVAL on every
+ * rank when the communicators do not fit together, or a config's
+ * "ranks_per_node" differs from R). Returns DSOPT_OK, DSOPT_EINVAL (comm
+ * NULL, one of node and rail NULL, node or rail the same as comm or as each
+ * other, or N * R not the size of comm). docs/reference/c-api.md
+ * "Node and rail communicators". */
+DSOPT_API int dsopt_comm_set_nodes(dsopt_comm *comm, dsopt_comm *node, dsopt_comm *rail);
 
 /* ------------------------------------------------------------------------
  * Overlapping the gradient reduction with backward

@@ -50,6 +50,23 @@ DSOPT_API int dsopt_comm_create_custom(dsopt_comm** out, const dsopt_comm_ops* o
   });
 }
 
+DSOPT_API int dsopt_comm_set_nodes(dsopt_comm* comm, dsopt_comm* node, dsopt_comm* rail) {
+  return guarded([&] {
+    require_nonnull(comm, "comm");
+    if (!node && !rail) return comm->impl->set_given_nodes(nullptr, nullptr);
+    require_nonnull(node, "node");
+    require_nonnull(rail, "rail");
+    if (node == comm || rail == comm || node == rail)
+      fail(DSOPT_EINVAL, "node and rail must be two communicators other than comm");
+    const int64_t world = int64_t(node->impl->size()) * rail->impl->size();
+    if (world != comm->impl->size())
+      fail(DSOPT_EINVAL, "a node communicator of " + std::to_string(node->impl->size()) +
+                             " ranks and a rail communicator of " + std::to_string(rail->impl->size()) +
+                             " do not make a world of " + std::to_string(comm->impl->size()));
+    comm->impl->set_given_nodes(node->impl.get(), rail->impl.get());
+  });
+}
+
 DSOPT_API int dsopt_comm_rank(const dsopt_comm* comm) { return comm ? comm->impl->rank() : -1; }
 DSOPT_API int dsopt_comm_size(const dsopt_comm* comm) { return comm ? comm->impl->size() : -1; }
 DSOPT_API void dsopt_comm_destroy(dsopt_comm* comm) { delete comm; }

@@ -153,6 +153,26 @@ void Comm::add_bytes(const CommBytes& b) {
 
 void Comm::count_bytes(uint64_t total) { add_bytes({total, off_node_share(total)}); }
 
+Comm::~Comm() {
+  set_given_nodes(nullptr, nullptr);
+  if (parent_ && parent_->given_node_ == this) parent_->given_node_ = nullptr;
+  if (parent_ && parent_->given_rail_ == this) parent_->given_rail_ = nullptr;
+}
+
+void Comm::set_given_nodes(Comm* node, Comm* rail) {
+  for (Comm* c : {given_node_, given_rail_})
+    if (c && c->parent_ == this) c->parent_ = nullptr;
+  given_node_ = node;
+  given_rail_ = rail;
+  if (!node || !rail) return;
+  node->parent_ = this;
+  rail->parent_ = this;
+  node->set_nodes(std::vector<int>(size_t(node->size()), 0));
+  std::vector<int> rail_nodes(size_t(rail->size()));
+  for (int k = 0; k < rail->size(); ++k) rail_nodes[size_t(k)] = k;
+  rail->set_nodes(std::move(rail_nodes));
+}
+
 std::unique_ptr<Comm> Comm::split(int color, int key) {
   if (color < 0) fail(DSOPT_EINTERNAL, "Comm::split: color " + std::to_string(color) + " < 0");
   std::unique_ptr<Comm> sub = do_split(color, key);

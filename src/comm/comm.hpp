@@ -71,7 +71,9 @@ struct CommBytes {
 
 class Comm {
  public:
-  virtual ~Comm() = default;
+  // Unlinks the node and rail communicators given to it, or the one it was
+  // given to (set_given_nodes).
+  virtual ~Comm();
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* backend() const = 0;  // "local", "mpi", "nccl", "custom"
@@ -174,6 +176,17 @@ class Comm {
   // The node of every rank (size() entries), for bytes().inter_node.
   void set_nodes(std::vector<int> node_of_rank);
 
+  // The node and rail communicators the caller made for this one
+  // (dsopt_comm_set_nodes), borrowed: node, the ranks of this rank's node
+  // ranked by local index; rail, the ranks of its local index, one per
+  // node, ranked by node. They count their bytes in this one's, as split
+  // ones do, and say that every rail peer is on another node. Both nullptr:
+  // none (the ones given before are let go). Checked collectively where an
+  // optimizer is created (OptimizerParts::find_topology).
+  void set_given_nodes(Comm* node, Comm* rail);
+  Comm* given_node() const { return given_node_; }
+  Comm* given_rail() const { return given_rail_; }
+
  protected:
   virtual void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                             const Mem& mem) = 0;
@@ -226,7 +239,9 @@ class Comm {
   uint64_t off_node_share(uint64_t total) const;
 
   CommBytes bytes_;
-  Comm* parent_ = nullptr;     // the communicator this one was split from
+  Comm* parent_ = nullptr;     // the communicator this one was split from, or given to
+  Comm* given_node_ = nullptr;  // set_given_nodes (borrowed)
+  Comm* given_rail_ = nullptr;
   std::vector<int> node_of_;   // set_nodes; empty: not known
   int off_node_ = 0;           // ranks on other nodes than this rank's
   double timeout_s_ = 0.0;

@@ -92,3 +92,64 @@ NodeComms split_by_topology(Comm& comm, const Topology& t) {
 }
 
 }  // namespace dsopt
+
+namespace dsopt {
+
+Topology given_topology(Comm& comm) {
+  Comm& node = *comm.given_node();
+  Comm& rail = *comm.given_rail();
+  node.prepare();
+  rail.prepare();
+  const int P = comm.size(), N = rail.size(), R = node.size();
+  // Every rank's (node, local, nodes, ranks per node): the same table on
+  // every rank, so the checks of it agree.
+  const int32_t mine[4] = {rail.rank(), node.rank(), N, R};
+  std::vector<int32_t> all(size_t(4) * size_t(P));
+  comm.allgather(mine, all.data(), 4, Elem::I32, Mem::host());
+  std::string why;
+  if (int64_t(N) * R != P)
+    why = "a node communicator of " + std::to_string(R) + " ranks and a rail communicator of " +
+          std::to_string(N) + " do not make a world of " + std::to_string(P);
+  std::vector<int> at(why.empty() ? size_t(P) : 0, -1);
+  for (int r = 0; r < P && why.empty(); ++r) {
+    const int32_t* e = all.data() + 4 * r;
+    if (e[2] != N || e[3] != R)
+      why = "rank " + std::to_string(r) + " has a node communicator of " + std::to_string(e[3]) +
+            " ranks and a rail communicator of " + std::to_string(e[2]) + ", rank " +
+            std::to_string(comm.rank()) + " of " + std::to_string(R) + " and " + std::to_string(N);
+    else if (at[size_t(e[0] * R + e[1])] >= 0)
+      why = "ranks " + std::to_string(at[size_t(e[0] * R + e[1])]) + " and " + std::to_string(r) +
+            " are both local rank " + std::to_string(e[1]) + " (node rank) of node " +
+            std::to_string(e[0]) + " (rail rank)";
+    else
+      at[size_t(e[0] * R + e[1])] = r;
+  }
+  if (why.empty()) {
+    // The members of each: their ranks here, against the table.
+    const int32_t me = comm.rank();
+    std::vector<int32_t> members(size_t(std::max(N, R)));
+    int32_t bad = 0;
+    node.allgather(&me, members.data(), 1, Elem::I32, Mem::host());
+    for (int i = 0; i < R; ++i)
+      bad |= all[size_t(4 * members[size_t(i)])] != rail.rank() || all[size_t(4 * members[size_t(i)] + 1)] != i;
+    rail.allgather(&me, members.data(), 1, Elem::I32, Mem::host());
+    for (int k = 0; k < N; ++k)
+      bad |= all[size_t(4 * members[size_t(k)] + 1)] != node.rank() || all[size_t(4 * members[size_t(k)])] != k;
+    comm.allreduce(&bad, &bad, 1, Elem::I32, ReduceOp::Max, Mem::host());
+    if (bad)
+      why = "the node communicator of some rank does not hold the ranks of its node in local order, or "
+            "its rail communicator those of its local index in node order";
+  }
+  if (!why.empty())
+    fail(DSOPT_EINVAL, "the node and rail communicators given with dsopt_comm_set_nodes do not fit: " + why);
+  Topology t;
+  t.nodes = N;
+  t.ranks_per_node = R;
+  t.node = rail.rank();
+  t.local = node.rank();
+  t.node_of_rank.resize(size_t(P));
+  for (int r = 0; r < P; ++r) t.node_of_rank[size_t(r)] = all[size_t(4 * r)];
+  return t;
+}
+
+}  // namespace dsopt

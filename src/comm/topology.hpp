@@ -46,12 +46,33 @@ struct Topology {
   std::string describe() const;
 };
 
+// A communicator owned (made by split) or borrowed (given by the caller).
+struct CommOwnership {
+  bool owned = true;
+  CommOwnership() = default;
+  explicit CommOwnership(bool is_owned) : owned(is_owned) {}
+  CommOwnership(std::default_delete<Comm>) {}  // NOLINT: what split returns is owned
+  void operator()(Comm* c) const {
+    if (owned) delete c;
+  }
+};
+using CommHandle = std::unique_ptr<Comm, CommOwnership>;
+
+// The node and rail communicators of a topology: made by
+// split_by_topology, or the caller's (Comm::given_node, given_rail).
+struct NodeComms {
+  CommHandle node, rail;
+};
 // The node and rail communicators of `t` (collective over `comm`, whose
 // rank must be t's): two Comm::split calls, node = split(t.node, t.local)
 // and rail = split(t.local, t.node).
-struct NodeComms {
-  std::unique_ptr<Comm> node, rail;
-};
 NodeComms split_by_topology(Comm& comm, const Topology& t);
+// The topology of the node and rail communicators given to `comm`
+// (Comm::set_given_nodes), checked collectively over all three: every rank
+// (node k = rail rank, local j = node rank) once on a grid of N = rail size
+// nodes of R = node size ranks, the node communicator's ranks those of
+// node k in local order, the rail's those of local index j in node order.
+// Throws Error(DSOPT_EINVAL) on every rank when they are not.
+Topology given_topology(Comm& comm);
 
 }  // namespace dsopt

@@ -89,9 +89,10 @@ class AlgorithmImpl {
     (void)r;
     return "";
   }
-  // Whether loading this rank's own (checked) blob drops rank-local state
-  // that belongs to another layout of the ranks (ZeRO's residual saved
-  // under another topology): the load then reports a reset.
+  // Whether loading (checked) blob `r` here resets rank-local state it
+  // holds because it belongs to another world size or topology (the 1-bit
+  // compression errors, ZeRO's residual): dsopt_state_load_ex reports it
+  // as a reset.
   virtual bool drops_rank_local(const BlobReader& r) const {
     (void)r;
     return false;

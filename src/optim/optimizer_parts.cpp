@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "base/error.hpp"
+
 namespace dsopt {
 
 OptimizerParts::OptimizerParts(const OptimizerConfig& cfg, Comm& comm,
@@ -26,7 +28,13 @@ OptimizerParts::OptimizerParts(const OptimizerConfig& cfg, Comm& comm,
 
 void OptimizerParts::find_topology() {
   const TopologyConfig& t = cfg_.topology;
-  if (t.ranks_per_node > 0)
+  if (comm_.given_node()) {
+    topology_ = given_topology(comm_);
+    if (t.ranks_per_node > 0 && t.ranks_per_node != topology_.ranks_per_node)
+      fail(DSOPT_EINVAL, "topology.ranks_per_node is " + std::to_string(t.ranks_per_node) +
+                             " but the node communicators given with dsopt_comm_set_nodes have " +
+                             std::to_string(topology_.ranks_per_node) + " ranks");
+  } else if (t.ranks_per_node > 0)
     topology_ = Topology::declared(comm_.rank(), comm_.size(), t.ranks_per_node);
   else if (comm_.size() == 1)
     topology_ = Topology::declared(0, 1, 1);
@@ -48,6 +56,12 @@ bool OptimizerParts::node_aware() const {
 NodeComms* OptimizerParts::node_comms() {
   if (node_comms_tried_ || !node_aware()) return node_comms_.get();
   node_comms_tried_ = true;
+  if (comm_.given_node()) {  // the caller's, checked by find_topology
+    node_comms_ = std::make_unique<NodeComms>();
+    node_comms_->node = CommHandle(comm_.given_node(), CommOwnership(false));
+    node_comms_->rail = CommHandle(comm_.given_rail(), CommOwnership(false));
+    return node_comms_.get();
+  }
   try {
     node_comms_ = std::make_unique<NodeComms>(split_by_topology(comm_, topology_));
   } catch (const Error& e) {

@@ -13,6 +13,8 @@
 # test_agreed_errors.py (a sparse gradient or a bad hyperparameter on one rank),
 # test_torch_lion.py (dsopt.torch.Lion against a float64 Lion in torch),
 # test_torch_sgd.py (dsopt.torch.SGD, made from the registry, against torch.optim.SGD),
+# test_torch_node_groups.py (the node-aware 1-bit optimizers over gloo: node
+# and rail groups given with Communicator.set_nodes, or made by dsopt.torch),
 # test_torch_prefetch.py (overlap=True under ZeRO: the deferred parameter
 # allgather waited for by each module's forward; 1, 2 and 4 ranks),
 # test_gloo_kill.py (gloo ranks killed or stopped mid-step) and
@@ -49,7 +51,7 @@ for py in python3 /usr/bin/python3; do
     tests/python/test_torch_compile.py tests/python/test_torch_optim_port.py \
     tests/python/test_torch_divergence.py tests/python/test_transformer_models.py \
     tests/python/test_agreed_errors.py tests/python/test_torch_lion.py tests/python/test_torch_sgd.py \
-    tests/python/test_torch_prefetch.py \
+    tests/python/test_torch_prefetch.py tests/python/test_torch_node_groups.py \
     tests/python/test_gloo_kill.py \
     tests/python/test_cuda_torch.py tests/python/test_cuda_torch_dist.py
 done

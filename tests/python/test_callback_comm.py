@@ -359,3 +359,32 @@ def test_handed_over_gradients_step_like_a_whole_step(concurrent):
     for rank in (0, 1):
         for a, b in zip(handed_over[rank], reference[rank]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_set_nodes_checks_its_arguments():
+    """dsopt_comm_set_nodes: both or neither, two others than the
+    communicator, sizes that make its world (DSOPT_EINVAL); a world of one
+    given itself as one node of one rank runs as before."""
+    comm, node, rail = (dsopt.Communicator.local() for _ in range(3))
+    with pytest.raises(dsopt.InvalidArgument, match="both"):
+        comm.set_nodes(node, None)
+    with pytest.raises(dsopt.InvalidArgument, match="other than comm"):
+        comm.set_nodes(comm, rail)
+    with pytest.raises(dsopt.InvalidArgument, match="other than comm"):
+        comm.set_nodes(node, node)
+    with pytest.raises(dsopt.InvalidArgumentType):
+        comm.set_nodes(node, "rail")
+    assert comm.nodes is None
+    comm.set_nodes(node, rail)
+    assert comm.nodes == (node, rail)
+    node.close()  # waits for comm
+    assert not node.closed
+    config = {"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 1}},
+              "topology": {"hierarchy": "node_aware"}}
+    with dsopt.Optimizer(config, [np.ones(10, np.float32)], comm=comm) as opt:
+        for _ in range(3):
+            opt.step([np.ones(10, np.float32)])
+    comm.set_nodes(None, None)
+    assert comm.nodes is None and node.closed and not rail.closed
+    comm.close()
+    rail.close()

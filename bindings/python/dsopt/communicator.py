@@ -49,6 +49,7 @@ class Communicator:
         self._callback_error = None
         self._users = set()
         self._close_requested = False
+        self._nodes = None  # (node, rail, whether this one closes them) of set_nodes
 
     @classmethod
     def _create(cls, kind: str, create, borrowed=None) -> "Communicator":
@@ -225,6 +226,49 @@ class Communicator:
     def size(self) -> int:
         return lib.dsopt_comm_size(self.handle)
 
+    @property
+    def nodes(self):
+        """The (node, rail) communicators of ``set_nodes``; None without."""
+        return self._nodes[:2] if self._nodes else None
+
+    def set_nodes(self, node, rail, *, close_with=False) -> None:
+        """Gives dsopt the node and rail communicators of this one
+        (``dsopt_comm_set_nodes``): ``node`` holds the ranks of this rank's
+        node ranked by local index (R ranks), ``rail`` the ranks of its
+        local index, one per node, ranked by node (N ranks), N * R this
+        communicator's size. Optimizers created afterwards take their
+        topology from them and, where the config's ``"topology"``
+        ``"hierarchy"`` makes them node-aware, run the compressed
+        collectives of the 1-bit optimizers on them (how callback and
+        torch communicators, which dsopt cannot split, run node-aware).
+        Both are kept open while this one is (``close()`` on them waits for
+        it); ``close_with=True`` closes them with it. ``set_nodes(None,
+        None)`` forgets them. The layout is checked by the optimizers'
+        creation (``InvalidArgument`` on every rank where they do not fit).
+        """
+        if (node is None) != (rail is None):
+            raise InvalidArgument("set_nodes: give both node and rail, or neither")
+        for name, c in (("node", node), ("rail", rail)):
+            if c is not None and not isinstance(c, Communicator):
+                raise InvalidArgumentType(f"{name} must be a dsopt.Communicator, got {type(c).__name__}")
+        if node is None:
+            check(lib.dsopt_comm_set_nodes(self.handle, ffi.NULL, ffi.NULL))
+        else:
+            check(lib.dsopt_comm_set_nodes(self.handle, node.handle, rail.handle))
+            node._acquire(self)
+            rail._acquire(self)
+        self._let_go_of_nodes()
+        if node is not None:
+            self._nodes = (node, rail, bool(close_with))
+
+    def _let_go_of_nodes(self) -> None:
+        nodes, self._nodes = self._nodes, None
+        if nodes:
+            for c in nodes[:2]:
+                c._release(self)
+                if nodes[2]:
+                    c.close()
+
     def _acquire(self, user) -> None:
         if self._close_requested:
             raise ValueError("dsopt.Communicator is closed")
@@ -240,6 +284,7 @@ class Communicator:
         handle, self._handle = self._handle, None
         if handle is not None:
             lib.dsopt_comm_destroy(handle)
+        self._let_go_of_nodes()
         if self._callbacks is not None:
             # dsopt released them: drop the callables, keep what they raised
             self._callback_error, self._callbacks = self._callbacks.error, None

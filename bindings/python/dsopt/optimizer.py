@@ -678,8 +678,11 @@ class Optimizer:
         ``reset_rank_local=True`` the 1-bit optimizers load such a blob's
         replicated state and reset the rank-local state, on every rank, as a
         load at another world size does (``DSOPT_LOAD_RESET_RANK_LOCAL``);
-        a ZeRO shard still raises. Returns True when rank-local state was
-        reset (the same on every rank), else False."""
+        a ZeRO shard still raises. The 1-bit optimizers' compression errors
+        saved at another world size or under another topology (flat or
+        node-aware, N nodes of R ranks: ``"topology"`` in the config) reset
+        too. Returns True when rank-local state was reset (the same on every
+        rank), else False."""
         handle = self._live()
         try:
             data = ffi.from_buffer(blob)

@@ -1,21 +1,57 @@
 #include "algorithms/onebit/car_errors.hpp"
 
+#include <algorithm>
+
 #include "base/error.hpp"
+#include "comm/node_aware_allreduce.hpp"
 
 namespace dsopt {
+namespace {
+// <prefix>.topology: ranks per node, nodes, padding rule (int32 each); all
+// zero where the blob has no errors.
+constexpr uint64_t kTopologyBytes = 12;
+}  // namespace
 
-std::pair<uint64_t, uint64_t> CarErrors::bytes(int world) const {
-  if (world <= 1) return {0, 0};
+std::pair<uint64_t, uint64_t> CarErrors::bytes(const Layout& layout) const {
+  const int32_t R = layout.ranks_per_node, N = layout.nodes();
+  if (layout.world <= 1 || N <= 1) return {0, 0};
   uint64_t worker = 0;
-  for (int64_t n : sizes_) worker += uint64_t(CompressedAllreduce::padded_length(n, world)) * 4;
-  return {worker, worker / uint64_t(world)};
+  for (size_t t = 0; t < sizes_.size(); ++t)
+    worker += uint64_t(CompressedAllreduce::padded_length(
+                  NodeAwareAllreduce::slice_length(tensor_length(t, layout), R), N)) * 4;
+  return {worker, worker / uint64_t(N)};
 }
 
-StateSchema::Slice CarErrors::tensor_slice(float* worker_errors, size_t t, int world) const {
+CarErrors::Layout CarErrors::saved_layout(const BlobReader& r) const {
+  Layout l{saved_world(r), 1};
+  const std::string name = prefix_ + ".topology";
+  if (l.world > 1 && r.has(name)) {
+    FieldReader f(r.section(name, kTopologyBytes), kTopologyBytes);
+    l.ranks_per_node = f.get<int32_t>();
+  }
+  return l;
+}
+
+StateSchema::Slice CarErrors::tensor_slice(float* worker_errors, size_t t, const Layout& layout,
+                                           int local) const {
   if (!worker_errors || t >= sizes_.size()) return {};
+  const int32_t R = layout.ranks_per_node, N = layout.nodes();
   int64_t at = 0;
-  for (size_t u = 0; u < t; ++u) at += CompressedAllreduce::padded_length(sizes_[u], world);
-  return {true, worker_errors + at, sizes_[t], 0};
+  for (size_t u = 0; u < t; ++u)
+    at += CompressedAllreduce::padded_length(NodeAwareAllreduce::slice_length(sizes_[u], R), N);
+  const int64_t m = NodeAwareAllreduce::slice_length(sizes_[t], R), first = int64_t(local) * m;
+  const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
+  return {true, worker_errors + at, have, have > 0 ? first : 0};
+}
+
+StateSchema::Slice CarErrors::fused_slice(float* worker_errors, int64_t first, int64_t numel,
+                                          const Layout& layout, int local) const {
+  if (!worker_errors || sizes_.empty()) return {};
+  const int64_t m = NodeAwareAllreduce::slice_length(tensor_length(0, layout), layout.ranks_per_node);
+  const int64_t lo = std::max(first, int64_t(local) * m);
+  const int64_t hi = std::min(first + numel, int64_t(local) * m + m);
+  if (hi <= lo) return {true, worker_errors, 0, 0};
+  return {true, worker_errors + (lo - int64_t(local) * m), hi - lo, lo - first};
 }
 
 void CarErrors::check_world(int32_t saved_world) {
@@ -25,16 +61,37 @@ void CarErrors::check_world(int32_t saved_world) {
 }
 
 void CarErrors::describe(StateSchema& s, Kernels& kernels,
-                         std::function<CompressedAllreduce*()> car,
+                         std::function<CompressedAllreduce*()> car, std::function<Layout()> live,
                          std::function<bool(const BlobReader&)> restore_if,
                          StateSchema::Slicer slice, std::function<bool()> listed) const {
   const CarErrors self = *this;
-  const auto length = [self, car](bool worker) {
-    return [self, car, worker](const BlobReader* r) {
-      const auto b = self.bytes(r ? self.saved_world(*r) : world_of(car()));
+  const auto length = [self, live](bool worker) {
+    return [self, live, worker](const BlobReader* r) {
+      const auto b = self.bytes(r ? self.saved_layout(*r) : live());
       return worker ? b.first : b.second;
     };
   };
+  s.optional_record(
+       prefix_ + ".topology", kTopologyBytes,
+       [live](FieldWriter& f) {
+         const Layout l = live();
+         if (l.world > 1) f.add(l.ranks_per_node).add(l.nodes()).add(kSliceRule);
+         else f.add(int32_t(0)).add(int32_t(0)).add(int32_t(0));
+       },
+       nullptr, nullptr, nullptr)
+      .check([self, name = prefix_ + ".topology"](const BlobReader& r) {
+        if (!r.has(name)) return;
+        FieldReader f(r.section(name, kTopologyBytes), kTopologyBytes);
+        const int32_t R = f.get<int32_t>(), N = f.get<int32_t>(), rule = f.get<int32_t>();
+        const int32_t world = self.saved_world(r);
+        const bool ok = world > 1 ? R >= 1 && N >= 1 && int64_t(R) * N == world && rule == kSliceRule
+                                  : R == 0 && N == 0 && rule == 0;
+        if (!ok)
+          fail(DSOPT_ECORRUPT, "state blob: invalid topology of the compression errors (" +
+                                   std::to_string(N) + " nodes of " + std::to_string(R) +
+                                   " ranks, rule " + std::to_string(rule) + ", world size " +
+                                   std::to_string(world) + ")");
+      });
   s.array(prefix_ + ".worker_error", kernels,
           [car]() -> void* { return car() ? car()->worker_error() : nullptr; }, length(true),
           restore_if)

@@ -20,6 +20,11 @@ void OneBitOptimizer::set_momentum_mask(int64_t i, const dsopt_tensor* mask) {
   masks_.set(parts_.kernels(), parts_.params(), i, mask);
 }
 
+void OneBitOptimizer::created() {
+  if (parts_.comm().size() > 1 && !car_sizes_.empty()) node_comms_ = parts_.node_comms();
+  if (from_start_) start_compressed_allreduce();
+}
+
 void OneBitOptimizer::compress_params(const std::vector<int64_t>& indices) {
   tensor_of_.assign(size_t(parts_.params().count()), -1);
   car_sizes_.clear();
@@ -34,16 +39,48 @@ void OneBitOptimizer::compress_fused(int64_t padded) {
   tensor_of_.clear();
   car_sizes_ = {padded};
   errors_ = CarErrors(sections_.errors, {parts_.params().total_numel()}, sections_.saved_world,
-                      sections_.rank_local);
+                      sections_.rank_local, true);
 }
 
 void OneBitOptimizer::start_compressed_allreduce() {
-  if (parts_.comm().size() > 1 && !car_sizes_.empty())
+  if (parts_.comm().size() <= 1 || car_sizes_.empty()) return;
+  if (node_comms_)
+    node_car_ = std::make_unique<NodeAwareAllreduce>(*node_comms_->node, *node_comms_->rail, parts_.kernels(),
+                                                     parts_.mem(), car_sizes_);
+  else
     car_ = std::make_unique<CompressedAllreduce>(parts_.comm(), parts_.kernels(), parts_.mem(), car_sizes_);
+}
+
+void OneBitOptimizer::tend_node_comms() {
+  for (Comm* c : {node_comms_->node.get(), node_comms_->rail.get()}) {
+    c->prepare();
+    c->set_timeout(parts_.comm().timeout());
+    c->finish_others(&parts_.gathers());
+  }
 }
 
 void OneBitOptimizer::run_compressed(std::vector<float*> tensors) {
   if (car_) car_->run(tensors.data());
+  if (node_car_) {
+    tend_node_comms();
+    node_car_->run(tensors.data());
+  }
+}
+
+CarErrors::Layout OneBitOptimizer::layout() const {
+  const int32_t world = parts_.comm().size() > 1 && !car_sizes_.empty() ? parts_.comm().size() : 0;
+  return {world, node_comms_ ? int32_t(node_comms_->node->size()) : 1};
+}
+
+bool OneBitOptimizer::same_world(const BlobReader& r) const {
+  CarErrors::Layout saved = errors_.saved_layout(r);
+  saved.world = parts_.rank_local_world(saved.world);
+  return saved == CarErrors::Layout{car_world(), layout().ranks_per_node};
+}
+
+bool OneBitOptimizer::drops_rank_local(const BlobReader& r) const {
+  const CarErrors::Layout saved = errors_.saved_layout(r);
+  return saved.world > 1 && saved != layout();
 }
 
 void OneBitOptimizer::run_compressed(const std::vector<UpdateSlot>& slots, Operand operand) {
@@ -71,12 +108,13 @@ std::string OneBitOptimizer::stage_divergence_hint(const std::string& lr) const 
 
 StateSchema& OneBitOptimizer::describe_stage(StateSchema& s) {
   return StageRecord::describe(s, sections_.stage, sections_.stage_holds_frozen_after, [this] {
-    return StageRecord{stage_, settings().freeze_step, CarErrors::world_of(car_.get())};
+    return StageRecord{stage_, settings().freeze_step, car_world()};
   });
 }
 
 void OneBitOptimizer::resume_stage(const StageRecord& record) {
   car_.reset();
+  node_car_.reset();
   stage_ = FreezeStage{};
   const FreezeStage resumed = record.resumed(settings().freeze_step, parts_.group_step(0));
   if (!resumed.compressing) return;
@@ -98,21 +136,28 @@ StateSchema& OneBitOptimizer::describe_rules(StateSchema& s) {
 
 void OneBitOptimizer::describe_errors(StateSchema& s,
                                       std::function<bool(const BlobReader&)> restore_if) {
-  if (!restore_if) restore_if = [this](const BlobReader& r) { return car_ && same_world(r); };
+  if (!restore_if) restore_if = [this](const BlobReader& r) { return has_car() && same_world(r); };
+  // This rank's local index: its errors hold slice `local` of each tensor
+  // (node-aware), or all of it (flat).
+  const auto local = [this] { return node_comms_ ? node_comms_->node->rank() : 0; };
   StateSchema::Slicer slice;
   if (tensor_of_.empty()) {
-    const StateSchema::Slicer flat = parts_.flat_slices();
-    slice = [flat](int64_t i, float* errors) { return errors ? flat(i, errors) : StateSchema::Slice{}; };
+    slice = [this, local](int64_t i, float* errors) {
+      if (!errors) return StateSchema::Slice{};
+      const Param& p = parts_.params().params()[size_t(i)];
+      return errors_.fused_slice(errors, p.offset, p.numel, layout(), local());
+    };
   } else {
-    slice = [this](int64_t i, float* errors) {
+    slice = [this, local](int64_t i, float* errors) {
       const int64_t t = i >= 0 && size_t(i) < tensor_of_.size() ? tensor_of_[size_t(i)] : -1;
       if (t < 0) return StateSchema::Slice{};  // a parameter the allreduce does not compress
-      return errors_.tensor_slice(errors, size_t(t), parts_.comm().size());
+      return errors_.tensor_slice(errors, size_t(t), layout(), local());
     };
   }
   errors_.describe(
-      s, parts_.kernels(), [this] { return car_.get(); }, std::move(restore_if), std::move(slice),
-      [this] { return parts_.comm().size() > 1 && !car_sizes_.empty(); });
+      s, parts_.kernels(), [this] { return error_car(); },
+      [this] { return CarErrors::Layout{car_world(), layout().ranks_per_node}; }, std::move(restore_if),
+      std::move(slice), [this] { return parts_.comm().size() > 1 && !car_sizes_.empty(); });
 }
 
 }  // namespace dsopt

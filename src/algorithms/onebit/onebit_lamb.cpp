@@ -160,11 +160,11 @@ void OneBitLamb::describe_state(StateSchema& s) {
   // (K1/K2): restored at the same P into a stage that was compressing, zero
   // otherwise.
   const auto restore_if = [this](const BlobReader& r) {
-    return car() && saved_stage(r).stage.compressing && same_world(r);
+    return has_car() && saved_stage(r).stage.compressing && same_world(r);
   };
   s.array(kTail, parts_.kernels(), [this, total] { return moments_.exp_avg() + total; },
           [this, total](const BlobReader* r) {
-            const int32_t world = r ? saved_stage(*r).world : CarErrors::world_of(car());
+            const int32_t world = r ? saved_stage(*r).world : car_world();
             return world > 1 ? uint64_t(fused_length(total, world) - total) * 4 : 0;
           },
           restore_if);

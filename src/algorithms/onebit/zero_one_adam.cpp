@@ -69,7 +69,7 @@ ZeroOneAdam::ZeroOneAdam(OptimizerParts& parts)
   std::vector<int64_t> all;
   for (int64_t i = 0; i < parts.params().count(); ++i) all.push_back(i);
   compress_params(all);
-  start_compressed_allreduce();
+  compress_from_start();
 }
 
 void ZeroOneAdam::reset_interval() {
@@ -144,7 +144,7 @@ void ZeroOneAdam::variance_phase_step(const PreparedGrads& grads, int64_t k) {
     const std::vector<ZeroOneConsts> c = consts(true);
     std::vector<UpdateSlot> s = slots(&grads);
     float mul1 = grads.mul1, mul2 = grads.mul2;
-    if (car()) {
+    if (has_car()) {
       parts_.kernels().transform(grads.grads.data(), int64_t(grads.grads.size()), mul1, acc_.floats(), nullptr);
       if (mul2 != 1.0f) {
         const TensorRef whole{acc_.floats(), parts_.params().total_numel(), DType::F32};
@@ -235,7 +235,7 @@ void ZeroOneAdam::describe_state(StateSchema& s) {
        [this](FieldWriter& f) {
          f.add(sched_.frozen).add(sched_.var_interval).add(sched_.var_counter)
              .add(sched_.local_interval).add(sched_.local_counter).add(sched_.variance_updates)
-             .add(CarErrors::world_of(car()));
+             .add(car_world());
        },
        check_schedule,
        [this](FieldReader& f) {

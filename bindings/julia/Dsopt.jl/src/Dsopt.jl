@@ -29,7 +29,7 @@ using Libdl
 export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        PHASE_SKIPPED, PHASE_FULL, PHASE_COMPRESSED, PHASE_LOCAL, PHASE_SYNC,
        mpi_communicator, nccl_communicator, custom_communicator, Collectives,
-       comm_rank, comm_size,
+       comm_rank, comm_size, set_nodes!,
        step!, grad_ready!, set_lr!, set_group_lr!, set_gradient_clipping!, gradient_clipping, threads, group_lr, num_groups, loss_scale,
        group_param, set_group_param!, group_param_names, param_step, set_param_step!,
        algorithm_names, describe, Algorithm, param_steps, supports_zero, offload, compressed,
@@ -211,11 +211,12 @@ mutable struct Communicator
     close_requested::Bool
     keep::Any             # the object the MPI/NCCL communicator came from; a custom
                           # communicator's CustomState (dsopt's `user` pointer)
+    nodes::Any            # (node, rail) of set_nodes!, or nothing
 
     function Communicator(kind::Symbol, keep, create::Function)
         out = Ref{Ptr{Cvoid}}(C_NULL)
         @check create(out)
-        comm = new(out[], kind, 0, false, keep)
+        comm = new(out[], kind, 0, false, keep, nothing)
         return finalizer(close, comm)
     end
 end
@@ -538,6 +539,51 @@ comm_size(comm::Communicator) = Int(ccall((:dsopt_comm_size, libdsopt), Cint, (P
 function destroy!(comm::Communicator)
     handle, comm.handle = comm.handle, C_NULL
     handle == C_NULL || ccall((:dsopt_comm_destroy, libdsopt), Cvoid, (Ptr{Cvoid},), handle)
+    release_nodes!(comm)
+    return nothing
+end
+
+"""
+    set_nodes!(comm, node, rail)
+    set_nodes!(comm, nothing, nothing)
+
+Gives dsopt the node and rail communicators of `comm`
+(`dsopt_comm_set_nodes`): `node` holds the ranks of this rank's node ranked
+by local index (R ranks), `rail` the ranks of its local index, one per node,
+ranked by node (N ranks), N * R the size of `comm`. Optimizers created on
+`comm` afterwards take their topology from them and, where the config's
+"topology" "hierarchy" makes them node-aware, run the 1-bit optimizers'
+compressed collectives on them (how custom communicators, which dsopt
+cannot split, run node-aware). Both stay open while `comm` is (`close` on
+them waits for it). `nothing, nothing` forgets them. Throws `DsoptError`
+(`DSOPT_EINVAL`) for communicators that cannot be `comm`'s; the layout is
+checked when an optimizer is created.
+"""
+function set_nodes!(comm::Communicator, node::Union{Communicator,Nothing},
+                    rail::Union{Communicator,Nothing})
+    (node === nothing) == (rail === nothing) ||
+        throw(ArgumentError("dsopt: set_nodes! takes both node and rail, or neither"))
+    if node === nothing
+        @check ccall((:dsopt_comm_set_nodes, libdsopt), Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}),
+                     live(comm), C_NULL, C_NULL)
+    else
+        @check ccall((:dsopt_comm_set_nodes, libdsopt), Cint, (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}),
+                     live(comm), live(node), live(rail))
+        node.users += 1
+        rail.users += 1
+    end
+    release_nodes!(comm)
+    comm.nodes = node === nothing ? nothing : (node, rail)
+    return comm
+end
+
+function release_nodes!(comm::Communicator)
+    nodes, comm.nodes = comm.nodes, nothing
+    nodes === nothing && return nothing
+    for c in nodes
+        c.users -= 1
+        c.close_requested && c.users == 0 && destroy!(c)
+    end
     return nothing
 end
 
@@ -1148,7 +1194,8 @@ load another rank's blob too: its replicated state, with the rank-local state
 reset on every rank as a load at another world size does
 (`dsopt_state_load_ex` with `DSOPT_LOAD_RESET_RANK_LOCAL`; a ZeRO shard is
 still refused). Returns whether rank-local state was reset (the same on
-every rank). Collective.
+every rank): also where the 1-bit compression errors belong to another world
+size or topology (flat or node-aware), which reset. Collective.
 """
 function state_load_ex!(opt::Optimizer, blob::AbstractVector{UInt8}; reset_rank_local::Bool=false)
     bytes = blob isa Vector{UInt8} ? blob : Vector{UInt8}(blob)

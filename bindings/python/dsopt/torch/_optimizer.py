@@ -210,9 +210,11 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
         if device is not None and "device" not in config:
             config = dict(config, device="cuda")  # the parameters' device, as the classes infer
         with _device.current(device):  # where dsopt and torch's communicator work
-            self._comm, self._owns_comm = as_communicator(comm)
+            self._comm, self._owns_comm = as_communicator(comm, canonical)
             try:
                 _device.bind_comm(self._comm, device)
+                for sub in (self._comm.nodes or ()) if self._comm is not None else ():
+                    _device.bind_comm(sub, device)
                 self.dsopt = _DsoptOptimizer(dict(config, param_groups=settings), tensors,
                                              self._comm, groups=group_of)
             except BaseException:

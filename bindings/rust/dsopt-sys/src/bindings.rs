@@ -880,6 +880,13 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
+    pub fn dsopt_comm_set_nodes(
+        comm: *mut dsopt_comm,
+        node: *mut dsopt_comm,
+        rail: *mut dsopt_comm,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
     pub fn dsopt_grad_ready(
         opt: *mut dsopt_optimizer,
         param_index: i64,

@@ -23,6 +23,8 @@ use crate::error::{check, Error, Result};
 #[derive(Debug)]
 pub struct Communicator {
     raw: NonNull<sys::dsopt_comm>,
+    // The node and rail communicators of `set_nodes`, dropped after `raw`.
+    nodes: Option<Box<(Communicator, Communicator)>>,
 }
 
 // Safety: a dsopt_comm has no thread affinity; it is only ever used by one
@@ -36,7 +38,7 @@ impl Communicator {
         let mut out = ptr::null_mut();
         check(make(&mut out))?;
         NonNull::new(out)
-            .map(|raw| Communicator { raw })
+            .map(|raw| Communicator { raw, nodes: None })
             .ok_or_else(|| Error::invalid("dsopt returned a NULL communicator"))
     }
 
@@ -149,7 +151,7 @@ impl Communicator {
             check(rc)?;
         }
         NonNull::new(out)
-            .map(|raw| Communicator { raw })
+            .map(|raw| Communicator { raw, nodes: None })
             .ok_or_else(|| Error::invalid("dsopt returned a NULL communicator"))
     }
 
@@ -163,6 +165,38 @@ impl Communicator {
     pub fn size(&self) -> i32 {
         // Safety: `raw` is a live communicator until drop.
         unsafe { sys::dsopt_comm_size(self.raw.as_ptr()) }
+    }
+
+    /// Gives dsopt the node and rail communicators of this one
+    /// (`dsopt_comm_set_nodes`), which it keeps until it is dropped or
+    /// [`clear_nodes`](Self::clear_nodes): `node` holds the ranks of this
+    /// rank's node ranked by local index (R ranks), `rail` the ranks of its
+    /// local index, one per node, ranked by node (N ranks), N * R this
+    /// communicator's size. Optimizers created afterwards take their
+    /// topology from them and, where the config's `"topology"`
+    /// `"hierarchy"` makes them node-aware, run the 1-bit optimizers'
+    /// compressed collectives on them (how custom communicators, which
+    /// dsopt cannot split, run node-aware). The layout is checked when an
+    /// optimizer is created (`DSOPT_EINVAL` on every rank).
+    ///
+    /// # Errors
+    /// `DSOPT_EINVAL` when the sizes do not make this world; the
+    /// communicators are dropped then.
+    pub fn set_nodes(&mut self, node: Communicator, rail: Communicator) -> Result<()> {
+        // Safety: all three are live; dsopt borrows node and rail, which
+        // this value owns from now on and drops after its own handle.
+        check(unsafe { sys::dsopt_comm_set_nodes(self.raw.as_ptr(), node.as_ptr(), rail.as_ptr()) })?;
+        self.nodes = Some(Box::new((node, rail)));
+        Ok(())
+    }
+
+    /// Forgets the node and rail communicators of
+    /// [`set_nodes`](Self::set_nodes) and hands them back.
+    pub fn clear_nodes(&mut self) -> Option<(Communicator, Communicator)> {
+        // Safety: `raw` is live; NULL, NULL forgets them.
+        let rc = unsafe { sys::dsopt_comm_set_nodes(self.raw.as_ptr(), ptr::null_mut(), ptr::null_mut()) };
+        debug_assert_eq!(rc, sys::DSOPT_OK);
+        self.nodes.take().map(|b| *b)
     }
 
     /// The `dsopt_comm *` for calls this crate does not wrap.

@@ -498,7 +498,9 @@ impl<'a> Optimizer<'a> {
     /// with the rank-local state reset on every rank as a load at another
     /// world size does (`dsopt_state_load_ex` with
     /// `DSOPT_LOAD_RESET_RANK_LOCAL`; a ZeRO shard is still refused).
-    /// Returns whether rank-local state was reset (the same on every rank).
+    /// Returns whether rank-local state was reset (the same on every rank):
+    /// also where the 1-bit compression errors belong to another world size
+    /// or topology (flat or node-aware), which reset.
     /// Collective.
     pub fn state_load_ex(&mut self, blob: &[u8], reset_rank_local: bool) -> Result<bool> {
         let flags = if reset_rank_local {

@@ -840,3 +840,22 @@ fn a_gather_order_is_checked_and_changes_no_value() {
     assert_eq!(ordered.params()[1].as_f32().unwrap(), plain.params()[1].as_f32().unwrap());
     assert_eq!(ordered.state_save().unwrap(), plain.state_save().unwrap());
 }
+
+#[test]
+fn node_and_rail_communicators_are_kept_and_handed_back() {
+    let mut comm = Communicator::local().unwrap();
+    comm.set_nodes(Communicator::local().unwrap(), Communicator::local().unwrap())
+        .unwrap();
+    {
+        let mut w = vec![0.25f32; 8];
+        let config = r#"{"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 2}},
+                         "topology": {"hierarchy": "node_aware"}}"#;
+        let mut opt = Optimizer::new(config, [ParamSlice::f32(&mut w)], &mut comm).unwrap();
+        for s in 0..3 {
+            opt.step(&[GradSlice::f32(&grads(s, 8))]).unwrap();
+        }
+    }
+    let (node, rail) = comm.clear_nodes().expect("the communicators given");
+    assert_eq!((node.size(), rail.size()), (1, 1));
+    assert!(comm.clear_nodes().is_none());
+}
