@@ -61,8 +61,9 @@ void Comm::allreduce(const void* send, void* recv, size_t count, Elem e, ReduceO
   } else {
     do_allreduce(send, recv, count, e, op, mem);
   }
-  const uint64_t total = 2 * (p - 1) * count * elem_size(e) / p;
-  count_bytes(total);
+  // Pairwise: a reduce-scatter and an allgather of n / P to each other rank.
+  const uint64_t n = count * elem_size(e), off = uint64_t(off_node_);
+  add_bytes({2 * (p - 1) * n / p, 2 * off * n / p});
 }
 
 void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
@@ -73,7 +74,7 @@ void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, Re
     do_ordered_reduce_scatter(send, recv, count, e, mem);
   else
     do_reduce_scatter(send, recv, count, e, op, mem);
-  count_bytes((p - 1) * count * elem_size(e));
+  add_bytes({(p - 1) * count * elem_size(e), uint64_t(off_node_) * count * elem_size(e)});
 }
 
 void Comm::allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
@@ -129,7 +130,7 @@ std::unique_ptr<CommRequest> Comm::started(std::unique_ptr<CommRequest> request,
 
 CommBytes Comm::allgather_bytes(uint64_t send_bytes) const {
   const uint64_t total = uint64_t(size() - 1) * send_bytes;
-  return {total, off_node_share(total)};
+  return {total, uint64_t(off_node_) * send_bytes};
 }
 
 void Comm::set_nodes(std::vector<int> node_of_rank) {
@@ -141,17 +142,11 @@ void Comm::set_nodes(std::vector<int> node_of_rank) {
   for (int n : node_of_) off_node_ += n != node_of_[size_t(rank())];
 }
 
-uint64_t Comm::off_node_share(uint64_t total) const {
-  const int others = size() - 1;
-  return others == 0 || off_node_ == 0 ? 0 : total / uint64_t(others) * uint64_t(off_node_) +
-                                               total % uint64_t(others) * uint64_t(off_node_) / uint64_t(others);
-}
-
 void Comm::add_bytes(const CommBytes& b) {
   for (Comm* c = this; c; c = c->parent_) c->bytes_ += b;
 }
 
-void Comm::count_bytes(uint64_t total) { add_bytes({total, off_node_share(total)}); }
+
 
 Comm::~Comm() {
   set_given_nodes(nullptr, nullptr);

@@ -167,8 +167,8 @@ class Comm {
   uint64_t bytes_sent() const { return bytes_.sent; }
   // The same with, in inter_node, the bytes sent to ranks of other nodes
   // (pairwise: of the P - 1 equal parts a collective sends, those to the
-  // ranks off this rank's node; an alltoallv's blocks by their
-  // destination). 0 until set_nodes.
+  // ranks off this rank's node, an allreduce's 2 (P-R) n / P rounded down;
+  // an alltoallv's blocks by their destination). 0 until set_nodes.
   CommBytes bytes() const { return bytes_; }
   // What an allgather of `send_bytes` per rank counts (posted ahead of the
   // allgather itself: a deferred gather).
@@ -232,11 +232,6 @@ class Comm {
   // Counts `b` here and in every parent (a sub-communicator's traffic is
   // its parent's).
   void add_bytes(const CommBytes& b);
-  // add_bytes() of `total` bytes spread over the others alike.
-  void count_bytes(uint64_t total);
-  // Bytes of `total` spread over the P - 1 other ranks alike: those to
-  // ranks off this rank's node.
-  uint64_t off_node_share(uint64_t total) const;
 
   CommBytes bytes_;
   Comm* parent_ = nullptr;     // the communicator this one was split from, or given to
