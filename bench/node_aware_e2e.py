@@ -11,12 +11,10 @@ Runs, per form (the config key "topology": {"hierarchy": FORM,
   * 1-bit Adam end to end (onebit_e2e_bench, 8.5M fp32 parameters): its
     compression-stage steps;
   * compressed ZeRO-2 int4/int8 and int8/int8 end to end
-    (compressed_zero_bench, 8M fp32 parameters), with uncompressed ZeRO-2;
-  * the 1-bit compressed allreduce alone (compressed_allreduce_bench, 8M
-    floats), flat only: the bench drives the flat class.
+    (compressed_zero_bench, 8M fp32 parameters), with uncompressed ZeRO-2.
 Each row: step time (median and min-max of the per-run medians), the bytes
 across the boundary per step as the library counts them
-(info.bytes_inter_node; "n/a" where the library has no such field) and as
+(info.bytes_inter_node) and as
 the emulated link counted them (htb, both directions, headers included),
 and the planner's step time and bytes across nodes for the same set-up.
 A node-aware row prints "not available" when the library does not run the
@@ -37,7 +35,6 @@ sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
 
 NP, RPN = 4, 2
 ZERO_NUMEL = 8 << 20
-CAR_NUMEL = 8 << 20
 ONEBIT_SIZES = [131072 * 64, 131072]   # onebit_e2e_bench's default model
 PAIRS = ("int4/int8", "int8/int8")
 
@@ -95,20 +92,8 @@ def run_zero(build, form, steps):
     return out
 
 
-def run_car(build, iters):
-    text = netem([os.path.join(build, "bench", "compressed_allreduce_bench"), "--min-numel", str(CAR_NUMEL),
-                  "--max-numel", str(CAR_NUMEL), "--iters", str(iters), "--large-iters", str(iters),
-                  "--threads", "1"])
-    for line in text.splitlines():
-        if "1-bit" in line and re.search(r"\d", line):
-            nums = re.findall(r"[-+]?\d+\.\d+|\d+", line.split("1-bit", 1)[1])
-            return {"line": line.strip(), "median": float(nums[1]) if len(nums) > 1 else float("nan")}
-    return {"line": "?", "median": float("nan")}
-
-
 def predictions(form, profile_path):
     from dsopt.plan import Cluster, Model, plan
-    from dsopt.plan.bytes import car_flat_cross, car_node_aware
     from dsopt.plan.configs import Config, Settings
     from dsopt.plan.profile import load
     prof = load(profile_path)
@@ -122,9 +107,6 @@ def predictions(form, profile_path):
     s = Settings(reduce_bucket_size=1 << 22, allgather_bucket_size=1 << 22)
     for rec in plan(z, cluster, 0.0, prof, s, [Config("zero2")] + [Config("czero", *p.split("/")) for p in PAIRS]):
         out[rec.name] = (rec.time.total, rec.cross_bytes.steady)
-    topo = cluster.topo
-    cross = car_node_aware([CAR_NUMEL], topo)[1] if topo.node_aware else car_flat_cross([CAR_NUMEL], topo)
-    out["1-bit allreduce"] = (float("nan"), cross)
     return out, cluster.describe()
 
 
@@ -142,7 +124,6 @@ def main():
     ap.add_argument("--forms", default="flat,node_aware")
     ap.add_argument("--onebit-steps", type=int, default=40)
     ap.add_argument("--zero-steps", type=int, default=5)
-    ap.add_argument("--car-iters", type=int, default=5)
     ap.add_argument("--profile", default=os.path.join(ROOT, "tests", "python", "plan_profile_2core.json"))
     a = ap.parse_args()
     forms = [f.strip() for f in a.forms.split(",") if f.strip()]
@@ -156,7 +137,7 @@ def main():
     for form in forms:
         pred, desc = predictions(form, a.profile)
         print(f"\n== {form}: planner cluster {desc}")
-        runs = {"1-bit Adam": [], **{f"ZeRO-2 {p}": [] for p in PAIRS}, "ZeRO-2": [], "1-bit allreduce": []}
+        runs = {"1-bit Adam": [], **{f"ZeRO-2 {p}": [] for p in PAIRS}, "ZeRO-2": []}
         for _ in range(a.runs):
             ob = run_onebit(a.build, form, a.onebit_steps)
             runs["1-bit Adam"].append(ob)
@@ -164,20 +145,11 @@ def main():
             for p in PAIRS:
                 runs[f"ZeRO-2 {p}"].append(z.get(p, {}))
             runs["ZeRO-2"].append(z.get("ZeRO-2", {}))
-            if form == "flat":
-                runs["1-bit allreduce"].append(run_car(a.build, a.car_iters))
         results[form] = runs
         print(f"{'row':<20} {'step s':>24} {'library B/step':>15} {'link B/step':>24} "
               f"{'planner s':>10} {'planner B/step':>15}")
         for name, rs in runs.items():
             pt, pb = pred.get(name, (float("nan"), None))
-            if name == "1-bit allreduce":
-                if form != "flat":
-                    print(f"{name:<20} {'not available (compressed_allreduce_bench drives the flat class)':>60}")
-                    continue
-                times = [r["median"] for r in rs]
-                print(f"{name:<20} {cell(times):>24} {'-':>15} {'-':>24} {'-':>10} {pb:>15,}")
-                continue
             key = "step"
             times = [r[key] for r in rs if key in r]
             inter = [r.get("inter", -1) for r in rs]

@@ -721,6 +721,9 @@ int main(int argc, char** argv) {
   if (run_zoadam) zo = train(o, teacher, Algo::ZeroOneAdam);
 
   // The stage switch, the bytes, and the common start of the two runs.
+  // The bytes are the flat form's formulas; the node-aware form's are
+  // checked by the library's tests (tests/python/test_node_aware_onebit.py).
+  const bool flat = o.hierarchy.empty() || o.hierarchy == "flat";
   const double fp32_bytes = 2.0 * (P - 1) / P * 4.0 * double(s.total());
   for (const RunResult& r : runs) {
     const double onebit_bytes = car_bytes(s, P, r.lamb);
@@ -731,7 +734,7 @@ int main(int argc, char** argv) {
                  " reports compressed = " + std::to_string(r.compressed[size_t(i)]));
       const double expect = want_compressed ? onebit_bytes : fp32_bytes;
       const double got = double(r.bytes[size_t(i)]);
-      if (got < expect || got > expect + 64.0 * P)
+      if (flat && (got < expect || got > expect + 64.0 * P))
         fail_all(r.name + ": update " + std::to_string(i + 1) + " sent " + std::to_string(got) +
                  " bytes, expected " + std::to_string(expect) + " (+ a few scalars)");
     }
@@ -746,7 +749,7 @@ int main(int argc, char** argv) {
                             : ph == DSOPT_PHASE_LOCAL ? status_bytes
                                                       : status_bytes + car_bytes(s, P, false);
       const double got = double(zo.bytes[size_t(i)]);
-      if (got < expect || got > expect + 64.0 * P || zo.compressed[size_t(i)] != int(compressed))
+      if ((flat && (got < expect || got > expect + 64.0 * P)) || zo.compressed[size_t(i)] != int(compressed))
         fail_all("0/1 Adam: update " + std::to_string(i + 1) + " (phase " + std::to_string(ph) + ") sent " +
                  std::to_string(got) + " bytes, expected " + std::to_string(expect));
     }
