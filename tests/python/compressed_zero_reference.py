@@ -235,11 +235,9 @@ def step_bytes(sizes, world, per_node, bucket_elems, chunk_elems, grads, params,
     P, R = world, per_node
     N = P // R
 
-    def share(total):  # of bytes spread over the P - 1 others alike, those off the node
-        return total // (P - 1) * (P - R) + total % (P - 1) * (P - R) // (P - 1)
-
-    small = 2 * (P - 1) * 16 // P
-    sent, inter = 2 * small, 2 * share(small)
+    # The two 16-byte allreduces: 2 (P-1) c / P sent, 2 (P-R) c / P of it
+    # off the node (pairwise, rounded down).
+    sent, inter = 2 * (2 * (P - 1) * 16 // P), 2 * (2 * (P - R) * 16 // P)
     bucket_list, padded = buckets(sizes, world, bucket_elems)
     for _, numel in bucket_list:
         m = numel // P
@@ -261,7 +259,7 @@ def step_bytes(sizes, world, per_node, bucket_elems, chunk_elems, grads, params,
             sent += (N - 1) * size + (R - 1) * N * size
             inter += (N - 1) * size
         else:
-            sent, inter = sent + (P - 1) * size, inter + share((P - 1) * size)
+            sent, inter = sent + (P - 1) * size, inter + (P - R) * size
     return sent, inter
 
 
