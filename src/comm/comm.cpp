@@ -146,8 +146,6 @@ void Comm::add_bytes(const CommBytes& b) {
   for (Comm* c = this; c; c = c->parent_) c->bytes_ += b;
 }
 
-
-
 Comm::~Comm() {
   set_given_nodes(nullptr, nullptr);
   if (parent_ && parent_->given_node_ == this) parent_->given_node_ = nullptr;
@@ -162,10 +160,14 @@ void Comm::set_given_nodes(Comm* node, Comm* rail) {
   if (!node || !rail) return;
   node->parent_ = this;
   rail->parent_ = this;
-  node->set_nodes(std::vector<int>(size_t(node->size()), 0));
-  std::vector<int> rail_nodes(size_t(rail->size()));
-  for (int k = 0; k < rail->size(); ++k) rail_nodes[size_t(k)] = k;
-  rail->set_nodes(std::move(rail_nodes));
+  mark_node_and_rail(*node, *rail);
+}
+
+void Comm::mark_node_and_rail(Comm& node, Comm& rail) {
+  node.set_nodes(std::vector<int>(size_t(node.size()), 0));
+  std::vector<int> rail_nodes(size_t(rail.size()));
+  for (int k = 0; k < rail.size(); ++k) rail_nodes[size_t(k)] = k;
+  rail.set_nodes(std::move(rail_nodes));
 }
 
 std::unique_ptr<Comm> Comm::split(int color, int key) {

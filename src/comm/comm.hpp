@@ -184,6 +184,10 @@ class Comm {
   // none (the ones given before are let go). Checked collectively where an
   // optimizer is created (OptimizerParts::find_topology).
   void set_given_nodes(Comm* node, Comm* rail);
+  // Marks `node` and `rail` as a node and a rail communicator for the
+  // bytes they count across nodes: none of the node's peers, every one of
+  // the rail's.
+  static void mark_node_and_rail(Comm& node, Comm& rail);
   Comm* given_node() const { return given_node_; }
   Comm* given_rail() const { return given_rail_; }
 

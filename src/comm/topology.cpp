@@ -79,12 +79,7 @@ NodeComms split_by_topology(Comm& comm, const Topology& t) {
   NodeComms c;
   c.node = comm.split(t.node, t.local);
   c.rail = comm.split(t.local, t.node);
-  // The node communicator's ranks share a node; the rail's are each on
-  // another one.
-  c.node->set_nodes(std::vector<int>(size_t(t.ranks_per_node), 0));
-  std::vector<int> rail_nodes(size_t(t.nodes));
-  for (int k = 0; k < t.nodes; ++k) rail_nodes[size_t(k)] = k;
-  c.rail->set_nodes(rail_nodes);
+  Comm::mark_node_and_rail(*c.node, *c.rail);
   if (c.node->size() != t.ranks_per_node || c.node->rank() != t.local || c.rail->size() != t.nodes ||
       c.rail->rank() != t.node)
     fail(DSOPT_EINTERNAL, "split_by_topology: the communicators made do not match " + t.describe());
