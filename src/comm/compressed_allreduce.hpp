@@ -33,6 +33,16 @@ class CompressedAllreduce {
   // average over ranks, identical on every rank. P == 1: unchanged.
   void run(float* const* x);
 
+  // The last run's result as it travelled: every rank's server signs (the
+  // message layout of the pieces) and scales (world x count, rank-major).
+  // decode_result turns such a result, this rank's or another one's with
+  // the same sizes, into the values run's last phase writes, bit for bit.
+  const void* result_codes() const { return send_.get(); }
+  int64_t result_code_bytes() const { return msg_bytes_ * int64_t(world_); }
+  const float* result_scales() const { return result_scales_.data(); }
+  int64_t result_scale_count() const { return count() * int64_t(world_); }
+  void decode_result(const void* codes, const float* scales, float* const* x);
+
   int world() const { return world_; }
   int64_t pieces() const { return int64_t(pieces_.size()); }
   int64_t count() const { return int64_t(tensors_.size()); }
@@ -58,6 +68,7 @@ class CompressedAllreduce {
   DeviceBuffer worker_error_, server_error_;
   DeviceBuffer send_, recv_, server_bits_;
   DeviceBuffer discard_;  // signs the error update writes again (one piece; none with one piece)
+  std::vector<float> result_scales_;  // the last run's server scales, all ranks
 };
 
 }  // namespace dsopt

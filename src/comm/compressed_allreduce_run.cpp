@@ -101,8 +101,14 @@ class CompressedAllreduce::Call {
       while (updated_ <= p) update_errors();
       transfers_.wait(server_scales);
       transfers_.wait(gathered[p]);
-      decode(pieces[p]);
+      decode(pieces[p], send_, all_server_scales_.data());
     }
+    car_.result_scales_ = all_server_scales_;
+  }
+
+  // F1/F2 of a result that is already here (CompressedAllreduce::decode_result).
+  void decode_all(const uint8_t* codes, const float* scales) {
+    for (const CarPiece& piece : car_.pieces_) decode(piece, codes, scales);
   }
 
  private:
@@ -171,7 +177,7 @@ class CompressedAllreduce::Call {
     }
     ++updated_;
     const CarViews v = car_worker_views(car_.tensors_, world_, piece);
-    const std::vector<float> s = per_view(v, scales_, 0);
+    const std::vector<float> s = per_view(v, scales_.data(), 0);
     in_slices(v, [&](size_t first, size_t count) {
       k_.car_worker_pack(v.views.data() + first, int64_t(count), 1, s.data() + first, out, piece.bytes);
     });
@@ -199,23 +205,24 @@ class CompressedAllreduce::Call {
   // S4/S5 for one piece, into the message at server_bits_.
   void server_pack(const CarPiece& piece) {
     const CarViews v = car_server_views(car_.tensors_, piece);
-    const std::vector<float> s = per_view(v, server_scales_, 0);
+    const std::vector<float> s = per_view(v, server_scales_.data(), 0);
     k_.car_server_pack(v.views.data(), int64_t(v.views.size()), 1, s.data(), server_bits_);
     transfers_.poll();
   }
 
-  // F1/F2 for one piece.
-  void decode(const CarPiece& piece) {
+  // F1/F2 for one piece: the gathered signs at codes (message layout),
+  // the server scales rank-major.
+  void decode(const CarPiece& piece, const uint8_t* codes, const float* scales) {
     const CarViews v = car_worker_views(car_.tensors_, world_, piece);
-    const std::vector<float> s = per_view(v, all_server_scales_, count_);
-    const uint8_t* in = send_ + world_ * piece.begin;
+    const std::vector<float> s = per_view(v, scales, count_);
+    const uint8_t* in = codes + world_ * piece.begin;
     in_slices(v, [&](size_t first, size_t count) {
       k_.car_decode(v.views.data() + first, int64_t(count), 1, in, piece.bytes, s.data() + first);
     });
   }
 
   // table[rank * stride + tensor] for every view (stride 0: per tensor only).
-  static std::vector<float> per_view(const CarViews& v, const std::vector<float>& table, size_t stride) {
+  static std::vector<float> per_view(const CarViews& v, const float* table, size_t stride) {
     std::vector<float> out(v.views.size());
     for (size_t k = 0; k < out.size(); ++k)
       out[k] = table[(v.rank.empty() ? 0 : size_t(v.rank[k])) * stride + size_t(v.tensor[k])];
@@ -266,6 +273,12 @@ void CompressedAllreduce::run(float* const* x) {
   if (world_ == 1) return;  // C5: identity
   for (int64_t t = 0; t < count(); ++t) tensors_[size_t(t)].x = x[t];
   Call(*this).run();
+}
+
+void CompressedAllreduce::decode_result(const void* codes, const float* scales, float* const* x) {
+  if (world_ == 1) return;
+  for (int64_t t = 0; t < count(); ++t) tensors_[size_t(t)].x = x[t];
+  Call(*this).decode_all(static_cast<const uint8_t*>(codes), scales);
 }
 
 }  // namespace dsopt

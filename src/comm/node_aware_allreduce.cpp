@@ -25,10 +25,15 @@ uint64_t NodeAwareAllreduce::rail_bytes(const std::vector<int64_t>& sizes, int n
   return flat_bytes(slices, nodes, uint64_t(nodes - 1));
 }
 
-uint64_t NodeAwareAllreduce::node_bytes(const std::vector<int64_t>& sizes, int ranks_per_node) {
-  uint64_t block = 0;
-  for (int64_t n : sizes) block += uint64_t(slice_length(n, ranks_per_node));
-  return 2 * uint64_t(ranks_per_node - 1) * 4 * block;
+uint64_t NodeAwareAllreduce::node_bytes(const std::vector<int64_t>& sizes, int nodes, int ranks_per_node) {
+  uint64_t block = 0, codes = 0;
+  for (int64_t n : sizes) {
+    const int64_t m = slice_length(n, ranks_per_node);
+    block += uint64_t(m);
+    codes += uint64_t(CompressedAllreduce::padded_length(m, nodes) / 8);
+  }
+  const uint64_t gathered = nodes == 1 ? 4 * block : codes + 4 * uint64_t(nodes) * uint64_t(sizes.size());
+  return uint64_t(ranks_per_node - 1) * (4 * block + gathered);
 }
 
 uint64_t NodeAwareAllreduce::flat_cross_node_bytes(const std::vector<int64_t>& sizes, int nodes,
@@ -58,6 +63,10 @@ NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels,
   rail_car_ = std::make_unique<CompressedAllreduce>(rail, kernels, mem, slice_, piece_blocks);
   blocks_ = DeviceBuffer(kernels, size_t(block_) * size_t(R) * 4);
   mine_ = DeviceBuffer(kernels, size_t(block_) * 4);
+  if (nodes_ > 1) {
+    codes_ = DeviceBuffer(kernels, size_t(rail_car_->result_code_bytes()) * size_t(R));
+    scales_.resize(size_t(rail_car_->result_scale_count()) * size_t(R));
+  }
   if (pad > 0) {
     zeros_ = DeviceBuffer(kernels, size_t(pad) * 4);
     kernels.fill_zero(zeros_.get(), zeros_.bytes());
@@ -94,15 +103,31 @@ void NodeAwareAllreduce::run(float* const* x) {
   for (size_t t = 0; t < T; ++t) slices[t] = mine_.floats() + offset_[t];
   rail_car_->run(slices.data());
 
-  // (c) Every rank's decompressed slices, back into the tensors.
-  node_.allgather(mine_.get(), blocks_.get(), size_t(block_), Elem::F32, mem_);
+  // (c) Every local index's slices, decoded from its rail's result (or
+  // gathered in fp32 where nothing was compressed), back into the tensors.
+  const int me = node_.rank();
+  if (nodes_ == 1) {
+    node_.allgather(mine_.get(), blocks_.get(), size_t(block_), Elem::F32, mem_);
+  } else {
+    const CompressedAllreduce& rail = *rail_car_;
+    const size_t code_bytes = size_t(rail.result_code_bytes()), scale_count = size_t(rail.result_scale_count());
+    node_.allgather(rail.result_codes(), codes_.get(), code_bytes, Elem::U8, mem_);
+    node_.allgather(rail.result_scales(), scales_.data(), scale_count, Elem::F32, Mem::host());
+    for (int j = 0; j < R; ++j) {
+      if (j == me) continue;
+      float* block = blocks_.floats() + size_t(j) * size_t(block_);
+      for (size_t t = 0; t < T; ++t) slices[t] = block + offset_[t];
+      rail_car_->decode_result(static_cast<const uint8_t*>(codes_.get()) + size_t(j) * code_bytes,
+                               scales_.data() + size_t(j) * scale_count, slices.data());
+    }
+  }
   for (size_t t = 0; t < T; ++t) {
     parts.clear();
     for (int j = 0; j < R; ++j) {
       const int64_t m = slice_[t], first = j * m;
       const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
-      if (have > 0)
-        parts.push_back(TensorRef{blocks_.floats() + size_t(j) * size_t(block_) + offset_[t], have, DType::F32});
+      const float* block = nodes_ > 1 && j == me ? mine_.floats() : blocks_.floats() + size_t(j) * size_t(block_);
+      if (have > 0) parts.push_back(TensorRef{block + offset_[t], have, DType::F32});
     }
     if (!parts.empty()) kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, x[t], nullptr);
   }

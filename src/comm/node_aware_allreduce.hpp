@@ -13,8 +13,13 @@
 //       rail communicator (the N ranks of local index j) on the slices y_j
 //       (one tensor of m values per tensor): worker error of
 //       padded_length(m, N), server error of padded_length(m, N) / N;
-//   (c) inside the node, fp32: the decompressed slices allgathered over the
-//       node communicator, every rank writing the n values of each x.
+//   (c) inside the node, compressed as they crossed: the rail allreduce's
+//       result as it arrived at every rail rank (the N ranks' server signs
+//       and scales, sum_t n''_t / 8 bytes and 4 N T) allgathered over the
+//       node communicator; every rank decodes the other local indices'
+//       slices exactly as their rail decoded them and writes the n values
+//       of each x. With N = 1 (nothing compressed) the node means are
+//       allgathered in fp32.
 // Every rank ends with the same bits. R = 1 is the flat form on the rail
 // communicator exactly (the tensors go to it as they are); N = 1 runs (a)
 // and (c) only (the rail allreduce of one rank is the identity).
@@ -41,9 +46,11 @@ class NodeAwareAllreduce {
   // (what crosses node boundaries): with n''_t = padded_length(m_t, N) and
   // T tensors, (N - 1) * (2 * sum_t n''_t / (8 N) + 8 T); 0 when N = 1.
   static uint64_t rail_bytes(const std::vector<int64_t>& sizes, int nodes, int ranks_per_node);
-  // Bytes one call adds to the node communicator's bytes_sent:
-  // 2 (R - 1) * 4 * sum_t m_t (reduce-scatter and allgather); 0 when R = 1.
-  static uint64_t node_bytes(const std::vector<int64_t>& sizes, int ranks_per_node);
+  // Bytes one call adds to the node communicator's bytes_sent on every rank:
+  // the reduce-scatter, (R - 1) * 4 * sum_t m_t, and the allgather,
+  // (R - 1) * (sum_t n''_t / 8 + 4 N T) (N = 1: (R - 1) * 4 * sum_t m_t);
+  // 0 when R = 1.
+  static uint64_t node_bytes(const std::vector<int64_t>& sizes, int nodes, int ranks_per_node);
   // The flat form's bytes on the same world (P = N R) that go to ranks of
   // other nodes when every block goes straight to its destination:
   // (P - R) * (2 * sum_t n'_t / (8 P) + 8 T), n'_t = padded_length(n_t, P).
@@ -86,7 +93,9 @@ class NodeAwareAllreduce {
   std::vector<int64_t> offset_;  // of slice t in a block of the node exchange
   int64_t block_ = 0;            // sum_t m_t: one rank's block of the node exchange
   std::unique_ptr<CompressedAllreduce> rail_car_;
-  DeviceBuffer blocks_;  // R blocks: the reduce-scatter's input, the allgather's output
+  DeviceBuffer blocks_;  // R blocks: the reduce-scatter's input, the decoded slices of (c)
+  DeviceBuffer codes_;   // (c): the R rail results' signs
+  std::vector<float> scales_;  // (c): the R rail results' scales
   DeviceBuffer mine_;    // this rank's block: the slices y_j of every tensor
   DeviceBuffer zeros_;   // the padding of the last slices (fewer than R values per tensor)
 };

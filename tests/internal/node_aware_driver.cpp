@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     std::vector<float*> xp(T), yp(T);
     std::ofstream bytes(prefix + "_bytes.txt");
     std::ofstream(prefix + "_formulas.txt")
-        << dsopt::NodeAwareAllreduce::node_bytes(sizes, R) << ' '
+        << dsopt::NodeAwareAllreduce::node_bytes(sizes, topo.nodes, R) << ' '
         << dsopt::NodeAwareAllreduce::rail_bytes(sizes, topo.nodes, R) << ' '
         << dsopt::NodeAwareAllreduce::flat_cross_node_bytes(sizes, topo.nodes, R) << '\n';
     for (int k = 0; k < calls; ++k) {

@@ -92,11 +92,18 @@ def rail_bytes(sizes, nodes: int, ranks_per_node: int) -> int:
     return (N - 1) * (2 * chunk + 8 * len(sizes))
 
 
-def node_bytes(sizes, ranks_per_node: int) -> int:
-    """Bytes per rank and call inside the node: the fp32 reduce-scatter and
-    allgather of one block of sum(m) values to each of the R - 1 others."""
-    R = ranks_per_node
-    return 2 * (R - 1) * 4 * sum(slice_length(n, R) for n in sizes)
+def node_bytes(sizes, nodes: int, ranks_per_node: int) -> int:
+    """Bytes per rank and call inside the node, to each of the R - 1 others:
+    the fp32 reduce-scatter of one block of sum(m) values, and the
+    allgather of the rail's result as it arrived (the N ranks' server
+    signs, padded_length(m, N) / 8 bytes per tensor, and N fp32 scales per
+    tensor); with one node, the allgather of the fp32 block."""
+    N, R = nodes, ranks_per_node
+    block = 4 * sum(slice_length(n, R) for n in sizes)
+    if N == 1:
+        return 2 * (R - 1) * block
+    codes = sum(padded_length(slice_length(n, R), N) // 8 for n in sizes)
+    return (R - 1) * (block + codes + 4 * N * len(sizes))
 
 
 def flat_bytes(sizes, world: int, peers: int) -> int:

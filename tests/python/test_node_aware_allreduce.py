@@ -141,7 +141,7 @@ def test_one_node_averages_without_compression(run):
 def test_bytes_across_nodes_follow_the_formula_and_fall_by_R(run):
     P, N, R = run.world, run.N, run.R
     cross = rail_bytes(SIZES, N, R)
-    inside = node_bytes(SIZES, R)
+    inside = node_bytes(SIZES, N, R)
     flat_all = flat_bytes(SIZES, P, P - 1)
     flat_cross = flat_bytes(SIZES, P, P - R)
     for r in range(P):

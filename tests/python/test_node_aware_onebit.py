@@ -159,7 +159,8 @@ def test_bytes_equal_the_formulas(opt, name, world, mpi_dirs):
     """Per step, the node-aware run sends what the flat run sends but for
     the compressed allreduce: the flat form's (P - 1)(2 sum n'/8P + 8T)
     replaced by the rail's (N - 1)(2 sum n''/8N + 8T) across nodes and the
-    node's 2 (R - 1) 4 sum m inside it; of the bytes to other nodes, the
+    node's reduce-scatter of sum m fp32 values and allgather of the
+    rail's codes inside it (node_aware_reference.node_bytes); of the bytes to other nodes, the
     flat form's (P - R)(...) by the rail's. At 2 x 2 the compressed steps
     send at most 0.55 of the flat form's bytes to other nodes."""
     runs = OPTIMIZERS[opt][0]
@@ -167,7 +168,7 @@ def test_bytes_equal_the_formulas(opt, name, world, mpi_dirs):
     P, N = world, world // R
     sizes = ([onebit_reference.padded_length(sum(sc.sizes), P)] if opt == "lamb" else list(sc.sizes))
     rail = nar.rail_bytes(sizes, N, R)
-    node = nar.node_bytes(sizes, R)
+    node = nar.node_bytes(sizes, N, R)
     flat_all = nar.flat_bytes(sizes, P, P - 1)
     flat_cross = nar.flat_bytes(sizes, P, P - R)
     for r in range(world):

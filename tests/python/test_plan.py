@@ -509,9 +509,9 @@ def _simulate_car_bytes(sizes, N, R):
             for dst in range(P):                        # reduce-scatter: my slice i to local rank i
                 if dst != me and node_of(dst) == node_of(me):
                     inside += 4 * m
-            for dst in range(P):                        # allgather: my slice to every local rank
-                if dst != me and node_of(dst) == node_of(me):
-                    inside += 4 * m
+            for dst in range(P):                        # allgather to every local rank: my rail's
+                if dst != me and node_of(dst) == node_of(me):   # result (N chunks of signs, N scales),
+                    inside += N * (padded(m, N) // N // 8) + 4 * N if N > 1 else 4 * m  # or my fp32 slice
         if N > 1:
             chunk_bits = padded(m, N) // N               # the rail's all-to-all block and gathered chunk
             for dst in range(P):

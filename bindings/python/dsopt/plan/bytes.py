@@ -71,12 +71,17 @@ def car_flat_cross(sizes, topo: Topology) -> int:
 def car_node_aware(sizes, topo: Topology) -> tuple:
     """(node bytes, rail bytes) of one node-aware 1-bit allreduce
     (NodeAwareAllreduce::node_bytes, rail_bytes): inside the node
-    2 (R-1) 4 sum_t m_t (the fp32 reduce-scatter and allgather), across
-    nodes (N-1) (2 sum_t n''_t / (8N) + 8T), n''_t = padded_length(m_t, N);
-    at R = 1 the rail allreduce runs on the tensors themselves."""
+    (R-1) (4 sum_t m_t + sum_t n''_t / 8 + 4 N T) (the fp32 reduce-scatter,
+    then the allgather of the rail's signs and scales; 2 (R-1) 4 sum_t m_t
+    with one node), across nodes (N-1) (2 sum_t n''_t / (8N) + 8T),
+    n''_t = padded_length(m_t, N); at R = 1 the rail allreduce runs on the
+    tensors themselves."""
     N, R = topo.nodes, topo.ranks_per_node
     slices = car_slices(sizes, R)
-    node = 2 * (R - 1) * 4 * sum(slices)
+    if N == 1:
+        node = 2 * (R - 1) * 4 * sum(slices)
+    else:
+        node = (R - 1) * (4 * sum(slices) + sum(car_padded(m, N) // 8 for m in slices) + 4 * N * len(sizes))
     rail = 0
     if N > 1:
         rail = (N - 1) * (2 * sum(car_padded(m, N) // N // 8 for m in slices) + 8 * len(sizes))

@@ -37,15 +37,20 @@ def _car(sizes, world, level="world"):
 
 def _car_node_aware(sizes, topo):
     """The node-aware 1-bit allreduce: the fp32 reduce-scatter inside the
-    node, the flat one over the rail on the slices, the allgather inside."""
+    node, the flat one over the rail on the slices, then inside the node
+    the allgather of the rail's result as it arrived (signs and scales; the
+    fp32 slices with one node)."""
     N, R = topo.nodes, topo.ranks_per_node
     if R == 1:
         return _car(sizes, N, "rail")
     slices = car_slices(sizes, R)
     block = 4 * sum(slices)
     inside = [Call("reduce_scatter", R * block, "grad", 0, level="node")]
-    across = _car(slices, N, "rail") if N > 1 else []
-    return inside + across + [Call("allgather", R * block, "grad", 0, level="node")]
+    if N == 1:
+        return inside + [Call("allgather", R * block, "grad", 0, level="node")]
+    codes = N * car_message_bytes(slices, N)
+    return inside + _car(slices, N, "rail") + [Call("allgather", R * codes, "grad", 0, level="node"),
+                                               Call("allgather", R * 4 * N * len(sizes), "control", level="node")]
 
 
 def _buckets(numel, world, settings):
