@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
-# Runs an MPI program on two emulated nodes joined by a slow link
-# (/work/shared/design/TWO-NODES.md): one private network namespace, a veth
-# device per node inside it with its own address (node A 10.77.1.1 on dA,
-# node B 10.77.2.1 on dB), each rank's TCP transport on its node's device,
-# and an htb on the namespace's loopback (where the packets between the two
-# addresses travel) that limits only the traffic between the two addresses,
-# one class per direction; everything else (inside a node, mpirun's own
-# channel) takes a fast default class.
+# Runs an MPI program on two emulated nodes joined by a slow link: one
+# private network namespace, a veth device per node inside it with its own
+# address (node A 10.77.1.1 on dA, node B 10.77.2.1 on dB), each rank's TCP
+# transport on its node's device, and an htb on the namespace's loopback
+# (where the packets between the two addresses travel) that limits only the
+# traffic between the two addresses, one class per direction; everything
+# else (mpirun's own channel) takes a fast default class.
+#
+# Inside a node the ranks talk through shared memory, as on a real node:
+# mpirun is given two host names, "nodea" and "nodeb", and a remote-launch
+# agent (a script written here) that starts each "host"'s Open MPI daemon on
+# this machine instead of logging in anywhere. Each daemon's ranks are then
+# one node to Open MPI (MPI_Comm_split_type finds them; its vader transport
+# joins them, each node's shared-memory files in a directory of its own),
+# and the ranks of the two daemons talk over TCP through the shaped link.
+# DSOPT_NETEM_INSIDE=tcp keeps the ranks of a node on TCP too (one daemon,
+# the nodes declared by rank only).
 #   bench/netem_two_nodes.sh <program> [arguments...]
 # Environment:
 #   DSOPT_NETEM_RATE            rate of each direction between the nodes (default 1gbit)
 #   DSOPT_NETEM_NP              MPI ranks (default 4)
 #   DSOPT_NETEM_RANKS_PER_NODE  ranks per node (default NP / 2): ranks 0 .. R-1 are node A, R .. 2R-1 node B
 #   DSOPT_NETEM_COUNTERS        write the cross-node byte counters here too (key=value lines)
+#   DSOPT_NETEM_INSIDE          shm (default: shared memory inside a node) or tcp
 # After the run it prints the htb counters of the two cross-node classes,
 #   netem2: A->B bytes <n> packets <n>
 #   netem2: B->A bytes <n> packets <n>
-#   netem2: inside bytes <n> packets <n>       (the default class: both nodes' own traffic)
+#   netem2: inside bytes <n> packets <n>       (the default class: TCP inside the nodes, mpirun's channel)
 # (bytes as tc counts them: IP packets with their headers).
 #
 # Only the addresses 10.77.1.1 and 10.77.2.1 inside the namespace this
@@ -33,6 +43,7 @@ fi
 rate=${DSOPT_NETEM_RATE:-1gbit}
 np=${DSOPT_NETEM_NP:-4}
 rpn=${DSOPT_NETEM_RANKS_PER_NODE:-$((np / 2))}
+inside=${DSOPT_NETEM_INSIDE:-shm}
 addr_a=10.77.1.1
 addr_b=10.77.2.1
 
@@ -45,6 +56,10 @@ skip() {
 for tool in ip tc mpirun; do
   command -v "$tool" >/dev/null 2>&1 || skip "'$tool' not found (Debian: apt-get install iproute2 openmpi-bin)"
 done
+if [ "$inside" != shm ] && [ "$inside" != tcp ]; then
+  echo "netem2: DSOPT_NETEM_INSIDE is shm or tcp, not '$inside'" >&2
+  exit 2
+fi
 if [ "$rpn" -lt 1 ] || [ $((2 * rpn)) -ne "$np" ]; then
   echo "netem2: $np ranks are not two nodes of $rpn" >&2
   exit 2
@@ -52,10 +67,12 @@ fi
 
 ns=dsopt-2n-$$
 wrapper=$(mktemp /tmp/dsopt-2n-rank.XXXXXX)
+agent=$(mktemp /tmp/dsopt-2n-agent.XXXXXX)
+shm=$(mktemp -d /dev/shm/dsopt-2n.XXXXXX)
 # shellcheck disable=SC2317  # called from the traps
 cleanup() {
   ip netns del "$ns" 2>/dev/null || true
-  rm -f "$wrapper"
+  rm -rf "$wrapper" "$agent" "$shm"
 }
 trap cleanup EXIT
 trap 'cleanup; trap - EXIT; exit 130' INT
@@ -92,21 +109,38 @@ run_tc filter add dev lo parent 1: protocol ip prio 1 u32 \
 run_tc filter add dev lo parent 1: protocol ip prio 1 u32 \
   match ip src "$addr_b/32" match ip dst "$addr_a/32" flowid 1:20
 
-# Each rank's TCP transport on its node's device, from its rank.
+# Each rank's TCP transport on its node's device, and its node's
+# shared-memory directory, from its rank.
+mkdir -p "$shm/a" "$shm/b"
 cat > "$wrapper" <<EOF
 #!/usr/bin/env bash
 rank=\${OMPI_COMM_WORLD_RANK:?not started by Open MPI mpirun}
-if [ "\$rank" -lt $rpn ]; then dev=dA; else dev=dB; fi
+if [ "\$rank" -lt $rpn ]; then dev=dA; node=a; else dev=dB; node=b; fi
 export OMPI_MCA_btl_tcp_if_include=\$dev GLOO_SOCKET_IFNAME=\$dev
+export OMPI_MCA_btl_vader_backing_directory=$shm/\$node
 exec "\$@"
 EOF
 chmod 755 "$wrapper"
+# The remote-launch agent: "<options> <host> <command>" -> the command, here.
+cat > "$agent" <<'EOF'
+#!/usr/bin/env bash
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+shift
+exec bash -c "$*"
+EOF
+chmod 755 "$agent"
 
-network="two emulated nodes of $rpn ranks ($addr_a on dA, $addr_b on dB) in a private network namespace, $rate each way between them (htb on lo), unlimited inside a node; TCP between ranks"
-# shellcheck disable=SC2054  # "tcp,self" is one MCA value
-launch=(mpirun -np "$np" --oversubscribe
-        --mca btl tcp,self --mca btl_tcp_disable_family 6 --mca oob_tcp_if_include lo
+network="two emulated nodes of $rpn ranks ($addr_a on dA, $addr_b on dB) in a private network namespace, $rate each way between them (htb on lo), TCP between the nodes"
+launch=(mpirun -np "$np" --oversubscribe --mca btl_tcp_disable_family 6 --mca oob_tcp_if_include lo
         -x DSOPT_BENCH_NETWORK)
+# shellcheck disable=SC2054  # "vader,tcp,self" is one MCA value
+if [ "$inside" = shm ]; then
+  network+=", shared memory inside a node"
+  launch+=(--host "nodea:$rpn,nodeb:$rpn" --mca plm_rsh_agent "$agent" --mca btl vader,tcp,self)
+else
+  network+=", TCP inside a node (unlimited)"
+  launch+=(--mca btl tcp,self)
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export DSOPT_BENCH_NETWORK="$network" DSOPT_NETEM_CROSS_CLASSES=1:10,1:20
 for var in OMP_NUM_THREADS OMP_PROC_BIND LD_LIBRARY_PATH PYTHONPATH DSOPT_LIBRARY_DIR DSOPT_NETEM_CROSS_CLASSES; do
