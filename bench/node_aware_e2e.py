@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Flat against node-aware compressed collectives on two emulated nodes
-(bench/netem_two_nodes.sh: 4 ranks as 2 nodes x 2, 1 Gbit/s each way
-between them, 1 thread per rank), with the planner's prediction beside each
-measurement (docs/guides/multi-node.md "Measured").
+(bench/netem_two_nodes.sh: 4 ranks as 2 nodes x 2, shared memory inside
+each, 1 Gbit/s each way between them, 1 thread per rank), with the
+planner's prediction beside each measurement (docs/guides/multi-node.md
+"Measured"), planned with the links measured first on the same emulation
+(bench/measure_node_links.py).
 
     python3 bench/node_aware_e2e.py --build build-dev [--runs 3] [--forms flat,node_aware]
 
@@ -92,12 +94,32 @@ def run_zero(build, form, steps):
     return out
 
 
-def predictions(form, profile_path):
+def measure_links(profile_path):
+    """{"node": (latency s, bandwidth B/s), "rail": ...} of the emulated
+    nodes (bench/measure_node_links.py under the emulation)."""
+    env = {"PYTHONPATH": os.path.join(ROOT, "bindings", "python")}
+    text = netem([sys.executable, os.path.join(HERE, "measure_node_links.py"), "--profile", profile_path], env)
+    links = {}
+    for line in text.splitlines():
+        m = re.match(r"link: (\w+) latency (\S+) bandwidth (\S+)", line)
+        if m:
+            links[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    if set(links) != {"node", "rail"}:
+        raise SystemExit("node_aware_e2e: measure_node_links.py measured no links:\n" + text[-2000:])
+    return links
+
+
+def predictions(form, profile_path, links):
+    """The planner's step times and bytes across nodes: inside a node the
+    measured shared-memory link, between nodes the emulated link's 1 Gbit/s
+    with the measured rail latency."""
     from dsopt.plan import Cluster, Model, plan
     from dsopt.plan.configs import Config, Settings
     from dsopt.plan.profile import load
     prof = load(profile_path)
-    cluster = Cluster.parse(NP, RPN, intra="2GB/s", inter="1gbit", intra_latency="50us", inter_latency="100us",
+    (intra_lat, intra_bw), (inter_lat, _) = links["node"], links["rail"]
+    cluster = Cluster.parse(NP, RPN, intra=f"{intra_bw:.0f}B/s", inter="1gbit", intra_latency=f"{intra_lat:.9f}s",
+                            inter_latency=f"{inter_lat:.9f}s",
                             cpu_oversubscription=NP / max(1, os.cpu_count() or 1), hierarchy=form)
     out = {}
     ob = Model.from_sizes(ONEBIT_SIZES, "fp32")
@@ -134,8 +156,11 @@ def main():
           "headers included)")
     results = {}
     flat_inter = {}
+    links = measure_links(a.profile)
+    print("links measured (bench/measure_node_links.py): " +
+          ", ".join(f"{k}: latency {v[0] * 1e6:.0f} us, {v[1] / 1e6:.0f} MB/s per rank" for k, v in links.items()))
     for form in forms:
-        pred, desc = predictions(form, a.profile)
+        pred, desc = predictions(form, a.profile, links)
         print(f"\n== {form}: planner cluster {desc}")
         runs = {"1-bit Adam": [], **{f"ZeRO-2 {p}": [] for p in PAIRS}, "ZeRO-2": []}
         for _ in range(a.runs):
