@@ -34,6 +34,10 @@ from mpi4py import MPI
 
 import compressed_zero_reference as ref
 import dsopt
+from dsopt.plan.configs import Config, Settings
+from dsopt.plan.memory import memory as planned_memory
+from dsopt.plan.model import Model as PlanModel
+from dsopt.plan.network import Topology
 import zero_runs as zr
 from mpi_phases import main
 from test_blob_compat import pack, sections
@@ -588,40 +592,27 @@ def node_aware_phase(comm, rank, world):
     return n
 
 
-def expected_node_aware_memory(sc, world):
-    """docs/design/node-aware-zero.md "Memory": the flat form's bytes
-    (expected_memory) without its buffer of what is encoded aside and with
-    the residual of N pieces per bucket instead of P (twice), plus the
-    node-slice (4 N m), the codes sent and received (2 N R(m)) and the
-    pieces a node's all-to-all receives (4 R m), m the largest bucket's
-    piece; with a parameter codec (1 + N + P) C(L) bytes of codes, L the
-    longest allgather chunk."""
-    base = expected_memory(sc, world)
+def planned_node_aware_memory(sc, world, rank):
+    """The planner's memory per rank of a node-aware scenario at stage 2
+    (``dsopt.plan.memory`` with the topology: docs/design/node-aware-zero.md
+    "Memory"), of the all-bf16 MEMORY model."""
     c = compression(sc)
+    settings = Settings(reduce_bucket_size=sc.zero["reduce_bucket_size"],
+                        allgather_bucket_size=sc.zero["allgather_bucket_size"],
+                        gradient_block_size=c.get("gradient_block_size", 64),
+                        parameter_block_size=c.get("parameter_block_size", 256),
+                        error_feedback=c.get("error_feedback", True))
+    cfg = Config(sc.opt_type, c.get("gradients", "none"), c.get("parameters", "none"), path="czero")
     per_node = ranks_per_node(sc, world)
-    nodes = world // per_node
-    buckets, padded = ref.buckets(sc.sizes, world, sc.zero["reduce_bucket_size"])
-    block = c.get("gradient_block_size", 64)
-    pblock = c.get("parameter_block_size", 256)
-    largest = max(n for _, n in buckets) // world
-    g, p = c.get("gradients", "none"), c.get("parameters", "none")
-    if g != "none":
-        aside = max([world * ref.run_bytes(g, block, n // world) for _, n in buckets
-                     if ref.run_bytes(g, block, n // world) > 2 * (n // world)], default=0)
-        base -= max(ref.run_bytes(g, block, largest), aside)
-        if c.get("error_feedback", True):
-            base -= 2 * sum(world * ref.run_bytes("int8", block, n // world) for _, n in buckets)
-            base += 2 * sum(nodes * ref.run_bytes("int8", block, n // world) for _, n in buckets)
-        base += 4 * nodes * largest + 2 * nodes * ref.run_bytes(g, block, largest) + 4 * per_node * largest
-    if p != "none":
-        chunk = ref.chunk_length(padded // world, world, sc.zero["allgather_bucket_size"], p, pblock)
-        coded = 2 * chunk if p == "bf16" else ref.run_bytes("int8", pblock, chunk)
-        base += (1 + nodes + world) * coded
-    return base
+    topo = Topology(world // per_node, per_node, True)
+    return planned_memory(cfg, PlanModel(tuple(sc.sizes), "bf16"), world, settings, rank=rank, topo=topo)
 
 
 def memory_node_aware(comm, rank, world):
+    """memory_usage() and state_memory_usage() against the planner's, at
+    several codecs and buckets."""
     checked = 0
+    assert set(zr.MEMORY.kinds) == {"bf16"}
     for comp, bucket in (({"gradients": "int4"}, 96), ({"gradients": "int8", "parameters": "int8"}, 96),
                          ({"gradients": "sign", "error_feedback": False, "parameters": "bf16"}, 96),
                          ({"gradients": "int8", "parameters": "bf16", "gradient_block_size": 64}, 48)):
@@ -631,8 +622,10 @@ def memory_node_aware(comm, rank, world):
         opt = make(sc, 2, comm)
         for k in range(2):
             opt.step(gradients(sc, k, rank, opt.loss_scale))
-        got, want = opt.memory_usage()["host"], expected_node_aware_memory(sc, world)
-        assert got == want, f"{comp} at P={world} node-aware: memory_usage {got}, formula {want}"
+        got = opt.memory_usage()["host"], opt.state_memory_usage()["host"]
+        want = planned_node_aware_memory(sc, world, rank)
+        assert got == (want.total, want.state), \
+            f"{comp} at P={world} node-aware: memory_usage, state {got}, planner {want}"
         checked += 1
     return checked
 

@@ -1,7 +1,9 @@
 """Worker of test_plan.py under ``mpirun -np P`` (P = 4 or 6): the
 planner's bytes per step, sent and across nodes (``dsopt.plan.bytes``
 with a Topology), against the library's ``info.bytes_sent`` and
-``info.bytes_inter_node`` of every step, exactly, on declared nodes of R
+``info.bytes_inter_node`` of every step, and its memory per rank
+(``dsopt.plan.memory`` with the Topology) against ``memory_usage()`` and
+``state_memory_usage()`` after every step, exactly, on declared nodes of R
 ranks (every R that divides P but 1 and P), the compressed configurations
 (the 1-bit family, compressed ZeRO) in both forms and an uncompressed
 one. Writes ``rank<r>.json``: {"checks": count, "mismatches": [...]}."""
@@ -16,9 +18,10 @@ from mpi4py import MPI
 import dsopt
 from dsopt.plan import bytes as pbytes
 from dsopt.plan.configs import Config
+from dsopt.plan.memory import memory
 from dsopt.plan.model import Model
 from dsopt.plan.network import Topology
-from mpi_plan import SETTINGS, as_params, grads
+from mpi_plan import SETTINGS, as_params, expected_memory, grads
 
 W = MPI.COMM_WORLD
 P, RANK = W.size, W.rank
@@ -27,12 +30,22 @@ MODEL = Model((1001, 437, 2, 77), "fp32")
 CONFIGS = [Config("OneBitAdam"), Config("OneBitLamb"), Config("ZeroOneAdam"), Config("AdamW"),
            Config("AdamW", "int4", "int8", path="czero"), Config("AdamW", "sign", "bf16", path="czero"),
            Config("Lion", "int8", "int8", path="czero")]
+# Large enough that the rail's 1-bit allreduce runs in several pieces (and
+# keeps the largest piece's discard buffer): the 1-bit family, node-aware.
+BIG = Model((1_100_003, 70_001), "fp32")
+# Nodes of R ranks: every R that divides P but 1 and P.
+SPLITS = [d for d in range(2, P) if P % d == 0]
+# (model, configurations, ranks per node, hierarchies, steps); the last:
+# "node_aware" forced on one node of P ranks (a rail of one rank).
+CASES = [(MODEL, CONFIGS, SPLITS, ("flat", "node_aware"), STEPS),
+         (BIG, [c for c in CONFIGS if c.onebit], SPLITS, ("node_aware",), 4),
+         (MODEL, CONFIGS, [P], ("node_aware",), 5)]
 
 
-def expected(cfg, topo, k):
+def expected(cfg, model, topo, k):
     """(bytes sent, bytes across nodes) of update k (1-based)."""
-    sb = pbytes.step_bytes(cfg, MODEL, P, SETTINGS, topo)
-    sx = pbytes.step_cross_bytes(cfg, MODEL, topo, SETTINGS)
+    sb = pbytes.step_bytes(cfg, model, P, SETTINGS, topo)
+    sx = pbytes.step_cross_bytes(cfg, model, topo, SETTINGS)
     checks = (pbytes.check_bytes(P), pbytes.cross_allreduce(topo, 16)) if k <= 3 else (0, 0)
     schedule = cfg.info.schedule
     if schedule == "freeze":
@@ -46,26 +59,39 @@ def expected(cfg, topo, k):
     return getattr(sb, field) + checks[0], getattr(sx, field) + checks[1]
 
 
+def run(comm, model, cfg, r, hierarchy, steps, mismatches):
+    """One configuration on nodes of r ranks; returns its count of checks."""
+    topo = Topology(P // r, r, hierarchy == "node_aware")
+    config = dict(cfg.dsopt_config(model, SETTINGS), topology={"hierarchy": hierarchy, "ranks_per_node": r})
+    name = f"{cfg.name} {model.numel} {hierarchy} {P // r} x {r} rank {RANK}"
+    # MPI's communicators (the node and rail ones too) overlap transfers:
+    # the 1-bit allreduce of a large model runs in pieces.
+    want_mem = memory(cfg, model, P, SETTINGS, rank=RANK, overlapping_comm=True, topo=topo)
+    checks = 0
+    with dsopt.Optimizer(config, as_params(model, np.random.default_rng(7)), comm=comm) as opt:
+        for k in range(1, steps + 1):
+            info = opt.step(grads(model, k, RANK))
+            want = expected(cfg, model, topo, k)
+            got = opt.memory_usage()["host"], opt.state_memory_usage()["host"]
+            exp = expected_memory(cfg, want_mem, SETTINGS, k)
+            checks += 2
+            if (info.bytes_sent, info.bytes_inter_node) != want:
+                mismatches.append(f"{name}: step {k} (phase {info.phase}) sent {info.bytes_sent} across "
+                                  f"{info.bytes_inter_node}, planner {want[0]} across {want[1]}")
+            if got[0] != exp[0] or (exp[1] is not None and got[1] != exp[1]):
+                mismatches.append(f"{name}: after step {k} memory_usage {got[0]} state {got[1]}, "
+                                  f"planner {exp[0]} state {exp[1]}")
+    return checks
+
+
 def main():
     comm = dsopt.Communicator.from_mpi4py(W)
     mismatches, checks = [], 0
-    for r in [d for d in range(2, P) if P % d == 0]:
-        for hierarchy in ("flat", "node_aware"):
-            topo = Topology(P // r, r, hierarchy == "node_aware")
-            for cfg in CONFIGS:
-                config = dict(cfg.dsopt_config(MODEL, SETTINGS),
-                              topology={"hierarchy": hierarchy, "ranks_per_node": r})
-                name = f"{cfg.name} {hierarchy} {P // r} x {r} rank {RANK}"
-                with dsopt.Optimizer(config, as_params(MODEL, np.random.default_rng(7)),
-                                     comm=comm) as opt:
-                    for k in range(1, STEPS + 1):
-                        info = opt.step(grads(MODEL, k, RANK))
-                        want = expected(cfg, topo, k)
-                        checks += 1
-                        if (info.bytes_sent, info.bytes_inter_node) != want:
-                            mismatches.append(f"{name}: step {k} (phase {info.phase}) sent "
-                                              f"{info.bytes_sent} across {info.bytes_inter_node}, "
-                                              f"planner {want[0]} across {want[1]}")
+    for model, configs, splits, hierarchies, steps in CASES:
+        for r in splits:
+            for hierarchy in hierarchies:
+                for cfg in configs:
+                    checks += run(comm, model, cfg, r, hierarchy, steps, mismatches)
     text = json.dumps({"checks": checks, "mismatches": mismatches})
     out = os.environ.get("DSOPT_TEST_RESULTS")
     if out:

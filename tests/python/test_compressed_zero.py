@@ -40,8 +40,9 @@ def test_compressed_zero_matches_the_numpy_reference(world, tmp_path):
 def test_node_aware_compressed_zero_matches_the_numpy_reference(world, tmp_path):
     """2 x 2 and 3 x 2 (declared ranks_per_node): the node-aware codes
     against the numpy reference, the bytes against the formulas of
-    docs/design/node-aware-zero.md, deferred allgather, accumulation,
-    resume and topology changes (mpi_compressed_zero.py node_aware_phase)."""
+    docs/design/node-aware-zero.md, the memory against the planner's,
+    deferred allgather, accumulation, resume and topology changes
+    (mpi_compressed_zero.py node_aware_phase)."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found (apt-get install openmpi-bin)")
     if build_feature("mpi") == "off":

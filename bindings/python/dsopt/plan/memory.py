@@ -6,28 +6,11 @@ compression stage has begun. The caller's parameters and gradients are not
 counted. Uncompressed ZeRO's accounting is `zero_memory.py`, compressed
 ZeRO's `compressed_memory.py`."""
 
+from .allreduce_memory import car_memory
 from .compressed_memory import aside_bytes, compressed_zero_memory
-from .layout import car_largest_piece, car_message_bytes, car_padded, int8_block, shard_sums, zero_layout
+from .layout import car_padded, int8_block, shard_sums, zero_layout
+from .network import Topology
 from .zero_memory import Memory, zero_memory
-
-
-def car_buffers(sizes, world: int, overlapping: bool) -> int:
-    """The compressed allreduce's working buffers: the signs sent and
-    received (P messages each) and the server's, plus, cut into pieces, the
-    largest piece's discard buffer."""
-    if world == 1:
-        return 0
-    msg = car_message_bytes(sizes, world)
-    pieces, largest = car_largest_piece(sizes, world, overlapping)
-    return (2 * world + 1) * msg + (largest * world if pieces > 1 else 0)
-
-
-def car_errors(sizes, world: int) -> int:
-    """Worker errors (4 n' bytes) and server errors (4 n'/P)."""
-    if world == 1:
-        return 0
-    padded = sum(car_padded(n, world) for n in sizes)
-    return 4 * padded + 4 * padded // world
 
 
 KEPT_BUFFERS = 3  # ZeRO waits for a reduction rather than make a 4th bucket buffer
@@ -101,11 +84,14 @@ def trust_ratio_buffers(config, model, world: int, settings) -> int:
 
 
 def memory(config, model, world: int, settings, rank: int = None, overlapping_comm: bool = True,
-           concurrent_comm: bool = True) -> Memory:
+           concurrent_comm: bool = True, topo: Topology = None) -> Memory:
     """Memory of `rank` (default: the rank that holds most). `overlapping_comm`:
     the communicator overlaps transfers (MPI on host buffers), so the 1-bit
     compressed allreduce is cut into pieces; `concurrent_comm`: it may be
-    called from dsopt's thread (overlap's buffers, `overlap_buffers`)."""
+    called from dsopt's thread (overlap's buffers, `overlap_buffers`);
+    `topo`: the nodes and the form of the compressed collectives (default:
+    flat), whose node-aware forms hold other buffers (the 1-bit allreduce's,
+    `allreduce_memory.py`; compressed ZeRO's, `compressed_memory.py`)."""
     if rank is None:
         # The padding sits at the end of each bucket, so rank 0 holds the
         # most real elements (fp32 masters of 16-bit parameters): the most memory.
@@ -123,31 +109,30 @@ def memory(config, model, world: int, settings, rank: int = None, overlapping_co
         u = 4 * n if alg.trust_ratio else 0
         return Memory(state + u + (4 * (n + 1) if config.overlap else averaged), state)
     if config.zero:
-        m = (compressed_zero_memory(config, model, world, settings, rank) if config.codecs
+        m = (compressed_zero_memory(config, model, world, settings, rank, topo) if config.codecs
              else zero_memory(model, world, settings, rank, alg.moments))
         m = Memory(m.total + trust_ratio_buffers(config, model, world, settings), m.state)
     elif alg.schedule == "zero_one":
         # m, v, the accumulator and the last sync's parameters; the
         # compressed allreduce exists from creation.
-        state = masters + 16 * n + car_errors(model.sizes, world)
-        m = Memory(state + averaged + car_buffers(model.sizes, world, overlapping_comm), state)
+        car = car_memory(model.sizes, world, overlapping_comm, topo)
+        held = masters + 16 * n
+        m = Memory(held + car.errors + averaged + car.buffers, held + car.state)
     elif alg.trust_ratio:
         # 1-bit LAMB: m over the fused, padded buffer; v, the fresh
         # variance, u, the auxiliary and ratio buffers over n (the state:
-        # m, v and fresh v; m's padding tail joins it in the compression stage).
+        # m, v and fresh v; m's padding tail joins it in the compression
+        # stage). The allreduce runs over the one fused tensor.
         padded = car_padded(n, world) if world > 1 else n
-        fused = [padded]
+        car = car_memory([padded], world, overlapping_comm, topo)
         held = masters + 4 * padded + 20 * n + averaged
-        state = masters + 12 * n
-        comp = car_errors(fused, world) + (4 * (padded - n) if world > 1 else 0)
-        m = Memory(held + car_errors(fused, world) + car_buffers(fused, world, overlapping_comm),
-                   state + comp, held)
+        state = masters + 12 * n + car.state + 4 * (padded - n)
+        m = Memory(held + car.errors + car.buffers, state, held)
     else:
         # 1-bit Adam: its moments, and the compressed allreduce's errors
         # and buffers from the compression stage on.
+        car = car_memory(model.sizes, world, overlapping_comm, topo)
         state = masters + 4 * alg.moments * n
-        comp = car_errors(model.sizes, world)
-        m = Memory(state + comp + averaged + car_buffers(model.sizes, world, overlapping_comm), state + comp,
-                   state + averaged)
+        m = Memory(state + car.errors + averaged + car.buffers, state + car.state, state + averaged)
     extra = overlap_buffers(config, model, world, settings, concurrent_comm)
     return Memory(m.total + extra, m.state, m.warmup + extra)

@@ -52,7 +52,7 @@ def plan(model, cluster, compute: float, profile, settings: Settings = None, con
         steady = times["compressed"] if "compressed" in times else times["steady"]
         records.append(Record(cfg, sb, pbytes.run_bytes(cfg, model, P, settings, topo=topo) / settings.steps,
                               memory(cfg, model, P, settings, overlapping_comm=overlapping_comm,
-                                     concurrent_comm=concurrent_comm),
+                                     concurrent_comm=concurrent_comm, topo=topo),
                               steady, times, total / settings.steps, 1.0,
                               pbytes.step_cross_bytes(cfg, model, topo, settings),
                               pbytes.run_bytes(cfg, model, P, settings, topo=topo, cross=True) / settings.steps))

@@ -1,0 +1,76 @@
+"""The 1-bit compressed allreduce's memory per rank (1-bit Adam, 1-bit
+LAMB, 0/1 Adam), flat (src/comm/compressed_allreduce.cpp) or node-aware
+(src/comm/node_aware_allreduce.cpp): its error-feedback buffers, the part
+of them the state blob saves, and its working buffers, as the library
+allocates them (`memory.py` adds them to the optimizers')."""
+
+from dataclasses import dataclass
+
+from .bytes import car_slices
+from .layout import car_largest_piece, car_message_bytes, car_padded
+from .network import Topology
+
+
+def car_buffers(sizes, world: int, overlapping: bool) -> int:
+    """The compressed allreduce's working buffers: the signs sent and
+    received (P messages each) and the server's, plus, cut into pieces, the
+    largest piece's discard buffer."""
+    if world == 1:
+        return 0
+    msg = car_message_bytes(sizes, world)
+    pieces, largest = car_largest_piece(sizes, world, overlapping)
+    return (2 * world + 1) * msg + (largest * world if pieces > 1 else 0)
+
+
+def car_errors(sizes, world: int) -> int:
+    """Worker errors (4 n' bytes) and server errors (4 n'/P), in the state
+    blob where P > 1."""
+    if world == 1:
+        return 0
+    padded = sum(car_padded(n, world) for n in sizes)
+    return 4 * padded + 4 * padded // world
+
+
+@dataclass(frozen=True)
+class CarMemory:
+    errors: int   # the error buffers held (dsopt_memory_usage)
+    state: int    # the part the state blob saves (dsopt_state_memory_usage)
+    buffers: int  # the working buffers
+
+
+def car_memory(sizes, world: int, overlapping: bool, topo: Topology = None) -> CarMemory:
+    """The allreduce of tensors `sizes` over `world` ranks, flat, or
+    node-aware where `topo` says so (N nodes of R ranks, P = N R).
+    `overlapping`: the communicator (and its node and rail ones) overlaps
+    transfers, so the flat allreduce is cut into pieces."""
+    if world == 1:
+        return CarMemory(0, 0, 0)
+    if topo is None or not topo.node_aware or topo.ranks_per_node == 1:
+        # R = 1: the node-aware form is the flat one over the rail (every rank).
+        errors = car_errors(sizes, world)
+        return CarMemory(errors, errors, car_buffers(sizes, world, overlapping))
+    if topo.world != world:
+        raise ValueError(f"a topology of {topo.world} ranks for {world} ranks")
+    return _node_aware(sizes, topo.nodes, topo.ranks_per_node, overlapping)
+
+
+def _node_aware(sizes, N: int, R: int, overlapping: bool) -> CarMemory:
+    """NodeAwareAllreduce of R > 1 ranks a node: the flat allreduce over the
+    rail (N ranks) on the slices m_t = ceil(n_t / R), whose errors are
+    4 n''_t + 4 n''_t / N (n''_t = padded_length(m_t, N); made on one node
+    too, where the blob saves none of them); the R blocks of sum_t m_t
+    floats (the reduce-scatter's input, then the decoded slices) and this
+    rank's block; with N > 1 the R rail results' signs (R N messages); and
+    the zeros padding the last slices, max_t (R m_t - n_t) floats."""
+    slices = car_slices(sizes, R)
+    if N == 1:
+        # The rail allreduce of one rank keeps its errors (padded to 8) and sends nothing.
+        errors, state = 8 * sum(car_padded(m, 1) for m in slices), 0
+    else:
+        errors = state = car_errors(slices, N)
+    block = 4 * sum(slices)
+    buffers = car_buffers(slices, N, overlapping) + (R + 1) * block
+    if N > 1:
+        buffers += R * N * car_message_bytes(slices, N)
+    pad = max((R * m - n for m, n in zip(slices, sizes)), default=0)
+    return CarMemory(errors, state, buffers + 4 * pad)
