@@ -779,8 +779,9 @@ DSOPT_API int dsopt_codec_decode_sum(dsopt_codec *codec, const void *codes, uint
 
 /* The CUDA stream the codec's later work is queued on (NULL: the legacy
  * default stream); the work queued on the previous one is waited for
- * first. Unused on a host codec. Returns DSOPT_OK, DSOPT_EINVAL (codec
- * NULL), DSOPT_ECUDA. */
+ * first. Call it with the codec's device current. Unused on a host codec.
+ * Returns DSOPT_OK, DSOPT_EINVAL (codec NULL, another device current),
+ * DSOPT_ECUDA. */
 DSOPT_API int dsopt_codec_set_stream(dsopt_codec *codec, struct CUstream_st *stream);
 
 /* Frees a codec (NULL is fine); on CUDA, after its queued work is done. */

@@ -61,6 +61,11 @@ void CodecRuns::decode_sum(const uint8_t* codes, int64_t n, int64_t runs, float*
 
 void CodecRuns::set_stream(void* stream) {
   if (!cuda_ || stream == stream_) return;
+  // The kernels of the new stream are made on the current device.
+  const int current = cuda_current_device();
+  if (current != device_index_)
+    fail(DSOPT_EINVAL, "the current CUDA device is " + std::to_string(current) + ", the codec's is " +
+                           std::to_string(device_index_) + ": make it current before setting its stream");
   std::unique_ptr<Kernels> next = make_cuda_kernels(stream);
   kernels_->synchronize();
   kernels_ = std::move(next);

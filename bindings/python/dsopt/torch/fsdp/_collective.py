@@ -41,7 +41,8 @@ class Counted:
 
     def _on_stream(self, tensor):
         if tensor.is_cuda:
-            self.codec.set_stream(torch.cuda.current_stream(tensor.device))
+            with torch.cuda.device(tensor.device):
+                self.codec.set_stream(torch.cuda.current_stream(tensor.device))
 
 
 def ring_bytes(world, count, element_bytes):
