@@ -19,7 +19,7 @@
  *  - DSOPT_EBUFS: the size output says how many bytes are needed.
  *
  * Versioned structs (dsopt_step_info, dsopt_state_view, dsopt_comm_ops,
- * dsopt_algorithm_info):
+ * dsopt_algorithm_info, dsopt_codec_options):
  * the caller sets struct_size = sizeof(the struct) as its header declares
  * it, and dsopt reads or writes only the first min(struct_size, sizeof)
  * bytes. An input struct's fields past struct_size take their defaults;
@@ -699,6 +699,93 @@ DSOPT_API int dsopt_gather_wait(dsopt_optimizer *opt, int64_t param_index);
  * being handed over; DSOPT_EMISMATCH on every rank when the ranks passed
  * different orders. On any error nothing changes on any rank. */
 DSOPT_API int dsopt_gather_order(dsopt_optimizer *opt, const int64_t *param_order, int64_t count);
+
+/* ------------------------------------------------------------------------
+ * Codecs: compressed ZeRO's codes for the caller's own collectives
+ * ---------------------------------------------------------------------- */
+
+/* The block codes of compressed ZeRO (docs/guides/compressed-zero.md
+ * "Codecs"), bit for bit, for a caller that moves the bytes itself (the
+ * FSDP2 collectives of dsopt.torch.fsdp, say): "int8", "int4" and "sign"
+ * (an fp32 scale per block of `block` elements, then 8, 4 or 1 bit per
+ * element; with an error-feedback residual), and "bf16" (2 bytes per
+ * element, no blocks, no residual). A run of n values is encoded on its
+ * own: its blocks start at its first element. Layouts, residual and
+ * examples: docs/reference/c-api.md "Codecs". None of these calls is
+ * collective. */
+typedef struct dsopt_codec dsopt_codec;
+
+/* How a codec is made (input; versioned: see the top comment). */
+typedef struct dsopt_codec_options {
+  uint32_t struct_size;       /* caller sets sizeof(dsopt_codec_options) */
+  int32_t  device;            /* DSOPT_COMM_HOST (default) or DSOPT_COMM_CUDA: where every buffer
+                                 given to the codec lives */
+  int64_t  block;             /* elements per scaled block: a multiple of 8 in [8, 65536], or 0
+                                 (default): 64, compressed ZeRO's gradient blocks; 0 for "bf16" */
+  int32_t  threads;           /* host: CPU threads of the kernels (0, default: OpenMP's count);
+                                 the bytes do not depend on it */
+  int32_t  reserved;          /* 0 */
+  struct CUstream_st *stream; /* CUDA: the stream the work is queued on (NULL, default: the
+                                 legacy default stream); unused on host */
+} dsopt_codec_options;
+
+/* A codec `name` ("int8", "int4", "sign" or "bf16") as *options says
+ * (NULL: every default). Free it with dsopt_codec_destroy. Returns
+ * DSOPT_OK, DSOPT_EINVAL (out or name NULL, an unknown name, a bad block,
+ * device or thread count, reserved not 0, struct_size below the first
+ * layout), DSOPT_EUNSUPPORTED (DSOPT_COMM_CUDA in a build without CUDA or
+ * without a device), DSOPT_ENOMEM. */
+DSOPT_API int dsopt_codec_create(dsopt_codec **out, const char *name,
+                                 const dsopt_codec_options *options);
+
+/* Bytes of the code of one run of n > 0 values: ceil(n / block) records of
+ * 4 + block * bits / 8 bytes; "bf16": 2 n. Returns DSOPT_OK or
+ * DSOPT_EINVAL. */
+DSOPT_API int dsopt_codec_encoded_size(const dsopt_codec *codec, int64_t n, uint64_t *out_bytes);
+
+/* Bytes of the error-feedback residual of one run of n > 0 values: an int8
+ * code of the same blocks, ceil(n / block) (4 + block) bytes; all zero
+ * bytes are the zero residual. Returns DSOPT_OK, DSOPT_EINVAL,
+ * DSOPT_EUNSUPPORTED ("bf16" keeps no residual). */
+DSOPT_API int dsopt_codec_residual_size(const dsopt_codec *codec, int64_t n, uint64_t *out_bytes);
+
+/* Encodes `runs` runs of n = values->numel / runs fp32 values each (run j:
+ * elements j n .. (j+1) n - 1) into dst, run j's code at
+ * j * dsopt_codec_encoded_size(n). With a residual (NULL: none), run j's
+ * values are encoded as x = fl(g + e), e its residual run (at
+ * j * dsopt_codec_residual_size(n)), and the residual becomes the int8 code
+ * of fl(x - x'), in place. values, residual and dst are borrowed for the
+ * call (on a CUDA codec: until the work queued on its stream is done) and
+ * must not overlap. Returns DSOPT_OK, DSOPT_EINVAL (NULL pointers, numel
+ * <= 0 or not a multiple of runs, runs < 1, a dtype other than
+ * DSOPT_FLOAT32, residual_size not runs residual runs, buffers that overlap
+ * or live on another device than the codec's), DSOPT_EUNSUPPORTED (a
+ * residual for "bf16"), DSOPT_EBUFS (capacity below runs encoded runs;
+ * nothing written). Nothing is written on any error. */
+DSOPT_API int dsopt_codec_encode(dsopt_codec *codec, const dsopt_tensor *values, int64_t runs,
+                                 void *residual, uint64_t residual_size, void *dst,
+                                 uint64_t capacity);
+
+/* out[i] = the sum over runs j = 0, 1, ..., runs - 1, in that order (one
+ * fp32 rounding per addition), of element i of run j decoded, for the
+ * `runs` codes of n = out->numel values each that `codes` holds back to
+ * back (`size` bytes, at least runs encoded runs). runs == 1 decodes one
+ * run. codes and out are borrowed for the call (CUDA: as for encode) and
+ * must not overlap. Returns DSOPT_OK or DSOPT_EINVAL (NULL pointers, numel
+ * <= 0, runs < 1, a dtype other than DSOPT_FLOAT32, size too small,
+ * overlap, another device; nothing written). */
+DSOPT_API int dsopt_codec_decode_sum(dsopt_codec *codec, const void *codes, uint64_t size,
+                                     int64_t runs, const dsopt_tensor *out);
+
+/* The CUDA stream the codec's later work is queued on (NULL: the legacy
+ * default stream); the work queued on the previous one is waited for
+ * first. Call it with the codec's device current. Unused on a host codec.
+ * Returns DSOPT_OK, DSOPT_EINVAL (codec NULL, another device current),
+ * DSOPT_ECUDA. */
+DSOPT_API int dsopt_codec_set_stream(dsopt_codec *codec, struct CUstream_st *stream);
+
+/* Frees a codec (NULL is fine); on CUDA, after its queued work is done. */
+DSOPT_API void dsopt_codec_destroy(dsopt_codec *codec);
 
 #endif /* DSOPT_STABLE_ONLY */
 

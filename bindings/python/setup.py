@@ -21,7 +21,7 @@ setup(
     name="dsopt",
     version="0.1.0",
     description="Python binding (cffi) of the dsopt optimizer library",
-    packages=["dsopt", "dsopt.torch"],
+    packages=["dsopt", "dsopt.torch", "dsopt.torch.fsdp"],
     python_requires=">=3.8",
     install_requires=["cffi>=1.15", "numpy"],
     cffi_modules=["dsopt/_ffi_build.py:ffi"],

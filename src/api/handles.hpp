@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "comm/codec_runs.hpp"
 #include "comm/comm.hpp"
 #include "facade/optimizer.hpp"
 
@@ -13,4 +14,8 @@ struct dsopt_comm {
 struct dsopt_optimizer {
   std::unique_ptr<dsopt::Optimizer> impl;
   std::string config_text;  // the config it was created from, normalised (dsopt_get_config)
+};
+
+struct dsopt_codec {
+  std::unique_ptr<dsopt::CodecRuns> impl;
 };

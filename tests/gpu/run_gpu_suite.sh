@@ -74,7 +74,8 @@ if DSOPT_LIBRARY_DIR="$build" "$py" bindings/python/dsopt/_ffi_build.py >/dev/nu
          tests/python/test_cuda_torch.py tests/python/test_cuda_torch_dist.py \
          tests/python/test_ddp_hook.py tests/python/test_hf_trainer.py \
          tests/python/test_lightning_strategy.py tests/python/test_torch_optim_port.py \
-         -k "cuda or ddp or hf_trainer or two_processes"; then
+         tests/python/test_codec.py tests/python/test_fsdp_codes.py \
+         -k "cuda or ddp or hf_trainer or two_processes or two_gpus"; then
     failures+=("Python CUDA tests")
   fi
 else

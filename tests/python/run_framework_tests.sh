@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The integration tests with the frameworks people train with, under PyPI's
 # torch: dsopt.hf.Trainer (transformers), dsopt.lightning.DsoptStrategy
-# (lightning), DistributedDataParallel with dsopt.torch.ddp_comm_hook, and
+# (lightning), DistributedDataParallel with dsopt.torch.ddp_comm_hook, FSDP2
+# with dsopt's codes as its collectives (dsopt.torch.fsdp), and
 # dsopt.torch under torch.compile, with parameters moved or cast after
 # the optimizer exists, with a sparse gradient or a bad hyperparameter on one rank, and
 # with ZeRO's deferred allgather behind the forward (overlap's backward hooks need
@@ -37,7 +38,8 @@ export DSOPT_LIBRARY_DIR=$build
   tests/python/test_torch_whole_checkpoint.py \
   tests/python/test_agreed_errors.py \
   tests/python/test_torch_prefetch.py \
-  tests/python/test_torch_overlap.py
+  tests/python/test_torch_overlap.py \
+  tests/python/test_fsdp_codes.py
 DSOPT_TEST_DEVICE=cpu "$py" -m pytest -q -rsx "$@" \
   tests/python/test_cuda_torch.py \
   tests/python/test_cuda_torch_dist.py

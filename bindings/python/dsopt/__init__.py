@@ -16,6 +16,7 @@ its own recent history while every value is finite warns once per episode
 """
 
 from ._lib import ffi, lib
+from .codec import Codec
 from .communicator import Communicator, CudaBuffer
 from .errors import (
     BufferTooSmall,
@@ -94,7 +95,7 @@ HEADER_VERSION = (lib.DSOPT_VERSION_MAJOR, lib.DSOPT_VERSION_MINOR, lib.DSOPT_VE
 __version__ = ".".join(map(str, HEADER_VERSION))
 
 __all__ = [
-    "Algorithm", "BufferTooSmall", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
+    "Algorithm", "BufferTooSmall", "Codec", "CommError", "Communicator", "CorruptState", "CudaBuffer", "CudaError",
     "DivergenceWarning", "DoubleReductionWarning", "DsoptError", "HEADER_VERSION", "Hyperparameter", "InternalError", "InvalidArgument",
     "InvalidArgumentType", "Mismatch", "NonFiniteError", "Optimizer", "OutOfMemory",
     "PHASE_COMPRESSED", "PHASE_FULL", "PHASE_LOCAL", "PHASE_SKIPPED", "PHASE_SYNC", "SkippedStepWarning", "StateView", "StepInfo",

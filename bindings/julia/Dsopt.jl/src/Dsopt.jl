@@ -36,7 +36,8 @@ export DsoptError, Communicator, Optimizer, StepInfo, BF16Bits,
        state_save, state_load!, state_load_ex!, state_load_shards!, memory_usage, state_memory_usage,
        set_momentum_mask!, rebind_params!, config, canonical_config,
        gather_buckets, gather_bucket_of, gathers_pending, wait_gather!, wait_gather_bucket!,
-       set_gather_order!
+       set_gather_order!,
+       Codec, encoded_size, residual_size, encode!, encode, decode_sum!
 
 # ---- the library ---------------------------------------------------------------
 
@@ -1282,5 +1283,118 @@ function Base.show(io::IO, opt::Optimizer)
     state = opt.handle == C_NULL ? "closed" : "$(length(opt.params)) params"
     print(io, "Dsopt.Optimizer(", state, ")")
 end
+
+# ---- codecs (dsopt_codec) ------------------------------------------------------
+#
+# UNTESTED, as the rest of this file. CCodecOptions mirrors
+# `dsopt_codec_options` of include/dsopt.h field for field: uint32, int32,
+# int64, int32, int32, a pointer (32 bytes on 64-bit targets, no padding).
+
+struct CCodecOptions
+    struct_size::UInt32   # sizeof(dsopt_codec_options)
+    device::Int32         # DSOPT_COMM_HOST
+    block::Int64          # 0: the default, 64
+    threads::Int32        # 0: OpenMP's count
+    reserved::Int32
+    stream::Ptr{Cvoid}    # struct CUstream_st * (unused on host)
+end
+
+@assert sizeof(CCodecOptions) == 24 + sizeof(Ptr{Cvoid}) &&
+        fieldoffset(CCodecOptions, 3) == 8 "CCodecOptions does not match dsopt_codec_options"
+
+"""
+    Codec(name; block=0, threads=0)
+
+Compressed ZeRO's codes for collectives of the caller's own (`dsopt_codec`,
+docs/reference/c-api.md "Codecs"), on host memory: `name` is "int8",
+"int4", "sign" (an fp32 scale per block of `block` elements, 0 meaning 64;
+with an error-feedback residual) or "bf16" (no blocks, no residual).
+[`encode!`](@ref) and [`decode_sum!`](@ref) write the library's bytes, bit
+for bit. `close(codec)` frees it; a finalizer does too. Not collective.
+"""
+mutable struct Codec
+    handle::Ptr{Cvoid}
+    name::String
+
+    function Codec(name::AbstractString; block::Integer=0, threads::Integer=0)
+        options = Ref(CCodecOptions(UInt32(sizeof(CCodecOptions)), DSOPT_COMM_HOST, Int64(block),
+                                    Int32(threads), Int32(0), C_NULL))
+        out = Ref{Ptr{Cvoid}}(C_NULL)
+        @check ccall((:dsopt_codec_create, libdsopt), Cint,
+                     (Ref{Ptr{Cvoid}}, Cstring, Ref{CCodecOptions}), out, name, options)
+        return finalizer(close, new(out[], String(name)))
+    end
+end
+
+function Base.close(codec::Codec)
+    if codec.handle != C_NULL
+        ccall((:dsopt_codec_destroy, libdsopt), Cvoid, (Ptr{Cvoid},), codec.handle)
+        codec.handle = C_NULL
+    end
+    return nothing
+end
+
+live(codec::Codec) = codec.handle == C_NULL ? throw(ArgumentError("dsopt: the codec is closed")) :
+                     codec.handle
+
+"Bytes of the code of one run of `n` values."
+function encoded_size(codec::Codec, n::Integer)
+    bytes = Ref{UInt64}(0)
+    @check ccall((:dsopt_codec_encoded_size, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ref{UInt64}),
+                 live(codec), n, bytes)
+    return Int(bytes[])
+end
+
+"Bytes of the error-feedback residual of one run of `n` values (zeros: the zero residual)."
+function residual_size(codec::Codec, n::Integer)
+    bytes = Ref{UInt64}(0)
+    @check ccall((:dsopt_codec_residual_size, libdsopt), Cint, (Ptr{Cvoid}, Int64, Ref{UInt64}),
+                 live(codec), n, bytes)
+    return Int(bytes[])
+end
+
+"""
+    encode!(codec, dst::Vector{UInt8}, values::AbstractVector{Float32}; runs=1, residual=nothing)
+
+The codes of `runs` runs of `length(values) ÷ runs` values each, back to
+back, into `dst`; with `residual` (a `Vector{UInt8}` of `runs` residual
+runs) error feedback, the residual updated in place. Returns `dst`.
+"""
+function encode!(codec::Codec, dst::Vector{UInt8}, values::AbstractVector{Float32};
+                 runs::Integer=1, residual::Union{Nothing,Vector{UInt8}}=nothing)
+    t = ctensor(values, "values", 0)
+    e = residual === nothing ? UInt8[] : residual
+    GC.@preserve values dst e begin
+        @check ccall((:dsopt_codec_encode, libdsopt), Cint,
+                     (Ptr{Cvoid}, Ref{CTensor}, Int64, Ptr{Cvoid}, UInt64, Ptr{Cvoid}, UInt64),
+                     live(codec), t, runs, residual === nothing ? C_NULL : pointer(e), length(e),
+                     pointer(dst), length(dst))
+    end
+    return dst
+end
+
+"The codes of `values` in a new vector (see [`encode!`](@ref))."
+encode(codec::Codec, values::AbstractVector{Float32}; runs::Integer=1, residual=nothing) =
+    encode!(codec, Vector{UInt8}(undef, runs * encoded_size(codec, length(values) ÷ runs)), values;
+            runs=runs, residual=residual)
+
+"""
+    decode_sum!(codec, out::AbstractVector{Float32}, codes::Vector{UInt8}; runs=1)
+
+`out[i]` = the sum over the `runs` codes of `length(out)` values each that
+`codes` holds, in run order, of their decoded element `i`. Returns `out`.
+"""
+function decode_sum!(codec::Codec, out::AbstractVector{Float32}, codes::Vector{UInt8}; runs::Integer=1)
+    t = ctensor(out, "out", 0)
+    GC.@preserve out codes begin
+        @check ccall((:dsopt_codec_decode_sum, libdsopt), Cint,
+                     (Ptr{Cvoid}, Ptr{Cvoid}, UInt64, Int64, Ref{CTensor}),
+                     live(codec), pointer(codes), length(codes), runs, t)
+    end
+    return out
+end
+
+Base.show(io::IO, codec::Codec) =
+    print(io, "Dsopt.Codec(", repr(codec.name), codec.handle == C_NULL ? ", closed)" : ")")
 
 end # module

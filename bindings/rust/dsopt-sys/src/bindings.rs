@@ -1350,3 +1350,183 @@ extern "C" {
         count: i64,
     ) -> ::std::os::raw::c_int;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct dsopt_codec {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct dsopt_codec_options {
+    pub struct_size: u32,
+    pub device: i32,
+    pub block: i64,
+    pub threads: i32,
+    pub reserved: i32,
+    pub stream: *mut CUstream_st,
+}
+#[test]
+fn bindgen_test_layout_dsopt_codec_options() {
+    assert_eq!(
+        ::std::mem::size_of::<dsopt_codec_options>(),
+        32usize,
+        concat!("Size of: ", stringify!(dsopt_codec_options))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<dsopt_codec_options>(),
+        8usize,
+        concat!("Alignment of ", stringify!(dsopt_codec_options))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_codec_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_codec_options),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_device() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_codec_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).device) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_codec_options),
+                "::",
+                stringify!(device)
+            )
+        );
+    }
+    test_field_device();
+    fn test_field_block() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_codec_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).block) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_codec_options),
+                "::",
+                stringify!(block)
+            )
+        );
+    }
+    test_field_block();
+    fn test_field_threads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_codec_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).threads) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_codec_options),
+                "::",
+                stringify!(threads)
+            )
+        );
+    }
+    test_field_threads();
+    fn test_field_reserved() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_codec_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_codec_options),
+                "::",
+                stringify!(reserved)
+            )
+        );
+    }
+    test_field_reserved();
+    fn test_field_stream() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<dsopt_codec_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stream) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(dsopt_codec_options),
+                "::",
+                stringify!(stream)
+            )
+        );
+    }
+    test_field_stream();
+}
+extern "C" {
+    pub fn dsopt_codec_create(
+        out: *mut *mut dsopt_codec,
+        name: *const ::std::os::raw::c_char,
+        options: *const dsopt_codec_options,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_codec_encoded_size(
+        codec: *const dsopt_codec,
+        n: i64,
+        out_bytes: *mut u64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_codec_residual_size(
+        codec: *const dsopt_codec,
+        n: i64,
+        out_bytes: *mut u64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_codec_encode(
+        codec: *mut dsopt_codec,
+        values: *const dsopt_tensor,
+        runs: i64,
+        residual: *mut ::std::os::raw::c_void,
+        residual_size: u64,
+        dst: *mut ::std::os::raw::c_void,
+        capacity: u64,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_codec_decode_sum(
+        codec: *mut dsopt_codec,
+        codes: *const ::std::os::raw::c_void,
+        size: u64,
+        runs: i64,
+        out: *const dsopt_tensor,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_codec_set_stream(
+        codec: *mut dsopt_codec,
+        stream: *mut CUstream_st,
+    ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_codec_destroy(codec: *mut dsopt_codec);
+}

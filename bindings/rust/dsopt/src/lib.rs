@@ -67,6 +67,7 @@
 //! ```
 
 mod algorithm;
+mod codec;
 mod collectives;
 mod comm;
 mod error;
@@ -75,6 +76,7 @@ mod step_info;
 mod tensor;
 
 pub use algorithm::{algorithm_names, describe, Algorithm, HyperRange, Hyperparameter};
+pub use codec::Codec;
 pub use collectives::{
     Buffer, BufferMut, Collective, CollectiveError, CollectiveResult, Collectives, DeviceCall,
     ElemType, ReduceOp,
