@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """Time to AdamW's loss: data-parallel training of a bandwidth-bound GPT
 (examples/python/gpt.py) with dsopt.torch's AdamW and its 1-bit optimizers
-(and, when ``--optimizers`` names it, Lion) over mpi4py's COMM_WORLD, every
+(and, when ``--optimizers`` names them, Lion and AdamW under compressed ZeRO
+stage 2: ``ZeRO2-int4/int8``, ``ZeRO2-sign/int8``, the gradient / parameter
+codecs of docs/guides/compressed-zero.md) over mpi4py's COMM_WORLD, every
 optimizer from the same initial weights on the same batches.
 
     mpirun -np 4 python3 bench/time_to_quality.py --out DIR
 
 (``bench/run_benchmarks.sh`` runs it on 4 ranks on the emulated 1 Gbit/s
-link of ``bench/netem.sh``.)
+link of ``bench/netem.sh``.) ``--topology HIERARCHY[:R]`` gives every
+optimizer the config's ``"topology"`` (docs/guides/multi-node.md):
+``node_aware:2`` runs the compressed collectives node-aware with the ranks
+declared as nodes of 2 (``{"hierarchy": "node_aware", "ranks_per_node": 2}``),
+``flat`` the flat form; without it the library's default (``"auto"``).
 
 AdamW trains ``--steps`` N steps; its validation loss after them is the
 target. Each other optimizer then trains until its validation loss first
@@ -20,7 +26,10 @@ its paper's advice against AdamW's lr 1e-3 and weight decay 0.01: lr 1e-4
 step, lr x weight decay), betas (0.9, 0.99), the best of the settings in
 docs/optimizers/lion.md; ``--lr NAME=LR``, ``--wd NAME=WD`` and
 ``--betas NAME=B1,B2`` set others. Every other
-argument is at the class's default; the learning rate warms up linearly over the first 10% of
+argument is at the dsopt.torch class's default (the compressed ZeRO runs:
+AdamW's); each optimizer is a ``dsopt.torch.Optimizer`` made from the config
+that class builds, with ``"zero_optimization"`` and ``"topology"`` added
+where asked; the learning rate warms up linearly over the first 10% of
 N, then follows a cosine to 10% of its peak at step N (and stays there),
 through ``torch.optim.lr_scheduler.LambdaLR``; one torch thread per rank.
 
@@ -34,13 +43,15 @@ the clock at the first evaluation at or below it.
 
 Reported per optimizer: steps and seconds to the target, AdamW's seconds
 over them (the speedup), the loss after N steps, ``StepInfo.bytes_sent`` per
-rank up to the target, skipped steps, the steps of each phase (full
+rank up to the target (and, where some cross nodes, ``bytes_inter_node``),
+skipped steps, the steps of each phase (full
 precision, 1-bit, local, sync), the median seconds of a step's compute
 (batch, forward, backward) and of ``optimizer.step()`` by phase (means over
 the ranks), and how much of the time to the target went to full-precision
 steps and to compute. A Markdown table on stdout, everything in ``DIR/time_to_quality.json``.
 """
 import argparse
+import inspect
 import json
 import re
 import statistics
@@ -52,8 +63,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "py
 import gpt  # noqa: E402
 
 OPTIMIZERS = ["AdamW", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"]  # the default
-CHOICES = OPTIMIZERS + ["Lion"]
-LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2, "Lion": 1e-4}
+# name -> (gradient codec, parameter codec) of AdamW under ZeRO stage 2
+COMPRESSED_ZERO = {"ZeRO2-int4/int8": ("int4", "int8"), "ZeRO2-sign/int8": ("sign", "int8")}
+CHOICES = OPTIMIZERS + ["Lion", *COMPRESSED_ZERO]
+LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBitLamb": 1e-2, "Lion": 1e-4,
+                  **{name: 1e-3 for name in COMPRESSED_ZERO}}
+# the hyperparameters whose defaults the dsopt.torch classes set (AdamW's
+# weight decay 0.01, where its config's is 0)
+CLASS_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+HIERARCHIES = ("auto", "flat", "node_aware")
 WEIGHT_DECAY = {"Lion": 0.1}  # the others: the class's default
 FREEZE_ARGUMENT = {"OneBitAdam": "freeze_step", "OneBitLamb": "freeze_step", "ZeroOneAdam": "var_freeze_step"}
 FREEZE_FRACTION = 0.15
@@ -84,7 +102,12 @@ def parse_args(argv=None):
                    help="another weight decay for optimizer NAME (repeatable)")
     p.add_argument("--betas", action="append", default=[], metavar="NAME=B1,B2",
                    help="other betas for optimizer NAME (repeatable)")
+    p.add_argument("--topology", default=None, metavar="HIERARCHY[:R]",
+                   help=f"the config's topology for every optimizer: HIERARCHY one of {', '.join(HIERARCHIES)}, "
+                        f"R ranks per node (declared; default: found from the communicator); "
+                        f"default: none given (the library's auto)")
     args = p.parse_args(argv)
+    args.topology = parse_topology(p, args.topology)
     args.optimizers = args.optimizers.split(",")
     if args.optimizers[0] != "AdamW" or not set(args.optimizers) <= set(CHOICES):
         p.error(f"--optimizers: AdamW first, then any of {CHOICES[1:]}")
@@ -94,6 +117,19 @@ def parse_args(argv=None):
     if args.steps % args.eval_every:
         p.error("--steps must be a multiple of --eval-every (AdamW's last step is evaluated)")
     return args
+
+
+def parse_topology(parser, text):
+    """The config's "topology" section of ``--topology HIERARCHY[:R]`` (None: not given)."""
+    if text is None:
+        return None
+    hierarchy, _, ranks = text.partition(":")
+    if hierarchy not in HIERARCHIES or (ranks and not (ranks.isdigit() and int(ranks) >= 1)):
+        parser.error(f"--topology {text}: HIERARCHY[:R] with HIERARCHY one of {HIERARCHIES}, R an integer >= 1")
+    topology = {"hierarchy": hierarchy}
+    if ranks:
+        topology["ranks_per_node"] = int(ranks)
+    return topology
 
 
 def parse_override(parser, option, text, value, what):
@@ -133,6 +169,29 @@ def optimizer_kwargs(name, steps, lrs=None, wds=None, betas=None):
     if name in FREEZE_ARGUMENT:
         kwargs[FREEZE_ARGUMENT[name]] = max(1, round(FREEZE_FRACTION * steps))
     return kwargs
+
+
+def optimizer_config(name, kwargs, topology=None):
+    """The dsopt config of optimizer `name` with the torch-style `kwargs`:
+    the config its dsopt.torch class builds from them (lr, betas, eps and
+    weight decay at the class's defaults unless given; the other settings'
+    defaults are the config's, as the class's), plus ZeRO stage 2 with its
+    codecs for the compressed ZeRO names and `topology` when given."""
+    import dsopt.torch
+
+    algorithm = "AdamW" if name in COMPRESSED_ZERO else name
+    signature = inspect.signature(getattr(dsopt.torch, algorithm)).parameters
+    params = {key: signature[key].default for key in CLASS_HYPERPARAMETERS if key in signature}
+    params.update(kwargs)
+    if "betas" in params:
+        params["betas"] = list(params["betas"])
+    config = {"optimizer": {"type": algorithm, "params": params}}
+    if name in COMPRESSED_ZERO:
+        gradients, parameters = COMPRESSED_ZERO[name]
+        config["zero_optimization"] = {"stage": 2, "compression": {"gradients": gradients, "parameters": parameters}}
+    if topology is not None:
+        config["topology"] = dict(topology)
+    return config
 
 
 def phase_name(info):
@@ -175,10 +234,10 @@ def train(name, args, config, corpus, world, target=None):
     local = args.batch // size
     model = gpt.build_model(config, args.seed)
     kwargs = optimizer_kwargs(name, args.steps, args.lr, args.wd, args.betas)
-    opt = getattr(dsopt.torch, name)(model.parameters(), comm=world, **kwargs)
+    opt = dsopt.torch.Optimizer(model.parameters(), optimizer_config(name, kwargs, args.topology), comm=world)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(args.steps))
     max_steps = args.steps if target is None else int(args.cap * args.steps)
-    steps = {"compute": [], "step": [], "phase": [], "bytes": []}  # this rank's, per step
+    steps = {"compute": [], "step": [], "phase": [], "bytes": [], "inter_node": []}  # this rank's, per step
     evals = []  # [step, clock seconds, validation loss] (rank 0's loss, sent to all)
     reached = None
     error = ""
@@ -211,6 +270,7 @@ def train(name, args, config, corpus, world, target=None):
             steps["step"].append(t2 - t1)
             steps["phase"].append(phase_name(info))
             steps["bytes"].append(info.bytes_sent)
+            steps["inter_node"].append(info.bytes_inter_node)
             schedule.step()
             step += 1
             if error:
@@ -254,6 +314,7 @@ def summarize(name, kwargs, args, evals, every, reached, target, error):
         "step_median_s_by_phase": {p: median_of([w - c for w, c in zip(whole, compute)], p) for p in present},
         "whole_step_median_s_by_phase": {p: median_of(whole, p) for p in present},
         "bytes_sent_per_rank_total": [sum(r["bytes"]) for r in every],
+        "bytes_inter_node_per_rank_total": [sum(r["inter_node"]) for r in every],
     }
     if target is None:  # AdamW: its run is the reference
         reached = [args.steps, evals[-1][1], evals[-1][2]]
@@ -262,6 +323,7 @@ def summarize(name, kwargs, args, evals, every, reached, target, error):
         n = reached[0]
         record.update(steps_to_target=n, seconds_to_target=reached[1], loss_at_target=reached[2],
                       bytes_sent_per_rank_to_target=[sum(r["bytes"][:n]) for r in every],
+                      bytes_inter_node_per_rank_to_target=[sum(r["inter_node"][:n]) for r in every],
                       full_steps_to_target=sum(p == "full" for p in phases[:n]),
                       seconds_in_full_steps_to_target=sum(w for w, p in zip(whole[:n], phases) if p == "full"),
                       seconds_in_compute_to_target=sum(compute[:n]))
@@ -278,9 +340,13 @@ def markdown(result):
             cells = [str(r["steps_to_target"]), f"{r['seconds_to_target']:.1f}",
                      f"{base['seconds_to_target'] / r['seconds_to_target']:.2f}x"]
             sent = f"{statistics.median(r['bytes_sent_per_rank_to_target']):.3g}"
+            across = statistics.median(r["bytes_inter_node_per_rank_to_target"])
         else:
             cells = [f"not within {r['steps_run']}", f"> {r['evals'][-1][1]:.1f}", "-"]
             sent = f"{statistics.median(r['bytes_sent_per_rank_total']):.3g} (all {r['steps_run']})"
+            across = statistics.median(r["bytes_inter_node_per_rank_total"])
+        if across:
+            sent += f" ({across:.3g} across nodes)"
         loss_n = "-" if r["loss_at_n"] is None else f"{r['loss_at_n']:.4f}"
         rows.append(f"| {r['optimizer']} | " + " | ".join(cells) + f" | {loss_n} | {sent} | "
                     f"{r['skipped_steps']}{' (' + r['error'] + ')' if r['error'] else ''} |")
@@ -321,11 +387,13 @@ def main(argv=None):
              "final_lr_fraction": gpt.FINAL_LR_FRACTION, "python": sys.executable, "torch": torch.__version__,
              "torch_blas": blas_of_torch(), "cpus": os.cpu_count(),
              "loadavg_at_start": os.getloadavg(),
-             "network": os.environ.get("DSOPT_BENCH_NETWORK", "not given (DSOPT_BENCH_NETWORK unset)")}
+             "network": os.environ.get("DSOPT_BENCH_NETWORK", "not given (DSOPT_BENCH_NETWORK unset)"),
+             "topology": args.topology}
     if rank == 0:
         print(f"time_to_quality: GPT {vars(config)}, {params:,} parameters, {size} ranks, batch {args.batch} "
               f"({args.batch // size} per rank), AdamW {args.steps} steps; torch {torch.__version__} "
-              f"(BLAS {setup['torch_blas']}) under {sys.executable}; network: {setup['network']}", flush=True)
+              f"(BLAS {setup['torch_blas']}) under {sys.executable}; network: {setup['network']}; "
+              f"topology: {args.topology or 'not given (auto)'}", flush=True)
     wall = time.perf_counter()
     runs, target = [], None
     for name in args.optimizers:

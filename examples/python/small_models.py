@@ -11,6 +11,11 @@ batches, and a training loop around any dsopt config.
   over 256 bytes. The text uses 76 distinct bytes, so 180 embedding rows
   never get a gradient, and rare bytes give rows whose second moment is
   tiny.
+- ``digits_cnn``: a small convolutional net on the same digits, as 1x8x8
+  images: 3x3 convolution 1 -> 16 channels (padding 1), ReLU, 3x3
+  convolution 16 -> 32 with stride 2 (padding 1, to 4x4), ReLU, linear
+  512 -> 10; 9,930 parameters, the convolutions as matrix products over
+  the images' 3x3 patches.
 
 Every rank builds the same data and the same initial parameters from the
 seed; each global batch is split evenly over the ranks, and each rank passes
@@ -116,6 +121,99 @@ class MLP:
             grads[2 * layer + 1] = d.sum(axis=0)
             if layer > 0:
                 d = (d @ params[2 * layer].T) * (acts[layer] > 0)
+        return loss, [g.astype(np.float32) for g in grads]
+
+    def evaluate(self, params, x, y):
+        """(mean loss, accuracy); NaN parameters give loss NaN."""
+        with np.errstate(all="ignore"):
+            return _loss_and_accuracy(self._forward(params, x)[-1], y)
+
+
+class _Patches:
+    """The 3x3 patches of NHWC images of side `side` padded by 1, at every
+    `stride`-th position, each patch ordered (row, column, channel): a
+    gather from the padded image and, backward, the sum into it of each of
+    the 9 offsets' strided slices."""
+
+    def __init__(self, side, stride):
+        self.side, self.stride, self.out = side, stride, (side - 1) // stride + 1
+        padded = side + 2
+        corners = (np.arange(self.out) * stride)[:, None] * padded + np.arange(self.out) * stride
+        offsets = np.arange(3)[:, None] * padded + np.arange(3)
+        self.index = (corners.reshape(-1, 1) + offsets.reshape(1, -1)).ravel()  # (out^2 9,)
+
+    def __call__(self, x):
+        """(n out^2, 9 c): the patches of x of shape (n, side, side, c), rows
+        in (image, row, column) order."""
+        n, c = len(x), x.shape[-1]
+        padded = np.zeros((n, self.side + 2, self.side + 2, c), dtype=x.dtype)
+        padded[:, 1:-1, 1:-1, :] = x
+        return padded.reshape(n, -1, c)[:, self.index].reshape(-1, 9 * c)
+
+    def backward(self, d_patches, n):
+        """The gradient with respect to x (n images) of a loss whose gradient
+        with respect to self(x) is `d_patches`."""
+        c, out, stride = d_patches.shape[-1] // 9, self.out, self.stride
+        d = d_patches.reshape(n, out, out, 3, 3, c)
+        padded = np.zeros((n, self.side + 2, self.side + 2, c), dtype=d_patches.dtype)
+        span = stride * (out - 1) + 1
+        for i in range(3):
+            for j in range(3):
+                padded[:, i:i + span:stride, j:j + span:stride, :] += d[:, :, :, i, j, :]
+        return padded[:, 1:-1, 1:-1, :]
+
+
+class ConvNet:
+    """The digits as 1x8x8 images: conv 3x3 1 -> c1 (padding 1), ReLU,
+    conv 3x3 c1 -> c2 with stride 2 (padding 1), ReLU, linear 16 c2 -> 10,
+    softmax cross-entropy. Parameters [K1, b1, K2, b2, W, b]; a convolution
+    kernel has shape (9 c_in, c_out), its rows ordered (row, column,
+    channel) as _Patches orders a patch. Initialised like torch's Conv2d and
+    Linear: uniform in +-1/sqrt(fan_in)."""
+
+    SIDE = 8
+
+    def __init__(self, channels=(16, 32)):
+        self.channels = tuple(channels)
+        self.patches1, self.patches2 = _Patches(self.SIDE, 1), _Patches(self.SIDE, 2)
+
+    def _shapes(self):
+        c1, c2 = self.channels
+        out = self.patches2.out
+        return [(9, c1), (9 * c1, c2), (out * out * c2, 10)]
+
+    def init_params(self, seed):
+        rng = np.random.RandomState(seed)
+        params = []
+        for fan_in, fan_out in self._shapes():
+            bound = 1.0 / np.sqrt(fan_in)
+            params.append(rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32))
+            params.append(rng.uniform(-bound, bound, (fan_out,)).astype(np.float32))
+        return params
+
+    def num_params(self):
+        return sum(a * b + b for a, b in self._shapes())
+
+    def _forward(self, params, x):
+        """The patches and activations, one row per image and position."""
+        k1, b1, k2, b2, w, b = params
+        n, side = len(x), self.SIDE
+        p1 = self.patches1(x.reshape(n, side, side, 1))
+        h1 = np.maximum(p1 @ k1 + b1, 0.0)
+        p2 = self.patches2(h1.reshape(n, side, side, -1))
+        h2 = np.maximum(p2 @ k2 + b2, 0.0)
+        flat = h2.reshape(n, -1)
+        return p1, h1, p2, h2, flat, flat @ w + b
+
+    def loss_and_grads(self, params, x, y):
+        """Mean cross-entropy over the batch and its gradient per parameter."""
+        _, _, k2, _, w, _ = params
+        p1, h1, p2, h2, flat, logits = self._forward(params, x)
+        loss, d = _cross_entropy(logits, y)
+        g_w, g_b = flat.T @ d, d.sum(axis=0)
+        d2 = (d @ w.T).reshape(h2.shape) * (h2 > 0)
+        d1 = self.patches2.backward(d2 @ k2.T, len(x)).reshape(h1.shape) * (h1 > 0)
+        grads = (p1.T @ d1, d1.sum(axis=0), p2.T @ d2, d2.sum(axis=0), g_w, g_b)
         return loss, [g.astype(np.float32) for g in grads]
 
     def evaluate(self, params, x, y):

@@ -5,6 +5,7 @@ ranks: ``run_under_mpirun`` launches a worker script whose main calls
 ``mpi_worker_main``; every rank trains each ``RunSpec`` in turn and writes its
 results to ``rank<r>.json``.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from small_models import MLP, CharModel, load_digits_split, load_text_split
+from small_models import MLP, CharModel, ConvNet, load_digits_split, load_text_split
 
 # name -> (model factory, data loader): what a RunSpec names.
-MODELS = {"digits": (MLP, load_digits_split), "chars": (CharModel, load_text_split)}
+MODELS = {"digits": (MLP, load_digits_split), "chars": (CharModel, load_text_split),
+          "digits_cnn": (ConvNet, load_digits_split)}
 
 
 @dataclass
@@ -36,6 +38,10 @@ class RunResult:
     diverging: list = field(default_factory=list)  # StepInfo.diverging per step (0/1)
     grad_norms: list = field(default_factory=list)  # StepInfo.grad_norm per step (-1: not reported; NaN: skipped)
     phases: list = field(default_factory=list)  # StepInfo.phase per step
+    # SHA-256 of this rank's parameters (their bytes) after the last step
+    # that left every rank with the same ones: every step but 0/1 Adam's
+    # local ones, which each rank takes with its own gradient
+    params_digest: str = ""
 
 
 def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, on_step=None, evaluate=True):
@@ -56,8 +62,13 @@ def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, o
     micro = int(config.get("gradient_accumulation_steps", 1))
     draw = np.random.RandomState(seed + 1000)
     result = RunResult(float("nan"), 0.0, 0)
+    # The parameters after the last step that was not local (0/1 Adam), kept
+    # while local steps follow it.
+    synced, previous_local = None, False
     with dsopt.Optimizer(config, params, comm=comm) as opt:
         for step in range(steps):
+            if not previous_local:
+                synced = [p.copy() for p in params]
             idx = draw.choice(len(data.y_train), batch, replace=False)[rank * local:(rank + 1) * local]
             try:
                 if micro > 1:
@@ -85,13 +96,24 @@ def train(model, data, config, comm, rank, world, steps=300, batch=64, seed=0, o
             result.diverging.append(int(info.diverging))
             result.grad_norms.append(float("nan") if info.skipped else float(info.grad_norm))
             result.phases.append(int(info.phase))
+            previous_local = info.phase == dsopt.PHASE_LOCAL
             if on_step is not None:
                 on_step(step, loss, info)
         result.memory_bytes = sum(opt.memory_usage().values())
+    result.params_digest = params_digest(synced if previous_local else params)
     if evaluate:
         result.train_loss, _ = model.evaluate(params, data.x_train, data.y_train)
         _, result.test_accuracy = model.evaluate(params, data.x_test, data.y_test)
     return result
+
+
+def params_digest(params):
+    """SHA-256 (hex) of the arrays' bytes in order: equal on two ranks iff
+    their parameters are the same bits."""
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(np.ascontiguousarray(p).tobytes())
+    return digest.hexdigest()
 
 
 # ---- configurations ------------------------------------------------------------------
