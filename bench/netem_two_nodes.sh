@@ -136,7 +136,10 @@ launch=(mpirun -np "$np" --oversubscribe --mca btl_tcp_disable_family 6 --mca oo
 # shellcheck disable=SC2054  # "vader,tcp,self" is one MCA value
 if [ "$inside" = shm ]; then
   network+=", shared memory inside a node"
-  launch+=(--host "nodea:$rpn,nodeb:$rpn" --mca plm_rsh_agent "$agent" --mca btl vader,tcp,self)
+  # (rtc_hwloc_vmhole none: the two daemons of one machine would otherwise
+  # both write the topology into shared memory at the same address.)
+  launch+=(--host "nodea:$rpn,nodeb:$rpn" --mca plm_rsh_agent "$agent" --mca btl vader,tcp,self
+           --mca rtc_hwloc_vmhole none)
 else
   network+=", TCP inside a node (unlimited)"
   launch+=(--mca btl tcp,self)

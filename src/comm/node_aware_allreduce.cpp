@@ -51,17 +51,26 @@ NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels,
     rail_car_ = std::make_unique<CompressedAllreduce>(rail, kernels, mem, sizes_, piece_blocks);
     return;
   }
+  // The packed tensors' slices first, then the in-place ones' (run, (a)).
   int64_t pad = 0;
+  offset_.assign(sizes_.size(), 0);
   for (int64_t n : sizes_) {
     if (n < 0) fail(DSOPT_EINTERNAL, "NodeAwareAllreduce: negative tensor size");
-    const int64_t m = slice_length(n, R);
-    offset_.push_back(block_);
-    slice_.push_back(m);
-    block_ += m;
-    pad = std::max(pad, m * R - n);
+    slice_.push_back(slice_length(n, R));
+    in_place_.push_back(in_place(n, R));
   }
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t t = 0; t < sizes_.size(); ++t) {
+      if (in_place_[t] != (pass == 1)) continue;
+      offset_[t] = block_;
+      block_ += slice_[t];
+      if (pass == 0) {
+        packed_ = block_;
+        pad = std::max(pad, slice_[t] * R - sizes_[t]);
+      }
+    }
   rail_car_ = std::make_unique<CompressedAllreduce>(rail, kernels, mem, slice_, piece_blocks);
-  blocks_ = DeviceBuffer(kernels, size_t(block_) * size_t(R) * 4);
+  blocks_ = DeviceBuffer(kernels, size_t(nodes_ == 1 ? block_ : packed_) * size_t(R) * 4);
   mine_ = DeviceBuffer(kernels, size_t(block_) * 4);
   if (nodes_ > 1) {
     codes_ = DeviceBuffer(kernels, size_t(rail_car_->result_code_bytes()) * size_t(R));
@@ -82,19 +91,26 @@ void NodeAwareAllreduce::run(float* const* x) {
   const size_t T = sizes_.size();
   if (block_ == 0) return;
 
-  // (a) Block j of blocks_ = slice j of every tensor, zero-padded: one pass
-  // (fl(x * 1) is x), then the fixed-order reduce-scatter and the mean.
+  // (a) The packed tensors: block j of blocks_ = their slices j, zero-padded
+  // (one pass, fl(x * 1) is x), reduce-scattered in one call; an in-place
+  // tensor reduce-scattered from x itself. Then the mean.
   std::vector<TensorRef> parts;
   parts.reserve(2 * T * size_t(R));
   for (int j = 0; j < R; ++j)
     for (size_t t = 0; t < T; ++t) {
+      if (in_place_[t]) continue;
       const int64_t m = slice_[t], first = j * m;
       const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
       if (have > 0) parts.push_back(TensorRef{x[t] + first, have, DType::F32});
       if (m - have > 0) parts.push_back(TensorRef{zeros_.get(), m - have, DType::F32});
     }
-  kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, blocks_.floats(), nullptr);
-  node_.reduce_scatter(blocks_.get(), mine_.get(), size_t(block_), Elem::F32, ReduceOp::Sum, mem_);
+  if (packed_ > 0) {
+    kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, blocks_.floats(), nullptr);
+    node_.reduce_scatter(blocks_.get(), mine_.get(), size_t(packed_), Elem::F32, ReduceOp::Sum, mem_);
+  }
+  for (size_t t = 0; t < T; ++t)
+    if (in_place_[t])
+      node_.reduce_scatter(x[t], mine_.floats() + offset_[t], size_t(slice_[t]), Elem::F32, ReduceOp::Sum, mem_);
   const TensorRef sums{mine_.get(), block_, DType::F32};
   kernels_.transform(&sums, 1, 1.0f / float(R), mine_.floats(), nullptr);
 
@@ -104,8 +120,10 @@ void NodeAwareAllreduce::run(float* const* x) {
   rail_car_->run(slices.data());
 
   // (c) Every local index's slices, decoded from its rail's result (or
-  // gathered in fp32 where nothing was compressed), back into the tensors.
+  // gathered in fp32 where nothing was compressed), back into the tensors:
+  // an in-place tensor's straight into x.
   const int me = node_.rank();
+  const int64_t stride = nodes_ == 1 ? block_ : packed_;
   if (nodes_ == 1) {
     node_.allgather(mine_.get(), blocks_.get(), size_t(block_), Elem::F32, mem_);
   } else {
@@ -115,18 +133,23 @@ void NodeAwareAllreduce::run(float* const* x) {
     node_.allgather(rail.result_scales(), scales_.data(), scale_count, Elem::F32, Mem::host());
     for (int j = 0; j < R; ++j) {
       if (j == me) continue;
-      float* block = blocks_.floats() + size_t(j) * size_t(block_);
-      for (size_t t = 0; t < T; ++t) slices[t] = block + offset_[t];
+      for (size_t t = 0; t < T; ++t)
+        slices[t] = in_place_[t] ? x[t] + j * slice_[t] : blocks_.floats() + j * stride + offset_[t];
       rail_car_->decode_result(static_cast<const uint8_t*>(codes_.get()) + size_t(j) * code_bytes,
                                scales_.data() + size_t(j) * scale_count, slices.data());
     }
   }
   for (size_t t = 0; t < T; ++t) {
     parts.clear();
+    if (nodes_ > 1 && in_place_[t]) {
+      const TensorRef own{mine_.floats() + offset_[t], slice_[t], DType::F32};
+      kernels_.transform(&own, 1, 1.0f, x[t] + me * slice_[t], nullptr);
+      continue;
+    }
     for (int j = 0; j < R; ++j) {
       const int64_t m = slice_[t], first = j * m;
       const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
-      const float* block = nodes_ > 1 && j == me ? mine_.floats() : blocks_.floats() + size_t(j) * size_t(block_);
+      const float* block = nodes_ > 1 && j == me ? mine_.floats() : blocks_.floats() + j * stride;
       if (have > 0) parts.push_back(TensorRef{block + offset_[t], have, DType::F32});
     }
     if (!parts.empty()) kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, x[t], nullptr);

@@ -5,10 +5,12 @@
 // With N nodes of R ranks, rank (node k, local j) in one call:
 //   (a) inside the node, fp32, uncompressed: each tensor x (n values) is
 //       padded with zeros to R*m, m = ceil(n / R), and reduce-scattered over
-//       the node communicator in dsopt's fixed order (comm.hpp), all
-//       tensors in one collective: local rank j receives slice j of every
-//       tensor, s = sum over the node's ranks, and keeps
-//       y_j = fl(s * fl(1 / R)), the node mean of slice j;
+//       the node communicator in dsopt's fixed order (comm.hpp): local rank
+//       j receives slice j of every tensor, s = sum over the node's ranks,
+//       and keeps y_j = fl(s * fl(1 / R)), the node mean of slice j. The
+//       tensors are packed into one collective, but for those whose n is a
+//       multiple of R with slices of at least kInPlaceSlice values: each of
+//       these is reduce-scattered from x itself, no copy made;
 //   (b) across nodes, compressed: the flat CompressedAllreduce over the
 //       rail communicator (the N ranks of local index j) on the slices y_j
 //       (one tensor of m values per tensor): worker error of
@@ -18,8 +20,9 @@
 //       and scales, sum_t n''_t / 8 bytes and 4 N T) allgathered over the
 //       node communicator; every rank decodes the other local indices'
 //       slices exactly as their rail decoded them and writes the n values
-//       of each x. With N = 1 (nothing compressed) the node means are
-//       allgathered in fp32.
+//       of each x (an in-place tensor's other slices decoded straight into
+//       x). With N = 1 (nothing compressed) the node means are allgathered
+//       in fp32.
 // Every rank ends with the same bits. R = 1 is the flat form on the rail
 // communicator exactly (the tensors go to it as they are); N = 1 runs (a)
 // and (c) only (the rail allreduce of one rank is the identity).
@@ -40,6 +43,13 @@ class NodeAwareAllreduce {
   // m: the slice length of a tensor of n values on nodes of R ranks.
   static int64_t slice_length(int64_t n, int ranks_per_node) {
     return (n + ranks_per_node - 1) / ranks_per_node;
+  }
+  // Tensors reduce-scattered in place, not packed: n a multiple of R, and
+  // slices of at least kInPlaceSlice values (a collective of their own is
+  // worth a copy of n values saved).
+  static constexpr int64_t kInPlaceSlice = int64_t(1) << 16;
+  static bool in_place(int64_t n, int ranks_per_node) {
+    return n % ranks_per_node == 0 && n / ranks_per_node >= kInPlaceSlice;
   }
 
   // Bytes one call adds to the rail communicator's bytes_sent on every rank
@@ -90,10 +100,12 @@ class NodeAwareAllreduce {
   int nodes_, ranks_per_node_;
   std::vector<int64_t> sizes_;
   std::vector<int64_t> slice_;   // m_t
-  std::vector<int64_t> offset_;  // of slice t in a block of the node exchange
-  int64_t block_ = 0;            // sum_t m_t: one rank's block of the node exchange
+  std::vector<int64_t> offset_;  // of slice t in mine_: the packed tensors' first
+  std::vector<bool> in_place_;
+  int64_t block_ = 0;            // sum_t m_t: mine_
+  int64_t packed_ = 0;           // the packed tensors' sum_t m_t
   std::unique_ptr<CompressedAllreduce> rail_car_;
-  DeviceBuffer blocks_;  // R blocks: the reduce-scatter's input, the decoded slices of (c)
+  DeviceBuffer blocks_;  // R blocks of the packed tensors (N = 1: of all): (a)'s input, (c)'s slices
   DeviceBuffer codes_;   // (c): the R rail results' signs
   std::vector<float> scales_;  // (c): the R rail results' scales
   DeviceBuffer mine_;    // this rank's block: the slices y_j of every tensor

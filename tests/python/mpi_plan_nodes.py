@@ -31,8 +31,10 @@ CONFIGS = [Config("OneBitAdam"), Config("OneBitLamb"), Config("ZeroOneAdam"), Co
            Config("AdamW", "int4", "int8", path="czero"), Config("AdamW", "sign", "bf16", path="czero"),
            Config("Lion", "int8", "int8", path="czero")]
 # Large enough that the rail's 1-bit allreduce runs in several pieces (and
-# keeps the largest piece's discard buffer): the 1-bit family, node-aware.
-BIG = Model((1_100_003, 70_001), "fp32")
+# keeps the largest piece's discard buffer): the 1-bit family, node-aware;
+# its first tensor is reduce-scattered in place at R = 2 and 3, the second
+# packed and padded.
+BIG = Model((1_100_004, 70_001), "fp32")
 # Nodes of R ranks: every R that divides P but 1 and P.
 SPLITS = [d for d in range(2, P) if P % d == 0]
 # (model, configurations, ranks per node, hierarchies, steps); the last:

@@ -23,7 +23,7 @@ from onebit_reference import padded_length
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Odd sizes, some shorter than R, one over several sum blocks of 4096.
-SIZES = [1, 7, 13, 100, 1000, 4097, 33, 65, 70001]
+SIZES = [1, 7, 13, 100, 1000, 4097, 33, 65, 70001, 393216]  # the last reduce-scattered in place at R <= 6
 CALLS = 4
 SEED = 23
 TOPOLOGIES = [(4, 2), (6, 2), (6, 3), (4, 1), (6, 1), (4, 4)]  # (P, R)

@@ -61,16 +61,29 @@ def _node_aware(sizes, N: int, R: int, overlapping: bool) -> CarMemory:
     too, where the blob saves none of them); the R blocks of sum_t m_t
     floats (the reduce-scatter's input, then the decoded slices) and this
     rank's block; with N > 1 the R rail results' signs (R N messages); and
-    the zeros padding the last slices, max_t (R m_t - n_t) floats."""
+    the zeros padding the last slices, max_t (R m_t - n_t) floats. With
+    N > 1 the R blocks hold only the packed tensors: a tensor with n_t a
+    multiple of R and m_t >= 65,536 (NodeAwareAllreduce::in_place) is
+    reduce-scattered from the parameters' buffer itself."""
     slices = car_slices(sizes, R)
     if N == 1:
         # The rail allreduce of one rank keeps its errors (padded to 8) and sends nothing.
         errors, state = 8 * sum(car_padded(m, 1) for m in slices), 0
     else:
         errors = state = car_errors(slices, N)
+    packed = [(m, n) for m, n in zip(slices, sizes) if not in_place(n, R)]
     block = 4 * sum(slices)
-    buffers = car_buffers(slices, N, overlapping) + (R + 1) * block
+    blocks = R * (block if N == 1 else 4 * sum(m for m, _ in packed))
+    buffers = car_buffers(slices, N, overlapping) + block + blocks
     if N > 1:
         buffers += R * N * car_message_bytes(slices, N)
-    pad = max((R * m - n for m, n in zip(slices, sizes)), default=0)
+    pad = max((R * m - n for m, n in packed), default=0)
     return CarMemory(errors, state, buffers + 4 * pad)
+
+
+IN_PLACE_SLICE = 1 << 16
+
+
+def in_place(n: int, R: int) -> bool:
+    """NodeAwareAllreduce::in_place: a tensor reduce-scattered in place."""
+    return n % R == 0 and n // R >= IN_PLACE_SLICE
