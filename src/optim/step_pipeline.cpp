@@ -13,7 +13,7 @@ StepPipeline::StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kerne
                            CommRunner& runner, RankAgreement& agreement, int64_t bucket_elems)
     : cfg_(cfg), comm_(comm), kernels_(kernels), mem_(mem), params_(params),
       scaler_(cfg.loss_scale), packed_(comm, kernels, mem, runner, params, bucket_elems),
-      runner_(runner), agreement_(agreement) {}
+      runner_(runner), agreement_(agreement), shards_(comm) {}
 
 std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int64_t count) const {
   std::vector<TensorRef> refs;
@@ -40,7 +40,7 @@ void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
 }
 
 bool StepPipeline::norm_after_update(bool update_sums, int micro_batches) const {
-  return update_sums && comm_.size() == 1 && micro_batches == 1 && wants_norm() &&
+  return update_sums && comm_.size() == 1 && !shards_.active() && micro_batches == 1 && wants_norm() &&
          !reports_norm() && kernels_.sums_while_updating();
 }
 
@@ -51,8 +51,12 @@ void StepPipeline::take_norm(PreparedGrads& prepared, const UpdateOutcome& updat
 PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
                                     const std::vector<uint8_t>& averaged, bool update_sums) {
   const int world = comm_.size();
-  const std::string local_error = params_.check_grads(grads, count);
-  if (world == 1 && !local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
+  std::string local_error = params_.check_grads(grads, count);
+  if (world == 1 && !shards_.active() && !local_error.empty())
+    fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
+  // Replicas of sharded parameters: a rank whose shard group failed fails
+  // over comm too, so that every rank of both learns of it below.
+  if (world > 1) local_error = shards_.agree_valid(local_error);
   const bool ok = local_error.empty();
 
   PreparedGrads out;
@@ -99,10 +103,17 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
   if (world > 1 && (!any_averaged || (!local_refs.empty() && wants_norm())))
     nonfinite = agree(nonfinite, &local_sumsq, local_error);
 
-  out.skip = nonfinite && cfg_.skip_nonfinite;
   out.local_norm = world > 1 && !local_refs.empty();
-  set_multipliers(out, avg_sumsq + local_sumsq);
+  // At one rank of comm a bad argument is settled over the shard group.
+  finish_prepared(out, nonfinite, avg_sumsq + local_sumsq, world == 1 ? local_error : "");
   return out;
+}
+
+void StepPipeline::finish_prepared(PreparedGrads& out, bool nonfinite, double sumsq,
+                                   const std::string& local_error) {
+  if (shards_.active()) nonfinite = shards_.settle_step(local_error, nonfinite, &sumsq);
+  out.skip = nonfinite && cfg_.skip_nonfinite;
+  set_multipliers(out, sumsq);
 }
 
 void StepPipeline::open_handover(const std::vector<uint8_t>& averaged, int micro_batches) {
@@ -143,9 +154,8 @@ PreparedGrads StepPipeline::prepare_handed_over(bool update_sums) {
   if (world > 1 && (!any_averaged || !local.empty()))
     nonfinite = agree(nonfinite, &local_sumsq, "");
   packed_.close();
-  out.skip = nonfinite && cfg_.skip_nonfinite;
   out.local_norm = world > 1 && !local.empty();
-  set_multipliers(out, avg_sumsq + local_sumsq);
+  finish_prepared(out, nonfinite, avg_sumsq + local_sumsq, "");
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include "kernels/device_buffer.hpp"
 #include "optim/config.hpp"
 #include "optim/loss_scaler.hpp"
+#include "optim/shard_group.hpp"
 #include "params/param_set.hpp"
 
 namespace dsopt {
@@ -41,12 +42,13 @@ struct UpdateOutcome {
 class StepPipeline {
  public:
   // Averaged gradients are reduced in buckets of bucket_elems elements,
-  // through `runner`; a failed step is settled through `agreement`.
+  // through `runner`; a failed step is settled through `agreement`, and
+  // over the shard group of `comm` (dsopt_comm_set_shards) where it has one.
   StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels, const Mem& mem,
                const ParamSet& params, CommRunner& runner, RankAgreement& agreement,
                int64_t bucket_elems);
 
-  // Collective. averaged[i] says whether parameter i's gradient is averaged
+  // Collective (over the shard group too). averaged[i] says whether parameter i's gradient is averaged
   // over ranks (Adam; warmup stages) or stays this rank's own (compressed
   // stages). Throws Error(DSOPT_EINVAL) on every rank when any rank's
   // gradients do not fit the parameters; nothing has changed then.
@@ -109,6 +111,11 @@ class StepPipeline {
   bool norm_after_update(bool update_sums, int micro_batches) const;
   // The unscaled norm from a sum of squares of scaled gradients.
   double norm_of(double sumsq) const;
+  // After the reductions over comm: the non-finite flag and the sum of
+  // squares of this rank's shards added over the shard group (where there
+  // is one), and the multipliers from it.
+  void finish_prepared(PreparedGrads& out, bool nonfinite, double sumsq,
+                       const std::string& local_error);
 
   PipelineConfig cfg_;
   Comm& comm_;
@@ -119,6 +126,7 @@ class StepPipeline {
   PackedAllreduce packed_;  // the status flag and the averaged gradients
   CommRunner& runner_;
   RankAgreement& agreement_;
+  ShardGroup shards_;  // the ranks holding the parameters' other shards
 };
 
 }  // namespace dsopt

@@ -1,0 +1,201 @@
+"""Run under ``mpirun -np 2`` or ``-np 4`` (test_sharded_params.py):
+dsopt optimizers on sharded parameters (``dsopt_comm_set_shards``), as
+FSDP shards a model. Every tensor is cut into row blocks as torch.chunk
+cuts dim 0 (uneven, one rank's block of a one-row tensor empty); the
+gradients each rank passes are its blocks of gradients already reduced
+over the shard group. Phases (``$DSOPT_TEST_PHASES``):
+
+* np 2, ``whole`` (the main communicator local, the shards over the
+  world): AdamW equals AdamW of whole tensors bit for bit, clipped too
+  (grad_norm to 1e-12); LAMB equals the numpy reference of whole tensors
+  (tests/python/lamb_reference.py) within the rounding of its norms' order;
+* np 2, ``agree``: a non-finite gradient in one rank's shard skips the step
+  on both; a gradient of the wrong size on one rank fails both (its own
+  error there, dsopt.Mismatch on the other) and changes nothing; configs
+  or parameter counts that differ fail both at creation, ZeRO is refused;
+* np 4, ``hsdp`` (2 replicas x 2 shards): 1-bit LAMB and 1-bit Adam, clipped,
+  over the replicas, equal the same optimizer over whole tensors on the
+  replica communicator during warmup (to the rounding of the norms), then
+  compress with both replicas of a shard bit-identical.
+"""
+
+import sys
+import warnings
+
+import numpy as np
+
+import dsopt
+from lamb_reference import LambReference
+from mpi_phases import main
+from mpi_world import world  # noqa: F401  (mpi_phases' world())
+
+SHAPES = [(5, 3), (1, 4), (7,), (3, 2)]
+
+
+def rows(shape, shards, s):
+    """Rank ``s``'s block of rows of a tensor of ``shape`` (torch.chunk)."""
+    n = shape[0]
+    per = -(-n // shards)
+    return min(s * per, n), min((s + 1) * per, n)
+
+
+def shard_of(x, shards, s):
+    a, b = rows(x.shape, shards, s)
+    return np.ascontiguousarray(x[a:b])
+
+
+def whole_params(seed=7):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) for shape in SHAPES]
+
+
+def whole_grads(step, replica=0, scale=3.0):
+    rng = np.random.default_rng(1000 + 17 * step + replica)
+    return [(scale * rng.standard_normal(shape)).astype(np.float32) for shape in SHAPES]
+
+
+def sharded_comm(shards):
+    main_comm = dsopt.Communicator.local()
+    main_comm.set_shards(shards)
+    return main_comm
+
+
+def run_sharded(config, shard_comm, s, steps, grads_of=whole_grads, replicas=None, replica=0):
+    """(this rank's shards after ``steps`` steps, step infos)."""
+    shards = shard_comm.size
+    params = [shard_of(p, shards, s) for p in whole_params()]
+    main_comm = replicas if replicas is not None else dsopt.Communicator.local()
+    main_comm.set_shards(shard_comm)
+    infos = []
+    with dsopt.Optimizer(config, params, comm=main_comm) as opt:
+        for k in range(steps):
+            infos.append(opt.step([shard_of(g, shards, s) for g in grads_of(k, replica)]))
+    main_comm.set_shards(None)
+    if replicas is None:
+        main_comm.close()
+    return params, infos
+
+
+def run_whole(config, steps, comm=None, replica=0):
+    params = whole_params()
+    infos = []
+    with dsopt.Optimizer(config, params, comm=comm) as opt:
+        for k in range(steps):
+            infos.append(opt.step(whole_grads(k, replica)))
+    return params, infos
+
+
+def adamw(**top):
+    return dict({"optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}}}, **top)
+
+
+def phase_whole(comm, rank, size):
+    for top in ({}, {"gradient_clipping": 1.0}):
+        config = adamw(**top)
+        mine, infos = run_sharded(config, comm, rank, 4)
+        whole, whole_infos = run_whole(config, 4)
+        for p, w in zip(mine, whole):
+            assert np.array_equal(p, shard_of(w, size, rank)), (top, np.abs(p - shard_of(w, size, rank)).max())
+        for a, b in zip(infos, whole_infos):
+            assert abs(a.grad_norm - b.grad_norm) <= 1e-12 * max(1.0, abs(b.grad_norm)), (a, b)
+            assert not a.skipped
+    if top:
+        assert whole_infos[0].grad_norm > 1.0  # the clipping binds
+    config = {"optimizer": {"type": "Lamb", "params": {"lr": 5e-2, "weight_decay": 0.01}},
+              "gradient_clipping": 2.0}
+    mine, _ = run_sharded(config, comm, rank, 5)
+    ref = LambReference(config, whole_params(), 1)
+    for k in range(5):
+        ref.step([whole_grads(k)])
+    for p, w, shape in zip(mine, ref.params(), SHAPES):
+        expect = shard_of(np.asarray(w).reshape(shape), size, rank)
+        assert np.allclose(p, expect, rtol=2e-6, atol=2e-6), np.abs(p - expect).max()
+    return "adamw, lamb"
+
+
+def expect_error(kind, fn, *patterns):
+    try:
+        fn()
+    except kind as error:
+        text = str(error)
+        assert all(p in text for p in patterns), text
+        return text
+    raise AssertionError(f"{fn} did not raise {kind.__name__}")
+
+
+def phase_agree(comm, rank, size):
+    config = adamw()
+    params = [shard_of(p, size, rank) for p in whole_params()]
+    main_comm = sharded_comm(comm)
+    with dsopt.Optimizer(config, params, comm=main_comm) as opt:
+        opt.step([shard_of(g, size, rank) for g in whole_grads(0)])
+        before = [p.copy() for p in params]
+        grads = [shard_of(g, size, rank) for g in whole_grads(1)]
+        if rank == 1:
+            grads[0][0, 0] = np.inf
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dsopt.SkippedStepWarning)
+            info = opt.step(grads)
+        assert info.skipped, info
+        assert all(np.array_equal(a, b) for a, b in zip(before, params))
+        grads = [shard_of(g, size, rank) for g in whole_grads(2)]
+        if rank == 1:
+            grads[2] = np.zeros(1, np.float32)
+            expect_error(dsopt.InvalidArgument, lambda: opt.step(grads), "grads[2].numel")
+        else:
+            expect_error(dsopt.Mismatch, lambda: opt.step(grads), "another rank failed", "rank 1")
+        assert all(np.array_equal(a, b) for a, b in zip(before, params))
+        info = opt.step([shard_of(g, size, rank) for g in whole_grads(2)])
+        assert not info.skipped and info.step == 2
+    # Configs and parameter counts the shard group disagrees on; ZeRO.
+    lr = 1e-2 if rank == 0 else 2e-2
+    other = {"optimizer": {"type": "AdamW", "params": {"lr": lr}}}
+    expect_error(dsopt.Mismatch, lambda: dsopt.Optimizer(other, params, comm=main_comm), "config")
+    fewer = params if rank == 0 else params[:-1]
+    expect_error(dsopt.Mismatch, lambda: dsopt.Optimizer(config, fewer, comm=main_comm),
+                 "number of parameters")
+    zero = dict(config, zero_optimization={"stage": 1})
+    expect_error(dsopt.Unsupported, lambda: dsopt.Optimizer(zero, params, comm=main_comm),
+                 "dsopt_comm_set_shards")
+    main_comm.set_shards(None)
+    main_comm.close()
+    return "skip, bad grads, create"
+
+
+def phase_hsdp(comm, rank, size):
+    from mpi4py import MPI
+    world_comm = MPI.COMM_WORLD
+    replica, s = rank // 2, rank % 2
+    shard_comm = dsopt.Communicator.from_mpi4py(world_comm.Split(replica, s))
+    replicas = dsopt.Communicator.from_mpi4py(world_comm.Split(s, replica))
+    for opt_type in ("OneBitLamb", "OneBitAdam"):
+        config = {"optimizer": {"type": opt_type,
+                                "params": {"lr": 2e-2, "freeze_step": 3, "weight_decay": 0.01}},
+                  "gradient_clipping": 2.0}
+        steps = 6
+        mine, infos = run_sharded(config, shard_comm, s, steps, replicas=replicas, replica=replica)
+        warm = sum(1 for i in infos if not i.compressed)
+        assert 2 <= warm < steps and all(np.isfinite(p).all() for p in mine), (opt_type, warm)
+        # During warmup: as the whole tensors on the replica communicator.
+        early, _ = run_sharded(config, shard_comm, s, warm, replicas=replicas, replica=replica)
+        whole, _ = run_whole(config, warm, comm=replicas, replica=replica)
+        for p, w in zip(early, whole):
+            expect = shard_of(w, 2, s)
+            assert np.allclose(p, expect, rtol=1e-5, atol=1e-6), (opt_type, np.abs(p - expect).max())
+        # Compressing: both replicas of a shard hold the same values.
+        for p in mine:
+            other = np.empty_like(p)
+            replicas_peer = world_comm.Split(s, replica)
+            replicas_peer.Sendrecv(p, dest=1 - replica, recvbuf=other, source=1 - replica)
+            replicas_peer.Free()
+            assert np.array_equal(p, other), opt_type
+    shard_comm.close()
+    replicas.close()
+    return "onebit lamb, onebit adam"
+
+
+PHASES = {"whole": phase_whole, "agree": phase_agree, "hsdp": phase_hsdp}
+
+
+if __name__ == "__main__":
+    sys.exit(main(PHASES))
