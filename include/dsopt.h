@@ -292,9 +292,15 @@ DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t s
  * rank-local state by resetting that state on every rank (the 1-bit
  * optimizers; a ZeRO shard is still DSOPT_EMISMATCH). */
 #define DSOPT_LOAD_RESET_RANK_LOCAL 1u
+/* dsopt_state_load_ex flags: the blob carries no rank-local state (its
+ * rank-local sections may be empty: a caller that keeps that state
+ * elsewhere, or has none for this optimizer's layout, as under FSDP at
+ * another topology); the rest is loaded and the rank-local state reset on
+ * every rank, as DSOPT_LOAD_RESET_RANK_LOCAL resets it. */
+#define DSOPT_LOAD_WITHOUT_RANK_LOCAL 2u
 
-/* dsopt_state_load with `flags` (0 or DSOPT_LOAD_RESET_RANK_LOCAL; 0 is
- * dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
+/* dsopt_state_load with `flags` (0, DSOPT_LOAD_RESET_RANK_LOCAL and/or
+ * DSOPT_LOAD_WITHOUT_RANK_LOCAL; 0 is dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
  * state was reset (the flag's reset, or the 1-bit optimizers' compression
  * errors of another world size or topology), else 0; on every rank alike.
  * Collective.

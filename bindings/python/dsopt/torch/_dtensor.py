@@ -131,6 +131,12 @@ class ShardedParams:
         algorithm = facts.algorithm
         replicas = self._replicas(comm)
         size = 1 if replicas is None else replicas[0].size
+        if algorithm.compressed and size > 1 and self.replica_mesh is None:
+            raise ValueError(
+                f"dsopt.torch: {algorithm.type} on FSDP2 parameters with replicas from comm "
+                f"{type(comm).__name__}: its rank-local state (compression errors) is "
+                f"checkpointed over the (replicate, shard) mesh; give comm as that 2-D "
+                f"DeviceMesh, or shard the model over a slice of one ({_GUIDE})")
         if algorithm.compressed and size <= 1:
             if self.native_hsdp:
                 why = ("under FSDP2's own HSDP (a 2-D mesh) FSDP2 all-reduces the gradients across "
@@ -251,12 +257,71 @@ class ShardedParams:
         return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
                                   shape=p.shape, stride=p.stride())
 
+    def part_of(self, p, value):
+        """This rank's part of ``value`` for parameter ``p``, shaped like
+        its local tensor: a DTensor placed like ``p`` gives its local
+        tensor; another DTensor its whole tensor first (collective); a
+        plain tensor is taken as the whole tensor."""
+        if _is_dtensor(value, dtensor_types()):
+            if value.device_mesh == p.device_mesh and \
+                    tuple(value.placements) == tuple(p.placements):
+                return value._local_tensor
+            value = value.full_tensor()
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        if tuple(value.shape) != tuple(p.shape):
+            return None
+        shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+        index = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+        return value[index]
+
     # ---- the layout, for state dicts ---------------------------------------------
 
     def topology(self, comm):
         """[replicas, shards] of the run (the layout rank-local state belongs to)."""
         shards = comm.shards.size if comm.shards is not None else 1
         return [comm.size, shards]
+
+    def rank_local_tensor(self, data, bound):
+        """The bytes ``data`` of every rank as one uint8 DTensor of shape
+        (replicas, shards, width) on the (replicate, shard) mesh, each rank
+        holding its own row: a length, the bytes, zeros up to the width, 8
+        + the largest ``bound`` of any rank (collective: agreed over both
+        groups), so that a state dict made to load into has the width of
+        one saved at any stage."""
+        import struct
+
+        import torch.distributed as dist
+
+        if len(data) > bound:
+            raise RuntimeError(f"dsopt.torch: this rank's rank-local state has {len(data)} bytes, "
+                               f"more than its bound {bound} (_fsdp_state.rank_local_bound)")
+        mesh = self.replica_mesh
+        _, Shard, _ = dtensor_types()
+        device = torch.device("cuda", torch.cuda.current_device()) \
+            if mesh.device_type == "cuda" else torch.device("cpu")
+        width = torch.tensor([bound], dtype=torch.int64, device=device)
+        for dim in range(2):
+            dist.all_reduce(width, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+        width = 8 + int(width.item())
+        row = bytearray(width)
+        row[:8] = struct.pack("<q", len(data))
+        row[8:8 + len(data)] = data
+        local = torch.frombuffer(row, dtype=torch.uint8).reshape(1, 1, width).to(device)
+        replicas, shards = mesh.shape
+        return dtensor_types()[0].from_local(local, mesh, (Shard(0), Shard(1)), run_check=False,
+                                             shape=(replicas, shards, width),
+                                             stride=(shards * width, width, 1))
+
+    @staticmethod
+    def rank_local_bytes(value):
+        """This rank's bytes of a ``rank_local_tensor``."""
+        import struct
+
+        local = value._local_tensor if _is_dtensor(value, dtensor_types()) else value
+        row = bytes(local.reshape(-1).cpu().numpy())
+        (length,) = struct.unpack_from("<q", row, 0)
+        return row[8:8 + length]
 
     def describe(self):
         kind = "HSDP (FSDP2's)" if self.native_hsdp else "FSDP2"
