@@ -13,14 +13,19 @@ over the shard group. Phases (``$DSOPT_TEST_PHASES``):
   on both; a gradient of the wrong size on one rank fails both (its own
   error there, dsopt.Mismatch on the other) and changes nothing; configs
   or parameter counts that differ fail both at creation, ZeRO is refused;
+* np 2, ``without``: DSOPT_LOAD_WITHOUT_RANK_LOCAL (a blob whose
+  rank-local sections are empty loads and resets them, and fails without
+  the flag);
 * np 4, ``hsdp`` (2 replicas x 2 shards): 1-bit LAMB and 1-bit Adam, clipped,
   over the replicas, equal the same optimizer over whole tensors on the
   replica communicator during warmup (to the rounding of the norms), then
   compress with both replicas of a shard bit-identical.
 """
 
+import struct
 import sys
 import warnings
+import zlib
 
 import numpy as np
 
@@ -194,7 +199,66 @@ def phase_hsdp(comm, rank, size):
     return "onebit lamb, onebit adam"
 
 
-PHASES = {"whole": phase_whole, "agree": phase_agree, "hsdp": phase_hsdp}
+def without_rank_local(blob, names):
+    """``blob`` (src/state/blob.hpp's layout) with the sections ``names``
+    empty, the checksum made again."""
+    data = bytes(blob)
+    pos = 24
+    (n,) = struct.unpack_from("<I", data, pos)
+    pos += 4 + n + 8
+    (count,) = struct.unpack_from("<Q", data, pos)
+    pos += 8 + 16 * count
+    out = [data[24:pos + 4]]
+    (nsections,) = struct.unpack_from("<I", data, pos)
+    pos += 4
+    for _ in range(nsections):
+        (n,) = struct.unpack_from("<I", data, pos)
+        name = data[pos + 4:pos + 4 + n]
+        (size,) = struct.unpack_from("<Q", data, pos + 4 + n)
+        body = data[pos + 4 + n + 8:pos + 4 + n + 8 + size]
+        if name.decode() in names:
+            body = b""
+        out += [struct.pack("<I", n), name, struct.pack("<Q", len(body)), body]
+        pos += 4 + n + 8 + size
+    body = b"".join(out)
+    head = data[:8] + struct.pack("<IIQ", 1, 0, 24 + len(body) + 4)
+    return head + body + struct.pack("<I", zlib.crc32(head + body))
+
+
+def phase_without(comm, rank, size):
+    """DSOPT_LOAD_WITHOUT_RANK_LOCAL: a compressing 1-bit Adam's blob with its
+    errors left empty loads with the flag (errors reset: the next step is a
+    fresh optimizer's given the same moments), and without it fails on
+    every rank, changing nothing."""
+    config = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-2, "freeze_step": 2}}}
+    params = whole_params()
+    with dsopt.Optimizer(config, params, comm=comm) as opt:
+        for k in range(4):
+            opt.step(whole_grads(k, rank))
+        blob = opt.state_dict()
+        empty = without_rank_local(blob, {"onebit.worker_error", "onebit.server_error"})
+        before = [p.copy() for p in params]
+        expect_error((dsopt.CorruptState, dsopt.Mismatch), lambda: opt.load_state_dict(empty),
+                     "worker_error")
+        assert all(np.array_equal(a, b) for a, b in zip(before, params))
+        assert opt.load_state_dict(empty, without_rank_local=True) is True
+        opt.step(whole_grads(4, rank))
+        reset_params = [p.copy() for p in params]
+        # the same as loading the whole blob and resetting it
+        for p, b in zip(params, before):
+            p[...] = b
+        assert opt.load_state_dict(blob, without_rank_local=True) is True
+        opt.step(whole_grads(4, rank))
+        assert all(np.array_equal(a, b) for a, b in zip(reset_params, params))
+        for p, b in zip(params, before):
+            p[...] = b
+        opt.load_state_dict(blob)  # errors kept: another step
+        opt.step(whole_grads(4, rank))
+        assert not all(np.array_equal(a, b) for a, b in zip(reset_params, params))
+    return "errors reset"
+
+
+PHASES = {"whole": phase_whole, "agree": phase_agree, "hsdp": phase_hsdp, "without": phase_without}
 
 
 if __name__ == "__main__":

@@ -128,3 +128,47 @@ def test_cuda_over_nccl(tmp_path):
     assert rank["offload"]["diff"] <= TOL and rank["offload"]["param_device"] == "cpu"
     assert rank["resume"]["AdamW"]["equal"]
     assert rank["state_device"].startswith("cuda")
+
+
+# What every section of dsopt's state blobs holds (src/state/, the
+# algorithms' describe_state): the FSDP2 state dicts keep the common ones
+# once, the rank-local ones per rank and the per-element ones as DTensors.
+# A section not listed here is one _blob.section_kind has not been told of.
+_KINDS = {
+    "common": {"common.steps", "common.lr", "common.loss_scaler", "common.run",
+               "common.param_steps", "common.hyper", "common.divergence",
+               "onebit.stage", "onebit.stabilize", "onebit.rule", "onebit.units", "onebit.topology",
+               "lamb.stage", "lamb.coefficients", "lamb.units", "lamb.topology",
+               "zoadam.schedule", "zoadam.interval", "zoadam.rule", "zoadam.units", "zoadam.topology"},
+    "rank_local": {"onebit.worker_error", "onebit.server_error", "lamb.worker_error",
+                   "lamb.server_error", "lamb.momentum_tail", "zoadam.worker_error",
+                   "zoadam.server_error", "zoadam.accumulator", "zoadam.anchor"},
+    "per_element": {"common.masters", "adam.exp_avg", "adam.exp_avg_sq", "lamb.exp_avg",
+                    "lamb.exp_avg_sq", "lamb.exp_avg_sq_fresh", "lion.exp_avg",
+                    "sgd.momentum_buffer", "onebit.exp_avg", "onebit.exp_avg_sq",
+                    "zoadam.exp_avg", "zoadam.exp_avg_sq"},
+}
+
+
+@pytest.mark.parametrize("algorithm", ["Adam", "AdamW", "Lamb", "Lion", "SGD", "OneBitAdam",
+                                       "OneBitLamb", "ZeroOneAdam"])
+def test_every_blob_section_is_known_to_the_fsdp2_state_dicts(algorithm):
+    import dsopt
+    from dsopt.torch._blob import Blob, section_kind
+
+    assert algorithm in dsopt.algorithm_names()
+    params = [np.ones(5, np.float32), np.ones(3, np.float16)]
+    with dsopt.Optimizer({"optimizer": {"type": algorithm, "params": {"lr": 1e-3}}}, params) as opt:
+        opt.step([np.full(5, 0.1, np.float32), np.full(3, 0.1, np.float16)])
+        names = Blob(opt.state_dict()).sections
+    known = {name: kind for kind, names_ in _KINDS.items() for name in names_}
+    assert set(names) <= set(known), set(names) - set(known)
+    for name in names:
+        assert section_kind(name) == known[name], name
+
+
+def test_all_algorithms_are_classified():
+    import dsopt
+
+    assert sorted(dsopt.algorithm_names()) == sorted(
+        test_every_blob_section_is_known_to_the_fsdp2_state_dicts.pytestmark[0].args[1])

@@ -1,7 +1,8 @@
 """dsopt_comm_set_shards: optimizers on sharded parameters (the C library
 under FSDP; docs/reference/c-api.md "Sharded parameters"), at 2 and 4 ranks
 under mpirun (mpi_sharded_params.py says what each phase checks), and the
-one-process rules of the call."""
+one-process rules of the call; DSOPT_LOAD_WITHOUT_RANK_LOCAL, with which
+dsopt.torch's FSDP2 state dicts load at another topology."""
 
 import shutil
 from pathlib import Path
@@ -26,6 +27,13 @@ def _need_mpi():
 def test_two_ranks_update_their_shards_as_whole_tensors_and_agree_on_every_step(tmp_path):
     _need_mpi()
     mpi_runner.mpirun(SCRIPT, 2, tmp_path, ["whole", "agree"])
+
+
+def test_a_blob_without_rank_local_state_loads_and_resets_it(tmp_path):
+    """DSOPT_LOAD_WITHOUT_RANK_LOCAL (what the FSDP2 state dicts load at
+    another topology with)."""
+    _need_mpi()
+    mpi_runner.mpirun(SCRIPT, 2, tmp_path, ["without"])
 
 
 def test_replicas_of_shards_run_the_one_bit_optimizers_over_the_replicas(tmp_path):

@@ -2,9 +2,12 @@
 src/state/blob.hpp: magic, format version, size, the header, named
 sections, a CRC-32 of everything before it), for state dicts that keep
 part of a blob elsewhere (``_fsdp_state``): a blob's sections by name, and
-the same blob with some sections' bytes replaced (same names and sizes,
-checksum made again). The sections' contents stay dsopt's to check when
-the blob is loaded."""
+the same blob with some sections' bytes replaced (by name; their sizes
+may differ, the checksum is made again). The contents stay dsopt's to check when
+the blob is loaded. ``section_kind`` says what a section holds
+(test_fsdp2.py checks that every algorithm's sections are among those it
+knows).
+"""
 
 import struct
 import zlib
@@ -91,3 +94,20 @@ def unpack_sections(data) -> dict:
         sections[name] = data[pos:pos + size]
         pos += size
     return sections
+
+
+# dsopt's blob sections (src/state/) by what they hold: every rank's own
+# (rank-local), per element and reached through state views, or the same on
+# every rank (everything else: "common", the 1-bit optimizers' record of the
+# topology their errors belong to included).
+_RANK_LOCAL = (".worker_error", ".server_error", ".momentum_tail", ".accumulator", ".anchor")
+_PER_ELEMENT = (".exp_avg", ".exp_avg_sq", ".momentum_buffer", ".exp_avg_sq_fresh", ".masters")
+
+
+def section_kind(name):
+    """"rank_local", "per_element" or "common" (see above)."""
+    if name.endswith(_RANK_LOCAL):
+        return "rank_local"
+    if name.endswith(_PER_ELEMENT):
+        return "per_element"
+    return "common"

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ._blob import Blob, pack_sections, unpack_sections
+from ._blob import Blob, pack_sections, section_kind, unpack_sections
 from ._core import OptimizerCore
 from ._live_state import _step_dtype
 from ._torch_state import _step_of
@@ -47,24 +47,9 @@ FORMAT = 1
 INFO_KEY = "dsopt"
 RANK_LOCAL_PREFIX = "dsopt_rank_local_"
 
-# dsopt's blob sections (src/state/) by what they hold: every rank's own
-# (rank-local), per element and reached through state views, or the same on
-# every rank (everything else: "common", the 1-bit optimizers' record of the
-# topology their errors belong to included).
-_RANK_LOCAL = (".worker_error", ".server_error", ".momentum_tail", ".accumulator", ".anchor")
-_PER_ELEMENT = (".exp_avg", ".exp_avg_sq", ".momentum_buffer", ".exp_avg_sq_fresh", ".masters")
 # state view names that are rank-local (kept in the rank-local row, not
 # per parameter: the replicas' differ)
 _RANK_LOCAL_VIEWS = ("worker_error",)
-
-
-def section_kind(name):
-    """"rank_local", "per_element" or "common" (see above)."""
-    if name.endswith(_RANK_LOCAL):
-        return "rank_local"
-    if name.endswith(_PER_ELEMENT):
-        return "per_element"
-    return "common"
 
 
 def _padded(n, world):
