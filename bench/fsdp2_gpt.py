@@ -7,7 +7,9 @@ each its rows of the same global batches, the model sharded block by block
 
 1. dsopt.torch.AdamW against torch.optim.AdamW on the same FSDP2 model,
    the same schedule and batches: the largest |difference| of the final
-   parameters and of the training losses over the steps;
+   parameters and of the training losses over the steps; and the same two
+   on one process without FSDP2 (how far the two optimizers' roundings
+   drift apart by themselves);
 2. HSDP 2 x 2 with dsopt.torch.OneBitAdam across the replicas (FSDP2
    within each replica's shard group) against FSDP2 AdamW over 4: the
    validation loss at the same steps;
@@ -107,6 +109,31 @@ def max_diff(a, b):
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
+def unsharded(steps):
+    """dsopt.torch.AdamW against torch.optim.AdamW on one process, no FSDP2,
+    the same batches: how far the two drift apart by themselves (largest
+    |difference| of the parameters, of the losses)."""
+    corpus = gpt.load_corpus(CORPUS)
+    context = gpt.CONFIGS[MODEL].context
+    runs = []
+    for cls in (dsopt.torch.AdamW, torch.optim.AdamW):
+        model = gpt.build_model(MODEL, SEED)
+        opt = cls(model.parameters(), lr=LR, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(steps))
+        losses = []
+        for step in range(steps):
+            x, y = gpt.train_batch(corpus, step, BATCH, context, SEED)
+            opt.zero_grad()
+            loss = model.loss(x, y)
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(float(loss))
+        runs.append(([p.detach().clone() for p in model.parameters()], losses))
+    return {"param_diff": max_diff(runs[0][0], runs[1][0]),
+            "loss_diff": max(abs(a - b) for a, b in zip(runs[0][1], runs[1][1]))}
+
+
 def job(name, args, out, ckpt):
     """One scenario on this process group; rank 0 returns what it found."""
     corpus = gpt.load_corpus(CORPUS)
@@ -158,13 +185,14 @@ def job(name, args, out, ckpt):
             model, opt, sched, rows = model_and_opt(kind, hs, hsdp, args.freeze_step)
             started = time.monotonic()
             losses = run(model, opt, sched, rows, corpus, 0, hs)
+            local = sum(p._local_tensor.numel() for g in opt.param_groups for p in g["params"])
             val[kind] = {"validation": gpt.validation_loss(model, corpus, context),
                          "train_last": sum(losses[-20:]) / 20, "seconds": time.monotonic() - started,
                          "compressed": bool(getattr(opt.last_step_info, "compressed", False))}
             if kind == "onebit":
                 memory = opt.memory_usage()
                 val[kind]["memory"] = memory["host"] + memory["device"]
-                val[kind]["local_numel"] = sum(p._local_tensor.numel() for p in model.parameters())
+                val[kind]["local_numel"] = local
         found["hsdp"] = val
     elif name == "two":
         model, opt, sched, rows = model_and_opt("dsopt", steps)
@@ -212,6 +240,7 @@ def main(argv=None):
         found = launch("four", 4, args, out, ckpt)
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
+    found["unsharded"] = unsharded(args.steps)
     found["machine"] = {"torch": torch.__version__, "cpus": os.cpu_count(),
                         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                         "steps": args.steps, "hsdp_steps": args.hsdp_steps,
@@ -224,6 +253,9 @@ def main(argv=None):
         ("AdamW, dsopt vs torch (FSDP2, 4 procs, "
          f"{args.steps} steps)", f"largest param difference {d['param_diff']:.2e}, largest loss difference "
          f"{d['loss_diff']:.2e}, final loss {d['final_loss'][0]:.4f} / {d['final_loss'][1]:.4f}"),
+        (f"AdamW, dsopt vs torch, one process without FSDP2 ({args.steps} steps)",
+         f"largest param difference {found['unsharded']['param_diff']:.2e}, largest loss "
+         f"difference {found['unsharded']['loss_diff']:.2e}"),
         (f"HSDP 2 x 2 1-bit Adam vs FSDP2 AdamW ({args.hsdp_steps} steps, freeze "
          f"{args.freeze_step})", f"validation {h['onebit']['validation']:.4f} vs "
          f"{h['dsopt']['validation']:.4f} (ratio {ratio:.4f})"),

@@ -18,7 +18,9 @@ run continues alike at any world size. Phases:
   checkpoints for ``four``.
 * ``four`` (4 ranks): the checkpoints of ``two`` loaded (2 -> 4) and
   continued next to the 2-rank continuation and torch's own resharded
-  resume; HSDP 2 x 2 with the 1-bit optimizers across the replicas, against
+  resume; dsopt and torch loading each other's checkpoints; FSDP2's own
+  HSDP (AdamW against torch's, the 1-bit optimizers refused); HSDP 2 x 2
+  with the 1-bit optimizers across the replicas, against
   the same optimizer on the shards with the same gradients, DCP resume of
   it; checkpoints for ``back``.
 * ``back`` (2 ranks): 4 -> 2, and the 1-bit checkpoint at another topology.
@@ -42,6 +44,7 @@ sys.path.insert(0, str(HERE.parent.parent / "bindings" / "python"))
 import dsopt  # noqa: E402
 import dsopt.torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint import DefaultLoadPlanner  # noqa: E402
 from torch.distributed.checkpoint.state_dict import (  # noqa: E402
     get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
     set_optimizer_state_dict)
@@ -136,10 +139,12 @@ def against_whole(name, steps=5, **kw):
 
 
 def against_torch(name, steps=8, clip=None):
+    """dsopt ``name`` against torch.optim's on the same FSDP2 model; with
+    ``clip``, dsopt's gradient_clipping against torch's clip_grad_norm_."""
     a, b = sharded(), sharded()
-    oa = make(name, a.parameters())
+    oa = make(name, a.parameters(), **({} if clip is None else {"gradient_clipping": clip}))
     ob = TORCH[name](b.parameters(), **KWARGS[name])
-    la = train(a, oa, range(steps), clip=clip)
+    la = train(a, oa, range(steps))
     lb = train(b, ob, range(steps), clip=clip)
     return {"diff": max_diff(full(a), full(b)), "loss_diff": max(abs(u - v) for u, v in zip(la, lb))}
 
@@ -225,6 +230,7 @@ def phase_two(out, ckpt):
     out["whole_clipped"] = against_whole("AdamW", gradient_clipping=0.05)
     out["lamb"] = against_whole("Lamb", gradient_clipping=0.5)
     out["torch"] = {name: against_torch(name) for name in TORCH}
+    out["torch_clipped"] = against_torch("AdamW", clip=0.05)
     out["offload"] = offload()
     out["refused"] = refusals()
     out["resume"] = {name: resume(name, ckpt / f"resume_{name}") for name in ("AdamW", "Lamb")}
@@ -294,6 +300,16 @@ def phase_four(out, ckpt):
         load(model, opt, ckpt / f"adamw_{kind}_2")
         out[f"resharded_{kind}"] = {"losses": train(model, opt, range(4, 8)),
                                     "params": [p.tolist() for p in full(model)]}
+    # each loads the other's checkpoint (torch.optim's layout both ways)
+    for kind, other in (("dsopt", "torch"), ("torch", "dsopt")):
+        model = sharded()
+        opt = make("AdamW", model.parameters()) if kind == "dsopt" else \
+            torch.optim.AdamW(model.parameters(), **KWARGS["AdamW"])
+        # dsopt's state dict has entries torch's checkpoint lacks
+        partial = {"planner": DefaultLoadPlanner(allow_partial_load=True)} if kind == "dsopt" else {}
+        load(model, opt, ckpt / f"adamw_{other}_2", **partial)
+        train(model, opt, range(4, 8))
+        out[f"{kind}_from_{other}"] = {"params": [p.tolist() for p in full(model)]}
     model = sharded()
     opt = make("AdamW", model.parameters())
     train(model, opt, range(4))
@@ -301,6 +317,17 @@ def phase_four(out, ckpt):
     train(model, opt, range(4, 8))
     out["continued_4"] = {"params": [p.tolist() for p in full(model)]}
     out["hsdp_grads_differ"] = hsdp_grads_differ()
+    # FSDP2's own HSDP (a 2-D mesh): FSDP2 averages across the replicas,
+    # dsopt steps on the shards; the 1-bit optimizers and a comm refused
+    mesh = init_device_mesh(DEVICE, (2, 2), mesh_dim_names=("replicate", "shard"))
+    a, b = sharded(mesh=mesh), sharded(mesh=mesh)
+    oa, ob = make("AdamW", a.parameters()), torch.optim.AdamW(b.parameters(), **KWARGS["AdamW"])
+    train(a, oa, range(6))
+    train(b, ob, range(6))
+    out["native_hsdp"] = {
+        "diff": max_diff(full(a), full(b)),
+        "onebit": refused(lambda: dsopt.torch.OneBitAdam(a.parameters(), lr=1e-3)),
+        "comm": refused(lambda: dsopt.torch.AdamW(a.parameters(), comm=mesh.get_group("replicate")))}
     runs = {"OneBitAdam": dict(lr=1e-2, freeze_step=3), "OneBitLamb": dict(lr=1e-2, freeze_step=3),
             "ZeroOneAdam": dict(lr=1e-2, var_freeze_step=3)}
     out["hsdp"] = {}
@@ -330,7 +357,6 @@ def phase_back(out, ckpt):
     out["back"] = {"params": [p.tolist() for p in full(model)]}
     # the 1-bit checkpoint of 2 x 2 at 2 x 1: its compression errors belong
     # to 2 x 2 (not in the target state dict: allow_partial_load)
-    from torch.distributed.checkpoint import DefaultLoadPlanner
     mesh = init_device_mesh(DEVICE, (2, 1), mesh_dim_names=("replicate", "shard"))
     model = sharded(mesh=mesh["shard"])
     opt = make("OneBitAdam", model.parameters(), lr=1e-2, freeze_step=3)

@@ -66,6 +66,8 @@ def test_optimizers_equal_torch_optim_under_the_same_fsdp2_model(runs):
         for name, found in rank["torch"].items():
             assert found["diff"] <= TOL and found["loss_diff"] <= 10 * TOL, (name, found)
         assert rank["offload"]["diff"] <= TOL, rank["offload"]
+        clipped = rank["torch_clipped"]  # gradient_clipping against torch's clip_grad_norm_
+        assert clipped["diff"] <= TOL and clipped["loss_diff"] <= 10 * TOL, clipped
 
 
 def test_what_has_no_meaning_on_fsdp2_parameters_is_refused_with_the_reason(runs):
@@ -100,6 +102,12 @@ def test_dcp_reshards_two_to_four_and_four_to_two(runs):
     assert _diff(back["back"]["params"], four["continued_4"]["params"]) <= TOL
 
 
+def test_dsopt_and_torch_load_each_others_dcp_checkpoints(runs):
+    two, four = runs["two"][0], runs["four"][0]
+    assert _diff(four["dsopt_from_torch"]["params"], two["continued_torch"]["params"]) <= TOL
+    assert _diff(four["torch_from_dsopt"]["params"], two["continued_dsopt"]["params"]) <= TOL
+
+
 def test_hsdp_runs_the_one_bit_optimizers_across_the_replicas(runs):
     for rank in runs["four"]:
         assert rank["hsdp_grads_differ"]  # FSDP2 all-reduced nothing across the replicas
@@ -108,6 +116,14 @@ def test_hsdp_runs_the_one_bit_optimizers_across_the_replicas(runs):
             assert found["moved"] > 1e-3, name
             if name != "OneBitLamb":  # 1-bit LAMB's norms are whole tensors', not the shards'
                 assert found["equal_to_shards"], name
+
+
+def test_fsdp2s_own_hsdp_steps_the_shards_and_refuses_the_one_bit_exchange(runs):
+    for rank in runs["four"]:
+        native = rank["native_hsdp"]
+        assert native["diff"] <= TOL, native
+        assert "FSDP2's own HSDP" in native["onebit"] and "mesh['shard']" in native["onebit"]
+        assert native["comm"].startswith("ValueError") and "leave comm None" in native["comm"]
 
 
 def test_one_bit_state_at_another_topology_resets_with_a_warning(runs):

@@ -191,9 +191,14 @@ class FsdpStateMixin(OptimizerCore):
         entries = self._fsdp_entries(dict(state_dict, param_groups=plain))
         algorithm = self._facts.algorithm
         blob = reset = None
+        # Each parameter's step where it counts its own: the entry's (a
+        # torch.optim checkpoint loaded into this optimizer's state dict with
+        # allow_partial_load leaves group 0's "dsopt" entry as it was, and
+        # the steps are torch's).
+        steps = {i: _step_of(e.get("step", 1), f"state[{i}]") for i, e in entries.items()} \
+            if algorithm.param_steps else {}
         if info is None:  # torch.optim's own
             self._require_torch_format("load a torch.optim state dict")
-            steps = {i: _step_of(e.get("step", 1), f"state[{i}]") for i, e in entries.items()}
         else:
             if not isinstance(info, Mapping) or info.get("format") != FORMAT or \
                     info.get("algorithm") != algorithm.type:
@@ -223,9 +228,12 @@ class FsdpStateMixin(OptimizerCore):
                 for i in from_params:
                     views, _ = self.state.views(i, strict=True)
                     views["master"]._local_tensor.copy_(self._tensors[i]._local_tensor)
+                for i, step in steps.items():
+                    self.dsopt.set_param_step(i, step)
                 if info is None:
                     for i in range(len(self._tensors)):
-                        self.dsopt.set_param_step(i, steps.get(i, 0))
+                        if i not in steps:
+                            self.dsopt.set_param_step(i, 0)
                         if i not in entries:
                             for name, view in self.state.views(i, strict=True)[0].items():
                                 if name != "master":
