@@ -60,23 +60,19 @@ def _padded(n, world):
     return n if n % unit == 0 else n + unit - n % unit
 
 
-def rank_local_bound(algorithm_type, numels, replicas):
-    """An upper bound, in bytes, of the rank-local sections of a 1-bit
-    optimizer over parameters of ``numels`` elements at ``replicas`` ranks,
-    whatever its stage (the errors exist only once it compresses): the
-    worker and server errors of its compressed allreduce (per tensor, or
-    of the fused buffer for 1-bit LAMB, with its padding tail), 0/1 Adam's
-    accumulator and anchor, and the sections' names and lengths."""
+def rank_local_bound(numels, replicas):
+    """An upper bound, in bytes, of a 1-bit optimizer's rank-local sections
+    over parameters of ``numels`` elements at ``replicas`` ranks, whatever
+    its stage (the errors exist only once it compresses) and whichever of
+    them it is: the worker and server errors of its compressed allreduce,
+    per tensor or of the fused buffer with its padding tail, and two more
+    arrays of every element (0/1 Adam's accumulator and anchor), plus the
+    sections' names and lengths."""
     total = sum(numels)
     per_tensor = sum(_padded(n, replicas) for n in numels if n)
     fused = _padded(total, replicas) if total else 0
-    if algorithm_type == "OneBitLamb":
-        floats = fused + fused // replicas + (fused - total)
-    else:
-        floats = per_tensor + per_tensor // replicas
-    if algorithm_type == "ZeroOneAdam":
-        floats += 2 * total
-    return 4 * floats + 1024
+    errors = max(per_tensor + per_tensor // replicas, fused + fused // replicas + (fused - total))
+    return 4 * (errors + 2 * total) + 1024
 
 
 def rank_local_key(topology):
@@ -114,7 +110,7 @@ class FsdpStateMixin(OptimizerCore):
             if algorithm.compressed:
                 mine = pack_sections({n: b for n, b in sections.items()
                                       if section_kind(n) == "rank_local"})
-                bound = rank_local_bound(algorithm.type, [p._local_tensor.numel() for p in self._tensors],
+                bound = rank_local_bound([p._local_tensor.numel() for p in self._tensors],
                                          topology[0])
                 groups[0][rank_local_key(topology)] = self._shards.rank_local_tensor(mine, bound)
         return {"state": state, "param_groups": groups}
