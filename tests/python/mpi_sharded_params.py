@@ -32,7 +32,6 @@ import numpy as np
 import dsopt
 from lamb_reference import LambReference
 from mpi_phases import main
-from mpi_world import world  # noqa: F401  (mpi_phases' world())
 
 SHAPES = [(5, 3), (1, 4), (7,), (3, 2)]
 

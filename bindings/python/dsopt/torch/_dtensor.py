@@ -207,13 +207,10 @@ class ShardedParams:
 
     # ---- what dsopt and torch each take ----------------------------------------
 
-    def local(self, p):
-        """The local tensor dsopt updates for parameter ``p`` (an empty
-        shard has numel 0 and data NULL, which dsopt takes from a sharded
-        optimizer)."""
-        return p._local_tensor
-
     def locals(self, tensors=None):
+        """The local tensors dsopt updates for the parameters ``tensors``
+        (default: all), in order; an empty shard has numel 0 and data NULL,
+        which a sharded dsopt optimizer takes."""
         return [p._local_tensor for p in (self.params if tensors is None else tensors)]
 
     def local_shape(self, p):
@@ -322,10 +319,6 @@ class ShardedParams:
         row = bytes(local.reshape(-1).cpu().numpy())
         (length,) = struct.unpack_from("<q", row, 0)
         return row[8:8 + length]
-
-    def describe(self):
-        kind = "HSDP (FSDP2's)" if self.native_hsdp else "FSDP2"
-        return f"{kind} parameters placed {_placement_text(self.placements)} on {self.mesh}"
 
 
 def refuse_rebuild(what):
