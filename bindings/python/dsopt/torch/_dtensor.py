@@ -279,28 +279,38 @@ class ShardedParams:
         shards = comm.shards.size if comm.shards is not None else 1
         return [comm.size, shards]
 
-    def rank_local_tensor(self, data, bound):
+    def shard_numels(self):
+        """For each rank of the shard group, the numel of its shard of every
+        parameter (FSDP2 cuts dim 0 as torch.chunk does: ceil(rows / S)
+        rows each, the last ones fewer or none)."""
+        shards = self.mesh.size(self.shard_dim)
+        out = []
+        for s in range(shards):
+            numels = []
+            for p in self.params:
+                rows = p.shape[0] if p.dim() else 1
+                per = -(-rows // shards)
+                held = max(0, min(rows, (s + 1) * per) - s * per)
+                numels.append(held * (p.numel() // max(rows, 1)))
+            out.append(numels)
+        return out
+
+    def rank_local_tensor(self, data, width):
         """The bytes ``data`` of every rank as one uint8 DTensor of shape
-        (replicas, shards, width) on the (replicate, shard) mesh, each rank
-        holding its own row: a length, the bytes, zeros up to the width, 8
-        + the largest ``bound`` of any rank (collective: agreed over both
-        groups), so that a state dict made to load into has the width of
-        one saved at any stage."""
+        (replicas, shards, 8 + ``width``) on the (replicate, shard) mesh,
+        each rank holding its own row: a length, the bytes, zeros; ``width``
+        is the same on every rank, so that a state dict made to load into
+        has the shape of one saved at any stage."""
         import struct
 
-        import torch.distributed as dist
-
-        if len(data) > bound:
+        if len(data) > width:
             raise RuntimeError(f"dsopt.torch: this rank's rank-local state has {len(data)} bytes, "
-                               f"more than its bound {bound} (_fsdp_state.rank_local_bound)")
+                               f"more than its bound {width} (_fsdp_state.rank_local_bound)")
         mesh = self.replica_mesh
         _, Shard, _ = dtensor_types()
         device = torch.device("cuda", torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device("cpu")
-        width = torch.tensor([bound], dtype=torch.int64, device=device)
-        for dim in range(2):
-            dist.all_reduce(width, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
-        width = 8 + int(width.item())
+        width = 8 + width
         row = bytearray(width)
         row[:8] = struct.pack("<q", len(data))
         row[8:8 + len(data)] = data

@@ -110,9 +110,9 @@ class FsdpStateMixin(OptimizerCore):
             if algorithm.compressed:
                 mine = pack_sections({n: b for n, b in sections.items()
                                       if section_kind(n) == "rank_local"})
-                bound = rank_local_bound([p._local_tensor.numel() for p in self._tensors],
-                                         topology[0])
-                groups[0][rank_local_key(topology)] = self._shards.rank_local_tensor(mine, bound)
+                width = max(rank_local_bound(numels, topology[0])
+                            for numels in self._shards.shard_numels())
+                groups[0][rank_local_key(topology)] = self._shards.rank_local_tensor(mine, width)
         return {"state": state, "param_groups": groups}
 
     def _fsdp_entries(self, state_dict):

@@ -688,6 +688,8 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
         self.dsopt.close()  # waits for the gathers in flight
         if self._owns_comm:
             self._comm.close()
+        elif self._shards is not None and self._comm is not None and not self._comm.closed:
+            self._comm.set_shards(None)  # the caller's communicator, as it was given
 
 
 __all__ = ["Optimizer"]
