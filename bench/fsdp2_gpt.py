@@ -47,6 +47,7 @@ import fsdp2_train  # noqa: E402
 import gpt  # noqa: E402
 
 MODEL, CORPUS, BATCH, LR, SEED = "small", "licenses", 16, 3e-3, 0
+MADE = []  # the dsopt optimizers of this process, closed before the process group goes
 
 
 def parse_args(argv=None):
@@ -79,6 +80,8 @@ def model_and_opt(kind, steps, hsdp=0, freeze_step=60):
         fsdp2_train.shard(model, init_device_mesh(dev.type, (world,)))
         opt = (dsopt.torch.AdamW if kind == "dsopt" else torch.optim.AdamW)(
             model.parameters(), lr=LR, weight_decay=0.01)
+    if isinstance(opt, dsopt.torch.Optimizer):
+        MADE.append(opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(steps))
     per = BATCH // world
     return model, opt, sched, slice(rank * per, (rank + 1) * per)
@@ -216,6 +219,8 @@ def _spawned(rank, world, port, name, args, out, ckpt):
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     torch.set_num_threads(1)
     found = job(name, args, out, ckpt)
+    for opt in MADE:  # collective, in the same order on every rank, before the group goes
+        opt.close()
     if rank == 0:
         (out / f"{name}.json").write_text(json.dumps(found))
     dist.barrier()

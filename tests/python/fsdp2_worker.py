@@ -110,8 +110,16 @@ def max_diff(a, b):
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
+# every dsopt optimizer made here, closed (collectively, in the same order on
+# every rank) before the process group goes: a torch group kept alive to the
+# interpreter's exit can abort the process as gloo is torn down
+MADE = []
+
+
 def make(name, params, **kw):
-    return getattr(dsopt.torch, name)(params, **dict(KWARGS.get(name, {}), **kw))
+    opt = getattr(dsopt.torch, name)(params, **dict(KWARGS.get(name, {}), **kw))
+    MADE.append(opt)
+    return opt
 
 
 def against_whole(name, steps=5, **kw):
@@ -172,7 +180,10 @@ def refusals():
     other = torch.nn.Linear(4, 6).to(device())
     fully_shard(other, shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None)
     out["placement"] = refused(lambda: dsopt.torch.AdamW(other.parameters()))
-    opt = dsopt.torch.AdamW(params)
+    other_mesh = sharded(mesh=init_device_mesh(DEVICE, (1, dist.get_world_size()),
+                                                mesh_dim_names=("replicate", "shard")))
+    out["meshes"] = refused(lambda: dsopt.torch.AdamW(params + list(other_mesh.parameters())))
+    opt = make("AdamW", params)
     out["add_param_group"] = refused(lambda: opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]}))
     return out
 
@@ -402,6 +413,8 @@ def main():
         traceback.print_exc()
         sys.stdout.flush()
         os._exit(1)
+    for opt in MADE:
+        opt.close()
     (out_dir / f"{phase}-rank{dist.get_rank()}.json").write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()

@@ -79,6 +79,7 @@ def test_what_has_no_meaning_on_fsdp2_parameters_is_refused_with_the_reason(runs
     assert "overlap=True" in refused["overlap"]
     assert "plain tensor" in refused["mixed"]
     assert "Shard(dim=0)" in refused["placement"]
+    assert "one dsopt optimizer takes parameters of one mesh" in refused["meshes"]
     assert refused["add_param_group"].startswith("RuntimeError")
 
 
