@@ -128,8 +128,31 @@ class ShardedParams:
         on it, whether the optimizer owns it). See the module doc for
         ``comm``; ValueError where the 1-bit optimizers would have nothing
         to exchange (plain FSDP2, FSDP2's own HSDP)."""
-        algorithm = facts.algorithm
         replicas = self._replicas(comm)
+        try:
+            self._check_replicas(facts.algorithm, replicas, comm)
+        except BaseException:
+            if replicas is not None and replicas[1]:
+                replicas[0].close()
+            raise
+        shards = Communicator.from_torch(self.mesh.get_group(self.shard_dim))
+        if replicas is None:
+            main, owned = Communicator.local(), True
+        else:
+            main, owned = replicas
+        try:
+            main.set_shards(shards, close_with=True)
+        except BaseException:
+            shards.close()
+            if owned:
+                main.close()
+            raise
+        return main, owned
+
+    def _check_replicas(self, algorithm, replicas, comm):
+        """ValueError where ``algorithm`` cannot run on these replicas: a
+        1-bit optimizer needs several, and the (replicate, shard) mesh for
+        its rank-local state's checkpoints."""
         size = 1 if replicas is None else replicas[0].size
         if algorithm.compressed and size > 1 and self.replica_mesh is None:
             raise ValueError(
@@ -151,19 +174,6 @@ class ShardedParams:
                 f"mesh_dim_names=('replicate', 'shard')), fully_shard(..., mesh=mesh['shard']) "
                 f"and the optimizer over model.parameters() (it takes the replicas from the "
                 f"mesh) ({_GUIDE})")
-        shards = Communicator.from_torch(self.mesh.get_group(self.shard_dim))
-        if replicas is None:
-            main, owned = Communicator.local(), True
-        else:
-            main, owned = replicas
-        try:
-            main.set_shards(shards, close_with=True)
-        except BaseException:
-            shards.close()
-            if owned:
-                main.close()
-            raise
-        return main, owned
 
     def _replicas(self, comm):
         """(dsopt communicator of the replicas, owned) or None (one replica)."""

@@ -229,6 +229,8 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
             except BaseException:
                 if self._owns_comm:
                     self._comm.close()
+                elif self._shards is not None:
+                    self._comm.set_shards(None)  # the caller's communicator, as it was given
                 raise
         self._config = config  # without param_groups: add_param_group and deepcopy rebuild
         self._gathering = False  # a deferred parameter allgather is in flight
