@@ -28,19 +28,21 @@ void ShardGroup::max(std::vector<float>& values) const {
                        Mem::host());
 }
 
-bool ShardGroup::settle_step(const std::string& local_error, bool nonfinite, double* sum) const {
+bool ShardGroup::settle_step(const LocalOutcome& mine, bool nonfinite, double* sum) const {
   if (!shards_) return nonfinite;
   RankAgreement agreement(*comm(), Mem::host());
-  return agreement.settle_sum(kStepFailure, LocalOutcome::invalid_if(local_error), nonfinite, sum);
+  return agreement.settle_sum(kStepFailure, mine, nonfinite, sum);
 }
 
-std::string ShardGroup::agree_valid(const std::string& local_error) const {
-  if (!shards_) return local_error;
-  int64_t failed = local_error.empty() ? 0 : 1;
+LocalOutcome ShardGroup::agree_valid(const LocalOutcome& mine) const {
+  if (!shards_) return mine;
+  int64_t failed = mine.ok() ? 0 : 1;
   comm()->allreduce(&failed, &failed, 1, Elem::I64, ReduceOp::Max, Mem::host());
-  if (!local_error.empty() || !failed) return local_error;
-  return "another rank of this rank's shard group (dsopt_comm_set_shards) passed gradients that "
-         "could not be used";
+  if (!mine.ok() || !failed) return mine;
+  return LocalOutcome::failure(DSOPT_EMISMATCH,
+                               "another rank of this rank's shard group (dsopt_comm_set_shards) "
+                               "passed gradients that could not be used (see that rank's error); "
+                               "no rank changed anything");
 }
 
 }  // namespace dsopt

@@ -5,7 +5,6 @@
 // its input) when the communicator has no shard communicator of more than
 // one rank.
 #pragma once
-#include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -30,16 +29,16 @@ class ShardGroup {
 
   // Collective: the step's status over the shard group, as
   // RankAgreement::settle_sum settles it over a communicator (fails the step
-  // on every rank of the group when one rank's arguments were bad). Returns
+  // on every rank of the group when one rank's part failed). Returns
   // whether some rank found a non-finite value; *sum becomes the sum over
   // the shard group.
-  bool settle_step(const std::string& local_error, bool nonfinite, double* sum) const;
+  bool settle_step(const LocalOutcome& mine, bool nonfinite, double* sum) const;
 
-  // Collective: "" when every rank of the shard group could take its
-  // gradients, else this rank's own error or the words for another rank's
-  // (so that the ranks of `comm`, each in its own shard group, all fail
-  // the step together where any of them did).
-  std::string agree_valid(const std::string& local_error) const;
+  // Collective: `mine` when it failed or every rank of the shard group could
+  // take its gradients, else DSOPT_EMISMATCH saying that another rank of
+  // the group could not (so that the ranks of `comm`, each in its own shard
+  // group, all fail the step together where any of them did).
+  LocalOutcome agree_valid(const LocalOutcome& mine) const;
 
  private:
   Comm& main_;

@@ -86,10 +86,10 @@ class StepPipeline {
   // clip) from the global sum of squares of the averaged, still scaled
   // gradients.
   void set_multipliers(PreparedGrads& out, double sumsq) const;
-  // Fails the step on every rank: DSOPT_EINVAL with its own error on a rank
-  // whose arguments were bad (local_error not empty), DSOPT_EMISMATCH naming
-  // those ranks on the others.
-  [[noreturn]] void fail_step(const std::string& local_error);
+  // Fails the step on every rank: its own error on a rank that failed
+  // (`mine`: DSOPT_EINVAL for bad arguments, DSOPT_EMISMATCH for a shard
+  // peer's), DSOPT_EMISMATCH naming those ranks on the others.
+  [[noreturn]] void fail_step(const LocalOutcome& mine);
 
  private:
   std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
@@ -98,11 +98,11 @@ class StepPipeline {
   // fl(sum * mul) in place, checked, its sum of squares added to *sumsq; the
   // averaged parameters' gradients in out.grads point into it. Returns
   // whether some rank had a non-finite gradient or a sum is non-finite.
-  bool finish_averaged(PreparedGrads& out, float mul, const std::string& local_error,
+  bool finish_averaged(PreparedGrads& out, float mul, const LocalOutcome& mine,
                        double* sumsq);
   // One small allreduce that agrees on status and the mean over ranks of the
   // local parts' sums of squares.
-  bool agree(bool nonfinite, double* local_sumsq, const std::string& local_error);
+  bool agree(bool nonfinite, double* local_sumsq, const LocalOutcome& mine);
   // Whether the norm is left to an update that can sum (update_sums): only
   // the divergence check wants it (after the update: no clipping, nothing
   // reports it), the gradients the update reads are the ones summed (one
@@ -115,7 +115,7 @@ class StepPipeline {
   // squares of this rank's shards added over the shard group (where there
   // is one), and the multipliers from it.
   void finish_prepared(PreparedGrads& out, bool nonfinite, double sumsq,
-                       const std::string& local_error);
+                       const LocalOutcome& mine);
 
   PipelineConfig cfg_;
   Comm& comm_;

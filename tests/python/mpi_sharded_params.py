@@ -19,7 +19,8 @@ over the shard group. Phases (``$DSOPT_TEST_PHASES``):
 * np 4, ``hsdp`` (2 replicas x 2 shards): 1-bit LAMB and 1-bit Adam, clipped,
   over the replicas, equal the same optimizer over whole tensors on the
   replica communicator during warmup (to the rounding of the norms), then
-  compress with both replicas of a shard bit-identical.
+  compress with both replicas of a shard bit-identical; a bad gradient on
+  one rank fails the step on all four.
 """
 
 import struct
@@ -193,9 +194,27 @@ def phase_hsdp(comm, rank, size):
             replicas_peer.Sendrecv(p, dest=1 - replica, recvbuf=other, source=1 - replica)
             replicas_peer.Free()
             assert np.array_equal(p, other), opt_type
+    # A bad gradient on one rank fails the step on all four (its shard group
+    # learns of it first, then every replica), changing nothing.
+    config = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}}
+    params = [shard_of(p, 2, s) for p in whole_params()]
+    replicas.set_shards(shard_comm)
+    with dsopt.Optimizer(config, params, comm=replicas) as opt:
+        opt.step([shard_of(g, 2, s) for g in whole_grads(0, replica)])
+        before = [p.copy() for p in params]
+        grads = [shard_of(g, 2, s) for g in whole_grads(1, replica)]
+        if rank == 3:
+            grads[0] = np.zeros(1, np.float32)
+            expect_error(dsopt.InvalidArgument, lambda: opt.step(grads), "grads[0].numel")
+        else:
+            expect_error(dsopt.Mismatch, lambda: opt.step(grads), "another rank")
+        assert all(np.array_equal(a, b) for a, b in zip(before, params))
+        info = opt.step([shard_of(g, 2, s) for g in whole_grads(1, replica)])
+        assert not info.skipped and info.step == 2
+    replicas.set_shards(None)
     shard_comm.close()
     replicas.close()
-    return "onebit lamb, onebit adam"
+    return "onebit lamb, onebit adam, bad gradients"
 
 
 def without_rank_local(blob, names):
