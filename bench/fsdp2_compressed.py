@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "python"))
-import fsdp2_train  # noqa: E402
+import fsdp2_compressed_train as fsdp2_train  # noqa: E402
 import gpt  # noqa: E402
 
 TAIL = 10

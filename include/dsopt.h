@@ -292,9 +292,15 @@ DSOPT_API int dsopt_state_load(dsopt_optimizer *opt, const void *src, uint64_t s
  * rank-local state by resetting that state on every rank (the 1-bit
  * optimizers; a ZeRO shard is still DSOPT_EMISMATCH). */
 #define DSOPT_LOAD_RESET_RANK_LOCAL 1u
+/* dsopt_state_load_ex flags: the blob carries no rank-local state (its
+ * rank-local sections may be empty: a caller that keeps that state
+ * elsewhere, or has none for this optimizer's layout, as under FSDP at
+ * another topology); the rest is loaded and the rank-local state reset on
+ * every rank, as DSOPT_LOAD_RESET_RANK_LOCAL resets it. */
+#define DSOPT_LOAD_WITHOUT_RANK_LOCAL 2u
 
-/* dsopt_state_load with `flags` (0 or DSOPT_LOAD_RESET_RANK_LOCAL; 0 is
- * dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
+/* dsopt_state_load with `flags` (0, DSOPT_LOAD_RESET_RANK_LOCAL and/or
+ * DSOPT_LOAD_WITHOUT_RANK_LOCAL; 0 is dsopt_state_load). *out_reset (may be NULL) is set to 1 when rank-local
  * state was reset (the flag's reset, or the 1-bit optimizers' compression
  * errors of another world size or topology), else 0; on every rank alike.
  * Collective.
@@ -471,6 +477,31 @@ DSOPT_API int dsopt_comm_create_custom(dsopt_comm **out, const dsopt_comm_ops *o
  * other, or N * R not the size of comm). docs/reference/c-api.md
  * "Node and rail communicators". */
 DSOPT_API int dsopt_comm_set_nodes(dsopt_comm *comm, dsopt_comm *node, dsopt_comm *rail);
+
+/* Declares that the parameters of optimizers created on `comm` afterwards
+ * are this rank's shards of tensors that the ranks of `shards` hold
+ * together, as PyTorch's FSDP shards a model: each rank of `shards` holds
+ * one part of every tensor (possibly none of it), and the ranks of `comm`
+ * hold the same parts (replicas; `comm` may be a world of one). Such an
+ * optimizer averages gradients over `comm` only (they arrive reduced over
+ * `shards` already) and reduces over `shards` what whole tensors decide: the
+ * non-finite check (a step is skipped on every rank of both), the global
+ * gradient norm (gradient_clipping, grad_norm) and LAMB's and 1-bit LAMB's
+ * per-tensor norms (one allreduce of every tensor's partial sums where the
+ * update needs them). A parameter may then have numel 0 (this rank holds
+ * none of it; data may be NULL) and its gradient numel 0 (data NULL: absent,
+ * as always). dsopt_create is then collective over `comm` and `shards`
+ * together and checks that the ranks of `shards` agree on the config and the
+ * number of parameters (their numel may differ); dsopt_step is collective
+ * over both; state blobs hold this rank's shards. ZeRO stage 1/2 is not
+ * supported on such a communicator (DSOPT_EUNSUPPORTED from dsopt_create).
+ * `shards` of one rank changes nothing. `shards` is borrowed: it must
+ * outlive `comm` and every optimizer created on it; it counts its bytes in
+ * `comm`'s step report, and may belong to one communicator. NULL: forget it
+ * (for optimizers created afterwards). Not collective. Returns DSOPT_OK or
+ * DSOPT_EINVAL (comm NULL, shards the same as comm). docs/reference/c-api.md
+ * "Sharded parameters". */
+DSOPT_API int dsopt_comm_set_shards(dsopt_comm *comm, dsopt_comm *shards);
 
 /* ------------------------------------------------------------------------
  * Overlapping the gradient reduction with backward

@@ -1,137 +1,185 @@
-"""The GPT of gpt.py under PyTorch FSDP2, its collectives compressed with
-dsopt's codes (dsopt.torch.fsdp, docs/guides/fsdp2-compression.md).
+"""The small GPT of examples/python/gpt.py trained under PyTorch's FSDP2
+(``torch.distributed.fsdp.fully_shard``) with a dsopt.torch optimizer on
+the sharded parameters (docs/guides/fsdp2.md).
 
-Every transformer block and the whole model are ``fully_shard``ed;
-``dsopt.torch.fsdp.compress`` makes the gradient reduce-scatter int4 codes
-with error feedback and the parameter all-gather int8 codes (or what
-``--gradients`` / ``--parameters`` say; ``none`` keeps FSDP2's own), and
-torch.optim.AdamW trains the sharded parameters. Each rank takes its rows
-of every global batch; rank 0 prints the loss, the bytes each rank sent in
-FSDP2's collectives and the validation loss at the end.
+    python3 examples/python/fsdp2_train.py --procs 4            # FSDP2, dsopt AdamW
+    python3 examples/python/fsdp2_train.py --procs 4 --hsdp 2   # HSDP 2 x 2, 1-bit Adam
+    python3 examples/python/fsdp2_train.py --procs 2 --until 100 --save ckpt
+    python3 examples/python/fsdp2_train.py --procs 4 --load ckpt               # 2 -> 4
 
-    python3 examples/python/fsdp2_train.py --ranks 4            # starts 4 processes (gloo, CPU)
-    python3 examples/python/fsdp2_train.py --ranks 2 --gradients sign --parameters bf16
-    torchrun --nproc_per_node 4 examples/python/fsdp2_train.py  # or the variables torchrun sets
-
-Needs torch with FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.6)
-and the corpus files gpt.py names. bench/fsdp2_compressed.py and
-tests/python/test_fsdp_codes.py use the functions below."""
+``--procs N`` starts N processes here (torch.multiprocessing, no torchrun);
+without it the process reads torchrun's variables (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), so torchrun or one command per rank works too.
+Every transformer block and the root are ``fully_shard``ed, each rank
+holding its rows of every tensor; ``dsopt.torch.AdamW(model.parameters())``
+updates the local shards. With ``--hsdp R`` the ranks form a (R replicas,
+N/R shards) mesh, the model is sharded over the shard dimension only, and
+``dsopt.torch.OneBitAdam`` averages (then, after ``--freeze-step`` steps,
+exchanges its compressed momentum) across the replicas. ``--save`` and
+``--load`` go through torch.distributed.checkpoint, to any world size.
+The backend is NCCL with a GPU per rank when CUDA is available, else gloo.
+Rank 0 prints the training loss, the validation loss and the optimizer
+state's bytes on this rank.
+"""
 
 import argparse
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "bindings" / "python"))
+import torch
+import torch.distributed as dist
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "bindings" / "python"))
+sys.path.insert(0, str(HERE))
+import dsopt.torch  # noqa: E402
 import gpt  # noqa: E402
 
 
-def sharded_gpt(config, seed, mesh=None):
-    """The GPT of ``config`` with ``seed``'s weights, every block and the
-    model ``fully_shard``ed (on ``mesh``, default: all ranks)."""
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--procs", type=int, default=0, metavar="N",
+                        help="start N processes here (default: read torchrun's variables)")
+    parser.add_argument("--hsdp", type=int, default=0, metavar="R",
+                        help="HSDP with R replicas and 1-bit Adam across them")
+    parser.add_argument("--model", choices=sorted(gpt.CONFIGS), default="small")
+    parser.add_argument("--corpus", choices=sorted(gpt.CORPUS_FILES), default="licenses")
+    parser.add_argument("--steps", type=int, default=200, help="steps of the run (its schedule)")
+    parser.add_argument("--until", type=int, default=0, metavar="K",
+                        help="stop after step K of the run (then --save)")
+    parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--freeze-step", type=int, default=40, help="1-bit Adam's warmup steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", metavar="DIR", help="save model and optimizer at the end (DCP)")
+    parser.add_argument("--load", metavar="DIR", help="resume from a --save (any world size)")
+    parser.add_argument("--log-every", type=int, default=25)
+    return parser.parse_args(argv)
+
+
+def shard(model, mesh):
+    """FSDP2 over ``mesh``: each block, then the root (embeddings, final
+    LayerNorm and head)."""
     from torch.distributed.fsdp import fully_shard
-    model = gpt.build_model(config, seed)
+
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
 
 
-def rank_rows(batch, rank, world):
-    """This rank's rows of a global batch (inputs, targets)."""
-    rows = batch[0].shape[0] // world
-    return tuple(t[rank * rows:(rank + 1) * rows] for t in batch)
+def setup(args, device):
+    """(model, optimizer, scheduler, rows of each global batch this rank
+    takes): the GPT on ``device``, sharded, with its optimizer."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = gpt.build_model(args.model, args.seed).to(device)
+    if args.hsdp:
+        if world % args.hsdp:
+            raise SystemExit(f"--hsdp {args.hsdp} does not divide {world} processes")
+        mesh = init_device_mesh(device.type, (args.hsdp, world // args.hsdp),
+                                mesh_dim_names=("replicate", "shard"))
+        shard(model, mesh["shard"])
+        # the replicas come from the mesh: dsopt averages (then exchanges
+        # the compressed momentum) across them; FSDP2 reduce-scatters within
+        # each replica's shard group only
+        opt = dsopt.torch.OneBitAdam(model.parameters(), lr=args.lr, freeze_step=args.freeze_step)
+    else:
+        shard(model, init_device_mesh(device.type, (world,)))
+        opt = dsopt.torch.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, gpt.warmup_cosine(args.steps))
+    per_rank = args.batch // world
+    return model, opt, sched, slice(rank * per_rank, (rank + 1) * per_rank)
 
 
-def train_steps(model, opt, codes, corpus, steps, *, batch, seed, first=0):
-    """``steps`` steps from step ``first``: (the global batch's loss, the
-    bytes this rank sent in FSDP2's collectives) per step."""
-    import torch.distributed as dist
+def checkpoint(model, opt, sched, path, load):
+    """Saves or loads the model, the optimizer (DTensor state, resharded to
+    this world size) and the schedule's step through torch.distributed.checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+        set_optimizer_state_dict)
+
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
+             "sched": sched.state_dict()}
+    if not load:
+        dcp.save(state, checkpoint_id=path)
+        return
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
+    sched.load_state_dict(state["sched"])
+
+
+def train(args):
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])) % torch.cuda.device_count())
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    losses, sent = [], []
-    for step in range(first, first + steps):
-        x, y = rank_rows(gpt.train_batch(corpus, step, batch, model.config.context, seed), rank, world)
-        before = codes.bytes_sent
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    corpus = gpt.load_corpus(args.corpus)
+    context = gpt.CONFIGS[args.model].context
+    model, opt, sched, rows = setup(args, device)
+    first = 0
+    if args.load:
+        checkpoint(model, opt, sched, args.load, load=True)
+        first = sched.last_epoch
+    if rank == 0:
+        kind = f"HSDP {args.hsdp} x {world // args.hsdp}, 1-bit Adam" if args.hsdp else \
+            f"FSDP2 over {world}, AdamW"
+        print(f"{args.model} GPT, {sum(p.numel() for p in model.parameters()):,} parameters; "
+              f"{kind}; {backend}; steps {first}..{min(args.until or args.steps, args.steps)} of "
+              f"{args.steps}", flush=True)
+    started = time.monotonic()
+    last = min(args.until or args.steps, args.steps)
+    for step in range(first, last):
+        x, y = gpt.train_batch(corpus, step, args.batch, context, args.seed)
         opt.zero_grad()
-        loss = model.loss(x, y)
+        loss = model.loss(x[rows].to(device), y[rows].to(device))
         loss.backward()
         opt.step()
-        total = loss.detach().clone()
-        dist.all_reduce(total)  # the mean over the ranks: the global batch's loss
-        losses.append(float(total) / world)
-        sent.append(codes.bytes_sent - before)
-    return losses, sent
+        sched.step()
+        if (step + 1) % args.log_every == 0 or step + 1 == last:
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            val = gpt.validation_loss(model, corpus, context)
+            if rank == 0:
+                info = opt.last_step_info
+                print(f"step {step + 1}: loss {float(mean) / world:.4f}  validation {val:.4f}  "
+                      f"({'compressed' if info.compressed else 'full'}, {info.bytes_sent} B sent)",
+                      flush=True)
+    memory = opt.memory_usage()
+    if rank == 0:
+        print(f"{time.monotonic() - started:.1f} s; optimizer state on rank 0: "
+              f"{memory['host'] + memory['device']:,} bytes", flush=True)
+    if args.save:
+        checkpoint(model, opt, sched, args.save, load=False)
+    opt.close()
+    dist.destroy_process_group()
 
 
-def codec_arg(value):
-    return None if value == "none" else value
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=0, help="start this many processes here (gloo)")
-    p.add_argument("--gradients", default="int4", choices=["int8", "int4", "sign", "none"])
-    p.add_argument("--parameters", default="int8", choices=["bf16", "int8", "none"])
-    p.add_argument("--config", default="small", choices=sorted(gpt.CONFIGS))
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch", type=int, default=32, help="sequences per global batch")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--corpus", default="licenses", choices=sorted(gpt.CORPUS_FILES))
-    return p.parse_args(argv)
-
-
-def launch(script, ranks, args):
-    """Runs ``script args`` on ``ranks`` processes that find each other as
-    torchrun's do, one torch thread each; returns when all have ended
-    (SystemExit with the first failure's code)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(ranks),
-               OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), *args],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(ranks)]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(next(c for c in codes if c))
+def _spawned(rank, world, port, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    train(args)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.ranks and "RANK" not in os.environ:
-        launch(Path(__file__), args.ranks, argv if argv is not None else sys.argv[1:])
-        return
-    import torch
-    import torch.distributed as dist
-    import dsopt.torch.fsdp
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    corpus = gpt.load_corpus(args.corpus)
-    model = sharded_gpt(args.config, args.seed)
-    codes = dsopt.torch.fsdp.compress(model, gradients=codec_arg(args.gradients),
-                                      parameters=codec_arg(args.parameters))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    start = time.perf_counter()
-    losses, sent = train_steps(model, opt, codes, corpus, args.steps, batch=args.batch, seed=args.seed)
-    seconds = (time.perf_counter() - start) / args.steps
-    validation = gpt.validation_loss(model, corpus, model.config.context)
-    if rank == 0:
-        for step in range(0, args.steps, max(1, args.steps // 10)):
-            print(f"step {step:4d}  loss {losses[step]:.4f}")
-        print(f"{world} ranks, gradients {args.gradients}, parameters {args.parameters}: "
-              f"final loss {losses[-1]:.4f}, validation loss {validation:.4f}, "
-              f"{sent[-1]:,} bytes per step per rank, residuals {codes.residual_bytes:,} bytes, "
-              f"{seconds:.3f} s per step")
-    dist.destroy_process_group()
+    if args.procs:
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torch.multiprocessing.spawn(_spawned, args=(args.procs, port, args), nprocs=args.procs)
+    else:
+        train(args)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,14 @@ DSOPT_API int dsopt_comm_set_nodes(dsopt_comm* comm, dsopt_comm* node, dsopt_com
   });
 }
 
+DSOPT_API int dsopt_comm_set_shards(dsopt_comm* comm, dsopt_comm* shards) {
+  return guarded([&] {
+    require_nonnull(comm, "comm");
+    if (shards == comm) fail(DSOPT_EINVAL, "shards must be another communicator than comm");
+    comm->impl->set_given_shards(shards ? shards->impl.get() : nullptr);
+  });
+}
+
 DSOPT_API int dsopt_comm_rank(const dsopt_comm* comm) { return comm ? comm->impl->rank() : -1; }
 DSOPT_API int dsopt_comm_size(const dsopt_comm* comm) { return comm ? comm->impl->size() : -1; }
 DSOPT_API void dsopt_comm_destroy(dsopt_comm* comm) { delete comm; }

@@ -148,8 +148,16 @@ void Comm::add_bytes(const CommBytes& b) {
 
 Comm::~Comm() {
   set_given_nodes(nullptr, nullptr);
+  set_given_shards(nullptr);
   if (parent_ && parent_->given_node_ == this) parent_->given_node_ = nullptr;
   if (parent_ && parent_->given_rail_ == this) parent_->given_rail_ = nullptr;
+  if (parent_ && parent_->given_shards_ == this) parent_->given_shards_ = nullptr;
+}
+
+void Comm::set_given_shards(Comm* shards) {
+  if (given_shards_ && given_shards_->parent_ == this) given_shards_->parent_ = nullptr;
+  given_shards_ = shards;
+  if (shards) shards->parent_ = this;
 }
 
 void Comm::set_given_nodes(Comm* node, Comm* rail) {

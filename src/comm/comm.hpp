@@ -191,6 +191,13 @@ class Comm {
   Comm* given_node() const { return given_node_; }
   Comm* given_rail() const { return given_rail_; }
 
+  // The communicator of the ranks that hold the other shards of the
+  // parameters of optimizers created on this one (dsopt_comm_set_shards),
+  // borrowed; it counts its bytes in this one's. nullptr: none (the one
+  // given before is let go).
+  void set_given_shards(Comm* shards);
+  Comm* given_shards() const { return given_shards_; }
+
  protected:
   virtual void do_allreduce(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                             const Mem& mem) = 0;
@@ -241,6 +248,7 @@ class Comm {
   Comm* parent_ = nullptr;     // the communicator this one was split from, or given to
   Comm* given_node_ = nullptr;  // set_given_nodes (borrowed)
   Comm* given_rail_ = nullptr;
+  Comm* given_shards_ = nullptr;  // set_given_shards (borrowed)
   std::vector<int> node_of_;   // set_nodes; empty: not known
   int off_node_ = 0;           // ranks on other nodes than this rank's
   double timeout_s_ = 0.0;

@@ -8,6 +8,7 @@
 #include "base/error.hpp"
 #include "comm/rank_agreement.hpp"
 #include "kernels/cpu/thread_budget.hpp"
+#include "optim/shard_group.hpp"
 
 namespace dsopt {
 namespace {
@@ -52,6 +53,44 @@ std::pair<uint64_t, int> agree(Comm& comm, const LocalOutcome& mine, const std::
   return {uint64_t(all[0][kRunId]), cpu_peers};
 }
 
+// ZeRO shards the state of whole parameters over comm; parameters that are
+// shards already (dsopt_comm_set_shards) have their state sharded with
+// them.
+void refuse_zero_on_shards(const OptimizerConfig& cfg, const ShardGroup& shards) {
+  if (shards.active() && cfg.zero.stage > 0)
+    fail(DSOPT_EUNSUPPORTED,
+         "zero_optimization.stage " + std::to_string(cfg.zero.stage) +
+             " on a communicator with sharded parameters (dsopt_comm_set_shards): the parameters "
+             "are shards already, and each rank keeps the state of its own shards; use stage 0");
+}
+
+// Over the shard group (dsopt_comm_set_shards), before the ranks of comm
+// agree: the same config and parameter count (the shards' numel may
+// differ). Returns this rank's outcome as comm's agreement is to see it
+// (a failure of any rank of the shard group fails this rank too, so that
+// every rank of comm and of every shard group fails together), and sets
+// *cpu_peers to the ranks of the group on this rank's machine and cores.
+LocalOutcome agree_over_shards(const ShardGroup& shards, const LocalOutcome& mine,
+                               const std::vector<int64_t>& row, int* cpu_peers) {
+  *cpu_peers = 1;
+  if (!shards.active()) return mine;
+  return attempt([&] {
+    RankAgreement agreement(*shards.comm(), Mem::host());
+    const std::vector<std::vector<int64_t>> all = agreement.gather(
+        Failure{"dsopt_create", "could not create its optimizer (in this rank's shard group)"}, mine,
+        row);
+    RankAgreement::require_same(
+        "dsopt_create", all,
+        {{kConfig, "the config (of this rank's shard group)", "passed different settings"},
+         {kShapes, "the number of parameters (of this rank's shard group)",
+          "passed different numbers of parameters"}});
+    int peers = 0;
+    for (const std::vector<int64_t>& r : all)
+      peers += r[kMachine] == row[kMachine] && r[kCores] == row[kCores];
+    *cpu_peers = peers;
+  });
+}
+
 }  // namespace
 
 std::unique_ptr<Optimizer> create_optimizer(Comm& comm,
@@ -61,6 +100,7 @@ std::unique_ptr<Optimizer> create_optimizer(Comm& comm,
   uint64_t cfg_hash = 0, run_cfg_hash = 0;
   const LocalOutcome mine = attempt([&] {
     const OptimizerConfig cfg = parse();
+    refuse_zero_on_shards(cfg, ShardGroup(comm));
     cfg_hash = hash64(cfg.canonical);
     run_cfg_hash = hash64(cfg.run_canonical);
     opt = std::make_unique<Optimizer>(cfg, comm, params, count);
@@ -75,9 +115,13 @@ std::unique_ptr<Optimizer> create_optimizer(Comm& comm,
   const CpuPlace place = this_cpu_place();
   const std::vector<int64_t> row = {int64_t(cfg_hash), int64_t(shapes), int64_t(run_id),
                                     int64_t(place.machine), int64_t(place.cores)};
-  const auto [agreed_run_id, cpu_peers] = agree(comm, mine, row);
+  int shard_peers = 1;
+  const std::vector<int64_t> shard_row = {int64_t(cfg_hash), count, 0, int64_t(place.machine),
+                                          int64_t(place.cores)};
+  const LocalOutcome agreed = agree_over_shards(ShardGroup(comm), mine, shard_row, &shard_peers);
+  const auto [agreed_run_id, cpu_peers] = agree(comm, agreed, row);
   opt->set_run_id(agreed_run_id);
-  opt->set_default_threads(default_threads(place, cpu_peers));
+  opt->set_default_threads(default_threads(place, cpu_peers * shard_peers));
   opt->created();
   return opt;
 }

@@ -121,11 +121,11 @@ StepResult Optimizer::Impl::step_handed_over(bool abandon) {
     bool abandoned = abandon;
     const bool someone_absent = enter_collective(Call::Step, absent, &abandoned);
     if (abandoned)
-      parts.pipeline().fail_step(
+      parts.pipeline().fail_step(LocalOutcome::invalid_if(
           abandon ? "this rank abandoned the step (dsopt_step with grads NULL and "
                     "num_grads < 0: a gradient it handed over, or should have, "
                     "was not usable); nothing was changed"
-                  : "");
+                  : ""));
     parts.absent().agree(someone_absent, algorithm->skips_absent(), std::move(present),
                          parts.agreement());
     replicated = check_replication(nullptr, -1);

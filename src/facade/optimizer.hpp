@@ -116,8 +116,9 @@ class Optimizer {
   // Measures (dst null) or writes the state blob; returns its size.
   uint64_t save(void* dst, uint64_t capacity) const;
   // Validates the whole blob, then restores it. Collective. `flags`:
-  // DSOPT_LOAD_RESET_RANK_LOCAL or 0. Returns whether rank-local state was
-  // reset because some rank's blob was saved by another rank.
+  // DSOPT_LOAD_RESET_RANK_LOCAL, DSOPT_LOAD_WITHOUT_RANK_LOCAL or 0.
+  // Returns whether rank-local state was reset (some rank's blob was saved
+  // by another rank, or carries none).
   bool load(const void* src, uint64_t size, uint32_t flags = 0);
   // Validates every blob of a saved run (all ranks' blobs in rank order, or
   // one replica of replicated state), then restores this rank's state from

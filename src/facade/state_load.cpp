@@ -57,13 +57,24 @@ bool Optimizer::load(const void* src, uint64_t size, uint32_t flags) {
   s.refuse_while_handing_over(call);
   s.enter_collective(Impl::Call::Load);
   return s.load_collectively(call, [&](bool& reset) -> std::function<void()> {
-    if (flags & ~uint32_t(DSOPT_LOAD_RESET_RANK_LOCAL))
+    if (flags & ~uint32_t(DSOPT_LOAD_RESET_RANK_LOCAL | DSOPT_LOAD_WITHOUT_RANK_LOCAL))
       fail(DSOPT_EINVAL, "unknown flags " + std::to_string(flags) +
-                             " (DSOPT_LOAD_RESET_RANK_LOCAL is the only flag)");
+                             " (DSOPT_LOAD_RESET_RANK_LOCAL and DSOPT_LOAD_WITHOUT_RANK_LOCAL are "
+                             "the flags)");
     if (!src) fail(DSOPT_EINVAL, "src is NULL");
     std::shared_ptr<const BlobReader> r = s.parts.io().read(src, size);
-    s.state_schema().check(*r);
-    reset = s.others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0) ||
+    // Without rank-local state the check sees the load as the reset it is:
+    // the rank-local arrays it does not restore may be empty.
+    const bool without = (flags & DSOPT_LOAD_WITHOUT_RANK_LOCAL) != 0;
+    s.parts.set_resetting_rank_local(without);
+    try {
+      s.state_schema().check(*r);
+    } catch (...) {
+      s.parts.set_resetting_rank_local(false);
+      throw;
+    }
+    s.parts.set_resetting_rank_local(false);
+    reset = without || s.others_rank_local(*r, (flags & DSOPT_LOAD_RESET_RANK_LOCAL) != 0) ||
             s.algorithm->drops_rank_local(*r);
     return [&s, r] { s.parts.io().restore(*r); };
   });

@@ -26,6 +26,7 @@
 #include "optim/deferred_gathers.hpp"
 #include "optim/divergence_check.hpp"
 #include "optim/hyper_groups.hpp"
+#include "optim/shard_group.hpp"
 #include "optim/state_io.hpp"
 #include "optim/step_pipeline.hpp"
 #include "params/param_set.hpp"
@@ -61,6 +62,9 @@ class OptimizerParts {
   CommRunner& runner() { return runner_; }
   // How the optimizer's collective calls settle across ranks.
   RankAgreement& agreement() { return agreement_; }
+  // The ranks holding the other shards of the parameters
+  // (dsopt_comm_set_shards; inactive without).
+  const ShardGroup& shards() const { return shards_; }
   StepPipeline& pipeline() { return pipeline_; }
   const StepPipeline& pipeline() const { return pipeline_; }
   HyperGroups& groups() { return groups_; }
@@ -131,6 +135,7 @@ class OptimizerParts {
   Comm& comm_;
   std::unique_ptr<Kernels> kernels_;
   std::unique_ptr<Kernels> host_;
+  ShardGroup shards_;
   ParamSet params_;
   CommRunner runner_;
   RankAgreement agreement_;

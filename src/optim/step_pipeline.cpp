@@ -13,7 +13,7 @@ StepPipeline::StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kerne
                            CommRunner& runner, RankAgreement& agreement, int64_t bucket_elems)
     : cfg_(cfg), comm_(comm), kernels_(kernels), mem_(mem), params_(params),
       scaler_(cfg.loss_scale), packed_(comm, kernels, mem, runner, params, bucket_elems),
-      runner_(runner), agreement_(agreement) {}
+      runner_(runner), agreement_(agreement), shards_(comm) {}
 
 std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int64_t count) const {
   std::vector<TensorRef> refs;
@@ -23,8 +23,8 @@ std::vector<TensorRef> StepPipeline::caller_grads(const dsopt_tensor* grads, int
   return refs;
 }
 
-void StepPipeline::fail_step(const std::string& local_error) {
-  agreement_.fail(kStepFailure, LocalOutcome::invalid_if(local_error));
+void StepPipeline::fail_step(const LocalOutcome& mine) {
+  agreement_.fail(kStepFailure, mine);
 }
 
 double StepPipeline::norm_of(double sumsq) const { return std::sqrt(sumsq) / scaler_.scale(); }
@@ -40,7 +40,7 @@ void StepPipeline::set_multipliers(PreparedGrads& out, double sumsq) const {
 }
 
 bool StepPipeline::norm_after_update(bool update_sums, int micro_batches) const {
-  return update_sums && comm_.size() == 1 && micro_batches == 1 && wants_norm() &&
+  return update_sums && comm_.size() == 1 && !shards_.active() && micro_batches == 1 && wants_norm() &&
          !reports_norm() && kernels_.sums_while_updating();
 }
 
@@ -52,8 +52,13 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
                                     const std::vector<uint8_t>& averaged, bool update_sums) {
   const int world = comm_.size();
   const std::string local_error = params_.check_grads(grads, count);
-  if (world == 1 && !local_error.empty()) fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
-  const bool ok = local_error.empty();
+  if (world == 1 && !shards_.active() && !local_error.empty())
+    fail(DSOPT_EINVAL, "dsopt_step: " + local_error);
+  LocalOutcome mine = LocalOutcome::invalid_if(local_error);
+  // Replicas of sharded parameters: a rank whose shard group failed fails
+  // over comm too, so that every rank of both learns of it below.
+  if (world > 1) mine = shards_.agree_valid(mine);
+  const bool ok = mine.ok();
 
   PreparedGrads out;
   if (ok) {
@@ -91,18 +96,25 @@ PreparedGrads StepPipeline::prepare(const dsopt_tensor* grads, int64_t count,
     packed_.complete();
     packed_.close();
     runner_.wait();
-    nonfinite = finish_averaged(out, 1.0f / float(world), local_error, &avg_sumsq);
+    nonfinite = finish_averaged(out, 1.0f / float(world), mine, &avg_sumsq);
   }
 
   // Ranks agree on status and on sqrt(mean_i ||g_i||^2) of the local part
   // through one small allreduce, unless the gradient allreduce said it all.
   if (world > 1 && (!any_averaged || (!local_refs.empty() && wants_norm())))
-    nonfinite = agree(nonfinite, &local_sumsq, local_error);
+    nonfinite = agree(nonfinite, &local_sumsq, mine);
 
-  out.skip = nonfinite && cfg_.skip_nonfinite;
   out.local_norm = world > 1 && !local_refs.empty();
-  set_multipliers(out, avg_sumsq + local_sumsq);
+  // At one rank of comm a bad argument is settled over the shard group.
+  finish_prepared(out, nonfinite, avg_sumsq + local_sumsq, world == 1 ? mine : LocalOutcome{});
   return out;
+}
+
+void StepPipeline::finish_prepared(PreparedGrads& out, bool nonfinite, double sumsq,
+                                   const LocalOutcome& mine) {
+  if (shards_.active()) nonfinite = shards_.settle_step(mine, nonfinite, &sumsq);
+  out.skip = nonfinite && cfg_.skip_nonfinite;
+  set_multipliers(out, sumsq);
 }
 
 void StepPipeline::open_handover(const std::vector<uint8_t>& averaged, int micro_batches) {
@@ -139,23 +151,23 @@ PreparedGrads StepPipeline::prepare_handed_over(bool update_sums) {
   }
   const bool any_averaged = !plan.bucket_ends.empty();
   if (any_averaged)
-    nonfinite |= finish_averaged(out, 1.0f / (float(world) * float(micro_batches)), "", &avg_sumsq);
+    nonfinite |= finish_averaged(out, 1.0f / (float(world) * float(micro_batches)), LocalOutcome{},
+                                 &avg_sumsq);
   if (world > 1 && (!any_averaged || !local.empty()))
-    nonfinite = agree(nonfinite, &local_sumsq, "");
+    nonfinite = agree(nonfinite, &local_sumsq, LocalOutcome{});
   packed_.close();
-  out.skip = nonfinite && cfg_.skip_nonfinite;
   out.local_norm = world > 1 && !local.empty();
-  set_multipliers(out, avg_sumsq + local_sumsq);
+  finish_prepared(out, nonfinite, avg_sumsq + local_sumsq, LocalOutcome{});
   return out;
 }
 
-bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const std::string& local_error,
+bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const LocalOutcome& mine,
                                    double* sumsq) {
   const GradientHandover::Plan& plan = packed_.plan_in_use();
   float* buf = packed_.data();
   float flag = 0.0f;
   kernels_.copy_to_host(&flag, buf, 4);
-  if (RankAgreement::some_rank_failed(flag)) fail_step(local_error);
+  if (RankAgreement::some_rank_failed(flag)) fail_step(mine);
   bool nonfinite = flag > 0.0f;
   // a = fl(sum * mul), in place; the sums are checked as well. The
   // averaged gradients follow the status slot up to the last bucket's end.
@@ -166,8 +178,8 @@ bool StepPipeline::finish_averaged(PreparedGrads& out, float mul, const std::str
   return nonfinite;
 }
 
-bool StepPipeline::agree(bool nonfinite, double* local_sumsq, const std::string& local_error) {
-  nonfinite = agreement_.settle_sum(kStepFailure, LocalOutcome::invalid_if(local_error), nonfinite,
+bool StepPipeline::agree(bool nonfinite, double* local_sumsq, const LocalOutcome& mine) {
+  nonfinite = agreement_.settle_sum(kStepFailure, mine, nonfinite,
                                     local_sumsq);
   *local_sumsq /= comm_.size();
   return nonfinite;

@@ -12,6 +12,7 @@
 #include "kernels/device_buffer.hpp"
 #include "optim/config.hpp"
 #include "optim/loss_scaler.hpp"
+#include "optim/shard_group.hpp"
 #include "params/param_set.hpp"
 
 namespace dsopt {
@@ -41,12 +42,13 @@ struct UpdateOutcome {
 class StepPipeline {
  public:
   // Averaged gradients are reduced in buckets of bucket_elems elements,
-  // through `runner`; a failed step is settled through `agreement`.
+  // through `runner`; a failed step is settled through `agreement`, and
+  // over the shard group of `comm` (dsopt_comm_set_shards) where it has one.
   StepPipeline(const PipelineConfig& cfg, Comm& comm, Kernels& kernels, const Mem& mem,
                const ParamSet& params, CommRunner& runner, RankAgreement& agreement,
                int64_t bucket_elems);
 
-  // Collective. averaged[i] says whether parameter i's gradient is averaged
+  // Collective (over the shard group too). averaged[i] says whether parameter i's gradient is averaged
   // over ranks (Adam; warmup stages) or stays this rank's own (compressed
   // stages). Throws Error(DSOPT_EINVAL) on every rank when any rank's
   // gradients do not fit the parameters; nothing has changed then.
@@ -84,10 +86,10 @@ class StepPipeline {
   // clip) from the global sum of squares of the averaged, still scaled
   // gradients.
   void set_multipliers(PreparedGrads& out, double sumsq) const;
-  // Fails the step on every rank: DSOPT_EINVAL with its own error on a rank
-  // whose arguments were bad (local_error not empty), DSOPT_EMISMATCH naming
-  // those ranks on the others.
-  [[noreturn]] void fail_step(const std::string& local_error);
+  // Fails the step on every rank: its own error on a rank that failed
+  // (`mine`: DSOPT_EINVAL for bad arguments, DSOPT_EMISMATCH for a shard
+  // peer's), DSOPT_EMISMATCH naming those ranks on the others.
+  [[noreturn]] void fail_step(const LocalOutcome& mine);
 
  private:
   std::vector<TensorRef> caller_grads(const dsopt_tensor* grads, int64_t count) const;
@@ -96,11 +98,11 @@ class StepPipeline {
   // fl(sum * mul) in place, checked, its sum of squares added to *sumsq; the
   // averaged parameters' gradients in out.grads point into it. Returns
   // whether some rank had a non-finite gradient or a sum is non-finite.
-  bool finish_averaged(PreparedGrads& out, float mul, const std::string& local_error,
+  bool finish_averaged(PreparedGrads& out, float mul, const LocalOutcome& mine,
                        double* sumsq);
   // One small allreduce that agrees on status and the mean over ranks of the
   // local parts' sums of squares.
-  bool agree(bool nonfinite, double* local_sumsq, const std::string& local_error);
+  bool agree(bool nonfinite, double* local_sumsq, const LocalOutcome& mine);
   // Whether the norm is left to an update that can sum (update_sums): only
   // the divergence check wants it (after the update: no clipping, nothing
   // reports it), the gradients the update reads are the ones summed (one
@@ -109,6 +111,11 @@ class StepPipeline {
   bool norm_after_update(bool update_sums, int micro_batches) const;
   // The unscaled norm from a sum of squares of scaled gradients.
   double norm_of(double sumsq) const;
+  // After the reductions over comm: the non-finite flag and the sum of
+  // squares of this rank's shards added over the shard group (where there
+  // is one), and the multipliers from it.
+  void finish_prepared(PreparedGrads& out, bool nonfinite, double sumsq,
+                       const LocalOutcome& mine);
 
   PipelineConfig cfg_;
   Comm& comm_;
@@ -119,6 +126,7 @@ class StepPipeline {
   PackedAllreduce packed_;  // the status flag and the averaged gradients
   CommRunner& runner_;
   RankAgreement& agreement_;
+  ShardGroup shards_;  // the ranks holding the parameters' other shards
 };
 
 }  // namespace dsopt

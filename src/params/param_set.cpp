@@ -20,12 +20,14 @@ void reject_shared_storage(const dsopt_tensor* params, int64_t count, const char
   };
   std::vector<Span> spans;
   for (int64_t i = 0; i < count; ++i) {
+    if (params[i].numel == 0) continue;  // an empty shard holds no memory
     const uintptr_t begin = reinterpret_cast<uintptr_t>(params[i].data);
     spans.push_back(Span{begin, begin + uintptr_t(params[i].numel) * dtype_size(DType(params[i].dtype)), i});
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.index < b.index;
   });
+  if (spans.empty()) return;
   Span widest = spans.front();  // the span reaching furthest so far
   for (size_t k = 1; k < spans.size(); ++k) {
     const Span& s = spans[k];
@@ -48,23 +50,27 @@ std::string describe(int64_t numel, int32_t dtype, int32_t group) {
 }  // namespace
 
 ParamSet::ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups,
-                   Kernels& kernels, bool with_masters)
+                   Kernels& kernels, bool with_masters, bool allow_empty)
     : kernels_(kernels),
+      allow_empty_(allow_empty),
       device_index_(kernels.device() == Device::Cuda ? cuda_current_device() : -1) {
   if (count <= 0) fail(DSOPT_EINVAL, "num_params must be > 0, got " + std::to_string(count));
   if (!params) fail(DSOPT_EINVAL, "params is NULL");
   for (int64_t i = 0; i < count; ++i) {
     const dsopt_tensor& t = params[i];
     const std::string who = "params[" + std::to_string(i) + "]";
-    if (!t.data) fail(DSOPT_EINVAL, who + ".data is NULL");
-    if (t.numel <= 0) fail(DSOPT_EINVAL, who + ".numel must be > 0, got " + std::to_string(t.numel));
+    const bool empty = allow_empty && t.numel == 0;  // a shard of none of the tensor
+    if (!t.data && !empty) fail(DSOPT_EINVAL, who + ".data is NULL");
+    if (t.numel <= 0 && !empty)
+      fail(DSOPT_EINVAL, who + ".numel must be > 0, got " + std::to_string(t.numel) +
+                             (allow_empty ? " (>= 0 for sharded parameters)" : ""));
     if (!is_valid_dtype(t.dtype))
       fail(DSOPT_EINVAL, who + ".dtype " + std::to_string(t.dtype) +
                              " is not a dtype (DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16)");
     if (t.group < 0 || t.group >= num_groups)
       fail(DSOPT_EINVAL, who + ".group " + std::to_string(t.group) + " is out of range: the config has " +
                              std::to_string(num_groups) + " parameter group(s)");
-    const std::string where = wrong_device(t.data);
+    const std::string where = empty ? "" : wrong_device(t.data);
     if (!where.empty()) fail(DSOPT_EINVAL, who + ".data" + where);
     params_.push_back(Param{t.data, t.numel, DType(t.dtype), t.group, total_numel_, nullptr});
     total_numel_ += t.numel;
@@ -104,6 +110,7 @@ uint64_t ParamSet::fingerprint() const {
   uint64_t h = kFnvOffset;
   std::vector<uint8_t> first, last;
   for (const Param& p : params_) {
+    if (p.numel == 0) continue;  // an empty shard
     sample_ends(kernels_, p.data, size_t(p.numel) * dtype_size(p.dtype), first, last);
     h = fnv1a(first.data(), first.size(), h);
     h = fnv1a(last.data(), last.size(), h);
@@ -121,13 +128,14 @@ void ParamSet::rebind(const dsopt_tensor* params, int64_t count) {
     const dsopt_tensor& t = params[i];
     const Param& p = params_[size_t(i)];
     const std::string who = "params[" + std::to_string(i) + "]";
-    if (!t.data) fail(DSOPT_EINVAL, who + ".data is NULL (nothing was changed)");
+    const bool empty = allow_empty_ && p.numel == 0;
+    if (!t.data && !empty) fail(DSOPT_EINVAL, who + ".data is NULL (nothing was changed)");
     if (t.numel != p.numel || t.dtype != int32_t(p.dtype) || t.group != p.group)
       fail(DSOPT_EINVAL, who + " has " + describe(t.numel, t.dtype, t.group) +
                              ", the optimizer's parameter " + std::to_string(i) + " has " +
                              describe(p.numel, int32_t(p.dtype), p.group) +
                              " (a rebind changes the storage only; nothing was changed)");
-    const std::string where = wrong_device(t.data);
+    const std::string where = empty ? "" : wrong_device(t.data);
     if (!where.empty()) fail(DSOPT_EINVAL, who + ".data" + where + " (nothing was changed)");
   }
   reject_shared_storage(params, count, " (nothing was changed)");

@@ -27,9 +27,11 @@ class ParamSet {
   // Validates the descriptors (throws Error(DSOPT_EINVAL) naming the
   // parameter) and copies 16-bit parameters into fp32 masters, unless
   // `with_masters` is false (ZeRO keeps the masters of its shard only; then
-  // master is nullptr for 16-bit parameters).
+  // master is nullptr for 16-bit parameters). With `allow_empty` (sharded
+  // parameters, dsopt_comm_set_shards) a parameter may have numel 0, and
+  // then data NULL.
   ParamSet(const dsopt_tensor* params, int64_t count, int32_t num_groups, Kernels& kernels,
-           bool with_masters = true);
+           bool with_masters = true, bool allow_empty = false);
 
   const std::vector<Param>& params() const { return params_; }
   int64_t count() const { return int64_t(params_.size()); }
@@ -68,6 +70,7 @@ class ParamSet {
   int64_t master_numel_ = 0;
   DeviceBuffer masters_;
   uint64_t generation_ = 0;
+  bool allow_empty_ = false;
   // The CUDA device of the optimizer (-1: the CPU); the last gradient
   // address of each parameter found on it (an address is looked up once,
   // not at every step).

@@ -11,7 +11,12 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
   Kernels* k = &kernels;
   Entry e;
   e.save = [n, k, data, bytes](BlobWriter& w) { w.section_from_device(n, data(), bytes(nullptr), *k); };
-  e.check = [n, bytes](const BlobReader& r) { r.section(n, bytes(&r)); };
+  e.check = [n, bytes, restore_if](const BlobReader& r) {
+    // A rank-local array this load does not restore may be saved empty
+    // (DSOPT_LOAD_WITHOUT_RANK_LOCAL).
+    if (restore_if && r.has(n) && r.section_size(n) == 0 && !restore_if(r)) return;
+    r.section(n, bytes(&r));
+  };
   e.restore = [n, k, data, bytes, restore_if](const BlobReader& r) {
     if (restore_if && !restore_if(r)) return;
     const uint64_t size = bytes(&r);

@@ -25,7 +25,8 @@ class StateSchema {
 
   // A float array in `kernels`' memory: saved from data(), restored into it
   // when `restore_if(r)` holds (default: always; a rank-local array passes
-  // the test of the world size it was saved at).
+  // the test of the world size it was saved at; one it does not restore may
+  // be saved empty).
   StateSchema& array(std::string name, Kernels& kernels, std::function<void*()> data,
                      Length bytes, std::function<bool(const BlobReader&)> restore_if = nullptr);
   // The same for an array whose length does not depend on the blob.

@@ -210,8 +210,10 @@ static void foreign_blobs_are_rejected(const case_t *c) {
                                   world_rank() == 0 ? "another rank" : saved_by, NULL);
     /* unknown flags, on every rank */
     const int me = world_rank();
-    rejected_load_changes_nothing(&r, s.blobs.blob[me], s.blobs.size[me], 2u, DSOPT_EINVAL, "flags", NULL);
+    rejected_load_changes_nothing(&r, s.blobs.blob[me], s.blobs.size[me], 8u, DSOPT_EINVAL, "flags", NULL);
     rejected_load_changes_nothing(&r, s.blobs.blob[me], s.blobs.size[me], DSOPT_LOAD_RESET_RANK_LOCAL | 4u,
+                                  DSOPT_EINVAL, "flags", NULL);
+    rejected_load_changes_nothing(&r, s.blobs.blob[me], s.blobs.size[me], DSOPT_LOAD_WITHOUT_RANK_LOCAL | 4u,
                                   DSOPT_EINVAL, "flags", NULL);
     /* dsopt_state_load_shards with one blob of another rank of this size */
     if (!zero) {

@@ -42,7 +42,7 @@ from dsopt.torch.fsdp._reduce_scatter import CompressedReduceScatter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
 import gpt  # noqa: E402
-from fsdp2_train import sharded_gpt, train_steps  # noqa: E402
+from fsdp2_compressed_train import sharded_gpt, train_steps  # noqa: E402
 
 STEPS = int(os.environ.get("DSOPT_FSDP_STEPS", "30"))
 HSDP_STEPS = 12

@@ -5,7 +5,8 @@
 # with dsopt's codes as its collectives (dsopt.torch.fsdp), and
 # dsopt.torch under torch.compile, with parameters moved or cast after
 # the optimizer exists, with a sparse gradient or a bad hyperparameter on one rank, and
-# with ZeRO's deferred allgather behind the forward (overlap's backward hooks need
+# with ZeRO's deferred allgather behind the forward, on FSDP2 models (fully_shard,
+# HSDP, torch.distributed.checkpoint at 2 and 4 ranks; overlap's backward hooks need
 # torch >= 2.1, so only here do gradients go over during backward as well,
 # tests/python/test_torch_overlap.py's hook cases among them). Then `make
 # test-gpu`'s Python suite (test_cuda_torch*.py) with the CPU standing in
@@ -39,7 +40,8 @@ export DSOPT_LIBRARY_DIR=$build
   tests/python/test_agreed_errors.py \
   tests/python/test_torch_prefetch.py \
   tests/python/test_torch_overlap.py \
-  tests/python/test_fsdp_codes.py
+  tests/python/test_fsdp_codes.py \
+  tests/python/test_fsdp2.py
 DSOPT_TEST_DEVICE=cpu "$py" -m pytest -q -rsx "$@" \
   tests/python/test_cuda_torch.py \
   tests/python/test_cuda_torch_dist.py

@@ -50,6 +50,7 @@ class Communicator:
         self._users = set()
         self._close_requested = False
         self._nodes = None  # (node, rail, whether this one closes them) of set_nodes
+        self._shards = None  # (shards, whether this one closes it) of set_shards
 
     @classmethod
     def _create(cls, kind: str, create, borrowed=None) -> "Communicator":
@@ -261,6 +262,38 @@ class Communicator:
         if node is not None:
             self._nodes = (node, rail, bool(close_with))
 
+    @property
+    def shards(self):
+        """The communicator of ``set_shards``; None without."""
+        return self._shards[0] if self._shards else None
+
+    def set_shards(self, shards, *, close_with=False) -> None:
+        """Declares that the parameters of optimizers created on this
+        communicator afterwards are this rank's shards of tensors that the
+        ranks of ``shards`` (a ``dsopt.Communicator``) hold together, as
+        FSDP shards a model (``dsopt_comm_set_shards``): such an optimizer
+        averages gradients over this communicator only and reduces over
+        ``shards`` what whole tensors decide (the non-finite check, the
+        global gradient norm, LAMB's per-tensor norms); a parameter may have
+        no element on this rank. ``shards`` is kept open while this one is;
+        ``close_with=True`` closes it with this one. ``set_shards(None)``
+        forgets it."""
+        if shards is not None and not isinstance(shards, Communicator):
+            raise InvalidArgumentType(f"shards must be a dsopt.Communicator, got {type(shards).__name__}")
+        check(lib.dsopt_comm_set_shards(self.handle, ffi.NULL if shards is None else shards.handle))
+        if shards is not None:
+            shards._acquire(self)
+        self._let_go_of_shards()
+        if shards is not None:
+            self._shards = (shards, bool(close_with))
+
+    def _let_go_of_shards(self) -> None:
+        shards, self._shards = self._shards, None
+        if shards:
+            shards[0]._release(self)
+            if shards[1]:
+                shards[0].close()
+
     def _let_go_of_nodes(self) -> None:
         nodes, self._nodes = self._nodes, None
         if nodes:
@@ -285,6 +318,7 @@ class Communicator:
         if handle is not None:
             lib.dsopt_comm_destroy(handle)
         self._let_go_of_nodes()
+        self._let_go_of_shards()
         if self._callbacks is not None:
             # dsopt released them: drop the callables, keep what they raised
             self._callback_error, self._callbacks = self._callbacks.error, None

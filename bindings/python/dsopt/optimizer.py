@@ -666,7 +666,7 @@ class Optimizer:
         check(lib.dsopt_state_save(handle, buf, int(size[0]), written))
         return ffi.buffer(buf, int(written[0]))[:]
 
-    def load_state_dict(self, blob, *, reset_rank_local=False) -> bool:
+    def load_state_dict(self, blob, *, reset_rank_local=False, without_rank_local=False) -> bool:
         """Restores a blob from ``state_dict()`` (collective); validated
         completely before anything changes.
 
@@ -681,8 +681,12 @@ class Optimizer:
         a ZeRO shard still raises. The 1-bit optimizers' compression errors
         saved at another world size or under another topology (flat or
         node-aware, N nodes of R ranks: ``"topology"`` in the config) reset
-        too. Returns True when rank-local state was reset (the same on every
-        rank), else False."""
+        too. ``without_rank_local=True``: the blob carries no rank-local
+        state (its rank-local sections may be empty, as the FSDP2 state dicts
+        of dsopt.torch make them at another topology); the rest loads and the
+        rank-local state resets on every rank
+        (``DSOPT_LOAD_WITHOUT_RANK_LOCAL``). Returns True when rank-local
+        state was reset (the same on every rank), else False."""
         handle = self._live()
         try:
             data = ffi.from_buffer(blob)
@@ -692,7 +696,11 @@ class Optimizer:
         if not isinstance(reset_rank_local, bool):
             raise InvalidArgumentType(
                 f"reset_rank_local must be a bool, got {type(reset_rank_local).__name__}")
-        flags = lib.DSOPT_LOAD_RESET_RANK_LOCAL if reset_rank_local else 0
+        if not isinstance(without_rank_local, bool):
+            raise InvalidArgumentType(
+                f"without_rank_local must be a bool, got {type(without_rank_local).__name__}")
+        flags = (lib.DSOPT_LOAD_RESET_RANK_LOCAL if reset_rank_local else 0) | \
+            (lib.DSOPT_LOAD_WITHOUT_RANK_LOCAL if without_rank_local else 0)
         reset = ffi.new("int32_t *")
         try:
             check(lib.dsopt_state_load_ex(handle, data, len(data), flags, reset))

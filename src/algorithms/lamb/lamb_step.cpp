@@ -1,5 +1,7 @@
 #include "algorithms/lamb/lamb_step.hpp"
 
+#include <utility>
+
 namespace dsopt {
 
 std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<UpdateSlot>& slots,
@@ -15,6 +17,16 @@ std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<Update
 TensorSums whole_tensors(Kernels& kernels) {
   return [&kernels](const std::vector<UpdateSlot>& s, std::initializer_list<Operand> streams) {
     return whole_tensor_sums(kernels, s, streams);
+  };
+}
+
+TensorSums shard_summed(TensorSums local, const ShardGroup& shards) {
+  if (!shards.active()) return local;
+  return [local = std::move(local), &shards](const std::vector<UpdateSlot>& s,
+                                             std::initializer_list<Operand> streams) {
+    std::vector<double> sums = local(s, streams);
+    shards.sum(sums);
+    return sums;
   };
 }
 

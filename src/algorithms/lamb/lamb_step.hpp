@@ -6,7 +6,9 @@
 // i's constants and lr[i] its learning rate. `sums` returns, for each
 // stream in turn, the sum of squares of every parameter's whole tensor in
 // the order of math/sum_squares.hpp (so the trust ratios are the same on
-// every rank and in every layout).
+// every rank and in every layout); of sharded parameters
+// (dsopt_comm_set_shards), the sum over the shard group of each rank's
+// sums of its shards (the same on every rank, in another order).
 #pragma once
 #include <functional>
 #include <initializer_list>
@@ -14,6 +16,7 @@
 
 #include "kernels/kernels.hpp"
 #include "math/onebit_lamb.hpp"
+#include "optim/shard_group.hpp"
 
 namespace dsopt {
 
@@ -31,6 +34,10 @@ using TensorSums = std::function<std::vector<double>(const std::vector<UpdateSlo
 std::vector<double> whole_tensor_sums(Kernels& kernels, const std::vector<UpdateSlot>& slots,
                                       std::initializer_list<Operand> streams);
 TensorSums whole_tensors(Kernels& kernels);
+// `local` (sums over this rank's slots), each tensor's sums then added over
+// the shard group (sharded parameters, dsopt_comm_set_shards) in one
+// allreduce: the sums of whole tensors. Inactive shards: `local` itself.
+TensorSums shard_summed(TensorSums local, const ShardGroup& shards);
 
 // m, v and the direction u from the gradient (LambWarmupRule), the trust
 // ratio ||p|| / ||u|| of every tensor (clamped, math/onebit_lamb.hpp), then

@@ -21,7 +21,8 @@ UpdateOutcome ReplicatedOptimizer::update(const PreparedGrads& grads) {
   std::vector<UpdateSlot> slots = all;
   for (size_t i = 0; i < slots.size(); ++i)
     slots[i].set(Operand::U, u_.floats() + parts_.params().params()[i].offset);
-  update_moments(parts_, rule_, slots, param_of, grads, whole_tensors(parts_.kernels()));
+  update_moments(parts_, rule_, slots, param_of, grads,
+                 shard_summed(whole_tensors(parts_.kernels()), parts_.shards()));
   return UpdateOutcome{};
 }
 

@@ -29,8 +29,10 @@ void OneBitOptimizer::compress_params(const std::vector<int64_t>& indices) {
   tensor_of_.assign(size_t(parts_.params().count()), -1);
   car_sizes_.clear();
   for (int64_t i : indices) {
+    const int64_t numel = parts_.params().params()[size_t(i)].numel;
+    if (numel == 0) continue;  // an empty shard (dsopt_comm_set_shards): nothing to exchange
     tensor_of_[size_t(i)] = int64_t(car_sizes_.size());
-    car_sizes_.push_back(parts_.params().params()[size_t(i)].numel);
+    car_sizes_.push_back(numel);
   }
   errors_ = CarErrors(sections_.errors, car_sizes_, sections_.saved_world, sections_.rank_local);
 }
@@ -85,7 +87,8 @@ bool OneBitOptimizer::drops_rank_local(const BlobReader& r) const {
 
 void OneBitOptimizer::run_compressed(const std::vector<UpdateSlot>& slots, Operand operand) {
   std::vector<float*> tensors;
-  for (const UpdateSlot& s : slots) tensors.push_back(s.floats(operand));
+  for (const UpdateSlot& s : slots)
+    if (s.numel > 0) tensors.push_back(s.floats(operand));  // as compress_params: no empty shards
   run_compressed(std::move(tensors));
 }
 

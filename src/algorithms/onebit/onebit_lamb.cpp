@@ -1,6 +1,7 @@
 #include "algorithms/onebit/onebit_lamb.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "math/onebit_lamb.hpp"
 #include "algorithms/lamb/lamb_coeffs.hpp"
@@ -82,7 +83,8 @@ UpdateOutcome OneBitLamb::update(const PreparedGrads& grads) {
 void OneBitLamb::warmup(const PreparedGrads& grads) {
   LambStepConsts c = consts();
   const std::vector<double> coeff = lamb_step(parts_.kernels(), slots(&grads), c.consts, c.lr, grads.mul1,
-                                              grads.mul2, lamb_coeffs(parts_.config()), whole_tensors(parts_.kernels()));
+                                              grads.mul2, lamb_coeffs(parts_.config()),
+                                              shard_summed(whole_tensors(parts_.kernels()), parts_.shards()));
   for (size_t i = 0; i < coeff.size(); ++i)
     coeff_freeze_[i] = lamb_coeff_ema(coeff_freeze_[i], coeff[i], lamb_coeffs(parts_.config()));
 }
@@ -96,13 +98,11 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
   run_compressed({moments_.exp_avg()});
   parts_.kernels().update(UpdateRule::LambCompressed, s.data(), n, c.data(), int32_t(n), 1.0f, 1.0f);
   // aux holds u0 now; the stabilized rule also needs ||p||.
-  const std::vector<double> sums =
+  std::vector<double> sums =
       update_units() ? whole_tensor_sums(parts_.kernels(), s, {Operand::U, Operand::Aux, Operand::Param})
                     : whole_tensor_sums(parts_.kernels(), s, {Operand::U, Operand::Aux});
-  std::vector<TensorRef> ratios;
-  for (const UpdateSlot& slot : s) ratios.push_back(TensorRef{slot.data(Operand::Ratio), slot.numel, DType::F32});
-  std::vector<float> max_ratio(static_cast<size_t>(n));
-  parts_.kernels().max_per_tensor(ratios.data(), n, max_ratio.data());
+  parts_.shards().sum(sums);  // of whole tensors, where the parameters are shards
+  const std::vector<float> max_ratio = max_ratios(s);
   std::vector<double> coeff(static_cast<size_t>(n));
   for (size_t i = 0; i < size_t(n); ++i) {
     const bool decay = c[i].wd > 0.0f;
@@ -117,13 +117,35 @@ void OneBitLamb::compressed(const PreparedGrads& grads) {
   lamb_move(parts_.kernels(), s, c, step.lr, coeff);
 }
 
+std::vector<float> OneBitLamb::max_ratios(const std::vector<UpdateSlot>& s) const {
+  // Empty shards (dsopt_comm_set_shards) have no ratio: -inf, below every
+  // other rank's.
+  std::vector<float> max_ratio(s.size(), -std::numeric_limits<float>::infinity());
+  std::vector<TensorRef> ratios;
+  std::vector<size_t> held;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i].numel == 0) continue;
+    ratios.push_back(TensorRef{s[i].data(Operand::Ratio), s[i].numel, DType::F32});
+    held.push_back(i);
+  }
+  std::vector<float> found(held.size());
+  if (!held.empty()) parts_.kernels().max_per_tensor(ratios.data(), int64_t(held.size()), found.data());
+  for (size_t k = 0; k < held.size(); ++k) max_ratio[held[k]] = found[k];
+  parts_.shards().max(max_ratio);
+  return max_ratio;
+}
+
 void OneBitLamb::freeze_state() {
   // vf starts as v at the actual transition (L1).
   parts_.kernels().copy(fresh_.get(), moments_.exp_avg_sq(), fresh_.bytes());
   const std::vector<UpdateSlot> s = slots(nullptr);
-  const std::vector<double> sums = whole_tensor_sums(parts_.kernels(), s, {Operand::M});
+  std::vector<double> sums = whole_tensor_sums(parts_.kernels(), s, {Operand::M});
+  std::vector<double> whole(s.size());  // the tensors' numel, of whole tensors where sharded
+  for (size_t i = 0; i < s.size(); ++i) whole[i] = double(s[i].numel);
+  parts_.shards().sum(sums);
+  parts_.shards().sum(whole);
   std::vector<int64_t> numel;
-  for (const UpdateSlot& slot : s) numel.push_back(slot.numel);
+  for (double w : whole) numel.push_back(int64_t(w));
   lamb_scaling_coeffs(sums.data(), numel.data(), int64_t(sums.size()), scaling_.data());
 }
 

@@ -36,6 +36,9 @@ class OneBitLamb final : public OneBitOptimizer {
   // the frozen coefficient times factor; otherwise DeepSpeed's scaling
   // coefficients and the frozen coefficient times factor.
   void compressed(const PreparedGrads& grads);
+  // The largest ratio of every tensor (over the shard group where the
+  // parameters are shards).
+  std::vector<float> max_ratios(const std::vector<UpdateSlot>& s) const;
   int64_t tail() const { return padded_ - parts_.params().total_numel(); }
 
   int64_t padded_;  // the fused buffer's length n' at this world size (L3)

@@ -72,6 +72,7 @@ const DSOPT_ENONFINITE   = Cint(-10)
 
 # dsopt_state_load_ex flags
 const DSOPT_LOAD_RESET_RANK_LOCAL = UInt32(1)
+const DSOPT_LOAD_WITHOUT_RANK_LOCAL = UInt32(2)  # the blob carries no rank-local state
 
 const DSOPT_FLOAT32  = Int32(0)
 const DSOPT_FLOAT16  = Int32(1)

@@ -146,6 +146,18 @@ What differs from torch.optim:
   ranks of the saved run, in rank order, and continues it at any world size
   and ZeRO stage (stage 0 -> 2, 2 ranks -> 4, ...; collective, every rank
   passes all of them). ``memory_usage()`` is the bytes dsopt holds here.
+* FSDP2 (``torch.distributed.fsdp.fully_shard``; docs/guides/fsdp2.md):
+  the parameters of a fully_shard'ed model (DTensors, rows of every tensor
+  on each rank) are taken as they are; dsopt updates the local shards in
+  one step per group and reduces what whole tensors decide (clipping norm,
+  non-finite check, LAMB's trust ratios) over the shard group. ``comm``
+  then names the replicas of HSDP (None: taken from the parameters' 2-D
+  root mesh, if any), over which dsopt averages and the 1-bit optimizers
+  exchange; ``state_dict()`` is torch.optim's layout with DTensors, for
+  torch.distributed.checkpoint (resume bit for bit, reshard to another
+  world size). ZeRO, overlap, the 1-bit optimizers without replicas and
+  rebuilding the optimizer (``add_param_group`` after creation, casts,
+  copies) are refused with the reason (``_dtensor``).
 
 ``Optimizer(params, config, comm=None, *, overlap=False)`` takes a dsopt
 config dict (docs/reference/config.md "Configuration") without ``param_groups``: each torch

@@ -60,7 +60,9 @@ class OptimizerCore:
     * ``_facts``: ``Facts``, what the optimizer is;
     * ``_config`` (the dsopt config without ``param_groups``), ``_comm``
       and ``_owns_comm``: what its dsopt optimizer is created from;
-    * ``_tensors`` (the parameters in dsopt's order), ``_storage`` (their
+    * ``_tensors`` (the parameters in dsopt's order; FSDP2's DTensors,
+      whose local shards dsopt updates, with ``_shards`` their
+      ``_dtensor.ShardedParams``), ``_storage`` (their
       storage as dsopt has it, a ``ParamStorage``) and
       ``_grad_descriptors`` (the last step's gradient descriptors);
     * ``_handed_over`` (some gradient of this step was handed over) and
@@ -68,6 +70,11 @@ class OptimizerCore:
     """
 
     _facts: Facts
+    _shards: object  # FSDP2's parameters (_dtensor.ShardedParams), or None
+
+    def _dsopt_params(self, tensors=None):
+        """What dsopt updates for the parameters (FSDP2's local shards)."""
+        raise NotImplementedError
 
     def _set_up(self, tensors):
         """Takes ``tensors`` (dsopt's parameters, in its order) as they are

@@ -147,10 +147,13 @@ class LiveState(dict):
     other keys code stored per parameter (torch's defaultdict behaviour);
     dsopt's state is read from dsopt on each access."""
 
-    def __init__(self, owner, sharded):
+    def __init__(self, owner, sharded, fsdp=None):
         super().__init__()
         self.owner = owner  # the dsopt.torch optimizer: its ``dsopt``, read at each access
         self._sharded = sharded  # ZeRO stage 1/2: views of this rank's shard
+        # FSDP2's parameters (a _dtensor.ShardedParams): views of the local
+        # shards, as DTensors placed like the parameters
+        self._fsdp = fsdp
         self._tensors, self._index = [], {}
         self._views = {}
 
@@ -196,8 +199,16 @@ class LiveState(dict):
         owner, p, sharded = self.owner, self.param(i), self._sharded
         cache = self._views.setdefault(i, {})
         tensors, offset = {}, None
+        fsdp = self._fsdp
         for name in self.view_names(i):
             cached = cache.get(name)
+            if cached is None and fsdp is not None and not fsdp.local_shape(p).numel():
+                # an empty shard: no element of the tensor here, and no view
+                # (unless dsopt lacks the name altogether)
+                if name in OPTIONAL_NAMES and not self._has_view(name):
+                    continue
+                empty = torch.zeros(fsdp.local_shape(p), dtype=torch.float32, device=p.device)
+                cached = cache[name] = (fsdp.wrap(p, empty), 0)
             if cached is None:
                 try:
                     view = owner.dsopt.state_view(i, name)
@@ -205,10 +216,26 @@ class LiveState(dict):
                     if strict and name not in OPTIONAL_NAMES:
                         raise no_view_error(i, name, error) from None
                     continue
-                cached = cache[name] = (view_tensor(view, p, shaped=not sharded), view.offset)
+                if fsdp is not None:
+                    local = view_tensor(view, p._local_tensor, shaped=True)
+                    cached = cache[name] = (fsdp.wrap(p, local), view.offset)
+                else:
+                    cached = cache[name] = (view_tensor(view, p, shaped=not sharded), view.offset)
             tensors[name] = cached[0]
             offset = cached[1]
         return tensors, offset if sharded else None
+
+    def _has_view(self, name):
+        """Whether some non-empty parameter has a view ``name`` (for the
+        optional names of empty FSDP2 shards)."""
+        for k, q in enumerate(self._tensors):
+            if self._fsdp.local_shape(q).numel():
+                try:
+                    self.owner.dsopt.state_view(k, name)
+                    return True
+                except InvalidArgument:
+                    return False
+        return False
 
     def has_state(self, i):
         return self.owner.dsopt.param_step(i) > 0

@@ -22,6 +22,7 @@ from ..tensors import tensor_records
 from . import _device, _groups
 from ._communicator import as_communicator
 from ._core import Facts, OptimizerCore
+from ._dtensor import ShardedParams
 from ._live_state import LiveState
 from ._rebuild import RebuildMixin
 from ._state_dicts import StateDictMixin
@@ -206,20 +207,30 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
                     for i, g in enumerate(self.param_groups)]
         tensors = [p for group in self.param_groups for p in group["params"]]
         group_of = [i for i, group in enumerate(self.param_groups) for _ in group["params"]]
+        # FSDP2's DTensors: dsopt updates their local shards (_dtensor).
+        self._shards = ShardedParams.of(tensors, facts, overlap)
         device = _device.cuda_device(tensors)
         if device is not None and "device" not in config:
             config = dict(config, device="cuda")  # the parameters' device, as the classes infer
         with _device.current(device):  # where dsopt and torch's communicator work
-            self._comm, self._owns_comm = as_communicator(comm, canonical)
+            if self._shards is not None:
+                self._comm, self._owns_comm = self._shards.communicator(comm, facts)
+            else:
+                self._comm, self._owns_comm = as_communicator(comm, canonical)
             try:
                 _device.bind_comm(self._comm, device)
-                for sub in (self._comm.nodes or ()) if self._comm is not None else ():
+                subs = (self._comm.nodes or ()) + ((self._comm.shards,) if self._comm.shards else ()) \
+                    if self._comm is not None else ()
+                for sub in subs:
                     _device.bind_comm(sub, device)
-                self.dsopt = _DsoptOptimizer(dict(config, param_groups=settings), tensors,
-                                             self._comm, groups=group_of)
+                self.dsopt = _DsoptOptimizer(dict(config, param_groups=settings),
+                                             self._dsopt_params(tensors), self._comm,
+                                             groups=group_of)
             except BaseException:
                 if self._owns_comm:
                     self._comm.close()
+                elif self._shards is not None:
+                    self._comm.set_shards(None)  # the caller's communicator, as it was given
                 raise
         self._config = config  # without param_groups: add_param_group and deepcopy rebuild
         self._gathering = False  # a deferred parameter allgather is in flight
@@ -234,7 +245,7 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
         # overlap: the hooks leave .grad to step() in this step (the
         # parameters were cast or moved: step() rebuilds, then hands over).
         self._defer_to_step = False
-        self.state = LiveState(self, sharded=facts.zero_stage > 0)
+        self.state = LiveState(self, sharded=facts.zero_stage > 0, fsdp=self._shards)
         self._set_up(tensors)
         self._hooks = []
         self._unhooked = []  # overlap: parameters without a hook (frozen when hooks were made)
@@ -289,7 +300,8 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
         """What the optimizer keeps about dsopt's parameters (again after a
         rebuild)."""
         self._tensors = tensors  # dsopt's parameter order
-        self._storage = ParamStorage(tensors)  # their storage as dsopt has it
+        # their storage as dsopt has it (of FSDP2 parameters: of their local shards)
+        self._storage = ParamStorage(tensors, None if self._shards is None else self._shards.locals)
         self._index = {p: i for i, p in enumerate(tensors)}
         self._grad_descriptors = TorchGradDescriptors(
             tensors, tensor_records(self.dsopt._params.c_array))
@@ -391,10 +403,26 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
 
     # ---- stepping -------------------------------------------------------------
 
+    def _dsopt_params(self, tensors=None):
+        """What dsopt updates for the parameters ``tensors`` (default: this
+        optimizer's): the tensors themselves, or the local shards of FSDP2's
+        DTensors."""
+        tensors = self._tensors if tensors is None else tensors
+        return tensors if self._shards is None else self._shards.locals(tensors)
+
     def _gradient(self, p):
-        """What a parameter with a ``.grad`` steps with (contiguous)."""
+        """What a parameter with a ``.grad`` steps with (contiguous; the
+        local shard of an FSDP2 gradient)."""
+        if self._shards is not None:
+            return self._shards.grad(p)
         _refuse_sparse(p.grad)
         return p.grad.contiguous()
+
+    def _grads_now(self):
+        """Every parameter's ``.grad`` as dsopt takes it (None: absent)."""
+        if self._shards is not None:
+            return self._shards.grads(self._tensors)
+        return list(map(_get_grad, self._tensors))
 
     def _hand_over_at_step(self):
         """overlap=True without hooks (torch < 2.1), or in a step whose hooks
@@ -512,9 +540,11 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
             # A gradient dsopt cannot take (sparse, another dtype) fails
             # the step on every rank, not only here (_failing_everywhere).
             with self.dsopt._failing_everywhere(self.dsopt._live()):
-                grads = list(map(_get_grad, self._tensors))
+                grads = self._grads_now()
                 self._follow_params()  # after reading .grad, which warmed the parameters' memory
                 self._grad_descriptors.update(grads, self._gradient)
+                if self._shards is not None:
+                    self._shards.mark_present(self._grad_descriptors.records, grads)
         on_side_stream = self._on_cuda and _on_side_stream(self._tensors[0])
         if on_side_stream:
             # dsopt works on its communicator's stream (the legacy default
@@ -660,6 +690,8 @@ class Optimizer(RebuildMixin, StateDictMixin, OptimizerCore, torch.optim.Optimiz
         self.dsopt.close()  # waits for the gathers in flight
         if self._owns_comm:
             self._comm.close()
+        elif self._shards is not None and self._comm is not None and not self._comm.closed:
+            self._comm.set_shards(None)  # the caller's communicator, as it was given
 
 
 __all__ = ["Optimizer"]

@@ -12,6 +12,7 @@ from ..errors import DsoptError, InvalidArgument
 from ..optimizer import Optimizer as _DsoptOptimizer
 from . import _device, _groups
 from ._core import OptimizerCore
+from ._dtensor import refuse_rebuild
 from ._live_state import OPTIONAL_NAMES, no_view_error, view_tensor
 from ._storage import ParamStorage, check_current, describe_param
 
@@ -96,6 +97,8 @@ class RebuildMixin(OptimizerCore):
         if not hasattr(self, "dsopt"):  # torch's __init__ adding the first groups
             super().add_param_group(param_group)
             return
+        if self._shards is not None:
+            raise refuse_rebuild("add_param_group after creation")
         self._follow_params()
         stepped = self._check_rebuild_allowed()
         if self._handed_over:
@@ -230,13 +233,13 @@ class RebuildMixin(OptimizerCore):
         (not collective) and nothing else changes."""
         tensors = self._tensors
         try:
-            self.dsopt.rebind_params(tensors)
+            self.dsopt.rebind_params(self._dsopt_params())
         except InvalidArgument as error:
             when = " Move or cast the model between steps, not between backward and step() " \
                    "(overlap=True)." if self._handed_over else ""
             raise RuntimeError(f"dsopt.torch: the parameters got new storage that dsopt cannot "
                                f"take: {error}.{when} Nothing was updated.") from None
-        self._storage = ParamStorage(tensors)
+        self._storage = ParamStorage(tensors, None if self._shards is None else self._shards.locals)
         self._grad_descriptors.clear()  # a moved model's .grad got new storage too
 
     def _check_rebuild_possible(self, what, dtype_changes, numel_changes, collective):
@@ -289,12 +292,15 @@ class RebuildMixin(OptimizerCore):
         a move to another device alone is left to the next collective
         call, and a cast raises."""
         storage = self._storage
-        device = check_current(self._tensors, self.param_groups)
+        device = check_current(self._dsopt_params(), self.param_groups)
         dtype_changes = storage.dtype_changes()
         numel_changes = storage.numel_changes()
         if not dtype_changes and not numel_changes and device == storage.device:
             self._rebind()
             return
+        if self._shards is not None:
+            raise refuse_rebuild("casting, resizing or moving the model to another device "
+                                 "after the optimizer was created")
         if not collective and not dtype_changes and not numel_changes and \
                 not self._handed_over and self.dsopt.communicator.size > 1:
             # Moved to another device only: the blob and the state's copies
@@ -321,6 +327,8 @@ class RebuildMixin(OptimizerCore):
         same state, on a communicator of its own (one process: an
         optimizer on several ranks raises, since creating one is
         collective)."""
+        if self._shards is not None:
+            raise refuse_rebuild("copy.deepcopy")
         if self.dsopt.communicator.size > 1:
             raise RuntimeError(
                 "copy.deepcopy of a dsopt.torch optimizer on several ranks: creating an "
@@ -353,6 +361,8 @@ class RebuildMixin(OptimizerCore):
         ``copy.copy`` gives such an optimizer over the same parameters.
         To checkpoint, ``state_dict()`` is the better way (it is what
         ``load_state_dict`` and ``load_state_dict_shards`` take)."""
+        if self._shards is not None:
+            raise refuse_rebuild("pickling (torch.save of the optimizer)")
         self._follow_params(collective=False)  # the blob's dtypes are the parameters'
         state = {"param_groups": self.param_groups, "defaults": self.defaults,
                  "config": self._config, "overlap": self.overlap,

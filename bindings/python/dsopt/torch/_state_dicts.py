@@ -8,10 +8,19 @@ import copy
 from collections.abc import Mapping
 
 from . import _checkpoint, _groups
+from ._fsdp_state import FsdpStateMixin
 from ._torch_state import TorchStateMixin, is_torch_state_dict
 
 
-class StateDictMixin(TorchStateMixin):
+def _fsdp_refusal(what):
+    return RuntimeError(
+        f"dsopt.torch: {what} over FSDP2 parameters: every rank holds its shards of the state; "
+        f"checkpoint with torch.distributed.checkpoint (get_optimizer_state_dict, dcp.save / "
+        f"dcp.load, set_optimizer_state_dict), which reshards to any world size "
+        f"(docs/guides/fsdp2.md)")
+
+
+class StateDictMixin(FsdpStateMixin, TorchStateMixin):
     """The state dict methods of ``dsopt.torch.Optimizer`` (which inherits
     them), torch.optim's own format from ``TorchStateMixin``. They use what
     ``OptimizerCore`` declares, nothing else."""
@@ -30,13 +39,18 @@ class StateDictMixin(TorchStateMixin):
         """torch's state dict of the groups' settings (``"state"`` is
         empty) plus this rank's dsopt state blob under ``"dsopt_state"``.
         Under ZeRO the blob holds this rank's shard only: save every
-        rank's. ``torch_state_dict()`` gives torch.optim's format."""
+        rank's. ``torch_state_dict()`` gives torch.optim's format. Over
+        FSDP2 parameters: torch.optim's layout with DTensors, for
+        torch.distributed.checkpoint (``_fsdp_state``)."""
         self._follow_params(collective=False)  # the blob's dtypes are the parameters'
         self._sync_hyperparameters()  # the blob saves the groups' current values
         for hook in getattr(self, "_optimizer_state_dict_pre_hooks", {}).values():
             hook(self)
-        state_dict = {"state": {}, "param_groups": self._pack_groups(),
-                      "dsopt_state": self.dsopt.state_dict()}
+        if self._shards is not None:
+            state_dict = self._fsdp_state_dict()
+        else:
+            state_dict = {"state": {}, "param_groups": self._pack_groups(),
+                          "dsopt_state": self.dsopt.state_dict()}
         for hook in getattr(self, "_optimizer_state_dict_post_hooks", {}).values():
             result = hook(self, state_dict)
             if result is not None:
@@ -55,6 +69,8 @@ class StateDictMixin(TorchStateMixin):
         through torch.distributed (a torch group) or mpi4py; other
         communicators raise ValueError (save ``state_dict()`` on every
         rank). Rank ``dst`` holds every rank's blob at once."""
+        if self._shards is not None:
+            raise _fsdp_refusal("state_dict_all_ranks()")
         self._follow_params()  # collective here: a cast model is followed on every rank
         state_dict = self.state_dict()
         blobs = _checkpoint.gather_blobs(self._comm, state_dict["dsopt_state"], dst)
@@ -81,6 +97,9 @@ class StateDictMixin(TorchStateMixin):
         parameters) and under ZeRO stage 1/2 on several ranks (each rank
         holds part of the state)."""
         self._follow_params(collective=False)
+        if self._shards is not None:
+            self._require_torch_format("export a torch.optim state dict")
+            return self._fsdp_state_dict(with_dsopt=False)
         return self._export_torch_state()
 
     @staticmethod
@@ -163,7 +182,9 @@ class StateDictMixin(TorchStateMixin):
             result = hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        if is_torch_state_dict(state_dict):
+        if self._shards is not None:
+            self._load_fsdp_state(state_dict)
+        elif is_torch_state_dict(state_dict):
             self._load_torch_state(state_dict)
         else:
             torch_part, blob = self._split(state_dict)
@@ -187,6 +208,8 @@ class StateDictMixin(TorchStateMixin):
         is a complete list. Everything is checked before anything changes:
         dsopt rejects missing, duplicated or misordered shards and shards of
         different runs or steps (``dsopt.Mismatch``)."""
+        if self._shards is not None:
+            raise _fsdp_refusal("load_state_dict_shards()")
         if isinstance(state_dicts, Mapping):
             raise TypeError("load_state_dict_shards takes a list of state dicts, one per "
                             "rank of the saved run; for this rank's own use load_state_dict")

@@ -34,26 +34,34 @@ class ParamStorage:
     holds them (taken when the dsopt optimizer is made or rebound), and
     their storage, kept referenced."""
 
-    def __init__(self, tensors):
+    def __init__(self, tensors, local=None):
         self.tensors = tensors
-        self.kept = list(map(_get_data, tensors))  # tensors on the same storage
-        self.pointers = list(map(_data_ptr, tensors))
-        self.dtypes = list(map(_get_dtype, tensors))
-        self.numels = list(map(torch.Tensor.numel, tensors))
-        self.device = tensors[0].device if tensors else torch.device("cpu")
+        # ``local(tensors)``: what dsopt updates for them (FSDP2's local
+        # shards, read anew at each check); None: the tensors themselves.
+        self._local = local
+        current = self.current()
+        self.kept = list(map(_get_data, current))  # tensors on the same storage
+        self.pointers = list(map(_data_ptr, current))
+        self.dtypes = list(map(_get_dtype, current))
+        self.numels = list(map(torch.Tensor.numel, current))
+        self.device = current[0].device if current else torch.device("cpu")
+
+    def current(self):
+        """What dsopt updates for the parameters now."""
+        return self.tensors if self._local is None else self._local(self.tensors)
 
     def moved(self) -> bool:
         """Whether some parameter's storage differs from dsopt's."""
-        return list(map(_data_ptr, self.tensors)) != self.pointers
+        return list(map(_data_ptr, self.current())) != self.pointers
 
     def dtype_changes(self):
         """The indices of the parameters whose dtype differs from dsopt's."""
-        return [i for i, (p, dtype) in enumerate(zip(self.tensors, self.dtypes))
+        return [i for i, (p, dtype) in enumerate(zip(self.current(), self.dtypes))
                 if p.dtype != dtype]
 
     def numel_changes(self):
         """The indices of the parameters whose numel differs from dsopt's."""
-        return [i for i, (p, numel) in enumerate(zip(self.tensors, self.numels))
+        return [i for i, (p, numel) in enumerate(zip(self.current(), self.numels))
                 if p.numel() != numel]
 
 

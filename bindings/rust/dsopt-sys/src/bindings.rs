@@ -9,6 +9,7 @@ pub const DSOPT_PHASE_COMPRESSED: u32 = 2;
 pub const DSOPT_PHASE_LOCAL: u32 = 3;
 pub const DSOPT_PHASE_SYNC: u32 = 4;
 pub const DSOPT_LOAD_RESET_RANK_LOCAL: u32 = 1;
+pub const DSOPT_LOAD_WITHOUT_RANK_LOCAL: u32 = 2;
 pub const DSOPT_COMM_CONCURRENT: u32 = 1;
 pub type size_t = ::std::os::raw::c_ulong;
 pub type __int32_t = ::std::os::raw::c_int;
@@ -885,6 +886,9 @@ extern "C" {
         node: *mut dsopt_comm,
         rail: *mut dsopt_comm,
     ) -> ::std::os::raw::c_int;
+}
+extern "C" {
+    pub fn dsopt_comm_set_shards(comm: *mut dsopt_comm, shards: *mut dsopt_comm) -> ::std::os::raw::c_int;
 }
 extern "C" {
     pub fn dsopt_grad_ready(
