@@ -139,7 +139,7 @@ if [ "$inside" = shm ]; then
   # (rtc_hwloc_vmhole none: the two daemons of one machine would otherwise
   # both write the topology into shared memory at the same address.)
   launch+=(--host "nodea:$rpn,nodeb:$rpn" --mca plm_rsh_agent "$agent" --mca btl vader,tcp,self
-           --mca rtc_hwloc_vmhole none)
+           --mca rtc_hwloc_vmhole none --mca mpi_yield_when_idle 1)
 else
   network+=", TCP inside a node (unlimited)"
   launch+=(--mca btl tcp,self)
