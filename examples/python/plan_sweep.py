@@ -1,12 +1,13 @@
 """Where each dsopt configuration wins, past this machine: the planner
-(dsopt.plan) over model sizes from 125M to 70B parameters, 8 to 1,024
+(dsopt.plan; FSDP2's configurations in the pool) over model sizes from 125M to 70B parameters, 8 to 1,024
 GPUs (8 per node) and 10 to 400 Gbit/s per node between nodes.
 
 Inputs (stated, not measured): bf16 parameters in tensors of at most 2^24
 elements, compute per step of 4,096 tokens per GPU at 40% of an A100's
 312 TFLOP/s (6 x params x tokens / 125e12 s), 600 GB/s inside a node, a run of 100,000 steps with freeze_step
 and var_freeze_step at 15%, 80 GB per GPU of which the caller's parameters
-and gradients (4 bytes per parameter) and dsopt's memory must fit, and the
+and gradients (4 bytes per parameter; under FSDP2 their shards and the
+largest module's unsharded ones) and dsopt's memory must fit, and the
 update and coding costs of the profile (default: the saved one, else the
 uncalibrated defaults). Prints a markdown table: the fastest configuration
 and its speedup over AdamW in each cell ("AdamW" needs no other; "-": no
@@ -24,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python"))
 
 from dsopt.plan import Cluster, Model, Settings, choose, load_profile, plan  # noqa: E402
+from dsopt.plan.configs import all_configs, fsdp_configs  # noqa: E402
 
 MODELS = [("125M", 125e6), ("1.3B", 1.3e9), ("7B", 7e9), ("13B", 13e9), ("70B", 70e9)]
 GPUS = [8, 64, 256, 1024]
@@ -37,10 +39,13 @@ def cell(params, gpus, inter, profile, exact):
     cluster = Cluster.parse(gpus, 8, intra="600GB/s", inter=inter)
     compute = 6 * params * TOKENS / FLOPS
     settings = Settings(steps=100_000, freeze_step=15_000, var_freeze_step=15_000)
-    records = plan(model, cluster, compute, profile, settings)
-    limit = GPU_MEMORY - 4 * params
+    records = plan(model, cluster, compute, profile, settings, all_configs() + fsdp_configs())
+    # The caller's parameters and gradients: the whole model's (4 bytes per
+    # parameter in bf16) on every rank, or FSDP2's shards and largest module.
+    fits = [r for r in records
+            if r.memory.total + (4 * params if r.memory.caller is None else r.memory.caller) <= GPU_MEMORY]
     try:
-        best, _ = choose(records, limit, exact_numerics=exact)
+        best, _ = choose(fits, None, exact_numerics=exact)
     except ValueError:
         return "-"
     return f"{best.name} {best.speedup:.2f}x"

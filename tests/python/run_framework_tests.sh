@@ -41,6 +41,7 @@ export DSOPT_LIBRARY_DIR=$build
   tests/python/test_torch_prefetch.py \
   tests/python/test_torch_overlap.py \
   tests/python/test_fsdp_codes.py \
+  tests/python/test_fsdp_plan.py \
   tests/python/test_fsdp2.py
 DSOPT_TEST_DEVICE=cpu "$py" -m pytest -q -rsx "$@" \
   tests/python/test_cuda_torch.py \

@@ -167,6 +167,9 @@ def cross_allreduce(topo: Topology, nbytes: int) -> int:
 def _step_pairs(config, model, topo: Topology, settings) -> tuple:
     """(StepBytes of bytes sent, StepBytes of bytes across nodes)."""
     world = topo.world
+    if config.fsdp and world > 1:
+        from . import fsdp
+        return fsdp.step_pairs(config, model, topo, settings)
     if world == 1:
         z = StepBytes(0, *((0, 0, 0) if config.onebit else ()))
         return z, z

@@ -70,6 +70,9 @@ def step_calls(config, model, world: int, settings, kind="steady", topo: Topolog
     if world == 1:
         return []
     topo = topo or flat_topology(world)
+    if config.fsdp:
+        from . import fsdp
+        return fsdp.calls(config, model, topo, settings, kind)
     N, R = topo.nodes, topo.ranks_per_node
     n = model.numel
     calls = [_handshake()]

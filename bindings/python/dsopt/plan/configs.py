@@ -10,9 +10,13 @@ from .algorithms import BASELINE, describe, names, same_but_name
 GRADIENT_CODECS = ("none", "int8", "int4", "sign")
 PARAMETER_CODECS = ("none", "bf16", "int8")
 # Gradient paths: the replicated allreduce (the 1-bit family: its own
-# compressed allreduce), ZeRO-1, ZeRO-2, compressed ZeRO-2.
-PATHS = ("replicated", "zero1", "zero2", "czero")
-_PATH_NAMES = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "czero": "ZeRO-2"}
+# compressed allreduce), ZeRO-1, ZeRO-2, compressed ZeRO-2; PyTorch's FSDP2
+# (its collectives, or dsopt.torch.fsdp's codes), and HSDP by dsopt (FSDP2
+# inside each node, dsopt's exchange across the nodes' replicas:
+# docs/guides/fsdp2.md).
+PATHS = ("replicated", "zero1", "zero2", "czero", "fsdp2", "hsdp")
+FSDP_PATHS = ("fsdp2", "hsdp")
+_PATH_NAMES = {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "czero": "ZeRO-2", "fsdp2": "FSDP2", "hsdp": "HSDP"}
 # The spellings of the planner's earlier Config(kind): the paths with the
 # baseline algorithm, and these three.
 _EARLIER = {"onebit_adam": "OneBitAdam", "onebit_lamb": "OneBitLamb", "zoadam": "ZeroOneAdam"}
@@ -69,7 +73,12 @@ class Config:
         path = path or "replicated"
         if path not in PATHS:
             raise ValueError(f"unknown gradient path {path!r}; known: " + ", ".join(PATHS))
-        if path != "replicated" and not alg.zero:
+        if path == "fsdp2" and alg.compressed:
+            raise ValueError(f"{alg.type} runs across replicas: under FSDP2 use path 'hsdp' "
+                             "(docs/guides/fsdp2.md)")
+        if path == "hsdp" and overlap:
+            raise ValueError("FSDP2 reduce-scatters during backward itself: no overlap flag")
+        if path not in ("replicated",) + FSDP_PATHS and not alg.zero:
             raise ValueError(f"{alg.type} does not run under ZeRO (dsopt_algorithm_describe)")
         if overlap and alg.compressed:
             raise ValueError(f"{alg.type} takes no gradients handed over during backward in the planner")
@@ -87,7 +96,7 @@ class Config:
     @property
     def name(self) -> str:
         base = _PATH_NAMES.get(self.path)
-        if self.path == "czero":
+        if self.path == "czero" or (self.fsdp and (self.gradients, self.parameters) != ("none", "none")):
             base = f"{base} {self.gradients}/{self.parameters}"
         if self.algorithm != BASELINE or base is None:
             base = self.info.label + (f" {base}" if base else "")
@@ -95,7 +104,13 @@ class Config:
 
     @property
     def zero(self) -> bool:
-        return self.path != "replicated"
+        """dsopt's ZeRO-1/2 (compressed or not)."""
+        return self.path in ("zero1", "zero2", "czero")
+
+    @property
+    def fsdp(self) -> bool:
+        """FSDP2 or HSDP: the parameters sharded by FSDP2 (`fsdp.py`)."""
+        return self.path in FSDP_PATHS
 
     @property
     def codecs(self) -> bool:
@@ -111,7 +126,8 @@ class Config:
     def exact(self) -> bool:
         """Gives its algorithm's uncompressed results (no codec, no 1-bit
         compression)."""
-        return not self.onebit and not self.codecs
+        return not self.onebit and not self.codecs and not (
+            self.fsdp and (self.gradients, self.parameters) != ("none", "none"))
 
     def dsopt_config(self, model, settings: Settings) -> dict:
         """The dsopt config dict of this configuration."""
@@ -160,6 +176,22 @@ def configs_of(algorithm: str, overlap=True, codecs=True) -> list:
     if overlap and not alg.compressed:
         out += [Config(c.algorithm, c.gradients, c.parameters, True, c.path) for c in out]
     return out
+
+
+def fsdp_configs(algorithms=None) -> list:
+    """FSDP2's configurations: for AdamW (default; or each of `algorithms`
+    but the 1-bit family) FSDP2 with its own collectives and with each
+    codec pair of dsopt.torch.fsdp; HSDP by dsopt with AdamW's plain
+    average and with each of the 1-bit family across the replicas."""
+    types = [BASELINE] if algorithms is None else [describe(a).type for a in algorithms]
+    out = []
+    for t in dict.fromkeys(types):
+        if describe(t).compressed:
+            continue
+        out += [Config(t, path="fsdp2")]
+        out += [Config(t, g, p, path="fsdp2") for g, p in _codec_pairs()]
+    hsdp = [BASELINE] + [t for t in names() if describe(t).compressed]
+    return out + [Config(t, path="hsdp") for t in hsdp]
 
 
 def all_configs(overlap=True, algorithms=None) -> list:

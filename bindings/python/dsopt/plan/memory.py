@@ -9,7 +9,7 @@ ZeRO's `compressed_memory.py`."""
 from .allreduce_memory import car_memory
 from .compressed_memory import aside_bytes, compressed_zero_memory
 from .layout import car_padded, int8_block, shard_sums, zero_layout
-from .network import Topology
+from .network import Topology, flat_topology
 from .zero_memory import Memory, zero_memory
 
 
@@ -92,6 +92,9 @@ def memory(config, model, world: int, settings, rank: int = None, overlapping_co
     `topo`: the nodes and the form of the compressed collectives (default:
     flat), whose node-aware forms hold other buffers (the 1-bit allreduce's,
     `allreduce_memory.py`; compressed ZeRO's, `compressed_memory.py`)."""
+    if config.fsdp:
+        from . import fsdp
+        return fsdp.memory(config, model, topo or flat_topology(world), settings, overlapping_comm)
     if rank is None:
         # The padding sits at the end of each bucket, so rank 0 holds the
         # most real elements (fp32 masters of 16-bit parameters): the most memory.

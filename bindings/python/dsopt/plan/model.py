@@ -1,8 +1,13 @@
 """The model as the planner sees it: the element count of each parameter
-tensor, in order, and their dtype ("fp32", "bf16" or "fp16"; one for all)."""
+tensor, in order, and their dtype ("fp32", "bf16" or "fp16"; one for all);
+for FSDP2's configurations, optionally its FSDP modules
+(`fsdp_layout.FsdpModule`, their tensors in `sizes`' order)."""
 
 from dataclasses import dataclass
 
+from math import prod
+
+from .fsdp_layout import FsdpModule
 from .units import parse_count
 
 DTYPES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
@@ -12,6 +17,7 @@ DTYPES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16
 class Model:
     sizes: tuple
     dtype: str = "fp32"
+    modules: tuple = None
 
     def __post_init__(self):
         if not self.sizes:
@@ -21,6 +27,12 @@ class Model:
                 raise ValueError(f"model: tensor sizes must be positive integers, got {n!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"model: dtype must be one of fp32, bf16, fp16, got {self.dtype!r}")
+        if self.modules is not None:
+            mods = tuple(m if isinstance(m, FsdpModule) else FsdpModule(*m) for m in self.modules)
+            numels = [prod(s) for m in mods for s in m.shapes]
+            if numels != list(self.sizes):
+                raise ValueError("model: the FSDP modules' tensors must be the tensors of sizes, in order")
+            object.__setattr__(self, "modules", mods)
         object.__setattr__(self, "dtype", {"float32": "fp32", "bfloat16": "bf16",
                                            "float16": "fp16"}.get(self.dtype, self.dtype))
 
@@ -50,6 +62,32 @@ class Model:
             raise ValueError(f"model: {t} tensors cannot hold {n} parameters")
         base, extra = divmod(n, t)
         return cls(tuple(base + (1 if i < extra else 0) for i in range(t)), dtype)
+
+    @classmethod
+    def from_modules(cls, modules, dtype="fp32") -> "Model":
+        """A model of FSDP modules (`FsdpModule`, or (shapes, reshard) pairs)."""
+        mods = tuple(m if isinstance(m, FsdpModule) else FsdpModule(*m) for m in modules)
+        return cls(tuple(prod(s) for m in mods for s in m.shapes), dtype, mods)
+
+    @classmethod
+    def from_fsdp(cls, model, dtype=None) -> "Model":
+        """The FSDP modules of a ``fully_shard``ed torch model: per module
+        (``model.modules()`` order) the global shapes of its own trainable
+        parameters; the root keeps its parameters gathered after forward
+        (torch is imported by the caller, not here)."""
+        from ..torch.fsdp._internals import fsdp_modules, param_groups
+        mods, dtypes = [], set()
+        for name, sub in fsdp_modules(model):
+            params = [p.sharded_param for g in param_groups(sub) for p in g.fsdp_params
+                      if p.sharded_param.requires_grad]
+            dtypes |= {str(p.dtype).replace("torch.", "") for p in params}
+            if params:
+                mods.append(FsdpModule(tuple(tuple(p.shape) for p in params), reshard=bool(name)))
+        if not mods:
+            raise ValueError("model: no fully_shard'ed module with trainable parameters")
+        if dtype is None:
+            dtype = dtypes.pop() if len(dtypes) == 1 else "fp32"
+        return cls.from_modules(mods, dtype)
 
     @classmethod
     def from_sizes(cls, sizes, dtype="fp32") -> "Model":

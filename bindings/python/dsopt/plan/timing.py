@@ -164,6 +164,9 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
     """`overlapping_comm`: the communicator overlaps transfers with dsopt's
     work (MPI on host buffers), so the 1-bit compressed allreduce's
     arithmetic runs while its pieces are on the wire."""
+    if config.fsdp:
+        from . import fsdp
+        return fsdp.step_time(config, model, cluster, settings, profile, compute, kind)
     world = cluster.ranks
     topo = cluster.topo
     calls = step_calls(config, model, world, settings, kind, topo)

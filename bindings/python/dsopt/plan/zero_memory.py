@@ -12,6 +12,8 @@ class Memory:
     total: int      # dsopt_memory_usage
     state: int      # dsopt_state_memory_usage: what the blob saves
     warmup: int = None  # 1-bit Adam/LAMB before the compression stage
+    caller: int = None  # FSDP2: the caller's parameters and gradients on the rank (`fsdp.py`);
+                        # None: the whole model's, every rank holding them
 
     def __post_init__(self):
         if self.warmup is None:

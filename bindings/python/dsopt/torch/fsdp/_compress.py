@@ -180,6 +180,8 @@ def compress(model, gradients="int4", parameters="int8", *, gradient_block_size=
     def codec(name, block, device):
         if name is None:
             return None
+        if name == "bf16":
+            block = 0  # bf16 codes have no blocks (dsopt_codec_create refuses one)
         key = (name, block, str(device))
         if key not in codecs:
             # a CUDA codec takes the memory of the device current at its creation
