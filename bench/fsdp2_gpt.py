@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ sys.path.insert(0, str(HERE.parent / "examples" / "python"))
 import dsopt.torch  # noqa: E402
 import fsdp2_train  # noqa: E402
 import gpt  # noqa: E402
+import local_ranks  # noqa: E402
 
 MODEL, CORPUS, BATCH, LR, SEED = "small", "licenses", 16, 3e-3, 0
 MADE = []  # the dsopt optimizers of this process, closed before the process group goes
@@ -211,9 +211,8 @@ def job(name, args, out, ckpt):
     return found
 
 
-def _spawned(rank, world, port, name, args, out, ckpt):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+def _spawned(name, args, out, ckpt):
+    rank = int(os.environ["RANK"])
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -228,10 +227,7 @@ def _spawned(rank, world, port, name, args, out, ckpt):
 
 
 def launch(name, world, args, out, ckpt):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.multiprocessing.spawn(_spawned, args=(world, port, name, args, out, ckpt), nprocs=world)
+    local_ranks.spawn(_spawned, world, name, args, out, ckpt)
     return json.loads((out / f"{name}.json").read_text())
 
 

@@ -24,7 +24,6 @@ state's bytes on this rank.
 
 import argparse
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path.insert(0, str(HERE.parent.parent / "bindings" / "python"))
 sys.path.insert(0, str(HERE))
 import dsopt.torch  # noqa: E402
 import gpt  # noqa: E402
+import local_ranks  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -165,19 +165,10 @@ def train(args):
     dist.destroy_process_group()
 
 
-def _spawned(rank, world, port, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    train(args)
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.procs:
-        with socket.socket() as s:  # a free port for the rendezvous
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        torch.multiprocessing.spawn(_spawned, args=(args.procs, port, args), nprocs=args.procs)
+        local_ranks.spawn(train, args.procs, args)
     else:
         train(args)
 

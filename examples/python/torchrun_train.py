@@ -26,7 +26,6 @@ mean training loss of every epoch and the test accuracy.
 
 import argparse
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bindings" / "python"))
 import dsopt  # noqa: E402
 import dsopt.torch  # noqa: E402
+import local_ranks  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -147,19 +147,10 @@ def train(args):
         dist.destroy_process_group()
 
 
-def _spawned(rank, world, port, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    train(args)
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.spawn:
-        with socket.socket() as s:  # a free port for the rendezvous
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        torch.multiprocessing.spawn(_spawned, args=(args.spawn, port, args), nprocs=args.spawn)
+        local_ranks.spawn(train, args.spawn, args)
     else:
         train(args)
 
