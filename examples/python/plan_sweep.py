@@ -25,6 +25,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python"))
 
 from dsopt.plan import Cluster, Model, Settings, choose, load_profile, plan  # noqa: E402
+from dsopt.plan.planner import caller_memory  # noqa: E402
 from dsopt.plan.configs import all_configs, fsdp_configs  # noqa: E402
 
 MODELS = [("125M", 125e6), ("1.3B", 1.3e9), ("7B", 7e9), ("13B", 13e9), ("70B", 70e9)]
@@ -42,8 +43,7 @@ def cell(params, gpus, inter, profile, exact):
     records = plan(model, cluster, compute, profile, settings, all_configs() + fsdp_configs())
     # The caller's parameters and gradients: the whole model's (4 bytes per
     # parameter in bf16) on every rank, or FSDP2's shards and largest module.
-    fits = [r for r in records
-            if r.memory.total + (4 * params if r.memory.caller is None else r.memory.caller) <= GPU_MEMORY]
+    fits = [r for r in records if r.memory.total + caller_memory(r, model) <= GPU_MEMORY]
     try:
         best, _ = choose(fits, None, exact_numerics=exact)
     except ValueError:

@@ -181,6 +181,30 @@ def test_the_table_takes_under_a_second_in_process(tmp_path, capsys):
     assert "calibrated on test" in capsys.readouterr().out
 
 
+def test_fsdp2_flag_adds_fsdp2_and_hsdp_rows_and_counts_the_callers_memory(tmp_path, capsys):
+    from dsopt.plan import configs
+    from dsopt.plan.__main__ import main
+
+    # 350M fp32 parameters on 2 nodes of 4: the caller's parameters and
+    # gradients are 2.6 GiB per rank replicated, 0.45 GiB under FSDP2.
+    args = ["--params", "350M", "--ranks", "8", "--ranks-per-node", "4", "--compute", "300ms",
+            "--profile", str(tmp_path / "none.json")]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--fsdp2", "--memory-limit", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    rows = configs.fsdp_configs()
+    assert {c.path for c in rows} == {"fsdp2", "hsdp"}
+    for cfg in rows:
+        assert f"\n{cfg.name} " in out and f"\n{cfg.name} " not in plain
+    assert "caller/rank" in out and "caller/rank" not in plain
+    # Counting the caller's memory, only FSDP2's rows fit 1 GiB (HSDP's
+    # 1-bit rows, the fastest, do not).
+    assert out.split("\nchoice: ")[1].startswith("FSDP2 ")
+    assert main(args + ["--fsdp2"]) == 0
+    assert "HSDP" in capsys.readouterr().out.split("\nchoice: ")[1].split(":")[0]
+
+
 @pytest.mark.parametrize("args,message", [
     (("--params", "1e9", "--ranks", "-4"), "ranks"),
     (("--params", "1e9", "--ranks", "8", "--inter-node", "25 furlongs"), "inter-node bandwidth"),

@@ -5,12 +5,12 @@ import re
 import sys
 
 from .algorithms import names as algorithm_names
-from .configs import Settings, all_configs, by_name
+from .configs import Settings, all_configs, by_name, fsdp_configs
 from .model import Model
 from .network import Cluster
 from .planner import choose, plan
 from .profile import load as load_profile, save as save_profile
-from .report import NOTES, plot, table
+from .report import CALLER_NOTE, NOTES, plot, table
 from .units import parse_count, parse_time
 
 
@@ -58,7 +58,13 @@ def parser():
                    "other algorithms on the replicated path and ZeRO-1/2, the 1-bit family; the choice among "
                    "AdamW's and the 1-bit family's)")
     s.add_argument("--configs", help="comma-separated configuration names (default: all of --algorithms)")
-    s.add_argument("--memory-limit", help="bytes of dsopt memory per rank the choice must fit (e.g. 8GiB)")
+    s.add_argument("--fsdp2", action="store_true",
+                   help="add FSDP2's rows (FSDP2 with its own collectives and each codec pair of dsopt.torch.fsdp; "
+                        "HSDP by dsopt: FSDP2 in each node, AdamW or the 1-bit family across the nodes), a "
+                        "column of the caller's parameters and gradients per rank, and count those in "
+                        "--memory-limit")
+    s.add_argument("--memory-limit", help="bytes of dsopt memory per rank the choice must fit (e.g. 8GiB; with "
+                   "--fsdp2 the caller's parameters and gradients too)")
     o = p.add_argument_group("profile and output")
     o.add_argument("--profile", help="profile JSON (default ~/.cache/dsopt/plan-profile.json)")
     o.add_argument("--calibrate", action="store_true", help="time this machine's kernels and save the profile")
@@ -134,7 +140,12 @@ def run(args):
         algorithms = (list(algorithm_names()) if args.algorithms.strip().lower() == "all"
                       else [a.strip() for a in args.algorithms.split(",") if a.strip()])
     shown = all_configs(algorithms=algorithms)
-    configs = ([by_name(n.strip(), shown if algorithms else None) for n in args.configs.split(",")]
+    pool = shown if algorithms else None
+    if args.fsdp2:
+        extra = fsdp_configs(algorithms)
+        shown = shown + extra
+        pool = (pool or all_configs(algorithms=algorithm_names())) + extra
+    configs = ([by_name(n.strip(), pool) for n in args.configs.split(",")]
                if args.configs else shown)
     records = plan(model, cluster, compute, prof, settings, configs, args.backward_fraction)
     print(f"model: {model.numel:,} parameters ({model.dtype}) in {model.tensors} tensor(s)")
@@ -145,12 +156,15 @@ def run(args):
         print("         (no --compute given: the times and speedups are of the optimizer's part of a step alone)")
     print(f"profile: {prof.label}")
     print()
-    print(table(records))
+    print(table(records, model if args.fsdp2 else None))
     print()
     print(NOTES)
+    if args.fsdp2:
+        print(CALLER_NOTE)
     # The choice: among the rows --configs names, else those of --algorithms.
     among = [c.algorithm for c in configs] if args.configs else algorithms
-    best, why = choose(records, _memory_limit(args.memory_limit), algorithms=among)
+    best, why = choose(records, _memory_limit(args.memory_limit), algorithms=among,
+                       caller_of=model if args.fsdp2 else None)
     print()
     print(f"choice: {best.name}: {why}")
     if args.plot:

@@ -292,7 +292,12 @@ def run_bytes(config, model, world: int, settings, steps=None, topo: Topology = 
     steps = settings.steps if steps is None else steps
     topo = topo or flat_topology(world)
     sb = _step_pairs(config, model, topo, settings)[1 if cross else 0]
-    checks = min(3, steps) * (cross_allreduce(topo, 16) if cross else check_bytes(world)) if world > 1 else 0
+    if config.fsdp:  # the check runs over dsopt's communicator: the replicas (across nodes), if any
+        from .fsdp import groups
+        replicas = groups(config, topo)[1]
+        checks = min(3, steps) * check_bytes(replicas) if replicas > 1 else 0
+    else:
+        checks = min(3, steps) * (cross_allreduce(topo, 16) if cross else check_bytes(world)) if world > 1 else 0
     return sum(count * getattr(sb, kind) for kind, count in phases(config, settings, steps)) + checks
 
 

@@ -12,7 +12,8 @@ of S ranks (S = P for FSDP2, R for HSDP), as docs/guides/fsdp2-compression.md
 the module reshards after forward, (S-1) A(m); G, A the codecs' bytes
 (`codecs.py`; uncompressed: the parameters' own width). dsopt's optimizer
 adds its allreduce of the status and norm over the shard group (16 bytes;
-a trust-ratio rule 16 more per tensor); HSDP adds dsopt's exchange across
+a trust-ratio rule 16 more per tensor; under HSDP 8 more, the group's
+agreement that every rank could take its gradients); HSDP adds dsopt's exchange across
 the replicas (`bytes.py`'s of the algorithm over N ranks on the rank's
 local shards), all of it across nodes."""
 
@@ -60,13 +61,16 @@ def collective_bytes(config, model, ranks: int, settings) -> int:
     return sum(r + a for r, a in module_bytes(config, model, ranks, settings))
 
 
-def status_bytes(config, model, ranks: int) -> int:
-    """dsopt's allreduce over the shard group: the status and the norm,
-    and a trust-ratio rule's two partial sums per tensor."""
+def status_bytes(config, model, ranks: int, replicas: int = 1) -> int:
+    """dsopt's allreduces over the shard group: the status and the norm,
+    a trust-ratio rule's two partial sums per tensor, and with replicas
+    (HSDP) first an 8-byte agreement that every rank of the group could
+    take its gradients (src/optim/shard_group.cpp)."""
     from .bytes import allreduce
     if ranks == 1:
         return 0
-    return allreduce(ranks, 16) + (allreduce(ranks, 16 * model.tensors) if config.info.trust_ratio else 0)
+    agree = allreduce(ranks, 8) if replicas > 1 else 0
+    return agree + allreduce(ranks, 16) + (allreduce(ranks, 16 * model.tensors) if config.info.trust_ratio else 0)
 
 
 def local_model(config, model, ranks: int, rank: int = 0) -> Model:
@@ -87,7 +91,7 @@ def step_pairs(config, model, topo: Topology, settings) -> tuple:
     """(StepBytes sent, StepBytes across nodes), as bytes._step_pairs."""
     from .bytes import StepBytes, _step_pairs
     S, N = groups(config, topo)
-    own = collective_bytes(config, model, S, settings) + status_bytes(config, model, S)
+    own = collective_bytes(config, model, S, settings) + status_bytes(config, model, S, N)
     if config.path == "fsdp2":
         cross = 0
         if topo.nodes > 1:
@@ -113,6 +117,8 @@ def calls(config, model, topo: Topology, settings, kind="steady") -> list:
             op = "reduce_scatter" if config.gradients == "none" else "alltoall"
             out.append(Call(op, S * r // (S - 1), "fsdp", level=level))
             out.append(Call("allgather", S * a // (S - 1), "fsdp", level=level))
+        if N > 1:
+            out.append(Call("allreduce", 8, "control", level=level))
         out.append(Call("allreduce", 16, "control", level=level))
         if config.info.trust_ratio:
             out.append(Call("allreduce", 16 * model.tensors, "control", level=level))

@@ -64,9 +64,20 @@ def plan(model, cluster, compute: float, profile, settings: Settings = None, con
                    r.run_cross_per_step) for r in records]
 
 
-def choose(records, memory_limit=None, exact_numerics=False, algorithms=None):
+def caller_memory(record, model) -> int:
+    """The caller's parameters and gradients on a rank: FSDP2's shards and
+    largest unsharded module (`fsdp.memory`'s caller), else the whole
+    model's, a parameter and a gradient of the model's dtype per element."""
+    if record.memory.caller is not None:
+        return record.memory.caller
+    return 2 * (2 if model.half else 4) * model.numel
+
+
+def choose(records, memory_limit=None, exact_numerics=False, algorithms=None, caller_of=None):
     """(record, reason): the fastest configuration over the run that fits
-    `memory_limit` bytes per rank (dsopt's own memory), among those of
+    `memory_limit` bytes per rank (dsopt's own memory; with `caller_of`, a
+    Model, also the caller's parameters and gradients, `caller_memory`:
+    what FSDP2's rows are compared by), among those of
     `algorithms` (types; default: AdamW and the 1-bit family, the
     algorithms that replace AdamW's communication: another update rule is
     the user's choice, not the planner's); `exact_numerics` keeps to the
@@ -77,7 +88,8 @@ def choose(records, memory_limit=None, exact_numerics=False, algorithms=None):
     else:
         wanted = {Config(a).algorithm for a in algorithms}
         pool = [r for r in records if r.config.algorithm in wanted]
-    pool = [r for r in pool if memory_limit is None or r.memory.total <= memory_limit]
+    extra = (lambda r: 0) if caller_of is None else (lambda r: caller_memory(r, caller_of))
+    pool = [r for r in pool if memory_limit is None or r.memory.total + extra(r) <= memory_limit]
     if exact_numerics:
         pool = [r for r in pool if r.config.exact]
     if not pool:

@@ -17,14 +17,18 @@ def bytes_cell(r, which="bytes") -> str:
     return " / ".join(f"{getattr(sb, kind):,}" for kind in phase_kinds(r.config))
 
 
-def table(records) -> str:
+def table(records, model=None) -> str:
     """The table; with a column of the bytes across nodes when any
-    configuration sends some (a cluster of several nodes)."""
+    configuration sends some (a cluster of several nodes), and with
+    `model` one of the caller's memory per rank (`planner.caller_memory`)."""
+    from .planner import caller_memory
     cross = any(r.cross_bytes is not None and any(v for v in vars(r.cross_bytes).values()) for r in records)
     head = ["configuration", "bytes/rank/step", "avg bytes/step", "memory/rank", "state/rank",
             "compute ms", "update ms", "compress ms", "exposed comm ms", "step ms", "avg step ms", "x AdamW"]
     if cross:
         head[2:2] = ["across nodes/rank/step"]
+    if model is not None:
+        head[-7:-7] = ["caller/rank"]
     rows = [head]
     for r in records:
         t = r.time
@@ -33,6 +37,8 @@ def table(records) -> str:
                _ms(t.exposed), _ms(t.total), _ms(r.average_time), f"{r.speedup:.2f}"]
         if cross:
             row[2:2] = [bytes_cell(r, "cross_bytes")]
+        if model is not None:
+            row[-7:-7] = [format_bytes(caller_memory(r, model))]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = []
@@ -49,6 +55,9 @@ NOTES = """bytes/rank/step: info.bytes_sent of a step after the third (1-bit Ada
   across nodes: info.bytes_inter_node of the same steps (shown for several nodes).
 memory/rank: dsopt_memory_usage in the steady state (the caller's parameters and gradients not counted);
   state: dsopt_state_memory_usage. step ms: a steady (compressed) step; avg: over the run's schedule."""
+
+CALLER_NOTE = """caller/rank (--fsdp2): the caller's parameters and gradients on a rank: the whole model's, or under
+  FSDP2/HSDP the rank's shards and the largest module's unsharded ones; --memory-limit counts it too."""
 
 
 def plot(records, path, title=""):
