@@ -19,6 +19,7 @@ from .model import Model
 from .network import Cluster
 from .planner import Record, choose, plan
 from .profile import Profile, load as load_profile, save as save_profile
+from . import fsdp  # noqa: F401  (registers the FSDP2 and HSDP paths: paths.py)
 
 __all__ = ["Config", "Settings", "all_configs", "by_name", "configs_of", "algorithm_names", "describe_algorithm",
            "Model", "Cluster", "Record", "choose", "plan", "Profile", "load_profile", "save_profile", "measure_compute", "measure_network"]

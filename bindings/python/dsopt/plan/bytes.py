@@ -17,7 +17,8 @@ byte of the rail communicator crosses and none of the node communicator's."""
 from dataclasses import dataclass
 from functools import lru_cache
 
-from . import codecs
+from . import codecs, paths
+from .fsdp_layout import groups
 from .layout import car_padded, int8_block, shard_sums, zero_layout
 from .network import Topology, flat_topology
 
@@ -168,8 +169,7 @@ def _step_pairs(config, model, topo: Topology, settings) -> tuple:
     """(StepBytes of bytes sent, StepBytes of bytes across nodes)."""
     world = topo.world
     if config.fsdp and world > 1:
-        from . import fsdp
-        return fsdp.step_pairs(config, model, topo, settings)
+        return paths.model_of(config).step_pairs(config, model, topo, settings)
     if world == 1:
         z = StepBytes(0, *((0, 0, 0) if config.onebit else ()))
         return z, z
@@ -293,7 +293,6 @@ def run_bytes(config, model, world: int, settings, steps=None, topo: Topology = 
     topo = topo or flat_topology(world)
     sb = _step_pairs(config, model, topo, settings)[1 if cross else 0]
     if config.fsdp:  # the check runs over dsopt's communicator: the replicas (across nodes), if any
-        from .fsdp import groups
         replicas = groups(config, topo)[1]
         checks = min(3, steps) * check_bytes(replicas) if replicas > 1 else 0
     else:

@@ -4,6 +4,7 @@ traffic `bytes.py` counts, as calls the network model can time
 
 from dataclasses import dataclass
 
+from . import paths
 from . import codecs
 from .bytes import car_sizes, car_slices
 from .layout import car_message_bytes, int8_block, shard_sums, zero_layout
@@ -71,8 +72,7 @@ def step_calls(config, model, world: int, settings, kind="steady", topo: Topolog
         return []
     topo = topo or flat_topology(world)
     if config.fsdp:
-        from . import fsdp
-        return fsdp.calls(config, model, topo, settings, kind)
+        return paths.model_of(config).calls(config, model, topo, settings, kind)
     N, R = topo.nodes, topo.ranks_per_node
     n = model.numel
     calls = [_handshake()]

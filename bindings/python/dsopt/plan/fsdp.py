@@ -17,20 +17,19 @@ agreement that every rank could take its gradients); HSDP adds dsopt's exchange 
 the replicas (`bytes.py`'s of the algorithm over N ranks on the rank's
 local shards), all of it across nodes."""
 
+import sys
 from dataclasses import replace
 
-from . import codecs
-from .fsdp_layout import local_sizes, modules_of
+from . import codecs, paths
+from .bytes import StepBytes, _step_pairs, allreduce
+from .collectives import Call, call_time, comm_time, step_calls
+from .configs import Config
+from .fsdp_layout import groups, local_sizes, modules_of
+from .memory import memory as dsopt_memory
 from .model import Model
 from .network import Topology, flat_topology
+from .timing import StepTime, _work
 from .zero_memory import Memory
-
-
-def groups(config, topo: Topology) -> tuple:
-    """(S, N): the shard group's ranks and the replicas."""
-    if config.path == "hsdp":
-        return topo.ranks_per_node, topo.nodes
-    return topo.world, 1
 
 
 def _widths(config, model) -> tuple:
@@ -66,7 +65,6 @@ def status_bytes(config, model, ranks: int, replicas: int = 1) -> int:
     a trust-ratio rule's two partial sums per tensor, and with replicas
     (HSDP) first an 8-byte agreement that every rank of the group could
     take its gradients (src/optim/shard_group.cpp)."""
-    from .bytes import allreduce
     if ranks == 1:
         return 0
     agree = allreduce(ranks, 8) if replicas > 1 else 0
@@ -83,13 +81,11 @@ def local_model(config, model, ranks: int, rank: int = 0) -> Model:
 
 
 def _replica_config(config):
-    from .configs import Config
     return Config(config.algorithm)
 
 
 def step_pairs(config, model, topo: Topology, settings) -> tuple:
     """(StepBytes sent, StepBytes across nodes), as bytes._step_pairs."""
-    from .bytes import StepBytes, _step_pairs
     S, N = groups(config, topo)
     own = collective_bytes(config, model, S, settings) + status_bytes(config, model, S, N)
     if config.path == "fsdp2":
@@ -108,7 +104,6 @@ def calls(config, model, topo: Topology, settings, kind="steady") -> list:
     """The step's calls: FSDP2's per module (stage "fsdp", at level "world"
     for FSDP2, "node" for HSDP), dsopt's status allreduce, and HSDP's
     exchange across the replicas (level "rail")."""
-    from .collectives import Call, step_calls
     S, N = groups(config, topo)
     level = "node" if config.path == "hsdp" and topo.nodes > 1 else "world"
     out = []
@@ -137,7 +132,6 @@ def memory(config, model, topo: Topology, settings, overlapping_comm=True) -> Me
     `caller`: the sharded parameters and gradients, with the largest
     module's unsharded parameters and gradients during its forward and
     backward."""
-    from .memory import memory as dsopt_memory
     S, N = groups(config, topo)
     local = local_model(config, model, S)
     if N > 1:
@@ -172,8 +166,6 @@ def step_time(config, model, cluster, settings, profile, compute, kind="steady")
     last backward's reduction wait for nothing to hide behind). dsopt's
     status allreduce and HSDP's exchange across the replicas follow the
     backward."""
-    from .collectives import call_time, comm_time
-    from .timing import StepTime, _work
     S, N = groups(config, cluster.topo)
     cs = calls(config, model, cluster.topo, settings, kind)
     ours = [c for c in cs if c.stage == "fsdp"]
@@ -188,3 +180,6 @@ def step_time(config, model, cluster, settings, profile, compute, kind="steady")
         compression += profile.cost(f"codec:{config.gradients}/{config.parameters}") * model.numel
     o = cluster.cpu_oversubscription
     return StepTime(compute, update * o, compression * o, fsdp_comm + rest, exposed + rest)
+
+
+paths.register(("fsdp2", "hsdp"), sys.modules[__name__])

@@ -69,3 +69,10 @@ def local_sizes(model, ranks: int, rank: int) -> list:
         out += [n for n in mod.local_sizes(ranks, rank) if n]
     return out
 
+
+def groups(config, topo) -> tuple:
+    """(S, N) of an FSDP2 or HSDP configuration on `topo`: the shard
+    group's ranks and the replicas."""
+    if config.path == "hsdp":
+        return topo.ranks_per_node, topo.nodes
+    return topo.world, 1

@@ -6,6 +6,7 @@ compression stage has begun. The caller's parameters and gradients are not
 counted. Uncompressed ZeRO's accounting is `zero_memory.py`, compressed
 ZeRO's `compressed_memory.py`."""
 
+from . import paths
 from .allreduce_memory import car_memory
 from .compressed_memory import aside_bytes, compressed_zero_memory
 from .layout import car_padded, int8_block, shard_sums, zero_layout
@@ -93,8 +94,7 @@ def memory(config, model, world: int, settings, rank: int = None, overlapping_co
     flat), whose node-aware forms hold other buffers (the 1-bit allreduce's,
     `allreduce_memory.py`; compressed ZeRO's, `compressed_memory.py`)."""
     if config.fsdp:
-        from . import fsdp
-        return fsdp.memory(config, model, topo or flat_topology(world), settings, overlapping_comm)
+        return paths.model_of(config).memory(config, model, topo or flat_topology(world), settings, overlapping_comm)
     if rank is None:
         # The padding sits at the end of each bucket, so rank 0 holds the
         # most real elements (fp32 masters of 16-bit parameters): the most memory.

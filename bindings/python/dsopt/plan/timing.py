@@ -14,6 +14,7 @@ the parameter allgather follows the update and is never hidden."""
 
 from dataclasses import dataclass
 
+from . import paths
 from .algorithms import BASELINE, describe
 from .collectives import call_time, comm_time, step_calls
 from .bytes import car_sizes, car_slices
@@ -165,8 +166,7 @@ def step_time(config, model, cluster, settings, profile, compute: float, backwar
     work (MPI on host buffers), so the 1-bit compressed allreduce's
     arithmetic runs while its pieces are on the wire."""
     if config.fsdp:
-        from . import fsdp
-        return fsdp.step_time(config, model, cluster, settings, profile, compute, kind)
+        return paths.model_of(config).step_time(config, model, cluster, settings, profile, compute, kind)
     world = cluster.ranks
     topo = cluster.topo
     calls = step_calls(config, model, world, settings, kind, topo)
