@@ -888,7 +888,10 @@ extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 extern "C" {
-    pub fn dsopt_comm_set_shards(comm: *mut dsopt_comm, shards: *mut dsopt_comm) -> ::std::os::raw::c_int;
+    pub fn dsopt_comm_set_shards(
+        comm: *mut dsopt_comm,
+        shards: *mut dsopt_comm,
+    ) -> ::std::os::raw::c_int;
 }
 extern "C" {
     pub fn dsopt_grad_ready(
