@@ -1,5 +1,6 @@
 // The nodes of compressed_allreduce_bench (bench/compressed_allreduce.cpp):
-// its --hierarchy flat|node_aware|auto and --ranks-per-node R flags read as
+// its --hierarchy flat|node_aware|auto, --ranks-per-node R and
+// --node-reduce fp32|1bit flags read as
 // the library reads the config's "topology" key (docs/guides/multi-node.md:
 // R declared, or 0 for the nodes MPI's shared-memory split finds; "auto"
 // node-aware on several nodes of several ranks), the node and rail
@@ -20,6 +21,7 @@ namespace bench {
 struct CarTopology {
   dsopt::Topology topo;
   bool node_aware = false;
+  bool onebit_node = false;  // the 1-bit node step (topology.node_reduce "1bit") where it runs
   dsopt::NodeComms comms;  // the node and rail communicators (node-aware only)
 
   int nodes() const { return topo.nodes; }
@@ -27,7 +29,9 @@ struct CarTopology {
   // Whether the counts across nodes have formulas: nodes of equal sizes.
   bool equal_nodes() const { return topo.flat_reason.empty(); }
   std::string describe() const {
-    return topo.describe() + (node_aware ? "; the compressed allreduce node-aware" : "; flat");
+    return topo.describe() + (node_aware ? onebit_node ? "; the compressed allreduce node-aware, 1-bit inside the node"
+                                                       : "; the compressed allreduce node-aware"
+                                         : "; flat");
   }
 };
 
@@ -36,9 +40,12 @@ struct CarTopology {
 // it (their bytes count in its counters too). Throws dsopt::Error
 // (DSOPT_EINVAL) on a bad hierarchy, an R that does not divide the world
 // size, or node-aware on nodes of unequal sizes.
-inline CarTopology car_topology(dsopt::Comm& comm, const std::string& hierarchy, int ranks_per_node) {
+inline CarTopology car_topology(dsopt::Comm& comm, const std::string& hierarchy, int ranks_per_node,
+                                const std::string& node_reduce = "fp32") {
   if (hierarchy != "flat" && hierarchy != "node_aware" && hierarchy != "auto")
     dsopt::fail(DSOPT_EINVAL, "--hierarchy is flat, node_aware or auto, not '" + hierarchy + "'");
+  if (node_reduce != "fp32" && node_reduce != "1bit")
+    dsopt::fail(DSOPT_EINVAL, "--node-reduce is fp32 or 1bit, not '" + node_reduce + "'");
   CarTopology c;
   c.topo = ranks_per_node > 0 ? dsopt::Topology::declared(comm.rank(), comm.size(), ranks_per_node)
                               : dsopt::Topology::discover(comm);
@@ -49,6 +56,8 @@ inline CarTopology car_topology(dsopt::Comm& comm, const std::string& hierarchy,
     dsopt::fail(DSOPT_EINVAL, "--hierarchy " + hierarchy + ": " + c.topo.flat_reason +
                                   " (declare the nodes with --ranks-per-node)");
   if (c.node_aware) c.comms = dsopt::split_by_topology(comm, c.topo);
+  c.onebit_node = c.node_aware && dsopt::NodeAwareAllreduce::onebit_node_step(
+                                      node_reduce == "1bit", c.topo.nodes, c.topo.ranks_per_node);
   return c;
 }
 
@@ -79,8 +88,9 @@ inline CallBytes flat_car_bytes(int64_t n, const CarTopology& t) {
 // communicator's bytes and the rail's, of which only the rail's cross.
 inline CallBytes node_aware_car_bytes(int64_t n, const CarTopology& t) {
   const std::vector<int64_t> sizes{n};
-  const uint64_t rail = dsopt::NodeAwareAllreduce::rail_bytes(sizes, t.nodes(), t.ranks_per_node());
-  return {dsopt::NodeAwareAllreduce::node_bytes(sizes, t.nodes(), t.ranks_per_node()) + rail, rail};
+  const uint64_t rail = dsopt::NodeAwareAllreduce::rail_bytes(sizes, t.nodes(), t.ranks_per_node(), t.onebit_node);
+  return {dsopt::NodeAwareAllreduce::node_bytes(sizes, t.nodes(), t.ranks_per_node(), t.onebit_node) + rail,
+          rail};
 }
 
 }  // namespace bench

@@ -64,14 +64,15 @@
 //                              [--large-iters L] [--warmup W] [--threads T]
 //                              [--fp32 0|1] [--piece-blocks B]
 //                              [--hierarchy flat|node_aware|auto]
-//                              [--ranks-per-node R]
+//                              [--ranks-per-node R] [--node-reduce fp32|1bit]
 // Sizes outside [--min-numel, --max-numel] are left out; --iters timed
 // rounds for sizes below 32M floats, --large-iters for larger ones;
 // --fp32 0 times the CARs alone (no fp32 rounds, no speedup); --piece-blocks
 // sets the CARs' pieces (sum blocks each; 0: their own choice, a large
 // value: one piece, no overlap of arithmetic and transfers; node-aware: the
 // rail allreduce's). --hierarchy (default flat) and --ranks-per-node (default
-// 0) as above. --threads T: kernel threads per rank (default 1); 0: what a
+// 0) as above; --node-reduce 1bit runs the node-aware form's 1-bit node step
+// (docs/guides/multi-node.md, default fp32). --threads T: kernel threads per rank (default 1); 0: what a
 // config without "threads" gets (the usable cores shared among the ranks on
 // them, or OMP_NUM_THREADS).
 #define OMPI_SKIP_MPICXX 1
@@ -265,13 +266,14 @@ void check_sum(const float* out, int64_t n, bool mean = false) {
 // N chunks of padded_length(m, N) / N values (the last ones cut by n),
 // each +/- one scale; on one node (nothing compressed) the fp32 mean;
 // all ranks hold the same bits.
-void check_node_aware_first_call(const float* out, int64_t n, int nodes, int ranks_per_node) {
+void check_node_aware_first_call(const float* out, int64_t n, int nodes, int ranks_per_node,
+                                 bool onebit_node) {
   if (nodes == 1) {
     check_sum(out, n, true);
     check_same_bits(out, n);
     return;
   }
-  const int64_t m = dsopt::NodeAwareAllreduce::slice_length(n, ranks_per_node);
+  const int64_t m = dsopt::NodeAwareAllreduce::slice_length(n, ranks_per_node, onebit_node);
   const int64_t c = dsopt::CompressedAllreduce::padded_length(m, nodes) / nodes;
   for (int j = 0; j < ranks_per_node; ++j)
     for (int k = 0; k < nodes; ++k) {
@@ -384,7 +386,7 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, const bench::CarTopolo
   std::unique_ptr<dsopt::NodeAwareAllreduce> aware;
   if (topo.node_aware)
     aware = std::make_unique<dsopt::NodeAwareAllreduce>(*topo.comms.node, *topo.comms.rail, kernels, mem,
-                                                        std::vector<int64_t>{n}, piece_blocks);
+                                                        std::vector<int64_t>{n}, topo.onebit_node, piece_blocks);
 
   // Correctness first (fresh allreduces: errors are zero).
   restore();
@@ -396,7 +398,7 @@ void run_size(dsopt::Comm& comm, dsopt::Kernels& kernels, const bench::CarTopolo
   if (aware) {
     restore();
     aware->run(&xp);
-    check_node_aware_first_call(x.get(), n, topo.nodes(), topo.ranks_per_node());
+    check_node_aware_first_call(x.get(), n, topo.nodes(), topo.ranks_per_node(), topo.onebit_node);
     aware_err = relative_error_vs_mean(x.get(), n);
   }
   restore();
@@ -505,10 +507,11 @@ int main(int argc, char** argv) {
   const int64_t piece_blocks = flags.get("--piece-blocks", 0, 0, int64_t(1) << 40);
   const std::string hierarchy = flags.text("--hierarchy", "flat");
   const int ranks_per_node = int(flags.get("--ranks-per-node", 0, 0, 1 << 20));
+  const std::string node_reduce = flags.text("--node-reduce", "fp32");
   flags.finish(
       "compressed_allreduce_bench [--min-numel N] [--max-numel N] [--iters I] [--large-iters L]"
       " [--warmup W] [--threads T] [--fp32 0|1] [--piece-blocks B]"
-      " [--hierarchy flat|node_aware|auto] [--ranks-per-node R]");
+      " [--hierarchy flat|node_aware|auto] [--ranks-per-node R] [--node-reduce fp32|1bit]");
   const int kernel_threads = threads > 0 ? threads : budget_threads();
   omp_set_num_threads(kernel_threads);
   if (g_world < 2) fail_all("needs at least 2 MPI ranks (mpirun -np 4)");
@@ -517,7 +520,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<dsopt::Comm> comm = dsopt::make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
     std::unique_ptr<dsopt::Kernels> kernels = dsopt::make_cpu_kernels(kernel_threads);
     comm->prepare();
-    const bench::CarTopology topo = bench::car_topology(*comm, hierarchy, ranks_per_node);
+    const bench::CarTopology topo = bench::car_topology(*comm, hierarchy, ranks_per_node, node_reduce);
     if (g_rank == 0) {
       std::printf("1-bit compressed allreduce vs fp32 MPI_Allreduce, %d ranks\n", g_world);
       std::printf("nodes:   %s%s\n", topo.describe().c_str(),
@@ -545,7 +548,7 @@ int main(int argc, char** argv) {
         check_error_feedback([&](float** x) { ef_car.run(x); }, ef_n, ef_calls);
     std::pair<double, double> ef_aware{-1, -1};
     if (topo.node_aware && topo.nodes() > 1) {  // one node compresses nothing
-      dsopt::NodeAwareAllreduce ef_na(*topo.comms.node, *topo.comms.rail, *kernels, mem, {ef_n});
+      dsopt::NodeAwareAllreduce ef_na(*topo.comms.node, *topo.comms.rail, *kernels, mem, {ef_n}, topo.onebit_node);
       ef_aware = check_error_feedback([&](float** x) { ef_na.run(x); }, ef_n, ef_calls);
     }
     if (g_rank == 0) {

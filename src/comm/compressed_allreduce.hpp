@@ -33,6 +33,15 @@ class CompressedAllreduce {
   // average over ranks, identical on every rank. P == 1: unchanged.
   void run(float* const* x);
 
+  // Collective, world > 1: the first half of run, a compressed
+  // reduce-scatter. The worker errors are updated as run updates them, and
+  // this rank's chunk of every tensor (padded_length(n, P) / P values,
+  // back to back) holds the server's sum z = e_s + the average of the
+  // decoded worker signs, left in server_error(): its caller reads it and
+  // sets it back to zero (NodeAwareAllreduce's 1-bit node step; run is
+  // not called on the same object).
+  void reduce_scatter(float* const* x);
+
   // The last run's result as it travelled: every rank's server signs (the
   // message layout of the pieces) and scales (world x count, rank-major).
   // decode_result turns such a result, this rank's or another one's with

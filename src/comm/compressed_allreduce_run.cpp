@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "comm/compressed_allreduce.hpp"
+#include "base/error.hpp"
 #include "comm/transfers.hpp"
 #include "math/sum_squares.hpp"
 
@@ -104,6 +105,34 @@ class CompressedAllreduce::Call {
       decode(pieces[p], send_, all_server_scales_.data());
     }
     car_.result_scales_ = all_server_scales_;
+  }
+
+  // Phase 1 alone (CompressedAllreduce::reduce_scatter): W1-W5, A1/A2,
+  // S1/S2 and every piece's W3.
+  void run_reduce_scatter() {
+    const std::vector<CarPiece>& pieces = car_.pieces_;
+    const size_t n = pieces.size();
+    std::vector<size_t> sent(n);
+    for (size_t p = 0; p < n; ++p) {
+      signs(pieces[p]);
+      sent[p] = alltoall(send_ + world_ * pieces[p].begin, recv_ + world_ * pieces[p].begin,
+                         size_t(pieces[p].bytes));
+    }
+    sum_cut_blocks();
+    for (size_t t = 0; t < count_; ++t) {
+      const double sumsq = in_order(worker_sums_.data() + first_block_[t], first_block_[t + 1] - first_block_[t]);
+      scales_[t] = rms_scale(sumsq, car_.tensors_[t].padded);
+    }
+    const size_t worker_scales = allgather(scales_.data(), all_scales_.data(), count_, Elem::F32, host_);
+    for (size_t p = 0; p < n; ++p) {
+      while (!(transfers_.ready(worker_scales) && transfers_.ready(sent[p])) && update_errors()) {
+      }
+      transfers_.wait(worker_scales);
+      transfers_.wait(sent[p]);
+      sum(pieces[p]);
+    }
+    while (update_errors()) {
+    }
   }
 
   // F1/F2 of a result that is already here (CompressedAllreduce::decode_result).
@@ -273,6 +302,12 @@ void CompressedAllreduce::run(float* const* x) {
   if (world_ == 1) return;  // C5: identity
   for (int64_t t = 0; t < count(); ++t) tensors_[size_t(t)].x = x[t];
   Call(*this).run();
+}
+
+void CompressedAllreduce::reduce_scatter(float* const* x) {
+  for (int64_t t = 0; t < count(); ++t) tensors_[size_t(t)].x = x[t];
+  if (world_ == 1) fail(DSOPT_EINTERNAL, "CompressedAllreduce::reduce_scatter on one rank");
+  Call(*this).run_reduce_scatter();
 }
 
 void CompressedAllreduce::decode_result(const void* codes, const float* scales, float* const* x) {

@@ -19,21 +19,27 @@ uint64_t flat_bytes(const std::vector<int64_t>& sizes, int world, uint64_t peers
 }  // namespace
 
 uint64_t NodeAwareAllreduce::rail_bytes(const std::vector<int64_t>& sizes, int nodes,
-                                        int ranks_per_node) {
+                                        int ranks_per_node, bool onebit_node) {
+  const bool onebit = onebit_node_step(onebit_node, nodes, ranks_per_node);
   std::vector<int64_t> slices;
-  for (int64_t n : sizes) slices.push_back(slice_length(n, ranks_per_node));
+  for (int64_t n : sizes) slices.push_back(slice_length(n, ranks_per_node, onebit));
   return flat_bytes(slices, nodes, uint64_t(nodes - 1));
 }
 
-uint64_t NodeAwareAllreduce::node_bytes(const std::vector<int64_t>& sizes, int nodes, int ranks_per_node) {
-  uint64_t block = 0, codes = 0;
+uint64_t NodeAwareAllreduce::node_bytes(const std::vector<int64_t>& sizes, int nodes, int ranks_per_node,
+                                        bool onebit_node) {
+  const bool onebit = onebit_node_step(onebit_node, nodes, ranks_per_node);
+  uint64_t block = 0, codes = 0, signs = 0;
   for (int64_t n : sizes) {
-    const int64_t m = slice_length(n, ranks_per_node);
+    const int64_t m = slice_length(n, ranks_per_node, onebit);
     block += uint64_t(m);
     codes += uint64_t(CompressedAllreduce::padded_length(m, nodes) / 8);
+    signs += uint64_t(m / 8);  // one chunk of the node allreduce's signs
   }
-  const uint64_t gathered = nodes == 1 ? 4 * block : codes + 4 * uint64_t(nodes) * uint64_t(sizes.size());
-  return uint64_t(ranks_per_node - 1) * (4 * block + gathered);
+  const uint64_t T = uint64_t(sizes.size());
+  const uint64_t gathered = nodes == 1 ? 4 * block : codes + 4 * uint64_t(nodes) * T;
+  const uint64_t reduced = onebit ? signs + 4 * T : 4 * block;
+  return uint64_t(ranks_per_node - 1) * (reduced + gathered);
 }
 
 uint64_t NodeAwareAllreduce::flat_cross_node_bytes(const std::vector<int64_t>& sizes, int nodes,
@@ -43,7 +49,8 @@ uint64_t NodeAwareAllreduce::flat_cross_node_bytes(const std::vector<int64_t>& s
 }
 
 NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels, const Mem& mem,
-                                       std::vector<int64_t> sizes, int64_t piece_blocks)
+                                       std::vector<int64_t> sizes, bool onebit_node,
+                                       int64_t piece_blocks)
     : node_(node), kernels_(kernels), mem_(mem), nodes_(rail.size()),
       ranks_per_node_(node.size()), sizes_(std::move(sizes)) {
   const int R = ranks_per_node_;
@@ -51,11 +58,29 @@ NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels,
     rail_car_ = std::make_unique<CompressedAllreduce>(rail, kernels, mem, sizes_, piece_blocks);
     return;
   }
+  for (int64_t n : sizes_)
+    if (n < 0) fail(DSOPT_EINTERNAL, "NodeAwareAllreduce: negative tensor size");
+  if (onebit_node_step(onebit_node, nodes_, R)) {
+    // The node allreduce's chunks are the slices, back to back in its
+    // server errors; every tensor decoded through blocks_ in (c).
+    node_car_ = std::make_unique<CompressedAllreduce>(node, kernels, mem, sizes_, piece_blocks);
+    for (int64_t n : sizes_) {
+      offset_.push_back(block_);
+      slice_.push_back(slice_length(n, R, true));
+      in_place_.push_back(false);
+      block_ += slice_.back();
+    }
+    packed_ = block_;
+    rail_car_ = std::make_unique<CompressedAllreduce>(rail, kernels, mem, slice_, piece_blocks);
+    blocks_ = DeviceBuffer(kernels, size_t(packed_) * size_t(R) * 4);
+    codes_ = DeviceBuffer(kernels, size_t(rail_car_->result_code_bytes()) * size_t(R));
+    scales_.resize(size_t(rail_car_->result_scale_count()) * size_t(R));
+    return;
+  }
   // The packed tensors' slices first, then the in-place ones' (run, (a)).
   int64_t pad = 0;
   offset_.assign(sizes_.size(), 0);
   for (int64_t n : sizes_) {
-    if (n < 0) fail(DSOPT_EINTERNAL, "NodeAwareAllreduce: negative tensor size");
     slice_.push_back(slice_length(n, R));
     in_place_.push_back(in_place(n, R));
   }
@@ -91,12 +116,16 @@ void NodeAwareAllreduce::run(float* const* x) {
   const size_t T = sizes_.size();
   if (block_ == 0) return;
 
-  // (a) The packed tensors: block j of blocks_ = their slices j, zero-padded
-  // (one pass, fl(x * 1) is x), reduce-scattered in one call; an in-place
-  // tensor reduce-scattered from x itself. Then the mean.
+  // (a) The 1-bit node step: the node allreduce's first half, this rank's
+  // slices left in its server errors. Else the packed tensors: block j of
+  // blocks_ = their slices j, zero-padded (one pass, fl(x * 1) is x),
+  // reduce-scattered in one call; an in-place tensor reduce-scattered from
+  // x itself. Then the mean.
   std::vector<TensorRef> parts;
   parts.reserve(2 * T * size_t(R));
-  for (int j = 0; j < R; ++j)
+  float* const own = node_car_ ? node_car_->server_error() : mine_.floats();
+  if (node_car_) node_car_->reduce_scatter(x);
+  for (int j = 0; j < R && !node_car_; ++j)
     for (size_t t = 0; t < T; ++t) {
       if (in_place_[t]) continue;
       const int64_t m = slice_[t], first = j * m;
@@ -104,19 +133,21 @@ void NodeAwareAllreduce::run(float* const* x) {
       if (have > 0) parts.push_back(TensorRef{x[t] + first, have, DType::F32});
       if (m - have > 0) parts.push_back(TensorRef{zeros_.get(), m - have, DType::F32});
     }
-  if (packed_ > 0) {
+  if (packed_ > 0 && !node_car_) {
     kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, blocks_.floats(), nullptr);
     node_.reduce_scatter(blocks_.get(), mine_.get(), size_t(packed_), Elem::F32, ReduceOp::Sum, mem_);
   }
   for (size_t t = 0; t < T; ++t)
     if (in_place_[t])
       node_.reduce_scatter(x[t], mine_.floats() + offset_[t], size_t(slice_[t]), Elem::F32, ReduceOp::Sum, mem_);
-  const TensorRef sums{mine_.get(), block_, DType::F32};
-  kernels_.transform(&sums, 1, 1.0f / float(R), mine_.floats(), nullptr);
+  if (!node_car_) {
+    const TensorRef sums{mine_.get(), block_, DType::F32};
+    kernels_.transform(&sums, 1, 1.0f / float(R), mine_.floats(), nullptr);
+  }
 
   // (b) Across nodes, on the slices.
   std::vector<float*> slices(T);
-  for (size_t t = 0; t < T; ++t) slices[t] = mine_.floats() + offset_[t];
+  for (size_t t = 0; t < T; ++t) slices[t] = own + offset_[t];
   rail_car_->run(slices.data());
 
   // (c) Every local index's slices, decoded from its rail's result (or
@@ -142,18 +173,20 @@ void NodeAwareAllreduce::run(float* const* x) {
   for (size_t t = 0; t < T; ++t) {
     parts.clear();
     if (nodes_ > 1 && in_place_[t]) {
-      const TensorRef own{mine_.floats() + offset_[t], slice_[t], DType::F32};
-      kernels_.transform(&own, 1, 1.0f, x[t] + me * slice_[t], nullptr);
+      const TensorRef mine{own + offset_[t], slice_[t], DType::F32};
+      kernels_.transform(&mine, 1, 1.0f, x[t] + me * slice_[t], nullptr);
       continue;
     }
     for (int j = 0; j < R; ++j) {
       const int64_t m = slice_[t], first = j * m;
       const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
-      const float* block = nodes_ > 1 && j == me ? mine_.floats() : blocks_.floats() + j * stride;
+      const float* block = nodes_ > 1 && j == me ? own : blocks_.floats() + j * stride;
       if (have > 0) parts.push_back(TensorRef{block + offset_[t], have, DType::F32});
     }
     if (!parts.empty()) kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, x[t], nullptr);
   }
+  // The node allreduce's server errors back to zero for the next call.
+  if (node_car_) kernels_.fill_zero(own, size_t(block_) * 4);
 }
 
 }  // namespace dsopt

@@ -2,7 +2,7 @@
 // records what a reference needs (tests/python/test_node_aware_allreduce.py
 // checks it against tests/python/node_aware_reference.py):
 //
-//   node_aware_driver OUTDIR RANKS_PER_NODE CALLS SEED SIZES
+//   node_aware_driver OUTDIR RANKS_PER_NODE CALLS SEED SIZES [fp32|1bit]
 //
 // SIZES is comma-separated element counts. The world (MPI_COMM_WORLD, P
 // ranks) is declared as N = P / R nodes of R ranks (node = rank / R) and
@@ -13,7 +13,8 @@
 // For every rank r and tensor t it writes OUTDIR/r<r>_t<t>_<kind>.npy,
 // float32 arrays of shape (CALLS, len): in, out (node-aware result), ew, es
 // (its worker and server errors after the call), flat_out, flat_ew,
-// flat_es (the flat form's). OUTDIR/r<r>_bytes.txt has one line per call:
+// flat_es (the flat form's); with 1bit (the 1-bit node step) also en, its
+// node worker errors (padded_length(n, R) values). OUTDIR/r<r>_bytes.txt has one line per call:
 // the growth of bytes_sent of the node communicator, the rail communicator
 // and the world communicator (the flat form's); OUTDIR/r<r>_formulas.txt
 // NodeAwareAllreduce's node_bytes, rail_bytes and flat_cross_node_bytes for
@@ -164,7 +165,10 @@ void check_topology(dsopt::Comm& world, const std::string& path) {
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
-  if (argc != 6) die("usage: node_aware_driver OUTDIR RANKS_PER_NODE CALLS SEED SIZES");
+  if (argc != 6 && argc != 7) die("usage: node_aware_driver OUTDIR RANKS_PER_NODE CALLS SEED SIZES [fp32|1bit]");
+  const std::string node_reduce = argc == 7 ? argv[6] : "fp32";
+  if (node_reduce != "fp32" && node_reduce != "1bit") die("node reduce is fp32 or 1bit");
+  const bool onebit = node_reduce == "1bit";
   const std::string out = argv[1];
   const int R = std::atoi(argv[2]), calls = std::atoi(argv[3]);
   const uint64_t seed = std::strtoull(argv[4], nullptr, 10);
@@ -185,18 +189,19 @@ int main(int argc, char** argv) {
 
     const dsopt::Topology topo = dsopt::Topology::declared(r, P, R);
     dsopt::NodeComms comms = dsopt::split_by_topology(*world, topo);
-    dsopt::NodeAwareAllreduce na(*comms.node, *comms.rail, *kernels, mem, sizes);
+    dsopt::NodeAwareAllreduce na(*comms.node, *comms.rail, *kernels, mem, sizes, onebit);
+    const bool onebit_node = na.onebit_node();
     dsopt::CompressedAllreduce flat(*world, *kernels, mem, sizes);
     if (na.nodes() != topo.nodes || na.ranks_per_node() != R) die("node-aware allreduce of another topology");
 
     const size_t T = sizes.size();
-    std::vector<std::vector<float>> in(T), res(T), ew(T), es(T), flat_res(T), flat_ew(T), flat_es(T);
+    std::vector<std::vector<float>> in(T), res(T), ew(T), es(T), en(T), flat_res(T), flat_ew(T), flat_es(T);
     std::vector<std::vector<float>> x(T), y(T);
     std::vector<float*> xp(T), yp(T);
     std::ofstream bytes(prefix + "_bytes.txt");
     std::ofstream(prefix + "_formulas.txt")
-        << dsopt::NodeAwareAllreduce::node_bytes(sizes, topo.nodes, R) << ' '
-        << dsopt::NodeAwareAllreduce::rail_bytes(sizes, topo.nodes, R) << ' '
+        << dsopt::NodeAwareAllreduce::node_bytes(sizes, topo.nodes, R, onebit) << ' '
+        << dsopt::NodeAwareAllreduce::rail_bytes(sizes, topo.nodes, R, onebit) << ' '
         << dsopt::NodeAwareAllreduce::flat_cross_node_bytes(sizes, topo.nodes, R) << '\n';
     for (int k = 0; k < calls; ++k) {
       for (size_t t = 0; t < T; ++t) {
@@ -220,19 +225,33 @@ int main(int argc, char** argv) {
         flat_res[t].insert(flat_res[t].end(), y[t].begin(), y[t].end());
       }
       std::vector<int64_t> rail_sizes;
-      for (int64_t n : sizes) rail_sizes.push_back(dsopt::NodeAwareAllreduce::slice_length(n, R));
+      for (int64_t n : sizes) rail_sizes.push_back(dsopt::NodeAwareAllreduce::slice_length(n, R, onebit_node));
       record_errors(na.rail_allreduce(), rail_sizes, *kernels, ew, es);
+      if (onebit_node) {
+        std::vector<float> e(size_t(na.node_error_numel()));
+        kernels->copy_to_host(e.data(), na.node_error(), e.size() * 4);
+        int64_t off = 0;
+        for (size_t t = 0; t < T; ++t) {
+          const int64_t np = dsopt::CompressedAllreduce::padded_length(sizes[t], R);
+          en[t].insert(en[t].end(), e.begin() + off, e.begin() + off + np);
+          off += np;
+        }
+        if (off != na.node_error_numel()) die("node errors are not the padded lengths back to back");
+      }
       record_errors(flat, sizes, *kernels, flat_ew, flat_es);
     }
     for (size_t t = 0; t < T; ++t) {
       const std::string base = prefix + "_t" + std::to_string(t);
       const int64_t n = sizes[t], N = topo.nodes;
-      const int64_t npp = dsopt::CompressedAllreduce::padded_length(dsopt::NodeAwareAllreduce::slice_length(n, R), int(N));
+      const int64_t npp = dsopt::CompressedAllreduce::padded_length(
+          dsopt::NodeAwareAllreduce::slice_length(n, R, onebit_node), int(N));
       const int64_t np = dsopt::CompressedAllreduce::padded_length(n, P);
       write_npy(base + "_in.npy", in[t], calls, n);
       write_npy(base + "_out.npy", res[t], calls, n);
       write_npy(base + "_ew.npy", ew[t], calls, npp);
       write_npy(base + "_es.npy", es[t], calls, npp / N);
+      if (onebit_node)
+        write_npy(base + "_en.npy", en[t], calls, dsopt::CompressedAllreduce::padded_length(n, R));
       write_npy(base + "_flat_out.npy", flat_res[t], calls, n);
       write_npy(base + "_flat_ew.npy", flat_ew[t], calls, np);
       write_npy(base + "_flat_es.npy", flat_es[t], calls, np / P);

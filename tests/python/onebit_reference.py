@@ -118,8 +118,10 @@ class CarReference:
         for e in self.ew + self.es:
             e[:] = 0
 
-    def run(self, xs):
-        """xs: this tensor's input on every rank. Returns (output, wire)."""
+    def reduce_scatter(self, xs):
+        """The first half of ``run``: the worker errors updated, and for
+        every chunk j the weighted sum of the decoded worker signs (the
+        server's z before its error is added). Returns (sums, wire)."""
         P, n, npad, c = self.world, self.n, self.padded, self.chunk
         wire = CarWire()
         bits = []
@@ -134,13 +136,22 @@ class CarReference:
             wire.worker_scales.append(s)
         inv = F32(1.0) / F32(P)
         weights = [F32(s * inv) for s in wire.worker_scales]
-        out = np.empty(npad, np.float32)
+        sums = []
         for j in range(P):
             acc = np.zeros(c, np.float32)
             for i in range(P):
                 u = bits[i][j * c:(j + 1) * c]
                 acc = (acc + np.where(u, weights[i], -weights[i]).astype(np.float32)).astype(np.float32)
-            z = (acc + self.es[j]).astype(np.float32)
+            sums.append(acc)
+        return sums, wire
+
+    def run(self, xs):
+        """xs: this tensor's input on every rank. Returns (output, wire)."""
+        P, n, npad, c = self.world, self.n, self.padded, self.chunk
+        sums, wire = self.reduce_scatter(xs)
+        out = np.empty(npad, np.float32)
+        for j in range(P):
+            z = (sums[j] + self.es[j]).astype(np.float32)
             ss = car_scale(z, c)
             self.es[j] = sign_error(z, ss)
             sb = sign_bits(z)

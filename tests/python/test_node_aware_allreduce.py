@@ -1,7 +1,9 @@
 """The node-aware 1-bit compressed allreduce (docs/design/node-aware-allreduce.md)
 against the numpy reference of node_aware_reference.py, bit for bit, under
 real mpirun on declared topologies: 4 ranks as 2 x 2, 4 x 1 (R = 1, the flat
-form) and 1 x 4 (N = 1, no compression), 6 ranks as 3 x 2, 2 x 3 and 6 x 1.
+form) and 1 x 4 (N = 1, no compression), 6 ranks as 3 x 2, 2 x 3 and 6 x 1;
+with the 1-bit node step (node_reduce "1bit") at 2 x 2, 3 x 2, 2 x 3 and on
+one node (where it is the fp32 form).
 
 One ``mpirun -np P`` of tests/internal/node_aware_driver.cpp per topology
 records each rank's inputs, outputs and errors over several calls (the error
@@ -26,7 +28,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SIZES = [1, 7, 13, 100, 1000, 4097, 33, 65, 70001, 393216]  # the last reduce-scattered in place at R <= 6
 CALLS = 4
 SEED = 23
-TOPOLOGIES = [(4, 2), (6, 2), (6, 3), (4, 1), (6, 1), (4, 4)]  # (P, R)
+# (P, R, node reduce)
+TOPOLOGIES = [(4, 2, "fp32"), (6, 2, "fp32"), (6, 3, "fp32"), (4, 1, "fp32"), (6, 1, "fp32"), (4, 4, "fp32"),
+              (4, 2, "1bit"), (6, 2, "1bit"), (6, 3, "1bit"), (4, 4, "1bit")]
 
 
 def driver_path():
@@ -52,12 +56,13 @@ def assert_bits_equal(actual, expected, what):
 
 
 class Run:
-    def __init__(self, world, ranks_per_node, root: Path):
+    def __init__(self, world, ranks_per_node, node_reduce, root: Path):
         self.world, self.R, self.N, self.dir = world, ranks_per_node, world // ranks_per_node, root
+        self.onebit = node_reduce == "1bit"
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMP_NUM_THREADS="1")
         cmd = [shutil.which("mpirun"), "-np", str(world), "--oversubscribe", str(driver_path()), str(root),
-               str(ranks_per_node), str(CALLS), str(SEED), ",".join(map(str, SIZES))]
+               str(ranks_per_node), str(CALLS), str(SEED), ",".join(map(str, SIZES)), node_reduce]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, f"node_aware_driver -np {world} R={ranks_per_node} failed:\n" \
                                      f"{proc.stdout}{proc.stderr}"
@@ -78,25 +83,26 @@ class Run:
         return out
 
 
-@pytest.fixture(scope="module", params=TOPOLOGIES, ids=lambda pr: f"P{pr[0]}_R{pr[1]}")
+@pytest.fixture(scope="module", params=TOPOLOGIES, ids=lambda pr: f"P{pr[0]}_R{pr[1]}_{pr[2]}")
 def run(request, tmp_path_factory):
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found (apt-get install openmpi-bin)")
     if not driver_path().exists():
         pytest.skip(f"{driver_path()} not built (set DSOPT_NODE_AWARE_DRIVER or DSOPT_LIBRARY_DIR)")
-    P, R = request.param
-    return Run(P, R, tmp_path_factory.mktemp(f"node_aware_P{P}_R{R}"))
+    P, R, node_reduce = request.param
+    return Run(P, R, node_reduce, tmp_path_factory.mktemp(f"node_aware_P{P}_R{R}_{node_reduce}"))
 
 
 def test_outputs_and_errors_match_the_reference_bit_for_bit(run):
     P, N, R = run.world, run.N, run.R
     for t, n in enumerate(SIZES):
-        ref = NodeAwareReference(n, N, R)
+        ref = NodeAwareReference(n, N, R, run.onebit)
         inputs = [run.array(r, t, "in") for r in range(P)]
         outs = [run.array(r, t, "out") for r in range(P)]
         ews = [run.array(r, t, "ew") for r in range(P)]
         ess = [run.array(r, t, "es") for r in range(P)]
-        npp = padded_length(slice_length(n, R), N)
+        ens = [run.array(r, t, "en") for r in range(P)] if ref.onebit else None
+        npp = padded_length(slice_length(n, R, ref.onebit), N)
         for r in range(P):
             assert ews[r].shape == (CALLS, npp), f"tensor {t} (n={n}): worker error length"
             assert ess[r].shape == (CALLS, npp // N), f"tensor {t} (n={n}): server error length"
@@ -107,6 +113,8 @@ def test_outputs_and_errors_match_the_reference_bit_for_bit(run):
                 assert_bits_equal(outs[r][k], expected, f"output, {at}")
                 assert_bits_equal(ews[r][k], ref.worker_error(r), f"worker error, {at}")
                 assert_bits_equal(ess[r][k], ref.server_error(r), f"server error, {at}")
+                if ens:
+                    assert_bits_equal(ens[r][k], ref.node_error(r), f"node worker error, {at}")
 
 
 def test_every_rank_ends_with_the_same_bits(run):
@@ -140,8 +148,8 @@ def test_one_node_averages_without_compression(run):
 
 def test_bytes_across_nodes_follow_the_formula_and_fall_by_R(run):
     P, N, R = run.world, run.N, run.R
-    cross = rail_bytes(SIZES, N, R)
-    inside = node_bytes(SIZES, N, R)
+    cross = rail_bytes(SIZES, N, R, run.onebit)
+    inside = node_bytes(SIZES, N, R, run.onebit)
     flat_all = flat_bytes(SIZES, P, P - 1)
     flat_cross = flat_bytes(SIZES, P, P - R)
     for r in range(P):
@@ -160,7 +168,7 @@ def test_bytes_across_nodes_follow_the_formula_and_fall_by_R(run):
         ratio = cross / flat_cross
         assert ratio <= 1.0 / R, f"{N} x {R}: cross-node bytes {cross} vs flat {flat_cross}"
         big = [70001 * 64]
-        big_ratio = rail_bytes(big, N, R) / flat_bytes(big, P, P - R)
+        big_ratio = rail_bytes(big, N, R, run.onebit) / flat_bytes(big, P, P - R)
         assert abs(big_ratio * R - 1) < 0.01, f"{N} x {R}: large tensor ratio {big_ratio}"
 
 
