@@ -196,7 +196,7 @@ void read_zero(const json& z, OptimizerConfig& cfg) {
 // topology: flat or node-aware compressed collectives, and the nodes.
 void read_topology(const json& t, TopologyConfig& tc) {
   const std::string path = "topology";
-  check_keys(t, path, {"hierarchy", "ranks_per_node"});
+  check_keys(t, path, {"hierarchy", "ranks_per_node", "node_reduce"});
   if (t.contains("hierarchy")) {
     const json& h = t.at("hierarchy");
     if (!h.is_string() || (h != "auto" && h != "flat" && h != "node_aware"))
@@ -206,6 +206,12 @@ void read_topology(const json& t, TopologyConfig& tc) {
                                        : TopologyConfig::Hierarchy::Auto;
   }
   tc.ranks_per_node = int(integer(t, path, "ranks_per_node", 0, 0, 1 << 20));
+  if (t.contains("node_reduce")) {
+    const json& r = t.at("node_reduce");
+    if (!r.is_string() || (r != "fp32" && r != "1bit"))
+      bad(sub(path, "node_reduce"), "must be \"fp32\" or \"1bit\", got " + r.dump());
+    tc.onebit_node = r == "1bit";
+  }
 }
 
 // divergence_check: the rule of dsopt_step_info.diverging
@@ -293,6 +299,11 @@ OptimizerConfig parse_config(const char* json_text) {
   if (root.contains("zero_optimization")) read_zero(root.at("zero_optimization"), cfg);
   if (root.contains("divergence_check")) read_divergence(root.at("divergence_check"), p.divergence);
   if (root.contains("topology")) read_topology(root.at("topology"), cfg.topology);
+  if (cfg.topology.onebit_node && !cfg.algorithm->compresses)
+    bad("topology.node_reduce",
+        "\"1bit\" is the node step of the 1-bit allreduce (" +
+            algorithm_types([](const Algorithm& a) { return a.compresses; }) + "); " + cfg.type +
+            " reduces inside the node in fp32");
   cfg.canonical = root.dump();
   json run = root;
   for (const char* key : {"device", "threads", "cuda_aware", "comm_timeout",

@@ -83,7 +83,8 @@ json to_json(const OptimizerConfig& c, bool bf16) {
       {"divergence_check", {{"enabled", d.enabled}, {"factor", d.factor}, {"min_steps", d.min_steps},
                             {"horizon", d.horizon}, {"count", d.count}, {"window", d.window}}},
       {"topology", {{"hierarchy", hierarchy_name(c.topology.hierarchy)},
-                    {"ranks_per_node", c.topology.ranks_per_node}}}};
+                    {"ranks_per_node", c.topology.ranks_per_node},
+                    {"node_reduce", c.topology.onebit_node ? "1bit" : "fp32"}}}};
 }
 
 // bf16.enabled, which only the precision check of parse_config reads.

@@ -80,6 +80,10 @@ struct TopologyConfig {
   // > 0: nodes declared as consecutive blocks of this many ranks (rank / R);
   // 0: found from the communicator.
   int ranks_per_node = 0;
+  // node_reduce "1bit": the node-aware 1-bit allreduce reduces inside the
+  // node with 1-bit codes (NodeAwareAllreduce's 1-bit node step) instead
+  // of fp32; the 1-bit family only.
+  bool onebit_node = false;
 };
 
 struct OptimizerConfig {

@@ -34,6 +34,26 @@ StateSchema& StateSchema::array(std::string name, Kernels& kernels, std::functio
   return array(std::move(name), kernels, std::move(data), [bytes](const BlobReader*) { return bytes; });
 }
 
+StateSchema& StateSchema::optional_array(std::string name, Kernels& kernels,
+                                         std::function<void*()> data, Length bytes,
+                                         std::function<bool(const BlobReader&)> restore_if) {
+  const std::string n = name;
+  array(std::move(name), kernels, std::move(data), bytes, restore_if);
+  Entry& e = entries_.back();
+  e.saved = [bytes] { return bytes(nullptr) > 0; };
+  e.check = [n, bytes, check = std::move(e.check)](const BlobReader& r) {
+    if (!r.has(n)) {
+      if (bytes(&r) > 0) fail(DSOPT_ECORRUPT, "state blob: section " + n + " is missing");
+      return;
+    }
+    check(r);
+  };
+  e.restore = [n, restore = std::move(e.restore)](const BlobReader& r) {
+    if (r.has(n)) restore(r);
+  };
+  return *this;
+}
+
 StateSchema& StateSchema::record(std::string name, uint64_t bytes, Write write, Read check,
                                  Read read) {
   return add_record(std::move(name), [bytes](const BlobReader*) { return bytes; }, std::move(write),
@@ -154,13 +174,13 @@ std::string StateSchema::view_names() const {
 
 uint32_t StateSchema::section_count() const {
   uint32_t n = 0;
-  for (const Entry& e : entries_) n += e.save ? 1 : 0;
+  for (const Entry& e : entries_) n += e.save && (!e.saved || e.saved()) ? 1 : 0;
   return n;
 }
 
 void StateSchema::save(BlobWriter& w) const {
   for (const Entry& e : entries_)
-    if (e.save) e.save(w);
+    if (e.save && (!e.saved || e.saved())) e.save(w);
 }
 
 void StateSchema::check(const BlobReader& r) const {

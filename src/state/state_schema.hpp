@@ -32,6 +32,11 @@ class StateSchema {
   // The same for an array whose length does not depend on the blob.
   StateSchema& array(std::string name, Kernels& kernels, std::function<void*()> data,
                      uint64_t bytes);
+  // An array that blobs hold only where it has values: saved when its live
+  // length is not 0; a blob without it reads as one whose length for it is
+  // 0 (else the blob is corrupt).
+  StateSchema& optional_array(std::string name, Kernels& kernels, std::function<void*()> data,
+                              Length bytes, std::function<bool(const BlobReader&)> restore_if);
 
   // A record of host values, `bytes` long: `write` adds them, `check`
   // validates a saved one (throws Error(DSOPT_ECORRUPT) or
@@ -113,6 +118,7 @@ class StateSchema {
     std::function<void(const BlobReader&)> check;
     std::function<void(const BlobReader&)> restore;
     std::function<void(const BlobReader&)> values;  // records only: check_values
+    std::function<bool()> saved;  // whether save writes the section (null: always)
     // Arrays only.
     std::function<void*()> data;
     Kernels* kernels = nullptr;

@@ -1,16 +1,19 @@
 """Run under ``mpirun -np P`` by test_node_aware_onebit.py: 1-bit Adam, 1-bit
 LAMB and 0/1 Adam with ``"topology": {"hierarchy": "node_aware",
-"ranks_per_node": R}`` (``$DSOPT_NA_RANKS_PER_NODE``), and the same runs with
-``"hierarchy": "flat"`` for the byte counts. Phases (``$DSOPT_TEST_PHASES``):
+"ranks_per_node": R}`` (``$DSOPT_NA_RANKS_PER_NODE``), the same with the 1-bit
+node step (``"node_reduce": "1bit"``, the form ``node_aware_1bit``), and the
+same runs with ``"hierarchy": "flat"`` for the byte counts. Phases
+(``$DSOPT_TEST_PHASES``):
 
 * scenarios: every scenario of ``SCENARIOS`` both ways, saving blobs after
   the ``SAVE_AFTER`` updates of its optimizer (npz files, onebit_runs.save_npz
   with the infos of ``info_rows``);
-* resume: each node-aware blob loaded into a fresh node-aware optimizer, run
-  to the end;
+* resume: each node-aware blob (both node steps) loaded into a fresh
+  optimizer of its form, run to the end;
 * topology: a blob loaded under another topology (node-aware into flat, flat
-  into node-aware) resets the compression errors and says so
-  (``load_state_dict`` returns True); the same topology restores them (False).
+  into node-aware, one node step into the other) resets the compression
+  errors and says so (``load_state_dict`` returns True); the same topology
+  restores them (False).
 """
 
 import copy
@@ -39,9 +42,16 @@ def ranks_per_node():
     return int(os.environ["DSOPT_NA_RANKS_PER_NODE"])
 
 
+# The node-aware forms: the fp32 node step and the 1-bit one.
+NODE_AWARE = ("node_aware", "node_aware_1bit")
+
+
 def with_topology(sc, hierarchy, r):
+    """hierarchy: "flat", "node_aware" or "node_aware_1bit"."""
     config = copy.deepcopy(sc.config)
-    config["topology"] = {"hierarchy": hierarchy, "ranks_per_node": r}
+    config["topology"] = {"hierarchy": hierarchy.replace("_1bit", ""), "ranks_per_node": r}
+    if hierarchy.endswith("_1bit"):
+        config["topology"]["node_reduce"] = "1bit"
     return dataclasses.replace(sc, config=config)
 
 
@@ -93,7 +103,7 @@ def run(sc, grads_for, comm, rank, size, save_after=(), start=0, blob=None, para
 def phase_scenarios(comm, rank, size):
     r = ranks_per_node()
     for opt, runs, grads_for, sc, save_after in scenarios():
-        for hierarchy in ("node_aware", "flat"):
+        for hierarchy in NODE_AWARE + ("flat",):
             params, infos, blob, saved = run(with_topology(sc, hierarchy, r), grads_for, comm, rank, size, save_after)
             tag = f"{opt}_{sc.name}_{hierarchy}"
             save_npz(out_path(f"{tag}_r{rank}.npz"), params, infos, blob=blob)
@@ -105,12 +115,14 @@ def phase_scenarios(comm, rank, size):
 def phase_resume(comm, rank, size):
     r = ranks_per_node()
     for opt, runs, grads_for, sc, save_after in scenarios():
-        na = with_topology(sc, "node_aware", r)
-        for s in save_after:
-            p, _, blobs = onebit_runs.load_npz(out_path(f"{opt}_{sc.name}_node_aware_saved{s}_r{rank}.npz"),
-                                               len(sc.sizes))
-            params, infos, final, _ = run(na, grads_for, comm, rank, size, start=s, blob=blobs["blob"], params=p)
-            save_npz(out_path(f"{opt}_{sc.name}_node_aware_resume{s}_r{rank}.npz"), params, infos, blob=final)
+        for form in NODE_AWARE:
+            na = with_topology(sc, form, r)
+            for s in save_after:
+                p, _, blobs = onebit_runs.load_npz(out_path(f"{opt}_{sc.name}_{form}_saved{s}_r{rank}.npz"),
+                                                   len(sc.sizes))
+                params, infos, final, _ = run(na, grads_for, comm, rank, size, start=s, blob=blobs["blob"],
+                                              params=p)
+                save_npz(out_path(f"{opt}_{sc.name}_{form}_resume{s}_r{rank}.npz"), params, infos, blob=final)
     return "done"
 
 
@@ -126,7 +138,9 @@ def phase_topology(comm, rank, size):
     for opt, (runs, grads_for, names, save_after) in OPTIMIZERS.items():
         sc = runs.BY_NAME[names[0]]
         s = save_after[-1]
-        for src, dst in (("node_aware", "flat"), ("flat", "node_aware"), ("node_aware", "node_aware")):
+        for src, dst in (("node_aware", "flat"), ("flat", "node_aware"), ("node_aware", "node_aware"),
+                         ("node_aware_1bit", "node_aware"), ("node_aware", "node_aware_1bit"),
+                         ("node_aware_1bit", "node_aware_1bit")):
             p, _, blobs = onebit_runs.load_npz(out_path(f"{opt}_{sc.name}_{src}_saved{s}_r{rank}.npz"), len(sc.sizes))
             target = with_topology(sc, dst, r)
             params = [x.copy() if k == "fp32" else np.zeros_like(x) for x, k in zip(p, sc.kinds)]

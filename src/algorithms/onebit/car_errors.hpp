@@ -24,22 +24,32 @@ class CarErrors {
   // the ranks per node of the allreduce (1: the flat form; R > 1: the
   // node-aware form over N = world / R nodes, whose errors are those of the
   // flat form over N ranks on each tensor's slice of ceil(n / R) values).
+  // onebit_node: the 1-bit node step (NodeAwareAllreduce), whose slices
+  // are the node allreduce's chunks and whose node worker errors hold
+  // padded_length(n, R) values per tensor; set only where it runs (N > 1,
+  // R > 1).
   struct Layout {
     int32_t world = 0;
     int32_t ranks_per_node = 1;
+    bool onebit_node = false;
     int32_t nodes() const { return ranks_per_node > 0 ? world / ranks_per_node : 0; }
     bool operator==(const Layout& o) const {
-      return world == o.world && (world <= 1 || ranks_per_node == o.ranks_per_node);
+      return world == o.world &&
+             (world <= 1 || (ranks_per_node == o.ranks_per_node && onebit_node == o.onebit_node));
     }
     bool operator!=(const Layout& o) const { return !(*this == o); }
   };
   // The padding rule a blob records with the layout: each tensor's slice
   // of m = ceil(n / R) values padded to padded_length(m, N)
-  // (NodeAwareAllreduce; R = 1 is the flat form's padded_length(n, P)).
+  // (NodeAwareAllreduce; R = 1 is the flat form's padded_length(n, P));
+  // with the 1-bit node step, the slices m = padded_length(n, R) / R and
+  // the node worker errors (section <prefix>.node_error).
   static constexpr int32_t kSliceRule = 1;
+  static constexpr int32_t kOneBitNodeRule = 2;
 
   // Sections <prefix>.topology, <prefix>.worker_error and
-  // <prefix>.server_error for tensors of the given sizes, whose blob
+  // <prefix>.server_error (and <prefix>.node_error, saved with the 1-bit
+  // node step) for tensors of the given sizes, whose blob
   // records their world size where `saved_world` reads it; `what` names the
   // rank-local state they are part of in dsopt_state_load's messages.
   // `fused`: one tensor of the sizes' values padded to the world's
@@ -62,6 +72,8 @@ class CarErrors {
   // Bytes of the worker and server errors under `layout` (0 without
   // errors or on one node).
   std::pair<uint64_t, uint64_t> bytes(const Layout& layout) const;
+  // Bytes of the 1-bit node step's node worker errors (0 without it).
+  uint64_t node_bytes(const Layout& layout) const;
   // The world size blob `r` recorded with the errors.
   int32_t saved_world(const BlobReader& r) const { return saved_world_(r); }
   // The layout blob `r` recorded with the errors: its world size, and the
@@ -80,9 +92,11 @@ class CarErrors {
   // live ones as `live()` says; restored into car() when `restore_if`. The
   // worker errors are the view "worker_error" through `slice`, listed while
   // `listed()`.
+  // `node_errors()`: the node worker errors (nullptr without them).
   void describe(StateSchema& s, Kernels& kernels, std::function<CompressedAllreduce*()> car,
-                std::function<Layout()> live, std::function<bool(const BlobReader&)> restore_if,
-                StateSchema::Slicer slice, std::function<bool()> listed) const;
+                std::function<float*()> node_errors, std::function<Layout()> live,
+                std::function<bool(const BlobReader&)> restore_if, StateSchema::Slicer slice,
+                std::function<bool()> listed) const;
   // Tensor t's part of a buffer of errors under `layout` on the rank of
   // local index `local`: the tensors back to back, each padded, holding
   // elements [local m, local m + m) of the tensor (m = ceil(n / R); all of

@@ -48,7 +48,8 @@ void OneBitOptimizer::start_compressed_allreduce() {
   if (parts_.comm().size() <= 1 || car_sizes_.empty()) return;
   if (node_comms_)
     node_car_ = std::make_unique<NodeAwareAllreduce>(*node_comms_->node, *node_comms_->rail, parts_.kernels(),
-                                                     parts_.mem(), car_sizes_);
+                                                     parts_.mem(), car_sizes_,
+                                                     parts_.config().topology.onebit_node);
   else
     car_ = std::make_unique<CompressedAllreduce>(parts_.comm(), parts_.kernels(), parts_.mem(), car_sizes_);
 }
@@ -71,13 +72,21 @@ void OneBitOptimizer::run_compressed(std::vector<float*> tensors) {
 
 CarErrors::Layout OneBitOptimizer::layout() const {
   const int32_t world = parts_.comm().size() > 1 && !car_sizes_.empty() ? parts_.comm().size() : 0;
-  return {world, node_comms_ ? int32_t(node_comms_->node->size()) : 1};
+  if (!node_comms_) return {world, 1, false};
+  const int32_t R = int32_t(node_comms_->node->size()), N = int32_t(node_comms_->rail->size());
+  return {world, R, NodeAwareAllreduce::onebit_node_step(parts_.config().topology.onebit_node, N, R)};
+}
+
+CarErrors::Layout OneBitOptimizer::live_layout() const {
+  CarErrors::Layout l = layout();
+  l.world = car_world();
+  return l;
 }
 
 bool OneBitOptimizer::same_world(const BlobReader& r) const {
   CarErrors::Layout saved = errors_.saved_layout(r);
   saved.world = parts_.rank_local_world(saved.world);
-  return saved == CarErrors::Layout{car_world(), layout().ranks_per_node};
+  return saved == live_layout();
 }
 
 bool OneBitOptimizer::drops_rank_local(const BlobReader& r) const {
@@ -159,7 +168,8 @@ void OneBitOptimizer::describe_errors(StateSchema& s,
   }
   errors_.describe(
       s, parts_.kernels(), [this] { return error_car(); },
-      [this] { return CarErrors::Layout{car_world(), layout().ranks_per_node}; }, std::move(restore_if),
+      [this]() -> float* { return node_car_ ? node_car_->node_error() : nullptr; },
+      [this] { return live_layout(); }, std::move(restore_if),
       std::move(slice), [this] { return parts_.comm().size() > 1 && !car_sizes_.empty(); });
 }
 

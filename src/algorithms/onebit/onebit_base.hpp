@@ -84,7 +84,8 @@ class OneBitOptimizer : public AlgorithmImpl {
   // The same for operand `operand` of `slots`, one per tensor.
   void run_compressed(const std::vector<UpdateSlot>& slots, Operand operand);
   void reset_compression_errors() {
-    if (CompressedAllreduce* c = error_car()) c->reset_errors();
+    if (node_car_) node_car_->reset_errors();
+    else if (CompressedAllreduce* c = error_car()) c->reset_errors();
   }
 
   std::vector<const float*> mask_pointers() const { return masks_.pointers(); }
@@ -146,6 +147,8 @@ class OneBitOptimizer : public AlgorithmImpl {
   // The layout of the errors here (world size 0 where nothing is
   // compressed across ranks).
   CarErrors::Layout layout() const;
+  // layout() with the world size of the errors that exist now (car_world).
+  CarErrors::Layout live_layout() const;
   // The flat allreduce whose errors are this rank's: car_, or the rail
   // allreduce of node_car_; nullptr while neither runs.
   CompressedAllreduce* error_car() const {
