@@ -6,10 +6,11 @@ planner's prediction beside each measurement (docs/guides/multi-node.md
 "Measured"), planned with the links measured first on the same emulation
 (bench/measure_node_links.py).
 
-    python3 bench/node_aware_e2e.py --build build-dev [--runs 3] [--forms flat,node_aware]
+    python3 bench/node_aware_e2e.py --build build-dev [--runs 3] [--forms flat,node_aware,node_aware_1bit]
 
 Runs, per form (the config key "topology": {"hierarchy": FORM,
-"ranks_per_node": 2}):
+"ranks_per_node": 2}; the form node_aware_1bit is "node_aware" with
+"node_reduce": "1bit", for 1-bit Adam only):
   * 1-bit Adam end to end (onebit_e2e_bench, 8.5M fp32 parameters): its
     compression-stage steps;
   * compressed ZeRO-2 int4/int8 and int8/int8 end to end
@@ -57,7 +58,10 @@ def netem(args, env_extra=None):
 
 
 def topo_flags(form):
-    return ["--hierarchy", form, "--ranks-per-node", str(RPN)]
+    """form: "flat", "node_aware" or "node_aware_1bit" (node-aware with the
+    1-bit node step, "node_reduce": "1bit": the 1-bit family only)."""
+    flags = ["--hierarchy", form.replace("_1bit", ""), "--ranks-per-node", str(RPN)]
+    return flags + (["--node-reduce", "1bit"] if form.endswith("_1bit") else [])
 
 
 def run_onebit(build, form, steps):
@@ -120,11 +124,14 @@ def predictions(form, profile_path, links):
     (intra_lat, intra_bw), (inter_lat, _) = links["node"], links["rail"]
     cluster = Cluster.parse(NP, RPN, intra=f"{intra_bw:.0f}B/s", inter="1gbit", intra_latency=f"{intra_lat:.9f}s",
                             inter_latency=f"{inter_lat:.9f}s",
-                            cpu_oversubscription=NP / max(1, os.cpu_count() or 1), hierarchy=form)
+                            cpu_oversubscription=NP / max(1, os.cpu_count() or 1),
+                            hierarchy=form.replace("_1bit", ""), node_reduce="1bit" if form.endswith("_1bit") else "fp32")
     out = {}
     ob = Model.from_sizes(ONEBIT_SIZES, "fp32")
     r = plan(ob, cluster, 0.0, prof, Settings(steps=40, freeze_step=8), [Config("OneBitAdam")])[0]
     out["1-bit Adam"] = (r.phase_times["compressed"].total, r.cross_bytes.compressed)
+    if form.endswith("_1bit"):  # compressed ZeRO has no 1-bit node step
+        return out, cluster.describe()
     z = Model.from_params(ZERO_NUMEL, "fp32", tensors=36)
     s = Settings(reduce_bucket_size=1 << 22, allgather_bucket_size=1 << 22)
     for rec in plan(z, cluster, 0.0, prof, s, [Config("zero2")] + [Config("czero", *p.split("/")) for p in PAIRS]):
@@ -162,10 +169,13 @@ def main():
     for form in forms:
         pred, desc = predictions(form, a.profile, links)
         print(f"\n== {form}: planner cluster {desc}")
-        runs = {"1-bit Adam": [], **{f"ZeRO-2 {p}": [] for p in PAIRS}, "ZeRO-2": []}
+        zero = not form.endswith("_1bit")
+        runs = {"1-bit Adam": [], **({f"ZeRO-2 {p}": [] for p in PAIRS} if zero else {}), **({"ZeRO-2": []} if zero else {})}
         for _ in range(a.runs):
             ob = run_onebit(a.build, form, a.onebit_steps)
             runs["1-bit Adam"].append(ob)
+            if not zero:
+                continue
             z = run_zero(a.build, form, a.zero_steps)
             for p in PAIRS:
                 runs[f"ZeRO-2 {p}"].append(z.get(p, {}))

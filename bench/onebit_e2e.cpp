@@ -382,6 +382,7 @@ struct Options {
   bool step_log = false;  // --step-log 1: a "steplog:" line per step (rank 0)
   std::string hierarchy;  // --hierarchy: the "topology" key ("" leaves it out)
   long long ranks_per_node = 0;
+  std::string node_reduce;  // --node-reduce fp32|1bit: its "node_reduce" for the 1-bit runs ("": left out)
 };
 
 enum class Algo { Adam, OneBitAdam, Lamb, OneBitLamb, ZeroOneAdam };
@@ -510,7 +511,8 @@ RunResult train(const Options& o, const Teacher& teacher, Algo algo) {
   dsopt_comm* comm = nullptr;
   dsopt_optimizer* opt = nullptr;
   E2E_CHECK(dsopt_comm_create_mpi(&comm, MPI_Comm_c2f(MPI_COMM_WORLD)));
-  const std::string full_config = bench::with_topology(config, o.hierarchy, o.ranks_per_node);
+  const std::string full_config =
+      bench::with_topology(config, o.hierarchy, o.ranks_per_node, algo == Algo::Adam || algo == Algo::Lamb ? "" : o.node_reduce);
   E2E_CHECK(dsopt_create(&opt, full_config.c_str(), comm, pv.data(), int64_t(pv.size())));
   if (o.threads == 0) {
     int32_t chosen = 0;
@@ -637,7 +639,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "onebit_e2e_bench [--in D] [--hidden H] [--out K] [--batch B] [--steps S] [--freeze-step F]"
       " [--lr-warmup W] [--lr X] [--beta2 X] [--noise X] [--threads T] [--print-every N]"
-      " [--step-log 0|1] [--hierarchy auto|flat|node_aware] [--ranks-per-node R]"
+      " [--step-log 0|1] [--hierarchy auto|flat|node_aware] [--ranks-per-node R] [--node-reduce fp32|1bit]"
       " [--adam 0|1] [--onebit 0|1] [--lamb 0|1] [--lamb-lr X] [--zoadam 0|1] [--var-freeze-step F]"
       " [--var-update-scaler K] [--local-step-scaler S] [--local-step-clipper H]";
   bench::Flags flags(int(args.size()), args.data());
@@ -654,6 +656,7 @@ int main(int argc, char** argv) {
   o.step_log = flags.get("--step-log", 0, 0, 1) != 0;
   o.hierarchy = flags.text("--hierarchy", "");
   o.ranks_per_node = flags.get("--ranks-per-node", 0, 0, 1 << 20);
+  o.node_reduce = flags.text("--node-reduce", "");
   const bool run_adam = flags.get("--adam", 1, 0, 1) != 0;
   const bool run_onebit = flags.get("--onebit", 1, 0, 1) != 0;
   const bool lamb = flags.get("--lamb", 0, 0, 1) != 0;

@@ -11,19 +11,22 @@
 namespace bench {
 
 // ', "topology": {"hierarchy": H, "ranks_per_node": R}' to add to a config
-// object; "" when `hierarchy` is empty (the library's default).
-inline std::string topology_key(const std::string& hierarchy, long long ranks_per_node) {
+// object, with "node_reduce": NR where `node_reduce` is not empty; "" when
+// `hierarchy` is empty (the library's default).
+inline std::string topology_key(const std::string& hierarchy, long long ranks_per_node,
+                                const std::string& node_reduce = "") {
   if (hierarchy.empty()) return "";
-  char c[160];
-  std::snprintf(c, sizeof c, ", \"topology\": {\"hierarchy\": \"%s\", \"ranks_per_node\": %lld}",
-                hierarchy.c_str(), ranks_per_node);
+  char c[200];
+  std::snprintf(c, sizeof c, ", \"topology\": {\"hierarchy\": \"%s\", \"ranks_per_node\": %lld%s%s%s}",
+                hierarchy.c_str(), ranks_per_node, node_reduce.empty() ? "" : ", \"node_reduce\": \"",
+                node_reduce.c_str(), node_reduce.empty() ? "" : "\"");
   return c;
 }
 
 // A config object (text ending in '}') with the topology key added.
 inline std::string with_topology(std::string config, const std::string& hierarchy,
-                                 long long ranks_per_node) {
-  const std::string key = topology_key(hierarchy, ranks_per_node);
+                                 long long ranks_per_node, const std::string& node_reduce = "") {
+  const std::string key = topology_key(hierarchy, ranks_per_node, node_reduce);
   if (!key.empty() && !config.empty() && config.back() == '}') config.insert(config.size() - 1, key);
   return config;
 }
