@@ -62,12 +62,13 @@ NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels,
     if (n < 0) fail(DSOPT_EINTERNAL, "NodeAwareAllreduce: negative tensor size");
   if (onebit_node_step(onebit_node, nodes_, R)) {
     // The node allreduce's chunks are the slices, back to back in its
-    // server errors; every tensor decoded through blocks_ in (c).
+    // server errors. In (c) a tensor of R m values (no padding) takes the
+    // other slices straight into x, any other one through blocks_.
     node_car_ = std::make_unique<CompressedAllreduce>(node, kernels, mem, sizes_, piece_blocks);
     for (int64_t n : sizes_) {
       offset_.push_back(block_);
       slice_.push_back(slice_length(n, R, true));
-      in_place_.push_back(false);
+      in_place_.push_back(slice_.back() * R == n);
       block_ += slice_.back();
     }
     packed_ = block_;
@@ -138,7 +139,7 @@ void NodeAwareAllreduce::run(float* const* x) {
     node_.reduce_scatter(blocks_.get(), mine_.get(), size_t(packed_), Elem::F32, ReduceOp::Sum, mem_);
   }
   for (size_t t = 0; t < T; ++t)
-    if (in_place_[t])
+    if (in_place_[t] && !node_car_)
       node_.reduce_scatter(x[t], mine_.floats() + offset_[t], size_t(slice_[t]), Elem::F32, ReduceOp::Sum, mem_);
   if (!node_car_) {
     const TensorRef sums{mine_.get(), block_, DType::F32};

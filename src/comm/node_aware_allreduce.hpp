@@ -33,8 +33,9 @@
 // its whole tensors with a node worker error of padded_length(n, R)
 // values, the signs go to their owners inside the node, and local rank j
 // keeps y_j = the average of the decoded signs of its chunk (the slices are
-// the node allreduce's chunks, m = padded_length(n, R) / R, none in place).
-// (b) and (c) are unchanged. For nodes whose links are slow beside their
+// the node allreduce's chunks, m = padded_length(n, R) / R; a tensor with
+// n = R m, no padding, gets the other slices decoded straight into x in
+// (c), its blocks in blocks_ unused). (b) and (c) are unchanged. For nodes whose links are slow beside their
 // arithmetic: the node carries sum_t n_t / 8 bytes of signs instead of
 // 4 sum_t m_t of fp32, for one more compression and a node worker error as
 // long as the flat form's.

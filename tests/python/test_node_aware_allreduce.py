@@ -25,7 +25,8 @@ from onebit_reference import padded_length
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Odd sizes, some shorter than R, one over several sum blocks of 4096.
-SIZES = [1, 7, 13, 100, 1000, 4097, 33, 65, 70001, 393216]  # the last reduce-scattered in place at R <= 6
+SIZES = [1, 7, 13, 100, 1000, 4097, 33, 65, 70001, 72000, 393216]  # the last reduce-scattered in place at R <= 6;
+# 72000 and 393216 need no padding at R = 2 and 3 (the 1-bit node step decodes them straight into x)
 CALLS = 4
 SEED = 23
 # (P, R, node reduce)
