@@ -14,6 +14,8 @@ optimizer the config's ``"topology"`` (docs/guides/multi-node.md):
 ``node_aware:2`` runs the compressed collectives node-aware with the ranks
 declared as nodes of 2 (``{"hierarchy": "node_aware", "ranks_per_node": 2}``),
 ``flat`` the flat form; without it the library's default (``"auto"``).
+``--node-reduce 1bit`` adds ``"node_reduce": "1bit"`` (the node-aware 1-bit
+allreduce's 1-bit node step) to the topology of the 1-bit family.
 
 AdamW trains ``--steps`` N steps; its validation loss after them is the
 target. Each other optimizer then trains until its validation loss first
@@ -72,6 +74,7 @@ LEARNING_RATES = {"AdamW": 1e-3, "OneBitAdam": 1e-3, "ZeroOneAdam": 1e-3, "OneBi
 # weight decay 0.01, where its config's is 0)
 CLASS_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
 HIERARCHIES = ("auto", "flat", "node_aware")
+ONEBIT_FAMILY = ("OneBitAdam", "ZeroOneAdam", "OneBitLamb")
 WEIGHT_DECAY = {"Lion": 0.1}  # the others: the class's default
 FREEZE_ARGUMENT = {"OneBitAdam": "freeze_step", "OneBitLamb": "freeze_step", "ZeroOneAdam": "var_freeze_step"}
 FREEZE_FRACTION = 0.15
@@ -106,8 +109,14 @@ def parse_args(argv=None):
                    help=f"the config's topology for every optimizer: HIERARCHY one of {', '.join(HIERARCHIES)}, "
                         f"R ranks per node (declared; default: found from the communicator); "
                         f"default: none given (the library's auto)")
+    p.add_argument("--node-reduce", default=None, choices=("fp32", "1bit"),
+                   help='the topology\'s "node_reduce" for the 1-bit family (with --topology)')
     args = p.parse_args(argv)
     args.topology = parse_topology(p, args.topology)
+    if args.node_reduce is not None:
+        if args.topology is None:
+            p.error("--node-reduce needs --topology")
+        args.topology["node_reduce"] = args.node_reduce
     args.optimizers = args.optimizers.split(",")
     if args.optimizers[0] != "AdamW" or not set(args.optimizers) <= set(CHOICES):
         p.error(f"--optimizers: AdamW first, then any of {CHOICES[1:]}")
@@ -191,6 +200,8 @@ def optimizer_config(name, kwargs, topology=None):
         config["zero_optimization"] = {"stage": 2, "compression": {"gradients": gradients, "parameters": parameters}}
     if topology is not None:
         config["topology"] = dict(topology)
+        if name not in ONEBIT_FAMILY:  # "node_reduce" is the 1-bit allreduce's
+            config["topology"].pop("node_reduce", None)
     return config
 
 

@@ -51,7 +51,8 @@ step is skipped.
 
 With the hierarchy on (the 4 ranks declared as 2 nodes of 2: "topology":
 {"hierarchy": "node_aware", "ranks_per_node": 2}, docs/guides/multi-node.md)
-the stabilized 1-bit Adam, 1-bit LAMB and 0/1 Adam (all three models) and
+the stabilized 1-bit Adam, 1-bit LAMB and 0/1 Adam (all three models, with
+the fp32 node step and with the 1-bit one, "node_reduce": "1bit") and
 compressed ZeRO-2 int4/int8 and sign/int8 (the digits models) pass the
 flat form's checks: no skipped step, the same parameters on every rank,
 the flat form's loss limits, the flat form's phases (1-bit family) and at
@@ -118,9 +119,12 @@ RUNS = {
                    report_grad_norm=True),
 }
 # The 1-bit optimizers' compressed allreduce node-aware, the 4 ranks as 2 nodes of 2.
+# "_2x2_1bit": the same with the 1-bit node step ("node_reduce": "1bit").
 NODE_AWARE = {"hierarchy": "node_aware", "ranks_per_node": 2}
-RUNS.update({f"{name}_2x2": dict(RUNS[name], topology=NODE_AWARE)
-             for name in ("stabilized", "lamb_stabilized", "zoadam_stabilized")})
+NODE_STEPS = {"_2x2": NODE_AWARE, "_2x2_1bit": dict(NODE_AWARE, node_reduce="1bit")}
+RUNS.update({f"{name}{suffix}": dict(RUNS[name], topology=topology)
+             for name in ("stabilized", "lamb_stabilized", "zoadam_stabilized")
+             for suffix, topology in NODE_STEPS.items()})
 
 
 DIGITS_ONLY = {"zero2_sign_int8", "zero2_int4_int8_2x2", "zero2_sign_int8_2x2"}
@@ -129,7 +133,8 @@ DIGITS_ONLY = {"zero2_sign_int8", "zero2_int4_int8_2x2", "zero2_sign_int8_2x2"}
 CNN = "digits_cnn"
 CNN_RUNS = {"uncompressed", "stabilized", "lamb_uncompressed", "lamb_stabilized", "adamw", "zoadam_stabilized",
             "zero2", "zero2_int4_int8", "zero2_sign_int8", "stabilized_2x2", "lamb_stabilized_2x2",
-            "zoadam_stabilized_2x2", "zero2_int4_int8_2x2", "zero2_sign_int8_2x2"}
+            "zoadam_stabilized_2x2", "stabilized_2x2_1bit", "lamb_stabilized_2x2_1bit",
+            "zoadam_stabilized_2x2_1bit", "zero2_int4_int8_2x2", "zero2_sign_int8_2x2"}
 
 
 def runs_of(model):
@@ -219,20 +224,21 @@ def test_stabilized_rule_converges_on_4_ranks(model, optimizer, four_ranks):
     assert sent < bytes_fraction * sent_uncompressed, (sent, sent_uncompressed)
 
 
+@pytest.mark.parametrize("node_step", NODE_STEPS)
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("model", MODELS + [CNN])
-def test_node_aware_hierarchy_converges_on_2_nodes_of_2(model, optimizer, four_ranks):
+def test_node_aware_hierarchy_converges_on_2_nodes_of_2(model, optimizer, node_step, four_ranks):
     """"topology": {"hierarchy": "node_aware", "ranks_per_node": 2}: the
-    compressed allreduce averages inside each node first, uncompressed,
-    and compresses across the two nodes only (docs/design/node-aware-allreduce.md);
-    the stabilized rule converges as the flat form does: no skipped step,
-    the ranks agree, a final training loss within 1.5x of the uncompressed
-    rule's."""
+    compressed allreduce averages inside each node first, uncompressed
+    (with "node_reduce": "1bit" from 1-bit codes), and compresses across the
+    two nodes only (docs/design/node-aware-allreduce.md); the stabilized
+    rule converges as the flat form does: no skipped step, the ranks agree,
+    a final training loss within 1.5x of the uncompressed rule's."""
     stable, reference, _, _ = OPTIMIZERS[optimizer]
-    node_aware, uncompressed = four_ranks(f"{model}/{stable}_2x2"), four_ranks(f"{model}/{reference}")
+    node_aware, uncompressed = four_ranks(f"{model}/{stable}{node_step}"), four_ranks(f"{model}/{reference}")
     for rank, result in enumerate(node_aware):
-        assert not result.error and result.skipped == 0, f"{model}, {optimizer} 2 x 2, rank {rank}: {result}"
-    assert_ranks_agree(node_aware, f"{model}, {optimizer} 2 x 2")
+        assert not result.error and result.skipped == 0, f"{model}, {optimizer} {node_step}, rank {rank}: {result}"
+    assert_ranks_agree(node_aware, f"{model}, {optimizer} {node_step}")
     assert_converges_like_uncompressed(node_aware[0], uncompressed[0], f"{model}, {optimizer}, 2 x 2",
                                        LOSS_RATIO_LIMITS.get((model, optimizer), LOSS_RATIO_LIMIT))
     assert node_aware[0].phases == four_ranks(f"{model}/{stable}")[0].phases
