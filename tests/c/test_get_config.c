@@ -12,7 +12,7 @@
 /* The sections every type shares, in the text's (sorted) key order. */
 #define TAIL_AFTER_PARAM_GROUPS(groups)                                                         \
   "\"param_groups\":[" groups "],\"report_grad_norm\":false,\"skip_nonfinite\":true,"          \
-  "\"threads\":0,\"topology\":{\"hierarchy\":\"auto\",\"ranks_per_node\":0},"             \
+  "\"threads\":0,\"topology\":{\"hierarchy\":\"auto\",\"node_reduce\":\"fp32\",\"ranks_per_node\":0},"             \
   "\"zero_optimization\":{\"allgather_bucket_size\":500000000,"                  \
   "\"compression\":{\"error_feedback\":true,\"gradient_block_size\":64,\"gradients\":\"none\","\
   "\"parameter_block_size\":256,\"parameters\":\"none\"},\"deferred_allgather\":false,"        \

@@ -29,7 +29,7 @@ COMMON = {
                                           "parameter_block_size": 256}},
     "divergence_check": {"enabled": True, "factor": 20.0, "min_steps": 10, "horizon": 50,
                          "count": 3, "window": 8},
-    "topology": {"hierarchy": "auto", "ranks_per_node": 0},
+    "topology": {"hierarchy": "auto", "ranks_per_node": 0, "node_reduce": "fp32"},
 }
 ONEBIT = {"freeze_step": 100000, "stabilize": True, "stabilize_limit": 4.0}
 PARAMS = {
@@ -91,3 +91,20 @@ def test_bad_configs_raise():
         dsopt.canonical_config({"optimizer": {"type": "Adam", "params": {"lr": -1}}})
     with pytest.raises(dsopt.Unsupported):
         dsopt.canonical_config({"optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 1}})
+
+
+def test_node_reduce_is_the_one_bit_familys():
+    """topology.node_reduce: "fp32" (default) or "1bit", the latter only
+    for the algorithms of the 1-bit allreduce."""
+    for kind in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam"):
+        c = dsopt.canonical_config({"optimizer": {"type": kind}, "topology": {"node_reduce": "1bit"}})
+        assert c["topology"]["node_reduce"] == "1bit"
+    assert dsopt.canonical_config({"optimizer": {"type": "OneBitAdam"}})["topology"]["node_reduce"] == "fp32"
+    with pytest.raises(dsopt.InvalidArgument, match="node_reduce.*\"fp32\" or \"1bit\""):
+        dsopt.canonical_config({"optimizer": {"type": "OneBitAdam"}, "topology": {"node_reduce": "int8"}})
+    for kind in ("AdamW", "Lamb"):
+        with pytest.raises(dsopt.InvalidArgument, match="node_reduce.*1-bit allreduce.*OneBitAdam"):
+            dsopt.canonical_config({"optimizer": {"type": kind}, "topology": {"node_reduce": "1bit"}})
+    with pytest.raises(dsopt.InvalidArgument, match="node_reduce"):
+        dsopt.canonical_config({"optimizer": {"type": "AdamW"}, "topology": {"node_reduce": "1bit"},
+                                "zero_optimization": {"stage": 2, "compression": {"gradients": "int4"}}})
