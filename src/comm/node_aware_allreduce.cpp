@@ -108,6 +108,40 @@ NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels,
   }
 }
 
+float* NodeAwareAllreduce::node_step(float* const* x) {
+  // The 1-bit node step: the node allreduce's first half, this rank's
+  // slices left in its server errors.
+  if (node_car_) {
+    node_car_->reduce_scatter(x);
+    return node_car_->server_error();
+  }
+  // fp32: the packed tensors' block j of blocks_ = their slices j,
+  // zero-padded (one pass, fl(x * 1) is x), reduce-scattered in one call;
+  // an in-place tensor reduce-scattered from x itself. Then the mean.
+  const int R = ranks_per_node_;
+  const size_t T = sizes_.size();
+  std::vector<TensorRef> parts;
+  parts.reserve(2 * T * size_t(R));
+  for (int j = 0; j < R; ++j)
+    for (size_t t = 0; t < T; ++t) {
+      if (in_place_[t]) continue;
+      const int64_t m = slice_[t], first = j * m;
+      const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
+      if (have > 0) parts.push_back(TensorRef{x[t] + first, have, DType::F32});
+      if (m - have > 0) parts.push_back(TensorRef{zeros_.get(), m - have, DType::F32});
+    }
+  if (packed_ > 0) {
+    kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, blocks_.floats(), nullptr);
+    node_.reduce_scatter(blocks_.get(), mine_.get(), size_t(packed_), Elem::F32, ReduceOp::Sum, mem_);
+  }
+  for (size_t t = 0; t < T; ++t)
+    if (in_place_[t])
+      node_.reduce_scatter(x[t], mine_.floats() + offset_[t], size_t(slice_[t]), Elem::F32, ReduceOp::Sum, mem_);
+  const TensorRef sums{mine_.get(), block_, DType::F32};
+  kernels_.transform(&sums, 1, 1.0f / float(R), mine_.floats(), nullptr);
+  return mine_.floats();
+}
+
 void NodeAwareAllreduce::run(float* const* x) {
   const int R = ranks_per_node_;
   if (R == 1) {
@@ -117,34 +151,8 @@ void NodeAwareAllreduce::run(float* const* x) {
   const size_t T = sizes_.size();
   if (block_ == 0) return;
 
-  // (a) The 1-bit node step: the node allreduce's first half, this rank's
-  // slices left in its server errors. Else the packed tensors: block j of
-  // blocks_ = their slices j, zero-padded (one pass, fl(x * 1) is x),
-  // reduce-scattered in one call; an in-place tensor reduce-scattered from
-  // x itself. Then the mean.
-  std::vector<TensorRef> parts;
-  parts.reserve(2 * T * size_t(R));
-  float* const own = node_car_ ? node_car_->server_error() : mine_.floats();
-  if (node_car_) node_car_->reduce_scatter(x);
-  for (int j = 0; j < R && !node_car_; ++j)
-    for (size_t t = 0; t < T; ++t) {
-      if (in_place_[t]) continue;
-      const int64_t m = slice_[t], first = j * m;
-      const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
-      if (have > 0) parts.push_back(TensorRef{x[t] + first, have, DType::F32});
-      if (m - have > 0) parts.push_back(TensorRef{zeros_.get(), m - have, DType::F32});
-    }
-  if (packed_ > 0 && !node_car_) {
-    kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, blocks_.floats(), nullptr);
-    node_.reduce_scatter(blocks_.get(), mine_.get(), size_t(packed_), Elem::F32, ReduceOp::Sum, mem_);
-  }
-  for (size_t t = 0; t < T; ++t)
-    if (in_place_[t] && !node_car_)
-      node_.reduce_scatter(x[t], mine_.floats() + offset_[t], size_t(slice_[t]), Elem::F32, ReduceOp::Sum, mem_);
-  if (!node_car_) {
-    const TensorRef sums{mine_.get(), block_, DType::F32};
-    kernels_.transform(&sums, 1, 1.0f / float(R), mine_.floats(), nullptr);
-  }
+  // (a) This rank's block: the slices y_j of every tensor.
+  float* const own = node_step(x);
 
   // (b) Across nodes, on the slices.
   std::vector<float*> slices(T);
@@ -171,6 +179,8 @@ void NodeAwareAllreduce::run(float* const* x) {
                                scales_.data() + size_t(j) * scale_count, slices.data());
     }
   }
+  std::vector<TensorRef> parts;
+  parts.reserve(size_t(R));
   for (size_t t = 0; t < T; ++t) {
     parts.clear();
     if (nodes_ > 1 && in_place_[t]) {

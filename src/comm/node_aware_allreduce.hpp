@@ -135,6 +135,10 @@ class NodeAwareAllreduce {
   std::vector<bool> in_place_;
   int64_t block_ = 0;            // sum_t m_t: mine_
   int64_t packed_ = 0;           // the packed tensors' sum_t m_t
+  // (a) of run: this rank's block of slices (in mine_, or the 1-bit node
+  // step's in node_car_'s server errors).
+  float* node_step(float* const* x);
+
   std::unique_ptr<CompressedAllreduce> rail_car_;
   std::unique_ptr<CompressedAllreduce> node_car_;  // the 1-bit node step's
   DeviceBuffer blocks_;  // R blocks of the packed tensors (N = 1: of all): (a)'s input, (c)'s slices
