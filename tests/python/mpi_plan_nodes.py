@@ -6,7 +6,9 @@ with a Topology), against the library's ``info.bytes_sent`` and
 ``state_memory_usage()`` after every step, exactly, on declared nodes of R
 ranks (every R that divides P but 1 and P), the compressed configurations
 (the 1-bit family, compressed ZeRO) in both forms and an uncompressed
-one. Writes ``rank<r>.json``: {"checks": count, "mismatches": [...]}."""
+one, and the 1-bit family with the 1-bit node step ("node_reduce": "1bit";
+on one node, the fp32 form). Writes ``rank<r>.json``: {"checks": count,
+"mismatches": [...]}."""
 
 import json
 import os
@@ -20,7 +22,7 @@ from dsopt.plan import bytes as pbytes
 from dsopt.plan.configs import Config
 from dsopt.plan.memory import memory
 from dsopt.plan.model import Model
-from dsopt.plan.network import Topology
+from dsopt.plan.network import Cluster, Topology
 from mpi_plan import SETTINGS, as_params, expected_memory, grads
 
 W = MPI.COMM_WORLD
@@ -37,11 +39,16 @@ CONFIGS = [Config("OneBitAdam"), Config("OneBitLamb"), Config("ZeroOneAdam"), Co
 BIG = Model((1_100_004, 70_001), "fp32")
 # Nodes of R ranks: every R that divides P but 1 and P.
 SPLITS = [d for d in range(2, P) if P % d == 0]
-# (model, configurations, ranks per node, hierarchies, steps); the last:
-# "node_aware" forced on one node of P ranks (a rail of one rank).
+ONEBIT = [c for c in CONFIGS if c.onebit]
+# (model, configurations, ranks per node, forms, steps); a form is a
+# hierarchy, or "node_aware_1bit": "node_aware" with "node_reduce": "1bit"
+# (the 1-bit family only). The last two: "node_aware" forced on one node of
+# P ranks (a rail of one rank), where "1bit" is the fp32 form.
 CASES = [(MODEL, CONFIGS, SPLITS, ("flat", "node_aware"), STEPS),
-         (BIG, [c for c in CONFIGS if c.onebit], SPLITS, ("node_aware",), 4),
-         (MODEL, CONFIGS, [P], ("node_aware",), 5)]
+         (MODEL, ONEBIT, SPLITS, ("node_aware_1bit",), STEPS),
+         (BIG, ONEBIT, SPLITS, ("node_aware", "node_aware_1bit"), 4),
+         (MODEL, CONFIGS, [P], ("node_aware",), 5),
+         (MODEL, ONEBIT, [P], ("node_aware_1bit",), 5)]
 
 
 def expected(cfg, model, topo, k):
@@ -61,11 +68,17 @@ def expected(cfg, model, topo, k):
     return getattr(sb, field) + checks[0], getattr(sx, field) + checks[1]
 
 
-def run(comm, model, cfg, r, hierarchy, steps, mismatches):
+def run(comm, model, cfg, r, form, steps, mismatches):
     """One configuration on nodes of r ranks; returns its count of checks."""
-    topo = Topology(P // r, r, hierarchy == "node_aware")
-    config = dict(cfg.dsopt_config(model, SETTINGS), topology={"hierarchy": hierarchy, "ranks_per_node": r})
-    name = f"{cfg.name} {model.numel} {hierarchy} {P // r} x {r} rank {RANK}"
+    hierarchy, onebit_node = form.replace("_1bit", ""), form.endswith("_1bit")
+    topo = Cluster.parse(P, r, hierarchy=hierarchy, node_reduce="1bit" if onebit_node else "fp32").topo
+    if topo != Topology(P // r, r, hierarchy == "node_aware", onebit_node and 1 < r < P):
+        mismatches.append(f"{form} {P // r} x {r}: the cluster's topology is {topo}")
+    topology = {"hierarchy": hierarchy, "ranks_per_node": r}
+    if onebit_node:
+        topology["node_reduce"] = "1bit"
+    config = dict(cfg.dsopt_config(model, SETTINGS), topology=topology)
+    name = f"{cfg.name} {model.numel} {form} {P // r} x {r} rank {RANK}"
     # MPI's communicators (the node and rail ones too) overlap transfers:
     # the 1-bit allreduce of a large model runs in pieces.
     want_mem = memory(cfg, model, P, SETTINGS, rank=RANK, overlapping_comm=True, topo=topo)
@@ -89,11 +102,11 @@ def run(comm, model, cfg, r, hierarchy, steps, mismatches):
 def main():
     comm = dsopt.Communicator.from_mpi4py(W)
     mismatches, checks = [], 0
-    for model, configs, splits, hierarchies, steps in CASES:
+    for model, configs, splits, forms, steps in CASES:
         for r in splits:
-            for hierarchy in hierarchies:
+            for form in forms:
                 for cfg in configs:
-                    checks += run(comm, model, cfg, r, hierarchy, steps, mismatches)
+                    checks += run(comm, model, cfg, r, form, steps, mismatches)
     text = json.dumps({"checks": checks, "mismatches": mismatches})
     out = os.environ.get("DSOPT_TEST_RESULTS")
     if out:

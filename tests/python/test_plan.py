@@ -48,11 +48,12 @@ def test_bytes_and_memory_equal_the_library(world, tmp_path):
 def test_bytes_across_nodes_and_memory_equal_the_library(world, tmp_path):
     """mpi_plan_nodes.py: sent and across nodes, every step, and memory
     per rank with its state part after every step, 2 x 2, 3 x 2 and 2 x 3,
-    flat and node-aware (the 1-bit family on a model whose rail allreduce
-    runs in pieces too), and node-aware on one node."""
+    flat and node-aware (the 1-bit family also with the 1-bit node step,
+    and on a model whose allreduces run in pieces), and node-aware on one
+    node."""
     splits = sum(1 for r in range(2, world) if world % r == 0)
     run_worker(conftest.HERE / "mpi_plan_nodes.py", world, tmp_path,
-               2 * (splits * (2 * 7 * 9 + 3 * 4) + 7 * 5))
+               2 * (splits * (2 * 7 * 9 + 3 * 9 + 2 * 3 * 4) + 7 * 5 + 3 * 5))
 
 
 # ---- the guides' measured figures ---------------------------------------
@@ -516,10 +517,13 @@ def test_command_shows_the_algorithms_asked_for(tmp_path):
 
 # ---- the node-aware forms (docs/guides/multi-node.md) -----------------------
 
-def _simulate_car_bytes(sizes, N, R):
+def _simulate_car_bytes(sizes, N, R, onebit_node=False):
     """An independent count of the node-aware 1-bit allreduce's bytes: walk
     every message of the exchange rank by rank and add what crosses a node
-    boundary and what stays inside (per rank, rank 0's)."""
+    boundary and what stays inside (per rank, rank 0's). `onebit_node`:
+    the 1-bit node step on several nodes, whose first half of a 1-bit
+    allreduce over the node sends each local rank its chunk of signs and
+    the worker scale instead of the fp32 slice."""
     from math import gcd
     P = N * R
 
@@ -530,12 +534,13 @@ def _simulate_car_bytes(sizes, N, R):
     node_of = lambda r: r // R                         # noqa: E731
     cross = inside = 0
     me = 0
+    onebit = onebit_node and N > 1 and R > 1
     for n in sizes:
-        m = -(-n // R) if R > 1 else n
+        m = padded(n, R) // R if onebit else -(-n // R) if R > 1 else n
         if R > 1:
             for dst in range(P):                        # reduce-scatter: my slice i to local rank i
-                if dst != me and node_of(dst) == node_of(me):
-                    inside += 4 * m
+                if dst != me and node_of(dst) == node_of(me):   # (1-bit: chunk i's signs, my scale)
+                    inside += m // 8 + 4 if onebit else 4 * m
             for dst in range(P):                        # allgather to every local rank: my rail's
                 if dst != me and node_of(dst) == node_of(me):   # result (N chunks of signs, N scales),
                     inside += N * (padded(m, N) // N // 8) + 4 * N if N > 1 else 4 * m  # or my fp32 slice
@@ -601,6 +606,30 @@ def test_node_aware_onebit_bytes_equal_a_simulated_exchange(N, R):
     from dsopt.plan.network import Topology
     for sizes in ([1], [1000], [4097, 5, 123457], [8 << 20, 131072]):
         assert car_node_aware(sizes, Topology(N, R, True)) == _simulate_car_bytes(sizes, N, R), sizes
+
+
+@pytest.mark.parametrize("N,R", [(2, 2), (2, 3), (3, 2), (1, 4), (4, 1)])
+def test_onebit_node_step_bytes_equal_a_simulated_exchange_and_the_reference(N, R):
+    """The 1-bit node step (topology.node_reduce "1bit"): the planner's
+    bytes against the message-by-message count and against
+    node_aware_reference.node_bytes / rail_bytes; on one node or at one
+    rank per node it is the fp32 form."""
+    import node_aware_reference as ref
+    from dsopt.plan.bytes import car_node_aware
+    from dsopt.plan.network import Cluster, Topology
+    topo = Cluster.parse(N * R, R, hierarchy="node_aware", node_reduce="1bit").topo
+    assert topo == Topology(N, R, True, N > 1 and R > 1)
+    for sizes in ([1], [1000], [4097, 5, 123457], [8 << 20, 131072], [1_048_579]):
+        got = car_node_aware(sizes, topo)
+        assert got == _simulate_car_bytes(sizes, N, R, onebit_node=True), sizes
+        assert got == (ref.node_bytes(sizes, N, R, True), ref.rail_bytes(sizes, N, R, True)), sizes
+        if N == 1 or R == 1:
+            assert got == car_node_aware(sizes, Topology(N, R, True)), sizes
+    if N > 1 and R > 1:  # signs instead of fp32 inside the node; about as much across
+        sizes = [8 << 20, 131072]
+        fp32 = car_node_aware(sizes, Topology(N, R, True))
+        onebit = car_node_aware(sizes, topo)
+        assert onebit[0] < fp32[0] / 4 and abs(onebit[1] - fp32[1]) < 0.01 * fp32[1]
 
 
 @pytest.mark.parametrize("N,R", [(2, 2), (2, 3), (3, 2)])
@@ -676,3 +705,47 @@ def test_node_aware_cuts_the_cross_node_bytes_about_r_times():
     aware = plan(model, Cluster.parse(64, 8, hierarchy="node_aware"), 0.3, Profile(), configs=cfgs)
     assert 7.5 < flat[0].cross_bytes.compressed / aware[0].cross_bytes.compressed < 8.5
     assert 7.5 < flat[1].cross_bytes.steady / aware[1].cross_bytes.steady < 8.5
+
+
+def test_node_reduce_1bit_changes_only_the_onebit_family(tmp_path, capsys):
+    """node_reduce "1bit" (--node-reduce): the 1-bit family's rows send
+    signs inside the node, about the same across, hold the node worker
+    errors in their state (as long as the flat form's) and compress every
+    element once more; every other row, and "fp32", as before."""
+    from dsopt.plan import Cluster, plan
+    from dsopt.plan.__main__ import main
+    from dsopt.plan.profile import Profile
+    model = Model.from_params(1.3e9)
+    base = plan(model, Cluster.parse(64, 8), 0.3, Profile())
+    assert plan(model, Cluster.parse(64, 8, node_reduce="fp32"), 0.3, Profile()) == base
+    flat = plan(model, Cluster.parse(64, 8, hierarchy="flat"), 0.3, Profile())
+    onebit = plan(model, Cluster.parse(64, 8, node_reduce="1bit"), 0.3, Profile())
+    assert {r.name for r in base if r.config.onebit} == {"1-bit Adam", "1-bit LAMB", "0/1 Adam"}
+    for fp32, one, fl in zip(base, onebit, flat):
+        if not fp32.config.onebit:
+            assert one == fp32
+            continue
+        assert one.bytes.compressed < fp32.bytes.compressed / 4
+        assert abs(one.cross_bytes.compressed - fp32.cross_bytes.compressed) < 0.01 * fp32.cross_bytes.compressed
+        assert one.bytes.warmup == fp32.bytes.warmup
+        assert fl.memory.state < one.memory.state and fp32.memory.state < one.memory.state
+        assert one.memory.total > fp32.memory.total  # the node allreduce's errors and buffers
+        assert one.phase_times["compressed"].compression > fp32.phase_times["compressed"].compression
+    # One node: the fp32 form (nothing is compressed inside a node).
+    assert (plan(model, Cluster.parse(8, 8, hierarchy="node_aware", node_reduce="1bit"), 0.3, Profile())
+            == plan(model, Cluster.parse(8, 8, hierarchy="node_aware"), 0.3, Profile()))
+    with pytest.raises(ValueError, match="node reduce"):
+        Cluster.parse(8, 2, node_reduce="int8")
+    args = ["--params", "1.3e9", "--ranks", "64", "--ranks-per-node", "8", "--compute", "300ms",
+            "--profile", str(tmp_path / "none.json")]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main(args + ["--node-reduce", "1bit"]) == 0
+    out = capsys.readouterr().out
+    assert "1-bit codes" in out and "1-bit codes" not in plain
+
+    def row(text, name):
+        return next(line.split() for line in text.splitlines() if line.startswith(name + "  "))
+    assert row(out, "1-bit Adam") != row(plain, "1-bit Adam") and row(out, "AdamW") == row(plain, "AdamW")
+    bad = run_cli(*args, "--node-reduce", "int8")
+    assert bad.returncode == 2 and "node-reduce" in bad.stderr

@@ -35,6 +35,11 @@ def parser():
                    help='the compressed collectives\' form across nodes (config "topology.hierarchy"): '
                         '"auto" (default, node-aware where the ranks span several nodes of more than one '
                         'rank), "flat", "node_aware" (docs/guides/multi-node.md)')
+    c.add_argument("--node-reduce", default="fp32", choices=("fp32", "1bit"),
+                   help='the node step of the 1-bit family\'s node-aware allreduce (config '
+                        '"topology.node_reduce"): "fp32" (default, an fp32 reduce-scatter inside the node) or '
+                        '"1bit" (the first half of a 1-bit allreduce over the node, on several nodes of more '
+                        'than one rank); the rows of other algorithms are unchanged (docs/guides/multi-node.md)')
     c.add_argument("--shared-link", action="store_true",
                    help="every rank's traffic crosses one link of --inter-node bandwidth (bench/netem.sh)")
     c.add_argument("--cpu-oversubscription", type=float, default=1.0,
@@ -125,7 +130,7 @@ def run(args):
     else:
         cluster = Cluster.parse(args.ranks, args.ranks_per_node, args.intra_node, args.inter_node,
                                 args.intra_latency, args.inter_latency, "shared" if args.shared_link else "nodes",
-                                args.cpu_oversubscription, args.hierarchy)
+                                args.cpu_oversubscription, args.hierarchy, args.node_reduce)
     steps = parse_count(args.steps, "steps")
     freeze = parse_count(args.freeze_step, "freeze step") if args.freeze_step else max(2, steps * 15 // 100)
     var_freeze = parse_count(args.var_freeze_step, "var freeze step") if args.var_freeze_step else max(1, steps * 15 // 100)

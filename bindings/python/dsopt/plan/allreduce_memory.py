@@ -1,8 +1,9 @@
 """The 1-bit compressed allreduce's memory per rank (1-bit Adam, 1-bit
 LAMB, 0/1 Adam), flat (src/comm/compressed_allreduce.cpp) or node-aware
-(src/comm/node_aware_allreduce.cpp): its error-feedback buffers, the part
-of them the state blob saves, and its working buffers, as the library
-allocates them (`memory.py` adds them to the optimizers')."""
+(src/comm/node_aware_allreduce.cpp, with the fp32 or the 1-bit node
+step): its error-feedback buffers, the part of them the state blob saves,
+and its working buffers, as the library allocates them (`memory.py` adds
+them to the optimizers')."""
 
 from dataclasses import dataclass
 
@@ -51,6 +52,8 @@ def car_memory(sizes, world: int, overlapping: bool, topo: Topology = None) -> C
         return CarMemory(errors, errors, car_buffers(sizes, world, overlapping))
     if topo.world != world:
         raise ValueError(f"a topology of {topo.world} ranks for {world} ranks")
+    if topo.onebit_node:
+        return _onebit_node(sizes, topo.nodes, topo.ranks_per_node, overlapping)
     return _node_aware(sizes, topo.nodes, topo.ranks_per_node, overlapping)
 
 
@@ -79,6 +82,26 @@ def _node_aware(sizes, N: int, R: int, overlapping: bool) -> CarMemory:
         buffers += R * N * car_message_bytes(slices, N)
     pad = max((R * m - n for m, n in packed), default=0)
     return CarMemory(errors, state, buffers + 4 * pad)
+
+
+def _onebit_node(sizes, N: int, R: int, overlapping: bool) -> CarMemory:
+    """NodeAwareAllreduce with the 1-bit node step (N > 1, R > 1): the
+    node allreduce, a flat 1-bit allreduce over the node (R ranks) on the
+    tensors themselves, of which the step runs the first half: its worker
+    errors 4 n'_t (n'_t = padded_length(n_t, R)), its server errors
+    4 n'_t / R (this rank's slices, zero between calls) and its sign
+    buffers; the rail allreduce over the slices m_t = n'_t / R, errors and
+    buffers; the R blocks of sum_t m_t floats that receive the decoded
+    slices and the R rail results' signs (R N messages). No block of this
+    rank's own and no padding zeros. The state blob saves the rail's errors
+    and the node worker errors (<opt>.node_error)."""
+    slices = car_slices(sizes, R, True)
+    node_worker = 4 * sum(car_padded(n, R) for n in sizes)
+    rail = car_errors(slices, N)
+    errors = car_errors(sizes, R) + rail
+    buffers = (car_buffers(sizes, R, overlapping) + car_buffers(slices, N, overlapping)
+               + R * 4 * sum(slices) + R * N * car_message_bytes(slices, N))
+    return CarMemory(errors, rail + node_worker, buffers)
 
 
 IN_PLACE_SLICE = 1 << 16

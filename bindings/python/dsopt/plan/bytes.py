@@ -53,9 +53,13 @@ def zero_exchange(model, world: int, settings, gradients="none", parameters="non
 
 # ---- the node-aware forms (docs/guides/multi-node.md "Bytes") -------------
 
-def car_slices(sizes, ranks_per_node: int) -> list:
-    """m_t = ceil(n_t / R): the slice of each tensor a local rank averages
-    inside its node and compresses across nodes."""
+def car_slices(sizes, ranks_per_node: int, onebit_node: bool = False) -> list:
+    """The slice of each tensor a local rank averages inside its node and
+    compresses across nodes: m_t = ceil(n_t / R), or with the 1-bit node
+    step (`onebit_node`) the node allreduce's chunk,
+    m_t = padded_length(n_t, R) / R (NodeAwareAllreduce::slice_length)."""
+    if onebit_node and ranks_per_node > 1:
+        return [car_padded(n, ranks_per_node) // ranks_per_node for n in sizes]
     return [-(-n // ranks_per_node) for n in sizes]
 
 
@@ -76,13 +80,17 @@ def car_node_aware(sizes, topo: Topology) -> tuple:
     then the allgather of the rail's signs and scales; 2 (R-1) 4 sum_t m_t
     with one node), across nodes (N-1) (2 sum_t n''_t / (8N) + 8T),
     n''_t = padded_length(m_t, N); at R = 1 the rail allreduce runs on the
-    tensors themselves."""
+    tensors themselves. With the 1-bit node step (`topo.onebit_node`) the
+    node sends instead of the fp32 reduce-scatter one chunk of signs and one
+    scale per tensor to each other rank, (R-1) (sum_t m_t / 8 + 4T), on the
+    slices m_t = padded_length(n_t, R) / R."""
     N, R = topo.nodes, topo.ranks_per_node
-    slices = car_slices(sizes, R)
+    slices = car_slices(sizes, R, topo.onebit_node)
     if N == 1:
         node = 2 * (R - 1) * 4 * sum(slices)
     else:
-        node = (R - 1) * (4 * sum(slices) + sum(car_padded(m, N) // 8 for m in slices) + 4 * N * len(sizes))
+        reduced = sum(m // 8 for m in slices) + 4 * len(sizes) if topo.onebit_node else 4 * sum(slices)
+        node = (R - 1) * (reduced + sum(car_padded(m, N) // 8 for m in slices) + 4 * N * len(sizes))
     rail = 0
     if N > 1:
         rail = (N - 1) * (2 * sum(car_padded(m, N) // N // 8 for m in slices) + 8 * len(sizes))

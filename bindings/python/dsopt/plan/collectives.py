@@ -40,13 +40,19 @@ def _car_node_aware(sizes, topo):
     """The node-aware 1-bit allreduce: the fp32 reduce-scatter inside the
     node, the flat one over the rail on the slices, then inside the node
     the allgather of the rail's result as it arrived (signs and scales; the
-    fp32 slices with one node)."""
+    fp32 slices with one node). The 1-bit node step (`topo.onebit_node`)
+    reduces inside the node with the first half of the 1-bit allreduce over
+    the node instead: its signs to their owners (an all-to-all) and the
+    worker scales."""
     N, R = topo.nodes, topo.ranks_per_node
     if R == 1:
         return _car(sizes, N, "rail")
-    slices = car_slices(sizes, R)
+    slices = car_slices(sizes, R, topo.onebit_node)
     block = 4 * sum(slices)
-    inside = [Call("reduce_scatter", R * block, "grad", 0, level="node")]
+    if topo.onebit_node:
+        inside = _car(sizes, R, "node")[:1] + [Call("allgather", 4 * len(sizes) * R, "control", level="node")]
+    else:
+        inside = [Call("reduce_scatter", R * block, "grad", 0, level="node")]
     if N == 1:
         return inside + [Call("allgather", R * block, "grad", 0, level="node")]
     codes = N * car_message_bytes(slices, N)

@@ -20,7 +20,10 @@ the intra-node links) and ``rail`` (the N ranks of one local index, one per
 node; the R rails of a node run at once and share its interface, so a rail
 call sees 1/R of the inter-node bandwidth). Small control allreduces
 (16 bytes) cost 2 ceil(log2 P) rounds, as MPI's and NCCL's latency-bound
-algorithms take."""
+algorithms take. The 1-bit family's node-aware allreduce reduces inside
+the node in fp32 or, with ``node_reduce`` "1bit" (config
+"topology.node_reduce"), with the first half of a 1-bit allreduce over the
+node (``Topology.onebit_node``)."""
 
 from dataclasses import dataclass, replace
 from math import ceil, log2
@@ -39,6 +42,7 @@ class Cluster:
     topology: str = "nodes"     # or "shared"
     cpu_oversubscription: float = 1.0  # CPU threads of the ranks per core of their machine (>= 1 slows their work)
     hierarchy: str = "auto"     # the compressed collectives' form: "auto", "flat", "node_aware" (config "topology")
+    node_reduce: str = "fp32"   # the 1-bit family's node step: "fp32" or "1bit" (config "topology.node_reduce")
 
     def __post_init__(self):
         for name in ("ranks", "ranks_per_node"):
@@ -60,17 +64,20 @@ class Cluster:
             raise ValueError(f'topology must be "nodes" or "shared", got {self.topology!r}')
         if self.hierarchy not in HIERARCHIES:
             raise ValueError(f"hierarchy must be one of {', '.join(HIERARCHIES)}, got {self.hierarchy!r}")
+        if self.node_reduce not in NODE_REDUCES:
+            raise ValueError(f"node reduce must be one of {', '.join(NODE_REDUCES)}, got {self.node_reduce!r}")
 
     @classmethod
     def parse(cls, ranks, ranks_per_node=None, intra="600GB/s", inter="25gbit", intra_latency="2us",
-              inter_latency="10us", topology="nodes", cpu_oversubscription=1.0, hierarchy="auto") -> "Cluster":
+              inter_latency="10us", topology="nodes", cpu_oversubscription=1.0, hierarchy="auto",
+              node_reduce="fp32") -> "Cluster":
         p = parse_count(ranks, "ranks")
         r = p if ranks_per_node is None else min(p, parse_count(ranks_per_node, "ranks per node"))
         return cls(p, r, parse_bandwidth(intra, "intra-node bandwidth"),
                    parse_bandwidth(inter, "inter-node bandwidth"),
                    parse_time(intra_latency, "intra-node latency"),
                    parse_time(inter_latency, "inter-node latency"), topology, float(cpu_oversubscription),
-                   hierarchy)
+                   hierarchy, node_reduce)
 
     @classmethod
     def from_measurement(cls, network: dict, ranks=None) -> "Cluster":
@@ -95,9 +102,16 @@ class Cluster:
         return resolve_hierarchy(self.hierarchy, self.nodes, self.ranks_per_node)
 
     @property
+    def onebit_node(self) -> bool:
+        """Whether the 1-bit family's node-aware allreduce runs the 1-bit
+        node step (the library's rule: node_reduce "1bit", node-aware, and
+        N > 1 and R > 1; otherwise the fp32 node step)."""
+        return resolve_node_reduce(self.node_reduce, self.node_aware, self.nodes, self.ranks_per_node)
+
+    @property
     def topo(self) -> "Topology":
         """The topology the byte formulas take."""
-        return Topology(self.nodes, self.ranks_per_node, self.node_aware)
+        return Topology(self.nodes, self.ranks_per_node, self.node_aware, self.onebit_node)
 
     def level(self, name: str) -> "Cluster":
         """The cluster a call on the `name` communicator sees: "world"
@@ -164,6 +178,8 @@ class Cluster:
 
     def describe(self) -> str:
         form = "; compressed collectives node-aware" if self.node_aware else ""
+        if self.onebit_node:
+            form += " (the 1-bit family's node step in 1-bit codes)"
         if self.topology == "shared":
             return (f"{self.ranks} ranks on one shared link of {self.inter_bandwidth * 8 / 1e9:g} Gbit/s, "
                     f"latency {self.inter_latency * 1e6:g} us{form}")
@@ -174,6 +190,7 @@ class Cluster:
 
 
 HIERARCHIES = ("auto", "flat", "node_aware")
+NODE_REDUCES = ("fp32", "1bit")
 
 
 def resolve_hierarchy(hierarchy: str, nodes: int, ranks_per_node: int) -> bool:
@@ -186,13 +203,33 @@ def resolve_hierarchy(hierarchy: str, nodes: int, ranks_per_node: int) -> bool:
     return nodes > 1 and ranks_per_node > 1
 
 
+def resolve_node_reduce(node_reduce: str, node_aware: bool, nodes: int, ranks_per_node: int) -> bool:
+    """Whether `node_reduce` ("fp32", "1bit") runs the 1-bit node step
+    (NodeAwareAllreduce::onebit_node_step): "1bit" in the node-aware form
+    on N > 1 nodes of R > 1 ranks; elsewhere the fp32 node step (one node:
+    nothing is compressed; one rank a node: the flat form)."""
+    if node_reduce not in NODE_REDUCES:
+        raise ValueError(f"node reduce must be one of {', '.join(NODE_REDUCES)}, got {node_reduce!r}")
+    return node_reduce == "1bit" and node_aware and nodes > 1 and ranks_per_node > 1
+
+
 @dataclass(frozen=True)
 class Topology:
     """N nodes of R ranks (P = N R) and the form of the compressed
-    collectives (the byte formulas' input)."""
+    collectives (the byte formulas' input). `onebit_node`: the 1-bit
+    family's node-aware allreduce reduces inside the node with the first
+    half of a 1-bit allreduce (config "topology.node_reduce" "1bit"); it
+    holds only where the library runs that step (node-aware, N > 1 and
+    R > 1) and is False elsewhere, as the library's fp32 form. Compressed
+    ZeRO and FSDP take no notice of it."""
     nodes: int
     ranks_per_node: int
     node_aware: bool = False
+    onebit_node: bool = False
+
+    def __post_init__(self):
+        if self.onebit_node and not (self.node_aware and self.nodes > 1 and self.ranks_per_node > 1):
+            object.__setattr__(self, "onebit_node", False)
 
     @property
     def world(self) -> int:

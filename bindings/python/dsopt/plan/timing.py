@@ -69,15 +69,17 @@ def update_cost(config, profile, zero: bool) -> float:
 def coded_share(config, topo) -> float:
     """The share of the compression work per element that a rank does in
     the node-aware form (docs/guides/multi-node.md "Times"): the 1-bit
-    allreduce compresses a slice of 1/R of the elements (none at N = 1);
-    a gradient codec encodes and decodes a node-slice of 1/R (none at
-    N = 1), the parameter codec all it did; a codec pair's cost counts half
-    for each."""
+    allreduce compresses a slice of 1/R of the elements (none at N = 1),
+    and with the 1-bit node step (`topo.onebit_node`) also every element
+    inside the node, costed as a whole 1-bit allreduce of the tensors
+    (1 + 1/R); a gradient codec encodes and decodes a node-slice of 1/R
+    (none at N = 1), the parameter codec all it did; a codec pair's cost
+    counts half for each."""
     if topo is None or not topo.node_aware:
         return 1.0
     grad = 1.0 / topo.ranks_per_node if topo.nodes > 1 else 0.0
     if not config.zero:
-        return grad
+        return grad + (1.0 if topo.onebit_node else 0.0)
     if config.gradients == "none":
         return 1.0
     if config.parameters == "none":
@@ -121,12 +123,14 @@ def pipelined(work: float, wire: float, pieces: int) -> float:
 def _car_pieces(config, model, world, topo=None):
     """How many pieces MPI's compressed allreduce runs in (its arithmetic
     overlaps the transfers only with more than one); node-aware: the rail
-    allreduce's over the slices."""
+    allreduce's over the slices (with the 1-bit node step, the whole
+    step's arithmetic is taken as one pipeline over the rail's pieces)."""
     sizes = car_sizes(config, model, world)
     if topo is not None and topo.node_aware:
         if topo.nodes == 1:
             return 1
-        return car_largest_piece(car_slices(sizes, topo.ranks_per_node), topo.nodes, True)[0]
+        slices = car_slices(sizes, topo.ranks_per_node, topo.onebit_node)
+        return car_largest_piece(slices, topo.nodes, True)[0]
     return car_largest_piece(sizes, world, True)[0]
 
 
