@@ -69,9 +69,10 @@ NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels,
       offset_.push_back(block_);
       slice_.push_back(slice_length(n, R, true));
       in_place_.push_back(slice_.back() * R == n);
+      block_offset_.push_back(in_place_.back() ? 0 : packed_);
       block_ += slice_.back();
+      if (!in_place_.back()) packed_ += slice_.back();
     }
-    packed_ = block_;
     rail_car_ = std::make_unique<CompressedAllreduce>(rail, kernels, mem, slice_, piece_blocks);
     blocks_ = DeviceBuffer(kernels, size_t(packed_) * size_t(R) * 4);
     codes_ = DeviceBuffer(kernels, size_t(rail_car_->result_code_bytes()) * size_t(R));
@@ -96,6 +97,7 @@ NodeAwareAllreduce::NodeAwareAllreduce(Comm& node, Comm& rail, Kernels& kernels,
       }
     }
   rail_car_ = std::make_unique<CompressedAllreduce>(rail, kernels, mem, slice_, piece_blocks);
+  block_offset_ = offset_;
   blocks_ = DeviceBuffer(kernels, size_t(nodes_ == 1 ? block_ : packed_) * size_t(R) * 4);
   mine_ = DeviceBuffer(kernels, size_t(block_) * 4);
   if (nodes_ > 1) {
@@ -174,7 +176,7 @@ void NodeAwareAllreduce::run(float* const* x) {
     for (int j = 0; j < R; ++j) {
       if (j == me) continue;
       for (size_t t = 0; t < T; ++t)
-        slices[t] = in_place_[t] ? x[t] + j * slice_[t] : blocks_.floats() + j * stride + offset_[t];
+        slices[t] = in_place_[t] ? x[t] + j * slice_[t] : blocks_.floats() + j * stride + block_offset_[t];
       rail_car_->decode_result(static_cast<const uint8_t*>(codes_.get()) + size_t(j) * code_bytes,
                                scales_.data() + size_t(j) * scale_count, slices.data());
     }
@@ -191,8 +193,9 @@ void NodeAwareAllreduce::run(float* const* x) {
     for (int j = 0; j < R; ++j) {
       const int64_t m = slice_[t], first = j * m;
       const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);
-      const float* block = nodes_ > 1 && j == me ? own : blocks_.floats() + j * stride;
-      if (have > 0) parts.push_back(TensorRef{block + offset_[t], have, DType::F32});
+      const float* block = nodes_ > 1 && j == me ? own + offset_[t]
+                                                 : blocks_.floats() + j * stride + block_offset_[t];
+      if (have > 0) parts.push_back(TensorRef{block, have, DType::F32});
     }
     if (!parts.empty()) kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, x[t], nullptr);
   }

@@ -35,7 +35,7 @@
 // keeps y_j = the average of the decoded signs of its chunk (the slices are
 // the node allreduce's chunks, m = padded_length(n, R) / R; a tensor with
 // n = R m, no padding, gets the other slices decoded straight into x in
-// (c), its blocks in blocks_ unused). (b) and (c) are unchanged. For nodes whose links are slow beside their
+// (c), with no part in blocks_). (b) and (c) are unchanged. For nodes whose links are slow beside their
 // arithmetic: the node carries sum_t n_t / 8 bytes of signs instead of
 // 4 sum_t m_t of fp32, for one more compression and a node worker error as
 // long as the flat form's.
@@ -135,6 +135,7 @@ class NodeAwareAllreduce {
   std::vector<bool> in_place_;
   int64_t block_ = 0;            // sum_t m_t: mine_
   int64_t packed_ = 0;           // the packed tensors' sum_t m_t
+  std::vector<int64_t> block_offset_;  // of slice t in each of blocks_' R blocks (packed tensors)
   // (a) of run: this rank's block of slices (in mine_, or the 1-bit node
   // step's in node_car_'s server errors).
   float* node_step(float* const* x);

@@ -91,16 +91,18 @@ def _onebit_node(sizes, N: int, R: int, overlapping: bool) -> CarMemory:
     errors 4 n'_t (n'_t = padded_length(n_t, R)), its server errors
     4 n'_t / R (this rank's slices, zero between calls) and its sign
     buffers; the rail allreduce over the slices m_t = n'_t / R, errors and
-    buffers; the R blocks of sum_t m_t floats that receive the decoded
-    slices and the R rail results' signs (R N messages). No block of this
-    rank's own and no padding zeros. The state blob saves the rail's errors
-    and the node worker errors (<opt>.node_error)."""
+    buffers; the R blocks that receive the decoded slices of the tensors
+    with padding (R m_t > n_t; the others take them straight into the
+    parameters' buffer) and the R rail results' signs (R N messages). No
+    block of this rank's own and no padding zeros. The state blob saves the
+    rail's errors and the node worker errors (<opt>.node_error)."""
     slices = car_slices(sizes, R, True)
     node_worker = 4 * sum(car_padded(n, R) for n in sizes)
     rail = car_errors(slices, N)
     errors = car_errors(sizes, R) + rail
+    padded = sum(m for m, n in zip(slices, sizes) if R * m != n)
     buffers = (car_buffers(sizes, R, overlapping) + car_buffers(slices, N, overlapping)
-               + R * 4 * sum(slices) + R * N * car_message_bytes(slices, N))
+               + R * 4 * padded + R * N * car_message_bytes(slices, N))
     return CarMemory(errors, rail + node_worker, buffers)
 
 
