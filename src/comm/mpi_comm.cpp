@@ -68,6 +68,12 @@ void combine(void* dst, const void* a, const void* b, size_t n, Elem e, ReduceOp
   }
 }
 
+// A byte that a vector of them leaves unset (scratch that MPI fills).
+struct RawByte {
+  char c;
+  RawByte() {}  // NOLINT: no initialisation on purpose
+};
+
 int as_int_count(size_t n, const char* call) {
   if (n > size_t(INT_MAX))
     fail(DSOPT_EUNSUPPORTED, std::string(call) + ": more than 2^31-1 elements in one block");
@@ -273,22 +279,31 @@ class MpiComm final : public Comm {
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
     const auto block = [&](int b) { return static_cast<const char*>(in) + blocks.first(b) * es; };
     // The partial sum travels in `partial`, the incoming one arrives in
-    // `incoming`; freed on return (like an MPI library's temporaries).
-    std::vector<char> incoming(blocks.size * es), partial(blocks.size * es);
+    // `incoming` (the last one in `out` itself where `out` is not part of
+    // `in`: fl(incoming + own) is the same sum there); freed on return
+    // (like an MPI library's temporaries), never filled before use.
+    const char* in_begin = static_cast<const char*>(in);
+    const char* out_begin = static_cast<const char*>(out);
+    const bool into_out = out_begin + blocks.length(rank_) * es <= in_begin ||
+                          in_begin + blocks.total * es <= out_begin;
+    const size_t scratch = blocks.size * es;
+    std::vector<RawByte> incoming(size_ > 2 || !into_out ? scratch : 0), partial(size_ > 2 ? scratch : 0);
     for (int s = 0; s < size_ - 1; ++s) {
       const int sent = (rank_ + 2 * size_ - 1 - s) % size_;  // next's block of this step
       const int b = (rank_ + 2 * size_ - 2 - s) % size_;     // the block that comes in
-      const void* outgoing = s == 0 ? block(sent) : partial.data();
+      const bool last = s == size_ - 2;
+      const void* outgoing = s == 0 ? static_cast<const void*>(block(sent)) : partial.data();
+      void* arrival = last && into_out ? out : incoming.data();
       const int out_n = as_int_count(blocks.length(sent), "reduce_scatter");
       const int in_n = as_int_count(blocks.length(b), "reduce_scatter");
       try {
         run("MPI_Sendrecv",
             [&] {
-              return MPI_Sendrecv(outgoing, out_n, mpi_type(e), next, kRingTag, incoming.data(), in_n,
-                                  mpi_type(e), prev, kRingTag, comm_, MPI_STATUS_IGNORE);
+              return MPI_Sendrecv(outgoing, out_n, mpi_type(e), next, kRingTag, arrival, in_n, mpi_type(e), prev,
+                                  kRingTag, comm_, MPI_STATUS_IGNORE);
             },
             [&](MPI_Request* q) {
-              const int rc = MPI_Irecv(incoming.data(), in_n, mpi_type(e), prev, kRingTag, comm_, q);
+              const int rc = MPI_Irecv(arrival, in_n, mpi_type(e), prev, kRingTag, comm_, q);
               return rc != MPI_SUCCESS ? rc
                                        : MPI_Isend(outgoing, out_n, mpi_type(e), next, kRingTag, comm_, q + 1);
             },
@@ -298,8 +313,7 @@ class MpiComm final : public Comm {
         quarantine(std::move(partial));
         throw;
       }
-      combine(s == size_ - 2 ? out : partial.data(), incoming.data(), block(b), blocks.length(b), e,
-              op);
+      combine(last ? out : partial.data(), arrival, block(b), blocks.length(b), e, op);
     }
   }
   static constexpr int kRingTag = 0x5a52;  // "ZR"
@@ -444,9 +458,9 @@ class MpiComm final : public Comm {
   bool failed_ = false;
   // Keeps a failed call's buffer for the life of the process (reachable,
   // so leak checkers do not count it).
-  static void quarantine(std::vector<char>&& buffer) {
+  static void quarantine(std::vector<RawByte>&& buffer) {
     static std::mutex mutex;
-    static auto* kept = new std::vector<std::vector<char>>();
+    static auto* kept = new std::vector<std::vector<RawByte>>();
     std::lock_guard<std::mutex> lock(mutex);
     kept->push_back(std::move(buffer));
   }
