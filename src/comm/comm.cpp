@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "comm/scratch.hpp"
 #include "kernels/kernels.hpp"
 
 namespace dsopt {
@@ -78,7 +79,6 @@ void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, Re
 }
 
 void Comm::allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
-  const uint64_t p = uint64_t(size());
   if (count == 0) return;
   do_allgather(send, recv, count, e, mem);
   add_bytes(allgather_bytes(count * elem_size(e)));
@@ -219,7 +219,7 @@ void Comm::do_ordered_reduce_scatter(const void* send, void* recv, size_t count,
   const size_t p = size_t(size());
   std::vector<size_t> counts(p, count), offsets(p);
   for (size_t i = 0; i < p; ++i) offsets[i] = i * count;
-  std::vector<char> blocks(p * count * elem_size(e));
+  Scratch blocks(p * count * elem_size(e));
   do_alltoallv(send, counts.data(), offsets.data(), blocks.data(), counts.data(), offsets.data(), e,
                mem);
   if (e == Elem::F64)
@@ -234,10 +234,11 @@ void Comm::do_ordered_allreduce(const void* send, void* recv, size_t count, Elem
                                 const Mem& mem) {
   const size_t p = size_t(size()), es = elem_size(e), block = (count + p - 1) / p;
   const bool even = block * p == count;
-  std::vector<char> padded, gathered, mine(block * es);
+  Scratch padded, gathered, mine(block * es);
   if (!even) {
-    padded.assign(block * p * es, 0);
+    padded.resize(block * p * es);
     std::memcpy(padded.data(), send, count * es);
+    std::memset(static_cast<void*>(padded.data() + count * es), 0, (block * p - count) * es);
     gathered.resize(block * p * es);
   }
   do_ordered_reduce_scatter(even ? send : padded.data(), mine.data(), block, e, mem);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "comm/scratch.hpp"
 #include "comm/comm.hpp"
 #include "comm/mpi_plugin.hpp"
 #include "kernels/kernels.hpp"
@@ -67,12 +68,6 @@ void combine(void* dst, const void* a, const void* b, size_t n, Elem e, ReduceOp
     case Elem::U8: return combine_as<uint8_t>(dst, a, b, n, op);
   }
 }
-
-// A byte that a vector of them leaves unset (scratch that MPI fills).
-struct RawByte {
-  char c;
-  RawByte() {}  // NOLINT: no initialisation on purpose
-};
 
 int as_int_count(size_t n, const char* call) {
   if (n > size_t(INT_MAX))
@@ -287,7 +282,7 @@ class MpiComm final : public Comm {
     const bool into_out = out_begin + blocks.length(rank_) * es <= in_begin ||
                           in_begin + blocks.total * es <= out_begin;
     const size_t scratch = blocks.size * es;
-    std::vector<RawByte> incoming(size_ > 2 || !into_out ? scratch : 0), partial(size_ > 2 ? scratch : 0);
+    Scratch incoming(size_ > 2 || !into_out ? scratch : 0), partial(size_ > 2 ? scratch : 0);
     for (int s = 0; s < size_ - 1; ++s) {
       const int sent = (rank_ + 2 * size_ - 1 - s) % size_;  // next's block of this step
       const int b = (rank_ + 2 * size_ - 2 - s) % size_;     // the block that comes in
@@ -458,9 +453,9 @@ class MpiComm final : public Comm {
   bool failed_ = false;
   // Keeps a failed call's buffer for the life of the process (reachable,
   // so leak checkers do not count it).
-  static void quarantine(std::vector<RawByte>&& buffer) {
+  static void quarantine(Scratch&& buffer) {
     static std::mutex mutex;
-    static auto* kept = new std::vector<std::vector<RawByte>>();
+    static auto* kept = new std::vector<Scratch>();
     std::lock_guard<std::mutex> lock(mutex);
     kept->push_back(std::move(buffer));
   }
