@@ -25,12 +25,15 @@ class Done final : public CommRequest {
 // The sums of the blocks of all ranks for this rank's block r: blocks[i] is
 // rank i's, count elements each; out = ((b[r+1] + b[r+2]) + ...) + b[r].
 template <class T>
-void sum_in_ring_order(const T* blocks, T* out, size_t count, int P, int r) {
+void sum_in_ring_order(const T* blocks, T* out, size_t count, int P, int r, T scale) {
   const T* first = blocks + size_t((r + 1) % P) * count;
   std::copy(first, first + count, out);
   for (int k = 2; k <= P; ++k) {
     const T* b = blocks + size_t((r + k) % P) * count;
-    for (size_t i = 0; i < count; ++i) out[i] = out[i] + b[i];
+    if (k == P && scale != T(1))
+      for (size_t i = 0; i < count; ++i) out[i] = (out[i] + b[i]) * scale;
+    else
+      for (size_t i = 0; i < count; ++i) out[i] = out[i] + b[i];
   }
 }
 
@@ -72,10 +75,26 @@ void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, Re
   const uint64_t p = uint64_t(size());
   if (count == 0) return;
   if (ordered(e, op, mem))
-    do_ordered_reduce_scatter(send, recv, count, e, mem);
+    do_ordered_reduce_scatter(send, recv, count, e, mem, 1.0f);
   else
     do_reduce_scatter(send, recv, count, e, op, mem);
   add_bytes({(p - 1) * count * elem_size(e), uint64_t(off_node_) * count * elem_size(e)});
+}
+
+void Comm::reduce_scatter_scaled(const float* send, float* recv, size_t count, float scale,
+                                 const Mem& mem) {
+  if (count == 0) return;
+  if (!ordered(Elem::F32, ReduceOp::Sum, mem)) {
+    reduce_scatter(send, recv, count, Elem::F32, ReduceOp::Sum, mem);
+    if (scale == 1.0f) return;
+    const TensorRef sums{recv, int64_t(count), DType::F32};
+    if (!mem.kernels) fail(DSOPT_EINTERNAL, "Comm::reduce_scatter_scaled: no kernels for the scale");
+    mem.kernels->transform(&sums, 1, scale, recv, nullptr);
+    return;
+  }
+  const uint64_t p = uint64_t(size());
+  do_ordered_reduce_scatter(send, recv, count, Elem::F32, mem, scale);
+  add_bytes({(p - 1) * count * 4, uint64_t(off_node_) * count * 4});
 }
 
 void Comm::allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {
@@ -215,7 +234,7 @@ bool Comm::ordered(Elem e, ReduceOp op, const Mem& mem) const {
 }
 
 void Comm::do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
-                                     const Mem& mem) {
+                                     const Mem& mem, float scale) {
   const size_t p = size_t(size());
   std::vector<size_t> counts(p, count), offsets(p);
   for (size_t i = 0; i < p; ++i) offsets[i] = i * count;
@@ -224,10 +243,10 @@ void Comm::do_ordered_reduce_scatter(const void* send, void* recv, size_t count,
                mem);
   if (e == Elem::F64)
     sum_in_ring_order(reinterpret_cast<const double*>(blocks.data()), static_cast<double*>(recv),
-                      count, size(), rank());
+                      count, size(), rank(), 1.0);
   else
     sum_in_ring_order(reinterpret_cast<const float*>(blocks.data()), static_cast<float*>(recv),
-                      count, size(), rank());
+                      count, size(), rank(), scale);
 }
 
 void Comm::do_ordered_allreduce(const void* send, void* recv, size_t count, Elem e,
@@ -241,7 +260,7 @@ void Comm::do_ordered_allreduce(const void* send, void* recv, size_t count, Elem
     std::memset(static_cast<void*>(padded.data() + count * es), 0, (block * p - count) * es);
     gathered.resize(block * p * es);
   }
-  do_ordered_reduce_scatter(even ? send : padded.data(), mine.data(), block, e, mem);
+  do_ordered_reduce_scatter(even ? send : padded.data(), mine.data(), block, e, mem, 1.0f);
   do_allgather(mine.data(), even ? recv : gathered.data(), block, e, mem);
   if (!even) std::memcpy(recv, gathered.data(), count * es);
 }

@@ -101,6 +101,11 @@ class Comm {
   // block r (count elements) in recv.
   void reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                       const Mem& mem);
+  // reduce_scatter of an fp32 sum, then recv[i] = fl(recv[i] * scale): in
+  // the last addition's pass where the sums are dsopt's fixed-order ones on
+  // the host (the same bits as a pass of its own), else a pass of
+  // mem.kernels after it.
+  void reduce_scatter_scaled(const float* send, float* recv, size_t count, float scale, const Mem& mem);
   // recv holds size()*count elements: block r is rank r's send.
   void allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem);
   // send and recv hold size()*count elements; block j of send goes to rank j,
@@ -215,8 +220,10 @@ class Comm {
   // The fixed-order reduce-scatter of a float sum on host buffers: an
   // alltoall, then the sums. Backends may move the blocks otherwise (MPI: a
   // ring) but must add in the same order.
+  // `scale` (fp32 only; 1: none) multiplies each sum in the pass of its
+  // last addition.
   virtual void do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
-                                         const Mem& mem);
+                                         const Mem& mem, float scale);
   // The fixed-order allreduce of a float sum on host buffers: block b is
   // elements [b*q, min((b+1)*q, count)) with q = ceil(count / P). Default:
   // the reduce-scatter of the buffer padded with zeros to P*q, then an

@@ -30,8 +30,10 @@ class CompressedAllreduce {
                       int64_t piece_blocks = 0);
 
   // Collective: x[t] (sizes[t] fp32 values each) becomes the compressed
-  // average over ranks, identical on every rank. P == 1: unchanged.
-  void run(float* const* x);
+  // average over ranks, identical on every rank. P == 1: unchanged. With
+  // `out`, the average goes to out[t] instead (x[t] is read only; P == 1:
+  // a copy).
+  void run(float* const* x, float* const* out = nullptr);
 
   // Collective, world > 1: the first half of run, a compressed
   // reduce-scatter. The worker errors are updated as run updates them, and

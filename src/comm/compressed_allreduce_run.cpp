@@ -46,7 +46,8 @@ class CompressedAllreduce::Call {
         recv_(static_cast<uint8_t*>(car.recv_.get())),
         server_bits_(static_cast<uint8_t*>(car.server_bits_.get())), scales_(count_),
         all_scales_(count_ * size_t(world_)), server_scales_(count_),
-        all_server_scales_(count_ * size_t(world_)), first_block_(count_ + 1, 0) {
+        all_server_scales_(count_ * size_t(world_)), first_block_(count_ + 1, 0),
+        decoded_(car.tensors_) {
     for (size_t t = 0; t < count_; ++t)
       first_block_[t + 1] = first_block_[t] + sum_blocks(car.tensors_[t].padded);
     worker_sums_.assign(size_t(first_block_.back()), 0.0);
@@ -133,6 +134,11 @@ class CompressedAllreduce::Call {
     }
     while (update_errors()) {
     }
+  }
+
+  // F1/F2 write out[t] instead of x[t].
+  void set_output(float* const* out) {
+    for (size_t t = 0; t < count_; ++t) decoded_[t].x = out[t];
   }
 
   // F1/F2 of a result that is already here (CompressedAllreduce::decode_result).
@@ -242,7 +248,7 @@ class CompressedAllreduce::Call {
   // F1/F2 for one piece: the gathered signs at codes (message layout),
   // the server scales rank-major.
   void decode(const CarPiece& piece, const uint8_t* codes, const float* scales) {
-    const CarViews v = car_worker_views(car_.tensors_, world_, piece);
+    const CarViews v = car_worker_views(decoded_, world_, piece);
     const std::vector<float> s = per_view(v, scales, count_);
     const uint8_t* in = codes + world_ * piece.begin;
     in_slices(v, [&](size_t first, size_t count) {
@@ -296,12 +302,22 @@ class CompressedAllreduce::Call {
   size_t averaged_ = 0;                // pieces whose server sums are done
   size_t updated_ = 0;                 // pieces whose worker errors are updated
   Transfers transfers_;
+  std::vector<CarTensor> decoded_;  // the tensors as F1/F2 write them: x, or the caller's output
 };
 
-void CompressedAllreduce::run(float* const* x) {
-  if (world_ == 1) return;  // C5: identity
+void CompressedAllreduce::run(float* const* x, float* const* out) {
+  if (world_ == 1) {  // C5: identity
+    if (out)
+      for (int64_t t = 0; t < count(); ++t) {
+        const TensorRef in{x[t], tensors_[size_t(t)].n, DType::F32};
+        if (out[t] != x[t]) kernels_.transform(&in, 1, 1.0f, out[t], nullptr);
+      }
+    return;
+  }
   for (int64_t t = 0; t < count(); ++t) tensors_[size_t(t)].x = x[t];
-  Call(*this).run();
+  Call call(*this);
+  if (out) call.set_output(out);
+  call.run();
 }
 
 void CompressedAllreduce::reduce_scatter(float* const* x) {

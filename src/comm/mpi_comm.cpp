@@ -69,6 +69,14 @@ void combine(void* dst, const void* a, const void* b, size_t n, Elem e, ReduceOp
   }
 }
 
+// dst = fl(fl(a + b) * scale), fp32 (the scaled sum's last addition).
+void combine_scaled(void* dst, const void* a, const void* b, size_t n, float scale) {
+  float* d = static_cast<float*>(dst);
+  const float* x = static_cast<const float*>(a);
+  const float* y = static_cast<const float*>(b);
+  for (size_t i = 0; i < n; ++i) d[i] = (x[i] + y[i]) * scale;
+}
+
 int as_int_count(size_t n, const char* call) {
   if (n > size_t(INT_MAX))
     fail(DSOPT_EUNSUPPORTED, std::string(call) + ": more than 2^31-1 elements in one block");
@@ -220,9 +228,10 @@ class MpiComm final : public Comm {
   // one of comm.hpp, with two blocks of scratch where the alltoall form
   // needs P).
   void do_ordered_reduce_scatter(const void* send, void* recv, size_t count, Elem e,
-                                 const Mem&) override {
+                                 const Mem&, float scale) override {
     usable();
-    ring_reduce_scatter(send, recv, Blocks{count, count * size_t(size_)}, e, ReduceOp::Sum);
+    ring_reduce_scatter(send, recv, Blocks{count, count * size_t(size_)}, e, ReduceOp::Sum,
+                        e == Elem::F32 ? scale : 1.0f);
   }
 
   // The ring straight on the caller's buffers (no padding), then the
@@ -269,7 +278,8 @@ class MpiComm final : public Comm {
   // rank_ of `in`. May be called with out inside `in`, at block rank_: it is
   // written only by the last step, element by element from the same
   // element of `in`.
-  void ring_reduce_scatter(const void* in, void* out, const Blocks& blocks, Elem e, ReduceOp op) {
+  void ring_reduce_scatter(const void* in, void* out, const Blocks& blocks, Elem e, ReduceOp op,
+                           float scale = 1.0f) {
     const size_t es = elem_size(e);
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
     const auto block = [&](int b) { return static_cast<const char*>(in) + blocks.first(b) * es; };
@@ -308,7 +318,10 @@ class MpiComm final : public Comm {
         quarantine(std::move(partial));
         throw;
       }
-      combine(last ? out : partial.data(), arrival, block(b), blocks.length(b), e, op);
+      if (last && scale != 1.0f)  // an fp32 sum (do_ordered_reduce_scatter)
+        combine_scaled(out, arrival, block(b), blocks.length(b), scale);
+      else
+        combine(last ? out : partial.data(), arrival, block(b), blocks.length(b), e, op);
     }
   }
   static constexpr int kRingTag = 0x5a52;  // "ZR"

@@ -119,7 +119,8 @@ float* NodeAwareAllreduce::node_step(float* const* x) {
   }
   // fp32: the packed tensors' block j of blocks_ = their slices j,
   // zero-padded (one pass, fl(x * 1) is x), reduce-scattered in one call;
-  // an in-place tensor reduce-scattered from x itself. Then the mean.
+  // an in-place tensor reduce-scattered from x itself. The mean,
+  // fl(s * fl(1 / R)), in the sums' last pass.
   const int R = ranks_per_node_;
   const size_t T = sizes_.size();
   std::vector<TensorRef> parts;
@@ -132,15 +133,13 @@ float* NodeAwareAllreduce::node_step(float* const* x) {
       if (have > 0) parts.push_back(TensorRef{x[t] + first, have, DType::F32});
       if (m - have > 0) parts.push_back(TensorRef{zeros_.get(), m - have, DType::F32});
     }
+  const float inv = 1.0f / float(R);
   if (packed_ > 0) {
     kernels_.transform(parts.data(), int64_t(parts.size()), 1.0f, blocks_.floats(), nullptr);
-    node_.reduce_scatter(blocks_.get(), mine_.get(), size_t(packed_), Elem::F32, ReduceOp::Sum, mem_);
+    node_.reduce_scatter_scaled(blocks_.floats(), mine_.floats(), size_t(packed_), inv, mem_);
   }
   for (size_t t = 0; t < T; ++t)
-    if (in_place_[t])
-      node_.reduce_scatter(x[t], mine_.floats() + offset_[t], size_t(slice_[t]), Elem::F32, ReduceOp::Sum, mem_);
-  const TensorRef sums{mine_.get(), block_, DType::F32};
-  kernels_.transform(&sums, 1, 1.0f / float(R), mine_.floats(), nullptr);
+    if (in_place_[t]) node_.reduce_scatter_scaled(x[t], mine_.floats() + offset_[t], size_t(slice_[t]), inv, mem_);
   return mine_.floats();
 }
 
@@ -156,10 +155,14 @@ void NodeAwareAllreduce::run(float* const* x) {
   // (a) This rank's block: the slices y_j of every tensor.
   float* const own = node_step(x);
 
-  // (b) Across nodes, on the slices.
-  std::vector<float*> slices(T);
-  for (size_t t = 0; t < T; ++t) slices[t] = own + offset_[t];
-  rail_car_->run(slices.data());
+  // (b) Across nodes, on the slices; an in-place tensor's result straight
+  // into its slice of x.
+  std::vector<float*> slices(T), results(T);
+  for (size_t t = 0; t < T; ++t) {
+    slices[t] = own + offset_[t];
+    results[t] = nodes_ > 1 && in_place_[t] ? x[t] + node_.rank() * slice_[t] : slices[t];
+  }
+  rail_car_->run(slices.data(), results.data());
 
   // (c) Every local index's slices, decoded from its rail's result (or
   // gathered in fp32 where nothing was compressed), back into the tensors:
@@ -185,11 +188,7 @@ void NodeAwareAllreduce::run(float* const* x) {
   parts.reserve(size_t(R));
   for (size_t t = 0; t < T; ++t) {
     parts.clear();
-    if (nodes_ > 1 && in_place_[t]) {
-      const TensorRef mine{own + offset_[t], slice_[t], DType::F32};
-      kernels_.transform(&mine, 1, 1.0f, x[t] + me * slice_[t], nullptr);
-      continue;
-    }
+    if (nodes_ > 1 && in_place_[t]) continue;  // all its slices are in x
     for (int j = 0; j < R; ++j) {
       const int64_t m = slice_[t], first = j * m;
       const int64_t have = std::clamp<int64_t>(sizes_[t] - first, 0, m);

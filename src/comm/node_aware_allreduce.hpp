@@ -20,9 +20,9 @@
 //       and scales, sum_t n''_t / 8 bytes and 4 N T) allgathered over the
 //       node communicator; every rank decodes the other local indices'
 //       slices exactly as their rail decoded them and writes the n values
-//       of each x (an in-place tensor's other slices decoded straight into
-//       x). With N = 1 (nothing compressed) the node means are allgathered
-//       in fp32.
+//       of each x (an in-place tensor's slices all decoded straight into
+//       x, its own by the rail allreduce of (b)). With N = 1 (nothing
+//       compressed) the node means are allgathered in fp32.
 // Every rank ends with the same bits. R = 1 is the flat form on the rail
 // communicator exactly (the tensors go to it as they are); N = 1 runs (a)
 // and (c) only (the rail allreduce of one rank is the identity).
