@@ -32,14 +32,15 @@ def main():
     rail = world.Split(color=node.rank, key=world.rank)
     prof = load(a.profile)
     for name, comm in (("node", node), ("rail", rail)):
-        if comm.size < 2:
+        # Every rank meets every barrier, whatever size its groups have
+        # (the ranks of one group agree on its size, not all ranks on all).
+        if comm.size >= 2:
+            with dsopt.Communicator.from_mpi4py(comm) as c:
+                net = measure_network(c, prof, large=a.numel)
             if world.rank == 0:
-                print(f"link: {name} has one rank: nothing to measure")
-            continue
-        with dsopt.Communicator.from_mpi4py(comm) as c:
-            net = measure_network(c, prof, large=a.numel)
-        if world.rank == 0:
-            print(f"link: {name} latency {net['latency']:.9f} bandwidth {net['bandwidth']:.1f}", flush=True)
+                print(f"link: {name} latency {net['latency']:.9f} bandwidth {net['bandwidth']:.1f}", flush=True)
+        elif world.rank == 0:
+            print(f"link: {name} has one rank: nothing to measure", flush=True)
         world.Barrier()
     return 0
 
