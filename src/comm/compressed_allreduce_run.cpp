@@ -57,29 +57,7 @@ class CompressedAllreduce::Call {
   void run() {
     const std::vector<CarPiece>& pieces = car_.pieces_;
     const size_t n = pieces.size();
-
-    // W1/W2, W4/W5 and A1 piece by piece; then the blocks the pieces cut.
-    std::vector<size_t> sent(n);
-    for (size_t p = 0; p < n; ++p) {
-      signs(pieces[p]);
-      sent[p] = alltoall(send_ + world_ * pieces[p].begin, recv_ + world_ * pieces[p].begin,
-                         size_t(pieces[p].bytes));
-    }
-    sum_cut_blocks();
-    for (size_t t = 0; t < count_; ++t) {
-      const double sumsq = in_order(worker_sums_.data() + first_block_[t], first_block_[t + 1] - first_block_[t]);
-      scales_[t] = rms_scale(sumsq, car_.tensors_[t].padded);
-    }
-    const size_t worker_scales = allgather(scales_.data(), all_scales_.data(), count_, Elem::F32, host_);
-
-    // S1/S2 in piece order as the pieces arrive.
-    for (size_t p = 0; p < n; ++p) {
-      while (!(transfers_.ready(worker_scales) && transfers_.ready(sent[p])) && update_errors()) {
-      }
-      transfers_.wait(worker_scales);
-      transfers_.wait(sent[p]);
-      sum(pieces[p]);
-    }
+    phase_one();
 
     // S3 from the block sums in block order; S4/S5 and B1 piece by piece
     // (server_bits_ holds the message, send_ receives the pieces).
@@ -108,9 +86,29 @@ class CompressedAllreduce::Call {
     car_.result_scales_ = all_server_scales_;
   }
 
-  // Phase 1 alone (CompressedAllreduce::reduce_scatter): W1-W5, A1/A2,
-  // S1/S2 and every piece's W3.
+  // Phase 1 alone (CompressedAllreduce::reduce_scatter), with every
+  // piece's W3.
   void run_reduce_scatter() {
+    phase_one();
+    while (update_errors()) {
+    }
+  }
+
+  // F1/F2 write out[t] instead of x[t].
+  void set_output(float* const* out) {
+    for (size_t t = 0; t < count_; ++t) decoded_[t].x = out[t];
+  }
+
+  // F1/F2 of a result that is already here (CompressedAllreduce::decode_result).
+  void decode_all(const uint8_t* codes, const float* scales) {
+    for (const CarPiece& piece : car_.pieces_) decode(piece, codes, scales);
+  }
+
+ private:
+  // Phase 1: W1/W2, W4/W5 and A1 piece by piece, then the blocks the
+  // pieces cut; A2; S1/S2 in piece order as the pieces arrive (W3 of the
+  // pieces while they travel).
+  void phase_one() {
     const std::vector<CarPiece>& pieces = car_.pieces_;
     const size_t n = pieces.size();
     std::vector<size_t> sent(n);
@@ -132,21 +130,8 @@ class CompressedAllreduce::Call {
       transfers_.wait(sent[p]);
       sum(pieces[p]);
     }
-    while (update_errors()) {
-    }
   }
 
-  // F1/F2 write out[t] instead of x[t].
-  void set_output(float* const* out) {
-    for (size_t t = 0; t < count_; ++t) decoded_[t].x = out[t];
-  }
-
-  // F1/F2 of a result that is already here (CompressedAllreduce::decode_result).
-  void decode_all(const uint8_t* codes, const float* scales) {
-    for (const CarPiece& piece : car_.pieces_) decode(piece, codes, scales);
-  }
-
- private:
   // The call's collectives: started and left in flight with several
   // pieces; with one there is nothing to overlap, and MPI's blocking
   // collectives finish sooner than its nonblocking ones.
