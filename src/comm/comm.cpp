@@ -72,13 +72,16 @@ void Comm::allreduce(const void* send, void* recv, size_t count, Elem e, ReduceO
 
 void Comm::reduce_scatter(const void* send, void* recv, size_t count, Elem e, ReduceOp op,
                           const Mem& mem) {
-  const uint64_t p = uint64_t(size());
   if (count == 0) return;
   if (ordered(e, op, mem))
     do_ordered_reduce_scatter(send, recv, count, e, mem, 1.0f);
   else
     do_reduce_scatter(send, recv, count, e, op, mem);
-  add_bytes({(p - 1) * count * elem_size(e), uint64_t(off_node_) * count * elem_size(e)});
+  count_reduce_scatter(count * elem_size(e));
+}
+
+void Comm::count_reduce_scatter(uint64_t block_bytes) {
+  add_bytes({uint64_t(size() - 1) * block_bytes, uint64_t(off_node_) * block_bytes});
 }
 
 void Comm::reduce_scatter_scaled(const float* send, float* recv, size_t count, float scale,
@@ -92,9 +95,8 @@ void Comm::reduce_scatter_scaled(const float* send, float* recv, size_t count, f
     mem.kernels->transform(&sums, 1, scale, recv, nullptr);
     return;
   }
-  const uint64_t p = uint64_t(size());
   do_ordered_reduce_scatter(send, recv, count, Elem::F32, mem, scale);
-  add_bytes({(p - 1) * count * 4, uint64_t(off_node_) * count * 4});
+  count_reduce_scatter(count * 4);
 }
 
 void Comm::allgather(const void* send, void* recv, size_t count, Elem e, const Mem& mem) {

@@ -240,6 +240,8 @@ class Comm {
                                                           size_t count, Elem e, const Mem& mem);
 
  private:
+  // A reduce-scatter's bytes, blocks of `block_bytes` (pairwise: one block to each other rank).
+  void count_reduce_scatter(uint64_t block_bytes);
   // What start_* returns: the backend's request (its bytes counted), or,
   // when there is none, a finished one after running `blocking`.
   bool ordered(Elem e, ReduceOp op, const Mem& mem) const;
