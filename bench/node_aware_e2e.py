@@ -3,8 +3,14 @@
 (bench/netem_two_nodes.sh: 4 ranks as 2 nodes x 2, shared memory inside
 each, 1 Gbit/s each way between them, 1 thread per rank), with the
 planner's prediction beside each measurement (docs/guides/multi-node.md
-"Measured"), planned with the links measured first on the same emulation
-(bench/measure_node_links.py).
+"Measured"), planned with this machine's costs calibrated first
+(`python -m dsopt.plan --calibrate`, one thread, as many copies at once as
+it has cores) and the links measured on the same emulation
+(bench/measure_node_links.py): inside a node the shared-memory groups'
+latency and bandwidth, between the nodes the rails' latency and the
+bandwidth each node's interface gives MPI's all-to-alls, the exchange the
+compressed collectives make (on the emulated link about 0.6 of its
+nominal 1 Gbit/s; a ring between two ranks gets all of it).
 
     python3 bench/node_aware_e2e.py --build build-dev [--runs 3] [--forms flat,node_aware,node_aware_1bit]
 
@@ -101,6 +107,23 @@ def run_zero(build, form, steps):
     return out
 
 
+def calibrate(build):
+    """This machine's costs per element (`python -m dsopt.plan --calibrate`),
+    one thread per optimizer as the ranks run, in as many copies at once as
+    the ranks have cores (their memory bandwidth shared as in the runs;
+    the planner's cpu_oversubscription charges the ranks beyond the
+    cores). Returns the profile's path."""
+    path = os.path.join(os.path.abspath(build), "node_aware_profile.json")
+    copies = min(NP, os.cpu_count() or 1)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    out = subprocess.run([sys.executable, "-m", "dsopt.plan", "--calibrate", "--threads", "1", "--concurrent",
+                          str(copies), "--profile", path], env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit("node_aware_e2e: calibration failed:\n" + (out.stdout + out.stderr)[-2000:])
+    print(f"profile calibrated on this machine ({copies} copies at once, 1 thread each): {path}")
+    return path
+
+
 def measure_links(profile_path):
     """{"node": (latency s, bandwidth B/s), "rail": ...} of the emulated
     nodes (bench/measure_node_links.py under the emulation)."""
@@ -111,16 +134,20 @@ def measure_links(profile_path):
         m = re.match(r"link: (\w+) latency (\S+) bandwidth (\S+)", line)
         if m:
             links[m.group(1)] = (float(m.group(2)), float(m.group(3)))
-    if set(links) != {"node", "rail"}:
+        m = re.match(r"link: across alltoall bandwidth (\S+)", line)
+        if m:
+            links["across"] = float(m.group(1))
+    if set(links) != {"node", "rail", "across"}:
         raise SystemExit("node_aware_e2e: measure_node_links.py measured no links:\n" + text[-2000:])
     return links
 
 
 def predictions(form, profile_path, links, onebit_compute=0.0):
     """The planner's step times and bytes across nodes: inside a node the
-    measured shared-memory link, between nodes the emulated link's 1 Gbit/s
-    with the measured rail latency. `onebit_compute`: the seconds of 1-bit
-    Adam's step outside dsopt_step (its forward and backward, measured),
+    measured shared-memory link, between nodes the all-to-all bandwidth
+    measured per node with the measured rail latency. `onebit_compute`:
+    the seconds of 1-bit Adam's step outside dsopt_step (its forward and
+    backward, measured),
     which the planner takes as the step's compute; the ZeRO rows time the
     optimizer alone."""
     from dsopt.plan import Cluster, Model, plan
@@ -128,8 +155,8 @@ def predictions(form, profile_path, links, onebit_compute=0.0):
     from dsopt.plan.profile import load
     prof = load(profile_path)
     (intra_lat, intra_bw), (inter_lat, _) = links["node"], links["rail"]
-    cluster = Cluster.parse(NP, RPN, intra=f"{intra_bw:.0f}B/s", inter="1gbit", intra_latency=f"{intra_lat:.9f}s",
-                            inter_latency=f"{inter_lat:.9f}s",
+    cluster = Cluster.parse(NP, RPN, intra=f"{intra_bw:.0f}B/s", inter=f"{links['across']:.0f}B/s",
+                            intra_latency=f"{intra_lat:.9f}s", inter_latency=f"{inter_lat:.9f}s",
                             cpu_oversubscription=NP / max(1, os.cpu_count() or 1),
                             hierarchy=form.replace("_1bit", ""), node_reduce="1bit" if form.endswith("_1bit") else "fp32")
     out = {}
@@ -159,7 +186,8 @@ def main():
     ap.add_argument("--forms", default="flat,node_aware")
     ap.add_argument("--onebit-steps", type=int, default=40)
     ap.add_argument("--zero-steps", type=int, default=5)
-    ap.add_argument("--profile", default=os.path.join(ROOT, "tests", "python", "plan_profile_2core.json"))
+    ap.add_argument("--profile", help="the planner's profile (default: calibrate this machine first, "
+                    "as many copies at once as it has cores, and save it in the build folder)")
     a = ap.parse_args()
     forms = [f.strip() for f in a.forms.split(",") if f.strip()]
     print(f"machine: {os.cpu_count()} cores; {NP} ranks as 2 nodes x {RPN}, 1 Gbit/s each way between them "
@@ -169,9 +197,13 @@ def main():
           "headers included)")
     results = {}
     flat_inter = {}
+    if not a.profile:
+        a.profile = calibrate(a.build)
     links = measure_links(a.profile)
     print("links measured (bench/measure_node_links.py): " +
-          ", ".join(f"{k}: latency {v[0] * 1e6:.0f} us, {v[1] / 1e6:.0f} MB/s per rank" for k, v in links.items()))
+          ", ".join(f"{k}: latency {links[k][0] * 1e6:.0f} us, {links[k][1] / 1e6:.0f} MB/s per rank"
+                    for k in ("node", "rail")) +
+          f"; across the nodes in all-to-alls {links['across'] / 1e6:.1f} MB/s per node each way")
     for form in forms:
         print(f"\n== {form}")
         zero = not form.endswith("_1bit")
