@@ -17,6 +17,9 @@ nominal 1 Gbit/s; a ring between two ranks gets all of it).
 Runs, per form (the config key "topology": {"hierarchy": FORM,
 "ranks_per_node": 2}; the form node_aware_1bit is "node_aware" with
 "node_reduce": "1bit", for 1-bit Adam only):
+  * the 1-bit compressed allreduce alone (compressed_allreduce_bench, one
+    call on 16M floats per rank; the planner's figure is its compressed
+    step of that one tensor less the update);
   * 1-bit Adam end to end (onebit_e2e_bench, 8.5M fp32 parameters): its
     compression-stage steps;
   * compressed ZeRO-2 int4/int8 and int8/int8 end to end
@@ -48,6 +51,7 @@ sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
 NP, RPN = 4, 2
 ZERO_NUMEL = 8 << 20
 ONEBIT_SIZES = [131072 * 64, 131072]   # onebit_e2e_bench's default model
+CAR_NUMEL = 1 << 24                    # the 1-bit allreduce alone: floats per rank
 PAIRS = ("int4/int8", "int8/int8")
 
 
@@ -84,6 +88,23 @@ def run_onebit(build, form, steps):
     return {"step": statistics.median(float(r[4]) for r in comp),
             "opt": statistics.median(float(r[5]) for r in comp),
             "inter": int(comp[-1][7]), "wire": statistics.median(int(r[8]) for r in comp)}
+
+
+def run_car(build, form):
+    """The 1-bit compressed allreduce alone (compressed_allreduce_bench),
+    one call on CAR_NUMEL floats per rank in the form's own row: "1-bit
+    CAR" (flat) or "1-bit node-aware"."""
+    text = netem([os.path.join(build, "bench", "compressed_allreduce_bench"), "--threads", "1",
+                  "--min-numel", str(CAR_NUMEL), "--max-numel", str(CAR_NUMEL), *topo_flags(form)])
+    label = "1-bit CAR" if form == "flat" else "1-bit node-aware"
+    for line in text.splitlines():
+        if line.strip().startswith(label + " "):
+            # operation, median s, best s, B/rank Comm, form., across Comm, form., B/rank lo, B/rk link
+            f = line.strip()[len(label):].split()
+            # (the bench prints its byte counts to 5 significant digits)
+            return {"step": float(f[0]), "inter": int(float(f[4])), "inter_text": f[4],
+                    "wire": int(float(f[7]) * NP)}
+    raise SystemExit(f"node_aware_e2e: no {label!r} row in compressed_allreduce_bench's output:\n" + text[-2000:])
 
 
 def run_zero(build, form, steps):
@@ -151,6 +172,7 @@ def predictions(form, profile_path, links, onebit_compute=0.0):
     which the planner takes as the step's compute; the ZeRO rows time the
     optimizer alone."""
     from dsopt.plan import Cluster, Model, plan
+    from dsopt.plan.bytes import cross_allreduce
     from dsopt.plan.configs import Config, Settings
     from dsopt.plan.profile import load
     prof = load(profile_path)
@@ -160,6 +182,12 @@ def predictions(form, profile_path, links, onebit_compute=0.0):
                             cpu_oversubscription=NP / max(1, os.cpu_count() or 1),
                             hierarchy=form.replace("_1bit", ""), node_reduce="1bit" if form.endswith("_1bit") else "fp32")
     out = {}
+    # The allreduce alone: a compressed step of a one-tensor model less its
+    # update (no compute), its bytes less the step's two 16-byte allreduces.
+    r = plan(Model.from_sizes([CAR_NUMEL], "fp32"), cluster, 0.0, prof, Settings(steps=40, freeze_step=8),
+             [Config("OneBitAdam")])[0]
+    st = r.phase_times["compressed"]
+    out["1-bit allreduce"] = (st.total - st.update, r.cross_bytes.compressed - 2 * cross_allreduce(cluster.topo, 16))
     ob = Model.from_sizes(ONEBIT_SIZES, "fp32")
     r = plan(ob, cluster, onebit_compute, prof, Settings(steps=40, freeze_step=8), [Config("OneBitAdam")])[0]
     out["1-bit Adam"] = (r.phase_times["compressed"].total, r.cross_bytes.compressed)
@@ -207,8 +235,9 @@ def main():
     for form in forms:
         print(f"\n== {form}")
         zero = not form.endswith("_1bit")
-        runs = {"1-bit Adam": [], **({f"ZeRO-2 {p}": [] for p in PAIRS} if zero else {}), **({"ZeRO-2": []} if zero else {})}
+        runs = {"1-bit allreduce": [], "1-bit Adam": [], **({f"ZeRO-2 {p}": [] for p in PAIRS} if zero else {}), **({"ZeRO-2": []} if zero else {})}
         for _ in range(a.runs):
+            runs["1-bit allreduce"].append(run_car(a.build, form))
             ob = run_onebit(a.build, form, a.onebit_steps)
             runs["1-bit Adam"].append(ob)
             if not zero:
@@ -230,7 +259,7 @@ def main():
             times = [r[key] for r in rs if key in r]
             inter = [r.get("inter", -1) for r in rs]
             wire = [r.get("wire", -1) for r in rs if r.get("wire", -1) >= 0]
-            lib = "n/a" if not inter or inter[0] < 0 else f"{inter[0]:,}"
+            lib = "n/a" if not inter or inter[0] < 0 else rs[0].get("inter_text", f"{inter[0]:,}")
             if form == "flat":
                 flat_inter[name] = inter[0] if inter else -1
             elif name != "ZeRO-2" and (not inter or inter[0] < 0 or inter[0] == flat_inter.get(name)):
