@@ -32,6 +32,10 @@ struct OneBitCase {
   uint64_t seed = 1;
   bool expect_compressed = true;    // some step must use 1-bit communication (not Adam/ZeRO)
   bool hand_over = false;           // the CUDA optimizer gets its gradients by dsopt_grad_ready
+  // Gradients on a grid of 2^-12 (fp32 gradients only): sums of a few are
+  // exact in any order, so that device allreduces in the backend's order
+  // (more than 2 ranks) give the host path's fixed-order bits.
+  bool exact_grads = false;
 };
 
 inline dsopt_step_info new_info() {
@@ -77,6 +81,8 @@ inline bool info_match(const std::string& label, int step, const dsopt_step_info
   ok &= CHECKF(a.phase == b.phase, "%s step %d: phase cpu %d cuda %d", l, step, a.phase, b.phase) != 0;
   ok &= CHECKF(a.bytes_sent == b.bytes_sent, "%s step %d: bytes_sent cpu %llu cuda %llu", l, step,
                (unsigned long long)a.bytes_sent, (unsigned long long)b.bytes_sent) != 0;
+  ok &= CHECKF(a.bytes_inter_node == b.bytes_inter_node, "%s step %d: bytes_inter_node cpu %llu cuda %llu", l,
+               step, (unsigned long long)a.bytes_inter_node, (unsigned long long)b.bytes_inter_node) != 0;
   return ok;
 }
 
@@ -87,6 +93,10 @@ inline TensorSet make_grads(const OneBitCase& c, int rank, int step, double loss
   for (size_t i = 0; i < c.sizes.size(); ++i) {
     const double scale = 0.01 * (c.loss_scaled ? loss_scale : 1.0);
     std::vector<uint8_t> bytes = random_bytes(&r, c.sizes[i], c.grad_dtype, scale);
+    if (c.exact_grads && c.grad_dtype == DSOPT_FLOAT32) {
+      float* v = reinterpret_cast<float*>(bytes.data());
+      for (int64_t k = 0; k < c.sizes[i]; ++k) v[k] = std::round(v[k] * 4096.0f) / 4096.0f;
+    }
     const size_t inf_tensor = c.sizes.size() > 3 ? 3 : c.sizes.size() - 1;
     for (int s : c.inf_steps)
       if (s == step && rank == c.inf_rank && i == inf_tensor)
