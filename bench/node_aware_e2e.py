@@ -219,7 +219,7 @@ def main():
     a = ap.parse_args()
     forms = [f.strip() for f in a.forms.split(",") if f.strip()]
     print(f"machine: {os.cpu_count()} cores; {NP} ranks as 2 nodes x {RPN}, 1 Gbit/s each way between them "
-          f"(bench/netem_two_nodes.sh), 1 thread per rank; {a.runs} run(s) per row; "
+          f"(bench/netem_two_nodes.sh), 1 thread per rank; {a.runs} run(s) per row, the forms in turn; "
           "time: median of the runs' medians (min-max); bytes across the boundary per step: "
           "library = info.bytes_inter_node (rank 0), link = htb counters (all ranks, both directions, "
           "headers included)")
@@ -232,21 +232,26 @@ def main():
           ", ".join(f"{k}: latency {links[k][0] * 1e6:.0f} us, {links[k][1] / 1e6:.0f} MB/s per rank"
                     for k in ("node", "rail")) +
           f"; across the nodes in all-to-alls {links['across'] / 1e6:.1f} MB/s per node each way")
+    # The forms take turns, run by run, so that the machine's drift over
+    # the harness falls on every form alike.
     for form in forms:
-        print(f"\n== {form}")
         zero = not form.endswith("_1bit")
-        runs = {"1-bit allreduce": [], "1-bit Adam": [], **({f"ZeRO-2 {p}": [] for p in PAIRS} if zero else {}), **({"ZeRO-2": []} if zero else {})}
-        for _ in range(a.runs):
+        results[form] = {"1-bit allreduce": [], "1-bit Adam": [],
+                         **({f"ZeRO-2 {p}": [] for p in PAIRS} if zero else {}), **({"ZeRO-2": []} if zero else {})}
+    for _ in range(a.runs):
+        for form in forms:
+            runs = results[form]
             runs["1-bit allreduce"].append(run_car(a.build, form))
-            ob = run_onebit(a.build, form, a.onebit_steps)
-            runs["1-bit Adam"].append(ob)
-            if not zero:
+            runs["1-bit Adam"].append(run_onebit(a.build, form, a.onebit_steps))
+            if form.endswith("_1bit"):
                 continue
             z = run_zero(a.build, form, a.zero_steps)
             for p in PAIRS:
                 runs[f"ZeRO-2 {p}"].append(z.get(p, {}))
             runs["ZeRO-2"].append(z.get("ZeRO-2", {}))
-        results[form] = runs
+    for form in forms:
+        print(f"\n== {form}")
+        runs = results[form]
         compute = statistics.median(r["step"] - r["opt"] for r in runs["1-bit Adam"])
         pred, desc = predictions(form, a.profile, links, compute)
         print(f"planner cluster {desc}; 1-bit Adam's compute (its step outside dsopt_step, measured) "
