@@ -1,9 +1,13 @@
-// Shared piece of the multi-rank GPU tests (mpirun -np 2): the skip rule.
+// Shared pieces of the multi-rank GPU tests (mpirun): the skip rule, the
+// check that replicas agree, and the verdict agreed on every rank.
 #pragma once
 #include <mpi.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
 
 #include "gpu_test.hpp"
 
@@ -25,6 +29,30 @@ inline void skip_unless_every_rank_has_a_device() {
     MPI_Finalize();
     std::exit(kSkipped);
   }
+}
+
+// An after-step check (run_onebit_pair's `after_step`): the CPU
+// optimizer's parameters are the same on every rank after every step that
+// applied an update agreed by all (0/1 Adam's local steps leave replicas
+// apart until the next sync).
+inline std::function<void(TensorSet&, int, int)> replicas_agree(const std::string& label) {
+  auto last_applied = std::make_shared<int>(DSOPT_PHASE_FULL);
+  return [label, last_applied](TensorSet& cpu_params, int step, int phase) {
+    if (phase != DSOPT_PHASE_SKIPPED) *last_applied = phase;
+    if (*last_applied == DSOPT_PHASE_LOCAL) return;
+    for (size_t i = 0; i < cpu_params.size(); ++i)
+      CHECKF(same_on_every_rank(cpu_params.host[i].data(), cpu_params.host[i].size()),
+             "%s after step %d: tensor %zu is the same on every rank", label.c_str(), step, i);
+  };
+}
+
+// This rank's checks summed up, MPI finalized: the exit code, 0 only where
+// every rank passed.
+inline int finish_on_every_rank() {
+  const int rc = check_finish();
+  const int all_ok = all_ranks(rc == 0);
+  MPI_Finalize();
+  return all_ok ? 0 : 1;
 }
 
 }  // namespace gpu_test

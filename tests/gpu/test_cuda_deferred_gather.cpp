@@ -199,8 +199,5 @@ int main(int argc, char** argv) {
   }
   uint64_t seed = 700;
   for (const Case& c : kCases) run_case(c, rank, seed++);
-  const int rc = check_finish();
-  const int all_ok = all_ranks(rc == 0);
-  MPI_Finalize();
-  return all_ok ? 0 : 1;
+  return finish_on_every_rank();
 }

@@ -4,6 +4,11 @@
 // test_onebit_node_aware_device.cpp): every rank makes the same parameters
 // from a seed and its own gradients per step.
 #pragma once
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -76,6 +81,16 @@ inline std::unique_ptr<Optimizer> make(const OptimizerConfig& cfg, Comm& comm, M
   opt->created();
   opt->set_run_id(42);
   return opt;
+}
+
+// This rank's count printed, MPI finalized: the exit code, 0 only where
+// every rank passed.
+inline int finish_on_every_rank() {
+  std::printf("rank %d: %d passed, %d failed\n", my_rank, passes, failures);
+  int ok = failures == 0, all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return all ? 0 : 1;
 }
 
 }  // namespace node_aware_test

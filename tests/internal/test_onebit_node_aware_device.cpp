@@ -102,9 +102,5 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     check(false, std::string("error: ") + e.what());
   }
-  std::printf("rank %d: %d passed, %d failed\n", my_rank, passes, failures);
-  int ok = failures == 0, all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return all ? 0 : 1;
+  return finish_on_every_rank();
 }
