@@ -31,6 +31,26 @@ inline void skip_unless_every_rank_has_a_device() {
   }
 }
 
+// MPI started, every rank skipping together without a device, GPU 0
+// current, and the world's dsopt communicator (the build printed on rank 0).
+// nullptr, with MPI finalized and the failure recorded, where the world is
+// not `ranks` ranks: the test then returns check_finish().
+inline dsopt_comm* start_on_gpu0(int* argc, char*** argv, int ranks) {
+  MPI_Init(argc, argv);
+  const int rank = world_rank();
+  std::snprintf(check_prefix, sizeof check_prefix, "rank %d: ", rank);
+  skip_unless_every_rank_has_a_device();
+  cuda_or_die(cudaSetDevice(0), "cudaSetDevice");
+  if (!CHECK_EQ_INT(world_size(), ranks)) {
+    MPI_Finalize();
+    return nullptr;
+  }
+  dsopt_comm* comm = world_comm();
+  if (!CHECK(comm != nullptr)) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (rank == 0) std::printf("%s\n", dsopt_build_info());
+  return comm;
+}
+
 // An after-step check (run_onebit_pair's `after_step`): the CPU
 // optimizer's parameters are the same on every rank after every step that
 // applied an update agreed by all (0/1 Adam's local steps leave replicas

@@ -107,18 +107,9 @@ const Config kConfigs[] = {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  dsopt_comm* comm = start_on_gpu0(&argc, &argv, 2);
+  if (comm == nullptr) return check_finish();
   const int rank = world_rank();
-  std::snprintf(check_prefix, sizeof check_prefix, "rank %d: ", rank);
-  skip_unless_every_rank_has_a_device();
-  cuda_or_die(cudaSetDevice(0), "cudaSetDevice");
-  if (!CHECK_EQ_INT(world_size(), 2)) {
-    MPI_Finalize();
-    return check_finish();
-  }
-  dsopt_comm* comm = world_comm();
-  if (!CHECK(comm != nullptr)) MPI_Abort(MPI_COMM_WORLD, 1);
-  if (rank == 0) std::printf("%s\n", dsopt_build_info());
 
   uint64_t seed = 100;
   for (const Config& cfg : kConfigs)

@@ -25,10 +25,10 @@
 #include "base/error.hpp"
 #include "comm/comm.hpp"
 #include "facade/optimizer.hpp"
-#include "node_aware_test_model.hpp"
+#include "mpi_test_model.hpp"
 
 using namespace dsopt;
-using namespace dsopt::node_aware_test;
+using namespace dsopt::mpi_test;
 
 namespace {
 
@@ -86,13 +86,9 @@ void device_equals_cpu(Comm& comm, const std::string& optimizer, const std::stri
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
   int size = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   try {
-    std::unique_ptr<Comm> comm = make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
+    std::unique_ptr<Comm> comm = start_on_every_rank(&argc, &argv, &size);
     if (size % 2 != 0 || size < 4) {
       check(false, "run at an even world size of 4 or more");
     } else {

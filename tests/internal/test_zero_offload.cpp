@@ -22,49 +22,14 @@
 #include "api/config.hpp"
 #include "base/error.hpp"
 #include "comm/comm.hpp"
-#include "fake_device_kernels.hpp"
 #include "facade/optimizer.hpp"
+#include "fake_device_kernels.hpp"
+#include "mpi_test_model.hpp"
 
 using namespace dsopt;
+using namespace dsopt::mpi_test;
 
 namespace {
-
-int passes = 0, failures = 0, my_rank = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) ++passes;
-  else if (++failures <= 20) std::printf("rank %d: FAIL %s\n", my_rank, what.c_str());
-}
-
-struct Model {
-  std::vector<std::vector<uint8_t>> params, grads;
-  std::vector<dsopt_tensor> param_desc, grad_desc;
-};
-
-const int64_t kNumels[] = {1500, 77, 2049, 6, 900};
-const int32_t kParamTypes[] = {DSOPT_FLOAT32, DSOPT_BFLOAT16, DSOPT_FLOAT32, DSOPT_FLOAT16, DSOPT_BFLOAT16};
-
-Model make_model(uint32_t seed) {
-  Model m;
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (size_t t = 0; t < sizeof kNumels / sizeof *kNumels; ++t) {
-    const int64_t n = kNumels[t];
-    const DType d = DType(kParamTypes[t]);
-    std::vector<float> values(static_cast<size_t>(n));
-    for (float& v : values) v = normal(gen);
-    std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(d));
-    auto cpu = make_cpu_kernels(1);
-    cpu->from_float(values.data(), bytes.data(), d, n);
-    m.params.push_back(bytes);
-    m.grads.emplace_back(size_t(n) * 4);
-  }
-  for (size_t t = 0; t < m.params.size(); ++t) {
-    m.param_desc.push_back(dsopt_tensor{m.params[t].data(), kNumels[t], kParamTypes[t], 0});
-    m.grad_desc.push_back(dsopt_tensor{m.grads[t].data(), kNumels[t], DSOPT_FLOAT32, 0});
-  }
-  return m;
-}
 
 void random_grads(Model& a, Model& b, std::mt19937& gen) {
   std::normal_distribution<float> normal(0.0f, 0.3f);
@@ -201,11 +166,9 @@ void deferred_gather_equals_immediate(Comm& comm, const std::string& type, int s
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+  int size = 0;
   try {
-    std::unique_ptr<Comm> comm = make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
+    std::unique_ptr<Comm> comm = start_on_every_rank(&argc, &argv, &size);
     for (const char* type : {"AdamW", "Lion"})
       for (int stage = 1; stage <= 2; ++stage)
         for (bool pin : {false, true}) offloaded_equals_resident(*comm, type, stage, pin);
@@ -214,9 +177,5 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     check(false, std::string("error: ") + e.what());
   }
-  std::printf("rank %d: %d passed, %d failed\n", my_rank, passes, failures);
-  int ok = failures == 0, all = 0;
-  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return all ? 0 : 1;
+  return finish_on_every_rank();
 }

@@ -1,8 +1,8 @@
-// A small model of mixed parameter types, its gradients, and an Optimizer
-// made on it with the CPU kernels or a stand-in device, for the node-aware
-// tests under mpirun (test_zero_node_aware.cpp,
-// test_onebit_node_aware_device.cpp): every rank makes the same parameters
-// from a seed and its own gradients per step.
+// The internal tests under mpirun (test_zero_offload.cpp,
+// test_zero_node_aware.cpp, test_onebit_node_aware_device.cpp): their
+// checks and verdict, and a small model of mixed parameter types, its
+// gradients, and an Optimizer made on it with the CPU kernels or a
+// stand-in device. Every rank makes the same parameters from a seed.
 #pragma once
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
@@ -21,7 +21,7 @@
 #include "fake_device_kernels.hpp"
 
 namespace dsopt {
-namespace node_aware_test {
+namespace mpi_test {
 
 inline int passes = 0, failures = 0, my_rank = 0;
 
@@ -83,6 +83,16 @@ inline std::unique_ptr<Optimizer> make(const OptimizerConfig& cfg, Comm& comm, M
   return opt;
 }
 
+// MPI started (MPI_THREAD_MULTIPLE asked for) and the world's Comm; `size`
+// the world size.
+inline std::unique_ptr<Comm> start_on_every_rank(int* argc, char*** argv, int* size) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &my_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, size);
+  return make_mpi_comm(MPI_Comm_c2f(MPI_COMM_WORLD));
+}
+
 // This rank's count printed, MPI finalized: the exit code, 0 only where
 // every rank passed.
 inline int finish_on_every_rank() {
@@ -93,5 +103,5 @@ inline int finish_on_every_rank() {
   return all ? 0 : 1;
 }
 
-}  // namespace node_aware_test
+}  // namespace mpi_test
 }  // namespace dsopt
