@@ -240,18 +240,18 @@ class Comm {
                                                           size_t count, Elem e, const Mem& mem);
 
  private:
-  // A reduce-scatter's bytes, blocks of `block_bytes` (pairwise: one block to each other rank).
-  void count_reduce_scatter(uint64_t block_bytes);
-  // What start_* returns: the backend's request (its bytes counted), or,
-  // when there is none, a finished one after running `blocking`.
   bool ordered(Elem e, ReduceOp op, const Mem& mem) const;
   static constexpr size_t kOrderedPiece = size_t(1) << 30;
+  // What start_* returns: the backend's request (its bytes counted), or,
+  // when there is none, a finished one after running `blocking`.
   std::unique_ptr<CommRequest> started(std::unique_ptr<CommRequest> request, size_t count, Elem e,
                                        const std::function<void()>& blocking);
 
   // Counts `b` here and in every parent (a sub-communicator's traffic is
   // its parent's).
   void add_bytes(const CommBytes& b);
+  // A reduce-scatter's bytes, blocks of `block_bytes` (pairwise: one block to each other rank).
+  void count_reduce_scatter(uint64_t block_bytes);
 
   CommBytes bytes_;
   Comm* parent_ = nullptr;     // the communicator this one was split from, or given to

@@ -192,16 +192,21 @@ def _step_pairs(config, model, topo: Topology, settings) -> tuple:
     if not config.onebit:
         return StepBytes(h + full + overlap), StepBytes(hx + full_x + overlap_x)
     warm, warm_x = h + full, hx + full_x
-    sizes = car_sizes(config, model, world)
-    if topo.node_aware:
-        node, rail = car_node_aware(sizes, topo)
-        car, car_x = node + rail, rail
-    else:
-        car, car_x = compressed_allreduce(sizes, world), car_flat_cross(sizes, topo)
+    car, car_x = car_pair(config, model, topo)
     comp, comp_x = 2 * h + car, 2 * hx + car_x
     if config.info.schedule == "zero_one":
         return StepBytes(2 * h, warm, comp, 2 * h), StepBytes(2 * hx, warm_x, comp_x, 2 * hx)
     return StepBytes(comp, warm, comp), StepBytes(comp_x, warm_x, comp_x)
+
+
+def car_pair(config, model, topo: Topology) -> tuple:
+    """(bytes sent, bytes across nodes) per rank of one call of the 1-bit
+    family's compressed allreduce, in the topology's form."""
+    sizes = car_sizes(config, model, topo.world)
+    if topo.node_aware:
+        node, rail = car_node_aware(sizes, topo)
+        return node + rail, rail
+    return compressed_allreduce(sizes, topo.world), car_flat_cross(sizes, topo)
 
 
 def step_bytes(config, model, world: int, settings, topo: Topology = None) -> StepBytes:
